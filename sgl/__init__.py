@@ -1,0 +1,26 @@
+"""sgl: structured LLM programs on a radix-cached, constrained-decoding runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+# The runtime pulls in torch; import it only when it is asked for.
+_LAZY = {
+    "Engine": "sgl.runtime.engine",
+    "SamplingParams": "sgl.runtime.sampling",
+    "InvalidRequestError": "sgl.runtime.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sgl' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+__all__ = list(_LAZY)
