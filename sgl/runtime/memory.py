@@ -32,8 +32,13 @@ class TokenToKVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (capacity + 1, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        # `empty`, not `zeros`: on CPU untouched pages cost nothing, so a large pool is free
+        # until used. Only the padding slot must hold finite values (masked reads of it are
+        # multiplied by zero attention weight, and 0 * NaN would poison the output).
+        self.k_buffers = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v_buffers = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        for buf in self.k_buffers + self.v_buffers:
+            buf[0].zero_()
         self.clear()
 
     @staticmethod

@@ -1,0 +1,100 @@
+"""Helpers shared by the benchmarks: workloads, the HF baseline, tables, JSON results."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab_lo: int = 1000, vocab_hi: int = 20000) -> list[list[int]]:
+    """Token-id prompts of uniform random length in [lo, hi] (ordinary, non-special tokens)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab_lo, vocab_hi) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def load_hf_model(model_path: str = "default"):
+    import transformers
+
+    from sgl.runtime.model.loader import resolve_model_path
+
+    p = resolve_model_path(model_path)
+    if p.endswith(".gguf"):
+        return transformers.AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(p), gguf_file=os.path.basename(p), dtype=torch.float32
+        ).eval()
+    return transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
+
+
+def hf_generate_static(model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int) -> int:
+    """HF `generate` over static, left-padded batches; returns generated token count."""
+    total = 0
+    for i in range(0, len(prompts), batch_size):
+        chunk = prompts[i : i + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for j, p in enumerate(chunk):
+            ids[j, width - len(p) :] = torch.tensor(p)
+            mask[j, width - len(p) :] = 1
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+            )
+        total += (out.shape[1] - width) * len(chunk)
+    return total
+
+
+def measure_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
+    """Device memory bandwidth in bytes/s from a large copy (bytes read + bytes written)."""
+    src = torch.ones(nbytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * nbytes / best
+
+
+def machine_info() -> dict[str, Any]:
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+
+
+def print_table(title: str, rows: list[tuple], headers: tuple) -> None:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) for i, h in enumerate(headers)]
+    print(f"\n{title}")
+    print("  ".join(str(h).ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+
+
+def write_result(name: str, data: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    data = {"benchmark": name, "machine": machine_info(), **data}
+    path.write_text(json.dumps(data, indent=2))
+    print(f"\nwrote {path}")
+    return path

@@ -1,0 +1,435 @@
+"""`Engine`: the in-process entry point. Tokenizes and validates on the caller's thread,
+hands requests to the scheduler thread, and turns its events into result dicts.
+
+Result shape (the server's /generate returns exactly this):
+    {"text", "output_ids", "meta_info": {"id", "prompt_tokens", "completion_tokens",
+     "cached_tokens", "finish_reason", "e2e_latency", "ttft", [logprobs...]}}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+import torch
+
+from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.request import AsyncSink, GenerateRequest, QueueSink, ReqEvent
+from sgl.runtime.sampling import SamplingParams
+from sgl.runtime.scheduler import SCHEDULE_POLICIES, Scheduler, SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineConfig:
+    """Engine options. Defaults suit a CPU; CUDA gets bf16 and memory-sized pools."""
+
+    model_path: str = "default"
+    tokenizer_path: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    max_total_tokens: int | None = None  # KV pool capacity; default from free memory
+    mem_fraction_static: float | None = None  # share of free memory for the KV pool
+    max_running_requests: int = 256
+    chunked_prefill_size: int | None = 2048  # None or <= 0 disables chunking
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    attention_backend: str = "auto"
+    context_length: int | None = None
+    random_seed: int | None = None
+
+    def validate(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+
+
+def _available_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+class Engine:
+    """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens": 8})`."""
+
+    def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
+        names = {f.name for f in dataclasses.fields(EngineConfig)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown Engine option(s) {unknown}; valid options: {sorted(names)}")
+        self.config = EngineConfig(model_path=model_path, **kwargs)
+        self.config.validate()
+        from sgl.runtime.model.loader import load_model, resolve_model_path
+        from sgl.runtime.tokenizer import load_tokenizer
+
+        cfg = self.config
+        if cfg.random_seed is not None:
+            torch.manual_seed(cfg.random_seed)
+        device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                              ("cpu" if cfg.device == "auto" else cfg.device))
+        dtype_name = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+        dtype = getattr(torch, dtype_name)
+        self.device, self.dtype = device, dtype
+
+        path = resolve_model_path(cfg.model_path)
+        self.model_path = path
+        self.model, self.model_config = load_model(path, dtype, device)
+        tok_path = cfg.tokenizer_path or path
+        if tok_path.endswith(".gguf"):
+            self.tokenizer = load_tokenizer(os.path.dirname(tok_path), gguf_file=os.path.basename(tok_path))
+        else:
+            self.tokenizer = load_tokenizer(tok_path)
+        self._tokenizer_lock = threading.Lock()
+
+        mc = self.model_config
+        context_len = cfg.context_length or mc.max_position_embeddings
+        if context_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"context_length {context_len} exceeds the model's max_position_embeddings {mc.max_position_embeddings}"
+            )
+        from sgl.runtime.memory import TokenToKVPool
+
+        bytes_per_token = TokenToKVPool.bytes_per_token_for(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, dtype)
+        max_total = cfg.max_total_tokens
+        if max_total is None:
+            fraction = cfg.mem_fraction_static or (0.85 if device.type == "cuda" else 0.2)
+            max_total = int(_available_memory_bytes(device) * fraction // bytes_per_token)
+            if device.type == "cpu":
+                max_total = min(max_total, 1 << 17)
+            max_total = max(max_total, 1024)
+        eos = set(mc.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(self.tokenizer.eos_token_id)
+        self.eos_token_ids = sorted(eos)
+        self.context_len = context_len
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_total_tokens=max_total,
+                max_running_requests=cfg.max_running_requests,
+                max_context_len=context_len,
+                chunked_prefill_size=cfg.chunked_prefill_size,
+                max_prefill_tokens=cfg.max_prefill_tokens,
+                schedule_policy=cfg.schedule_policy,
+                disable_radix_cache=cfg.disable_radix_cache,
+                attention_backend=cfg.attention_backend,
+                device=device,
+                dtype=dtype,
+            ),
+            self.model,
+            self.tokenizer,
+            self.eos_token_ids,
+        )
+        self.scheduler.start()
+        self._closed = False
+
+    # ------------------------------------------------------------------ request building
+
+    def encode(self, text: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text).input_ids)
+
+    def _build_requests(
+        self,
+        prompt: str | list[str] | None,
+        sampling_params: Any,
+        input_ids: list[int] | list[list[int]] | None,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: int,
+        stream: bool,
+        rid: str | list[str] | None,
+        return_text_in_logprobs: bool,
+    ) -> tuple[list[GenerateRequest], bool]:
+        """Validated requests, plus whether the caller passed a batch (so returns a list)."""
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("give exactly one of prompt (text) and input_ids", param="prompt")
+        if prompt is not None:
+            is_batch = isinstance(prompt, (list, tuple))
+            texts = list(prompt) if is_batch else [prompt]
+            for t in texts:
+                if not isinstance(t, str):
+                    raise InvalidRequestError(f"prompt must be a string or a list of strings, got {type(t).__name__}", "prompt")
+            id_lists = [self.encode(t) for t in texts]
+        else:
+            if not isinstance(input_ids, (list, tuple)):
+                raise InvalidRequestError("input_ids must be a list of ints or a list of lists", "input_ids")
+            is_batch = bool(input_ids) and isinstance(input_ids[0], (list, tuple))
+            id_lists = [list(x) for x in input_ids] if is_batch else [list(input_ids)]
+        n_prompts = len(id_lists)
+        if n_prompts == 0:
+            raise InvalidRequestError("the batch is empty", param="prompt")
+
+        if isinstance(sampling_params, (list, tuple)):
+            if len(sampling_params) != n_prompts:
+                raise InvalidRequestError(
+                    f"sampling_params has {len(sampling_params)} entries for {n_prompts} prompts", "sampling_params"
+                )
+            sp_list = list(sampling_params)
+        else:
+            sp_list = [sampling_params] * n_prompts
+        params = []
+        for sp in sp_list:
+            p = dataclasses.replace(sp) if isinstance(sp, SamplingParams) else SamplingParams.from_dict(sp)
+            params.append(p.validate(self.model_config.vocab_size))
+
+        if rid is not None:
+            rids = list(rid) if isinstance(rid, (list, tuple)) else [rid]
+            if len(rids) != n_prompts:
+                raise InvalidRequestError(f"rid has {len(rids)} entries for {n_prompts} prompts", "rid")
+        else:
+            rids = [uuid.uuid4().hex for _ in range(n_prompts)]
+        if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
+            raise InvalidRequestError("top_logprobs_num must be a non-negative integer", "top_logprobs_num")
+
+        vocab = self.model_config.vocab_size
+        capacity = self.scheduler.kv_pool.capacity
+        reqs: list[GenerateRequest] = []
+        for ids, p, r in zip(id_lists, params, rids):
+            if not ids:
+                raise InvalidRequestError("the prompt is empty: give at least one token", "prompt")
+            if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
+                raise InvalidRequestError(f"input_ids must be integers in [0, {vocab})", "input_ids")
+            if len(ids) >= self.context_len:
+                raise InvalidRequestError(
+                    f"the prompt has {len(ids)} tokens; the context length is {self.context_len}", "prompt"
+                )
+            if len(ids) + p.max_new_tokens > self.context_len:
+                raise InvalidRequestError(
+                    f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the context length "
+                    f"{self.context_len}; lower max_new_tokens",
+                    "max_new_tokens",
+                )
+            if len(ids) + p.max_new_tokens * p.n > capacity - 1:
+                raise InvalidRequestError(
+                    f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) x n ({p.n}) does not fit in the "
+                    f"KV pool ({capacity} tokens); lower max_new_tokens or raise max_total_tokens",
+                    "max_new_tokens",
+                )
+            if return_logprob and logprob_start_len >= len(ids):
+                raise InvalidRequestError(
+                    f"logprob_start_len ({logprob_start_len}) must be < the prompt length ({len(ids)})", "logprob_start_len"
+                )
+            if p.regex is not None or p.json_schema is not None or p.ebnf is not None or p.json_object:
+                field = "regex" if p.regex is not None else "json_schema" if p.json_schema is not None else "ebnf"
+                raise InvalidRequestError(
+                    f"{field}: constrained decoding is not available in this build yet", param=field
+                )
+            for i in range(p.n):
+                sub = p
+                if p.n > 1:
+                    sub = dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i)
+                reqs.append(
+                    GenerateRequest(
+                        rid=r if p.n == 1 else f"{r}-{i}",
+                        input_ids=ids,
+                        sampling_params=sub,
+                        return_logprob=return_logprob,
+                        logprob_start_len=logprob_start_len if return_logprob else -1,
+                        top_logprobs_num=top_logprobs_num if return_logprob else 0,
+                        stream=stream,
+                        return_text_in_logprobs=return_text_in_logprobs,
+                    )
+                )
+        return reqs, is_batch or len(reqs) > 1
+
+    # ------------------------------------------------------------------ generate
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | SamplingParams | list | None = None,
+        *,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generate for one prompt (returns a dict) or a batch / n > 1 (returns a list).
+
+        With `stream=True` (one prompt, n == 1) returns an iterator of chunks whose "text" is
+        the new text since the previous chunk; the last chunk has meta_info.finish_reason.
+        """
+        self._check_open()
+        reqs, is_batch = self._build_requests(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
+            return_text_in_logprobs,
+        )
+        if stream:
+            if len(reqs) != 1:
+                raise InvalidRequestError("stream=True takes one prompt with n == 1", "stream")
+            return self._stream(reqs[0])
+        sink = QueueSink()
+        for r in reqs:
+            self.scheduler.submit(r, sink)
+        results: dict[str, dict] = {}
+        try:
+            while len(results) < len(reqs):
+                event = sink.get()
+                if event.finished:
+                    results[event.rid] = self._result(event)
+        except BaseException:
+            for r in reqs:
+                if r.rid not in results:
+                    self.scheduler.abort(r.rid)
+            raise
+        out = [results[r.rid] for r in reqs]
+        return out if is_batch else out[0]
+
+    def _stream(self, req: GenerateRequest) -> Iterator[dict]:
+        sink = QueueSink()
+        self.scheduler.submit(req, sink)
+
+        def chunks() -> Iterator[dict]:
+            finished = False
+            try:
+                while not finished:
+                    event = sink.get()
+                    finished = event.finished
+                    yield self._result(event)
+            finally:
+                if not finished:  # the consumer stopped early: free the request's KV
+                    self.scheduler.abort(req.rid)
+
+        return chunks()
+
+    @staticmethod
+    def _result(event: ReqEvent) -> dict:
+        if event.error is not None and event.finished:
+            raise RuntimeError(f"request {event.rid} failed: {event.error}") from event.error
+        meta = dict(event.meta_info or {})
+        return {"text": event.text, "output_ids": event.output_ids, "meta_info": meta}
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | SamplingParams | list | None = None,
+        *,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_text_in_logprobs: bool = False,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """Like `generate`, awaitable; with stream=True returns an async iterator of chunks."""
+        self._check_open()
+        reqs, is_batch = self._build_requests(
+            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
+            return_text_in_logprobs,
+        )
+        sink = AsyncSink(asyncio.get_running_loop())
+        if stream:
+            if len(reqs) != 1:
+                raise InvalidRequestError("stream=True takes one prompt with n == 1", "stream")
+            self.scheduler.submit(reqs[0], sink)
+            return self._astream(reqs[0].rid, sink)
+        for r in reqs:
+            self.scheduler.submit(r, sink)
+        results: dict[str, dict] = {}
+        try:
+            while len(results) < len(reqs):
+                event = await sink.queue.get()
+                if event.finished:
+                    results[event.rid] = self._result(event)
+        except BaseException:  # cancelled: free what is still running
+            for r in reqs:
+                if r.rid not in results:
+                    self.scheduler.abort(r.rid)
+            raise
+        out = [results[r.rid] for r in reqs]
+        return out if is_batch else out[0]
+
+    async def _astream(self, rid: str, sink: AsyncSink) -> AsyncIterator[dict]:
+        finished = False
+        try:
+            while not finished:
+                event = await sink.queue.get()
+                finished = event.finished
+                yield self._result(event)
+        finally:
+            if not finished:
+                self.scheduler.abort(rid)
+
+    # ------------------------------------------------------------------ control
+
+    def abort(self, rid: str) -> None:
+        """Abort a request by id; it finishes with finish_reason type 'abort' and frees its KV."""
+        self.scheduler.abort(rid)
+
+    def flush_cache(self) -> bool:
+        """Drop the radix cache. Refused (False) while requests are in flight."""
+        self._check_open()
+        return self.scheduler.call(self.scheduler.flush_cache)
+
+    def get_server_info(self) -> dict[str, Any]:
+        self._check_open()
+        info = self.scheduler.call(self.scheduler.info)
+        mc = self.model_config
+        info.update(
+            {
+                "model_path": self.model_path,
+                "device": str(self.device),
+                "dtype": str(self.dtype).replace("torch.", ""),
+                "context_length": self.context_len,
+                "vocab_size": mc.vocab_size,
+                "num_layers": mc.num_hidden_layers,
+                "num_kv_heads": mc.num_key_value_heads,
+                "head_dim": mc.head_dim,
+                "schedule_policy": self.config.schedule_policy,
+                "chunked_prefill_size": self.config.chunked_prefill_size,
+                "disable_radix_cache": self.config.disable_radix_cache,
+                "max_running_requests": self.config.max_running_requests,
+            }
+        )
+        return info
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the engine is shut down")
+
+    def shutdown(self) -> None:
+        if not getattr(self, "_closed", True):
+            self._closed = True
+            self.scheduler.shutdown()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            self.shutdown()
+        except Exception:
+            pass

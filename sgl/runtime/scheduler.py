@@ -1,0 +1,625 @@
+"""The scheduler loop: continuous batching over a radix-cached, paged KV pool.
+
+One thread owns every piece of mutable engine state (pools, radix tree, requests). Each
+step it (1) drains the inbox (new requests, aborts, calls), (2) reserves one KV slot per
+decoding request (evicting cached prefixes, then retracting requests if memory runs
+out), (3) fills the remaining token budget with prefill chunks, taking waiting requests
+in policy order, (4) runs one forward over all of those tokens together, (5) samples,
+detokenizes, checks stop conditions and sends events to the callers' sinks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from sgl.runtime.attention import ForwardBatch, create_attention_backend
+from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
+from sgl.runtime.radix_cache import RadixCache
+from sgl.runtime.request import (
+    GenerateRequest,
+    Req,
+    ReqEvent,
+    ResultSink,
+    finish_abort,
+    finish_length,
+    finish_stop,
+)
+from sgl.runtime.sampling import SamplingBatch, make_generator, sample
+from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
+
+logger = logging.getLogger(__name__)
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+# Requests sharing an uncached prefix at least this long are admitted one per step, so
+# the others find it in the radix cache on the next step instead of computing it again.
+IN_BATCH_PREFIX_THRESHOLD = 32
+# lpm/dfs-weight match every waiting request against the tree each step; past this queue
+# length that costs more than it saves, and the policy falls back to fcfs.
+POLICY_QUEUE_LIMIT = 128
+# Decode reservation per running request: remaining new tokens x ratio (clipped).
+INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+RESERVE_CLIP = 4096
+
+
+@dataclass
+class SchedulerConfig:
+    max_total_tokens: int
+    max_running_requests: int
+    max_context_len: int
+    chunked_prefill_size: int | None
+    max_prefill_tokens: int
+    schedule_policy: str
+    disable_radix_cache: bool
+    attention_backend: str
+    device: torch.device
+    dtype: torch.dtype
+
+
+@dataclass
+class _Item:
+    req: Req
+    extend_len: int
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, model: torch.nn.Module, tokenizer: Any, eos_token_ids: list[int]):
+        self.config = config
+        self.model = model
+        self.model_config = model.config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = sorted(set(eos_token_ids))
+        self.vocab_size = self.model_config.vocab_size
+        mc = self.model_config
+        self.kv_pool = TokenToKVPool(
+            config.max_total_tokens, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.dtype, config.device
+        )
+        self.req_to_token = ReqToTokenPool(config.max_running_requests, config.max_context_len + 1, config.device)
+        self.tree = RadixCache(self.kv_pool, disable=config.disable_radix_cache)
+        self.attn_backend = create_attention_backend(config.attention_backend, str(config.device))
+
+        self.inbox: queue.Queue[tuple] = queue.Queue()
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Req | None = None
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.stats = {"forward_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
+                      "retractions": 0, "finished_requests": 0}
+        self._step_slots: torch.Tensor | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ thread API
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sgl-scheduler", daemon=True)
+        self._thread.start()
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        self.inbox.put(("wake",))
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def submit(self, request: GenerateRequest, sink: ResultSink) -> None:
+        self.inbox.put(("req", request, sink))
+
+    def abort(self, rid: str) -> None:
+        self.inbox.put(("abort", rid))
+
+    def call(self, fn: Callable[[], Any], timeout: float | None = 60) -> Any:
+        """Run `fn` on the scheduler thread between steps and return its result."""
+        fut: Future = Future()
+        self.inbox.put(("call", fn, fut))
+        return fut.result(timeout=timeout)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                idle = not (self.waiting or self.running)
+                self._drain_inbox(block=idle)
+                if self._stop.is_set():
+                    break
+                self.step()
+            except Exception as e:  # never let one bad step kill the loop
+                logger.exception("scheduler step failed")
+                self._fail_all(e)
+        self._fail_all(RuntimeError("engine shut down"))
+
+    def _drain_inbox(self, block: bool) -> None:
+        while True:
+            try:
+                msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            block = False
+            kind = msg[0]
+            if kind == "req":
+                self._add_request(msg[1], msg[2])
+            elif kind == "abort":
+                self._abort(msg[1])
+            elif kind == "call":
+                fn, fut = msg[1], msg[2]
+                try:
+                    fut.set_result(fn())
+                except Exception as e:
+                    fut.set_exception(e)
+
+    # ------------------------------------------------------------------ requests
+
+    def _add_request(self, r: GenerateRequest, sink: ResultSink) -> None:
+        sp = r.sampling_params
+        req = Req(
+            rid=r.rid,
+            origin_input_ids=list(r.input_ids),
+            sampling_params=sp,
+            sink=sink,
+            return_logprob=r.return_logprob,
+            logprob_start_len=r.logprob_start_len,
+            top_logprobs_num=r.top_logprobs_num,
+            stream=r.stream,
+            return_text_in_logprobs=r.return_text_in_logprobs,
+        )
+        req.generator = make_generator(sp.seed, self.config.device) if sp.seed is not None else None
+        req.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids=req.origin_input_ids,
+            skip_special_tokens=sp.skip_special_tokens,
+            spaces_between_special_tokens=sp.spaces_between_special_tokens,
+        )
+        req.stop_matcher = StopStringMatcher(sp.stop or [])
+        if not r.return_logprob or r.logprob_start_len < 0:
+            req.input_logprobs_done = True
+        self.waiting.append(req)
+
+    def _abort(self, rid: str) -> None:
+        for req in list(self.waiting):
+            if req.rid == rid:
+                self.waiting.remove(req)
+                self._finish(req, finish_abort("aborted by request"))
+        for req in list(self.running):
+            if req.rid == rid:
+                self._release(req)
+                self._finish(req, finish_abort("aborted by request"))
+
+    def _fail_all(self, error: BaseException) -> None:
+        """After an internal error: end every request with it, returning all their KV."""
+        if self._step_slots is not None:  # allocated for a step that never ran
+            self.kv_pool.free(self._step_slots)
+            self._step_slots = None
+        for req in list(self.running):
+            try:
+                self._release(req)
+            except Exception:  # pragma: no cover - best effort on a broken state
+                logger.exception("releasing %s failed", req.rid)
+                if req in self.running:
+                    self.running.remove(req)
+            self._finish(req, finish_abort(f"engine error: {error}"), error=error)
+        for req in self.waiting:
+            self._finish(req, finish_abort(f"engine error: {error}"), error=error)
+        self.waiting.clear()
+        self.chunked_req = None
+
+    # ------------------------------------------------------------------ KV bookkeeping
+
+    def _alloc_slots(self, n: int) -> torch.Tensor | None:
+        if self.kv_pool.available_size() < n:
+            self.tree.evict(n - self.kv_pool.available_size())
+        return self.kv_pool.alloc(n)
+
+    def _cache_kv(self, req: Req) -> None:
+        """Give the request's computed K/V to the radix tree and re-lock the longer prefix."""
+        row_slots = self.req_to_token.req_to_token[req.pool_row, : req.kv_len]
+        ids = req.fill_ids[: req.kv_len]
+        already = self.tree.insert(ids, row_slots.clone())
+        if already > req.prefix_len:  # another request cached these meanwhile: ours are duplicates
+            self.kv_pool.free(row_slots[req.prefix_len : already].clone())
+        new_slots, new_node = self.tree.match_prefix(ids)
+        self.req_to_token.write(req.pool_row, 0, new_slots)
+        self.tree.inc_lock_ref(new_node)
+        self.tree.dec_lock_ref(req.last_node)
+        req.last_node, req.prefix_len = new_node, len(new_slots)
+
+    def _release(self, req: Req) -> None:
+        """Free the request's row; its computed K/V goes to the radix tree (or back to the pool)."""
+        if req.pool_row is None:
+            return
+        row_slots = self.req_to_token.req_to_token[req.pool_row, : req.kv_len].clone()
+        if self.config.disable_radix_cache:
+            self.kv_pool.free(row_slots)
+        else:
+            already = self.tree.insert(req.fill_ids[: req.kv_len], row_slots)
+            if already > req.prefix_len:
+                self.kv_pool.free(row_slots[req.prefix_len : already])
+            self.tree.dec_lock_ref(req.last_node)
+        self.req_to_token.free(req.pool_row)
+        req.pool_row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
+        if req is self.chunked_req:
+            self.chunked_req = None
+        if req in self.running:
+            self.running.remove(req)
+
+    def _retract(self, req: Req) -> None:
+        """Preempt a decoding request: keep its tokens, drop its row, queue it first."""
+        self._release(req)
+        req.num_retractions += 1
+        self.stats["retractions"] += 1
+        self.waiting.insert(0, req)
+
+    # ------------------------------------------------------------------ scheduling
+
+    def step(self) -> bool:
+        items = self._schedule()
+        if not items:
+            return False
+        self._run(items)
+        return True
+
+    def _reserved_tokens(self) -> int:
+        total = 0
+        for req in self.running:
+            left = req.sampling_params.max_new_tokens - len(req.output_ids)
+            total += int(min(max(left, 0), RESERVE_CLIP) * self.new_token_ratio)
+            if not req.in_decode:  # a chunked prefill still to finish
+                total += req.seq_len - req.kv_len
+        return total
+
+    def _schedule(self) -> list[_Item]:
+        items: list[_Item] = []
+        decodes = [r for r in self.running if r.in_decode]
+        if decodes:
+            # Each decode needs one slot. Evict cached prefixes first, then retract.
+            while decodes and self.kv_pool.available_size() + self.tree.evictable_size() < len(decodes):
+                victim = max(decodes, key=lambda r: (-len(r.output_ids), len(r.origin_input_ids)))
+                decodes.remove(victim)
+                self._retract(victim)
+                self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+            items.extend(_Item(r, 1) for r in decodes)
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+
+        chunking = bool(self.config.chunked_prefill_size and self.config.chunked_prefill_size > 0)
+        budget = self.config.chunked_prefill_size if chunking else self.config.max_prefill_tokens
+        committed = len(items)  # slots this step will take
+        if self.chunked_req is not None:
+            req = self.chunked_req
+            ext = min(req.seq_len - req.kv_len, budget)
+            if committed + ext > self.kv_pool.available_size() + self.tree.evictable_size():
+                ext = max(0, self.kv_pool.available_size() + self.tree.evictable_size() - committed)
+            if ext > 0:
+                items.append(_Item(req, ext))
+                budget -= ext
+                committed += ext
+        if budget > 0 and self.waiting and self.chunked_req is None:
+            items.extend(self._admit(budget, committed, chunking, first=not items))
+        self._assign_slots(items)
+        return items
+
+    def _policy_order(self) -> list[Req]:
+        policy = self.config.schedule_policy
+        if policy == "fcfs" or self.config.disable_radix_cache or len(self.waiting) > POLICY_QUEUE_LIMIT:
+            return list(self.waiting)
+        matches = {id(r): self.tree.match_prefix(r.fill_ids) for r in self.waiting}
+        if policy == "lpm":
+            return sorted(self.waiting, key=lambda r: -len(matches[id(r)][0]))
+        # dfs-weight: visit the tree depth first, heaviest subtree (most waiting requests) first.
+        by_node: dict[int, list[Req]] = {}
+        weight: dict[int, int] = {}
+        for r in self.waiting:
+            node = matches[id(r)][1]
+            by_node.setdefault(id(node), []).append(r)
+            while node is not None:
+                weight[id(node)] = weight.get(id(node), 0) + 1
+                node = node.parent
+        order: list[Req] = []
+        stack = [self.tree.root]
+        while stack:
+            node = stack.pop()
+            order.extend(by_node.get(id(node), []))
+            kids = [c for c in node.children.values() if weight.get(id(c), 0) > 0]
+            kids.sort(key=lambda c: weight[id(c)])  # heaviest popped first
+            stack.extend(kids)
+        return order
+
+    def _admit(self, budget: int, committed: int, chunking: bool, first: bool) -> list[_Item]:
+        """Move waiting requests into the batch while the token budget and KV memory allow.
+
+        Hard limit: this step's slots fit in free + evictable memory. Soft limit: leave room
+        for the running requests' future decode tokens (estimated by `new_token_ratio`);
+        a wrong estimate is corrected by retraction, never by failing a request.
+        """
+        items: list[_Item] = []
+        admitted_keys: set[tuple[int, ...]] = set()
+        for req in self._policy_order():
+            if budget <= 0:
+                break
+            if len(self.running) >= self.config.max_running_requests or self.req_to_token.available_size() == 0:
+                break
+            ids = req.fill_ids
+            limit = len(ids) - 1  # at least one token must run to produce the next logits
+            if not req.input_logprobs_done:
+                limit = min(limit, max(req.logprob_start_len - 1, 0))
+            prefix_slots, node = self.tree.match_prefix(ids[:limit])
+            prefix = len(prefix_slots)
+            remaining = len(ids) - prefix
+            if not self.config.disable_radix_cache and remaining > IN_BATCH_PREFIX_THRESHOLD:
+                key = tuple(ids[: prefix + IN_BATCH_PREFIX_THRESHOLD])
+                if key in admitted_keys:
+                    continue  # a request admitted this step computes this prefix; wait for it
+                admitted_keys.add(key)
+            if chunking:
+                ext = min(remaining, budget)
+            elif remaining > budget and not (first and not items):
+                break  # too long for this step's prefill budget; it goes first next step
+            else:
+                ext = remaining
+            self.tree.inc_lock_ref(node)
+            memory = self.kv_pool.available_size() + self.tree.evictable_size()
+            future = int(min(req.sampling_params.max_new_tokens, RESERVE_CLIP) * self.new_token_ratio)
+            fits_now = committed + ext <= memory
+            fits_later = committed + ext + future + self._reserved_tokens() <= memory
+            if not fits_now or (not fits_later and (self.running or items)):
+                self.tree.dec_lock_ref(node)
+                break
+            row = self.req_to_token.alloc()
+            self.waiting.remove(req)
+            req.pool_row, req.prefix_len, req.kv_len, req.last_node = row, prefix, prefix, node
+            if prefix:
+                self.req_to_token.write(row, 0, prefix_slots)
+            if req.cached_tokens is None:
+                req.cached_tokens = prefix
+                self.stats["cached_tokens"] += prefix
+            self.running.append(req)
+            items.append(_Item(req, ext))
+            budget -= ext
+            committed += ext
+            if ext < remaining:
+                self.chunked_req = req
+                break
+        return items
+
+    def _assign_slots(self, items: list[_Item]) -> None:
+        total = sum(it.extend_len for it in items)
+        if total == 0:
+            return
+        slots = self._alloc_slots(total)
+        if slots is None:  # admission keeps this from happening; if it does, fail loudly
+            raise RuntimeError(f"KV pool exhausted: need {total}, free {self.kv_pool.available_size()}")
+        self._step_slots = slots
+        table = self.req_to_token.req_to_token
+        rows, cols = [], []
+        for it in items:
+            r = it.req
+            rows.extend([r.pool_row] * it.extend_len)
+            cols.extend(range(r.kv_len, r.kv_len + it.extend_len))
+        table[torch.tensor(rows), torch.tensor(cols)] = slots.to(table.device)
+
+    # ------------------------------------------------------------------ running a batch
+
+    def _run(self, items: list[_Item]) -> None:
+        device = self.config.device
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for it in items:
+            r = it.req
+            if it.extend_len == 1 and r.output_ids and r.kv_len == r.seq_len - 1:
+                input_ids.append(r.output_ids[-1])
+            else:
+                input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + it.extend_len])
+            positions.extend(range(r.kv_len, r.kv_len + it.extend_len))
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            out_cache_loc=self._step_slots.to(device),
+            req_rows=[it.req.pool_row for it in items],
+            prefix_lens=[it.req.kv_len for it in items],
+            extend_lens=[it.extend_len for it in items],
+            kv_pool=self.kv_pool,
+            req_to_token=self.req_to_token,
+            attn_backend=self.attn_backend,
+        )
+        self.attn_backend.init_forward_metadata(batch)
+        with torch.inference_mode():
+            hidden = self.model(batch.input_ids, batch.positions, batch)
+        self._step_slots = None  # from here on the slots are accounted by each request's kv_len
+        self.stats["forward_steps"] += 1
+
+        # Which rows of `hidden` need logits: each finishing request's last token, plus the
+        # prompt positions whose next-token logprobs were asked for.
+        sample_items: list[_Item] = []
+        sample_rows: list[int] = []
+        lp_rows: list[int] = []
+        lp_targets: list[tuple[Req, int]] = []  # (req, index of the scored token)
+        offset = 0
+        for it in items:
+            r = it.req
+            start, end = r.kv_len, r.kv_len + it.extend_len
+            if it.extend_len > 1 or not r.output_ids:
+                self.stats["prefill_tokens"] += it.extend_len
+            else:
+                self.stats["decode_tokens"] += 1
+            r.kv_len = end
+            if r is self.chunked_req and end == r.seq_len:
+                self.chunked_req = None
+            if not r.input_logprobs_done:
+                self._plan_input_logprobs(r, start, end, offset, lp_rows, lp_targets)
+            if end == r.seq_len:
+                sample_items.append(it)
+                sample_rows.append(offset + it.extend_len - 1)
+            offset += it.extend_len
+
+        if lp_rows:
+            self._record_input_logprobs(hidden, lp_rows, lp_targets)
+        for it in items:
+            r = it.req
+            if it.extend_len > 1 and not self.config.disable_radix_cache:
+                # A chunk boundary or a finished prefill: share it through the tree now.
+                self._cache_kv(r)
+            if r.kv_len >= len(r.origin_input_ids):
+                r.input_logprobs_done = True
+
+        if sample_items:
+            self._sample_and_process(hidden, sample_items, sample_rows)
+
+    def _plan_input_logprobs(self, r: Req, start: int, end: int, offset: int, rows: list[int], targets: list) -> None:
+        n_prompt = len(r.origin_input_ids)
+        first = r.logprob_start_len
+        if first == 0 and start == 0:
+            r.input_token_logprobs.append((None, r.origin_input_ids[0], None))
+            r.input_top_logprobs.append(None)
+        # Position p's logits score token p + 1.
+        for p in range(max(start, first - 1, 0), min(end, n_prompt - 1)):
+            rows.append(offset + p - start)
+            targets.append((r, p + 1))
+
+    def _record_input_logprobs(self, hidden: torch.Tensor, rows: list[int], targets: list) -> None:
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=hidden.device)])
+        logp = torch.log_softmax(logits, dim=-1)
+        token_ids = torch.tensor([r.origin_input_ids[t] for r, t in targets], device=logp.device)
+        chosen = logp.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
+        max_top = max(r.top_logprobs_num for r, _ in targets)
+        top_vals = top_ids = None
+        if max_top > 0:
+            top_vals, top_ids = logp.topk(max_top, dim=-1)
+            top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
+        for i, (r, t) in enumerate(targets):
+            tid = r.origin_input_ids[t]
+            r.input_token_logprobs.append((chosen[i], tid, self._token_text(r, tid)))
+            if r.top_logprobs_num > 0:
+                n = r.top_logprobs_num
+                r.input_top_logprobs.append(
+                    [(v, k, self._token_text(r, k)) for v, k in zip(top_vals[i][:n], top_ids[i][:n])]
+                )
+            else:
+                r.input_top_logprobs.append(None)
+
+    def _token_text(self, r: Req, tid: int) -> str | None:
+        return self.tokenizer.decode([tid]) if r.return_text_in_logprobs else None
+
+    def _sample_and_process(self, hidden: torch.Tensor, items: list[_Item], rows: list[int]) -> None:
+        now = time.monotonic()
+        todo = [(it, row) for it, row in zip(items, rows)]
+        # max_new_tokens == 0: scoring only (e.g. select); finish without sampling.
+        zero = [it for it, _ in todo if it.req.sampling_params.max_new_tokens == 0]
+        for it in zero:
+            self._release(it.req)
+            self._finish(it.req, finish_length(0))
+        todo = [(it, row) for it, row in todo if it.req.sampling_params.max_new_tokens > 0]
+        if not todo:
+            return
+        reqs = [it.req for it, _ in todo]
+        logits = self.model.compute_logits(hidden[torch.tensor([row for _, row in todo], device=hidden.device)])
+        sbatch = SamplingBatch.build([r.sampling_params for r in reqs], logits.device, self.vocab_size, self.eos_token_ids)
+        need_prompt = bool(sbatch.repetition_rows)
+        out = sample(
+            logits,
+            sbatch,
+            output_ids=[r.output_ids for r in reqs],
+            prompt_ids=[r.origin_input_ids for r in reqs] if need_prompt else [[] for _ in reqs],
+            generators=[r.generator for r in reqs],
+            top_logprobs_num=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+        )
+        token_ids = out.token_ids.tolist()
+        logprobs = out.logprobs.tolist() if any(r.return_logprob for r in reqs) else None
+        for i, r in enumerate(reqs):
+            self._process_token(r, token_ids[i], logprobs[i] if logprobs else None, out.top_logprobs[i], now)
+
+    def _process_token(self, r: Req, tid: int, logprob: float | None, top: list | None, now: float) -> None:
+        sp = r.sampling_params
+        if tid < 0:
+            self._release(r)
+            self._finish(r, finish_abort("no token is allowed at this point (constraint dead end)"))
+            return
+        if r.first_token_at is None:
+            r.first_token_at = now
+        r.output_ids.append(tid)
+        new_lp: list[tuple] = []
+        new_top: list = []
+        if r.return_logprob:
+            new_lp.append((logprob, tid, self._token_text(r, tid)))
+            new_top.append([(v, k, self._token_text(r, k)) for k, v in top] if top else None)
+            r.output_token_logprobs.extend(new_lp)
+            r.output_top_logprobs.extend(new_top)
+
+        reason = None
+        if tid in (sp.stop_token_ids or ()):
+            reason = finish_stop(tid)
+        elif tid in self.eos_token_ids and not sp.ignore_eos:
+            reason = finish_stop(tid)
+        piece, matched = r.stop_matcher.feed(r.detokenizer.feed([tid]))
+        if matched:
+            reason = finish_stop(r.stop_matcher.matched_stop)
+            if sp.no_stop_trim:
+                piece += r.stop_matcher.matched_stop
+        elif reason is None and len(r.output_ids) >= sp.max_new_tokens:
+            reason = finish_length(sp.max_new_tokens)
+        if reason is not None and not matched:
+            tail, _ = r.stop_matcher.feed(r.detokenizer.flush())
+            piece += tail + r.stop_matcher.flush()
+        r.text += piece
+        if reason is not None:
+            self._release(r)
+            self._finish(r, reason, delta_text=piece, delta_ids=[tid], delta_lp=new_lp, delta_top=new_top)
+        elif r.stream:
+            r.sink.put(ReqEvent(r.rid, piece, [tid], meta_info=self._meta(r),
+                                output_token_logprobs=new_lp, output_top_logprobs=new_top))
+
+    def _meta(self, r: Req) -> dict[str, Any]:
+        now = time.monotonic()
+        meta: dict[str, Any] = {
+            "id": r.rid,
+            "prompt_tokens": len(r.origin_input_ids),
+            "completion_tokens": len(r.output_ids),
+            "cached_tokens": r.cached_tokens or 0,
+            "finish_reason": r.finished_reason,
+            "e2e_latency": now - r.created_at,
+        }
+        if r.first_token_at is not None:
+            meta["ttft"] = r.first_token_at - r.created_at
+        if r.num_retractions:
+            meta["num_retractions"] = r.num_retractions
+        if r.return_logprob and r.finished_reason is not None:
+            meta["input_token_logprobs"] = r.input_token_logprobs
+            meta["output_token_logprobs"] = r.output_token_logprobs
+            if r.top_logprobs_num > 0:
+                meta["input_top_logprobs"] = r.input_top_logprobs
+                meta["output_top_logprobs"] = r.output_top_logprobs
+        return meta
+
+    def _finish(self, r: Req, reason: dict[str, Any], error: BaseException | None = None, delta_text: str = "",
+                delta_ids: list[int] | None = None, delta_lp: list | None = None, delta_top: list | None = None) -> None:
+        r.finished_reason = reason
+        self.stats["finished_requests"] += 1
+        if r.stream:
+            event = ReqEvent(r.rid, delta_text, delta_ids or [], True, self._meta(r), error,
+                             delta_lp or [], delta_top or [])
+        else:
+            event = ReqEvent(r.rid, r.text, list(r.output_ids), True, self._meta(r), error,
+                             list(r.output_token_logprobs), list(r.output_top_logprobs))
+        r.sink.put(event)
+
+    # ------------------------------------------------------------------ introspection
+
+    def flush_cache(self) -> bool:
+        if self.running or self.waiting:
+            return False
+        return self.tree.flush()
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "max_total_tokens": self.kv_pool.capacity,
+            "kv_bytes_per_token": self.kv_pool.bytes_per_token,
+            "available_kv_tokens": self.kv_pool.available_size(),
+            "radix_cache_tokens": self.tree.total_size(),
+            "evictable_tokens": self.tree.evictable_size(),
+            "num_running_reqs": len(self.running),
+            "num_waiting_reqs": len(self.waiting),
+            "new_token_ratio": self.new_token_ratio,
+            **self.stats,
+        }

@@ -1,0 +1,94 @@
+"""Tiny random-weight HF models built in memory, and a one-request-at-a-time runner of ours."""
+
+from __future__ import annotations
+
+import torch
+
+from sgl.runtime.attention import ForwardBatch, create_attention_backend
+from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
+from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.llama import LlamaForCausalLM
+from sgl.runtime.model.loader import load_hf_state_dict
+
+
+def hf_tiny(arch: str = "llama", tie: bool = False, kv_heads: int = 2, seed: int = 0, **extra):
+    import transformers
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+        rms_norm_eps=1e-5,
+        **extra,
+    )
+    if arch == "qwen2":
+        cfg = transformers.Qwen2Config(**common)
+        model = transformers.Qwen2ForCausalLM(cfg)
+    elif arch == "mistral":
+        cfg = transformers.MistralConfig(sliding_window=None, **common)
+        model = transformers.MistralForCausalLM(cfg)
+    else:
+        cfg = transformers.LlamaConfig(**common)
+        model = transformers.LlamaForCausalLM(cfg)
+    # Random init leaves biases at zero; make them matter.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.float().eval()
+
+
+def ours_from_hf(hf_model) -> LlamaForCausalLM:
+    cfg = ModelConfig.from_hf_dict(hf_model.config.to_dict())
+    model = LlamaForCausalLM(cfg)
+    load_hf_state_dict(model, hf_model.state_dict())
+    return model.eval()
+
+
+class TinyRunner:
+    """Drives our model over explicit (request, chunk) steps with a real KV pool."""
+
+    def __init__(self, model: LlamaForCausalLM, capacity: int = 4096, max_reqs: int = 16) -> None:
+        c = model.config
+        self.model = model
+        self.pool = TokenToKVPool(capacity, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, torch.float32, "cpu")
+        self.table = ReqToTokenPool(max_reqs, c.max_position_embeddings, "cpu")
+        self.backend = create_attention_backend("torch_native", "cpu")
+        self.rows: dict[int, int] = {}
+        self.lens: dict[int, int] = {}
+
+    def step(self, chunks: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """Run one forward with `chunks[req] = new token ids`; logits [len, V] per request."""
+        ids, pos, rows, prefix, ext = [], [], [], [], []
+        slots_all = []
+        for req, toks in chunks.items():
+            if req not in self.rows:
+                self.rows[req] = self.table.alloc()
+                self.lens[req] = 0
+            start = self.lens[req]
+            slots = self.pool.alloc(len(toks))
+            self.table.write(self.rows[req], start, slots)
+            slots_all.append(slots)
+            ids.extend(toks)
+            pos.extend(range(start, start + len(toks)))
+            rows.append(self.rows[req])
+            prefix.append(start)
+            ext.append(len(toks))
+            self.lens[req] = start + len(toks)
+        batch = ForwardBatch(
+            torch.tensor(ids), torch.tensor(pos), torch.cat(slots_all), rows, prefix, ext, self.pool, self.table, self.backend
+        )
+        self.backend.init_forward_metadata(batch)
+        with torch.inference_mode():
+            logits = self.model.compute_logits(self.model(batch.input_ids, batch.positions, batch))
+        out, off = {}, 0
+        for req, n in zip(chunks, ext):
+            out[req] = logits[off : off + n]
+            off += n
+        return out
