@@ -77,8 +77,8 @@ class TokenToKVPool:
         self._num_free += n
 
     def set_kv(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffers[layer][slots] = k.to(self.dtype)
-        self.v_buffers[layer][slots] = v.to(self.dtype)
+        self.k_buffers[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v_buffers[layer].index_copy_(0, slots, v.to(self.dtype))
 
 
 class ReqToTokenPool:

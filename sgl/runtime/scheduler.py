@@ -562,6 +562,10 @@ class Scheduler:
         if reason is not None and not matched:
             tail, _ = r.stop_matcher.feed(r.detokenizer.flush())
             piece += tail + r.stop_matcher.flush()
+            if r.stop_matcher.matched_stop is not None:  # a stop confirmed by the final text
+                reason = finish_stop(r.stop_matcher.matched_stop)
+                if sp.no_stop_trim:
+                    piece += r.stop_matcher.matched_stop
         r.text += piece
         if reason is not None:
             self._release(r)

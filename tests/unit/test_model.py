@@ -140,3 +140,19 @@ def test_gguf_file_roundtrip_matches_hf(tmp_path):
     runner = TinyRunner(ours.eval())
     ids = list(range(3, 40))
     torch.testing.assert_close(runner.step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+def test_bfloat16_model_tracks_float32():
+    """bf16 weights and KV: logits close to fp32 (loose: bf16 has 8 bits of mantissa)."""
+    hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=4)
+    ours32 = ours_from_hf(hf)
+    ours16 = ours_from_hf(hf).to(torch.bfloat16)
+    ours16.rotary.float()
+    ids = list(range(5, 50))
+    ref = TinyRunner(ours32).step({0: ids})[0]
+    runner16 = TinyRunner(ours16)
+    runner16.pool = type(runner16.pool)(4096, 2, 2, 16, torch.bfloat16, "cpu")
+    got = runner16.step({0: ids})[0]
+    rel = (got - ref).norm() / ref.norm()
+    assert rel < 3e-2, rel
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9

@@ -77,8 +77,10 @@ class TorchNativeBackend(AttentionBackend):
 
         if md.decode_slots is not None:
             qd = q if md.decode_tok_idx is None else q[md.decode_tok_idx]
-            kd = k_buf[md.decode_slots].transpose(1, 2)  # [B, kvh, L, D]
-            vd = v_buf[md.decode_slots].transpose(1, 2)
+            flat = md.decode_slots.view(-1)
+            shape = (*md.decode_slots.shape, *k_buf.shape[1:])
+            kd = k_buf.index_select(0, flat).view(shape).transpose(1, 2)  # [B, kvh, L, D]
+            vd = v_buf.index_select(0, flat).view(shape).transpose(1, 2)
             od = F.scaled_dot_product_attention(
                 qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scaling, enable_gqa=True
             ).squeeze(2)
@@ -92,7 +94,7 @@ class TorchNativeBackend(AttentionBackend):
             if ext.slots is None:
                 ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
             else:
-                ke, ve = k_buf[ext.slots], v_buf[ext.slots]
+                ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
             ke = ke.transpose(0, 1).unsqueeze(0)
             ve = ve.transpose(0, 1).unsqueeze(0)
             oe = F.scaled_dot_product_attention(

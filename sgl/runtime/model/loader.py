@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from sgl.runtime.model.config import ModelConfig
-from sgl.runtime.model.llama import LlamaForCausalLM
+from sgl.runtime.model.llama import LlamaForCausalLM, RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,11 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device) -> tup
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     model = model.to_empty(device=device)
-    model.rotary.__init__(config)  # buffers are not in the checkpoint: rebuild them for real
-    model.rotary.to(device)
+    model.rotary = RotaryEmbedding(config).to(device)  # not in the checkpoint: build it for real
     load_hf_state_dict(model, state_dict)
-    return model.to(dtype=dtype).eval(), config
+    model = model.to(dtype=dtype).eval()
+    model.rotary.float()  # RoPE tables stay float32 whatever the weights' dtype
+    return model, config
 
 
 def read_safetensors_dir(weights_dir: Path) -> dict[str, torch.Tensor]:

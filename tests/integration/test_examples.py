@@ -1,0 +1,28 @@
+"""Every example runs to completion on the embedded model."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_engine_quickstart_runs():
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "engine_quickstart.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert "{'type': 'length', 'length': 12}" in lines[0]
+    assert sum("cached prompt tokens" in line for line in lines) == 3
+    # The system prompt is shared: the second and third chat requests hit the cache.
+    cached = [int(line.rsplit(": ", 1)[1].rstrip(")")) for line in lines if "cached prompt tokens" in line]
+    assert cached[0] == 0 and cached[1] > 0 and cached[2] > 0
+    assert any(line.startswith("stream:") for line in lines)
+    assert "8" not in next(line for line in lines if line.startswith("stream:"))  # the stop string is trimmed

@@ -1,0 +1,124 @@
+"""The whole engine on a tiny random model saved as an HF directory (sharded safetensors +
+a byte-level BPE tokenizer), checked against HF transformers' greedy `generate`."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import sgl
+from tiny_models import hf_tiny
+
+VOCAB = 320
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog " * 3, "hello world, structured programs! 0123456789"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(path)
+    hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=7, initializer_range=0.15)
+    hf.config.vocab_size = VOCAB
+    hf.resize_token_embeddings(VOCAB)
+    with torch.no_grad():
+        hf.lm_head.weight.normal_(0, 0.15)
+        hf.model.embed_tokens.weight.normal_(0, 0.15)
+    hf.config.eos_token_id = fast.eos_token_id
+    hf.save_pretrained(path, max_shard_size="100KB")  # several shards + an index
+    # The oracle never stops early (the engine runs with ignore_eos) and bans nothing.
+    hf.generation_config.eos_token_id = None
+    assert (path / "model.safetensors.index.json").exists()
+    return path, hf
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 40))] for _ in range(n)]
+
+
+def hf_greedy(hf, ids: list[int], new: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def engine_greedy(engine, batch: list[list[int]], new: int = NEW) -> list[list[int]]:
+    outs = engine.generate(input_ids=batch, sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True})
+    return [o["output_ids"] for o in outs]
+
+
+def assert_no_leak(engine) -> None:
+    assert engine.flush_cache()
+    info = engine.get_server_info()
+    assert info["available_kv_tokens"] == info["max_total_tokens"]
+
+
+def test_greedy_batch_equals_hf_generate(tiny_dir):
+    path, hf = tiny_dir
+    batch = prompts(6)
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+        got = engine_greedy(engine, batch)
+        for ids, out in zip(batch, got):
+            assert out == hf_greedy(hf, ids, NEW)
+        assert_no_leak(engine)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(disable_radix_cache=True),
+        dict(chunked_prefill_size=3),
+        dict(chunked_prefill_size=-1, max_prefill_tokens=8),
+        dict(schedule_policy="fcfs"),
+        dict(schedule_policy="dfs-weight"),
+        dict(max_running_requests=2),
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_scheduling_options_do_not_change_greedy_tokens(tiny_dir, options):
+    path, hf = tiny_dir
+    batch = prompts(8, seed=1)
+    batch += [batch[0] + batch[1], batch[0][:10] + [5, 6]]  # shared prefixes
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+        reference = [engine_greedy(engine, [ids])[0] for ids in batch]  # one at a time
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096, **options) as engine:
+        assert engine_greedy(engine, batch) == reference
+        assert engine_greedy(engine, batch) == reference  # again, now with a warm cache
+        assert_no_leak(engine)
+
+
+def test_retraction_keeps_outputs_and_frees_memory(tiny_dir):
+    path, _ = tiny_dir
+    batch = prompts(8, seed=2)
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+        reference = engine_greedy(engine, batch, new=48)
+    # 8 requests x (<= 40 + 48 tokens) cannot all fit in 200 slots: decode must retract.
+    with sgl.Engine(model_path=str(path), max_total_tokens=200) as engine:
+        assert engine_greedy(engine, batch, new=48) == reference
+        assert engine.get_server_info()["retractions"] > 0
+        assert_no_leak(engine)
+
+
+def test_cached_tokens_reported(tiny_dir):
+    path, _ = tiny_dir
+    shared = prompts(1, seed=3)[0] + prompts(1, seed=4)[0]
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+        first = engine.generate(input_ids=shared + [7], sampling_params={"max_new_tokens": 2})
+        second = engine.generate(input_ids=shared + [9], sampling_params={"max_new_tokens": 2})
+        assert first["meta_info"]["cached_tokens"] == 0
+        assert second["meta_info"]["cached_tokens"] == len(shared)
+        assert_no_leak(engine)
