@@ -204,10 +204,14 @@ class Engine:
                 raise InvalidRequestError(f"rid has {len(rids)} entries for {n_prompts} prompts", "rid")
         else:
             rids = [uuid.uuid4().hex for _ in range(n_prompts)]
-        if not isinstance(top_logprobs_num, int) or top_logprobs_num < 0:
-            raise InvalidRequestError("top_logprobs_num must be a non-negative integer", "top_logprobs_num")
-
+        if len(set(rids)) != len(rids):
+            raise InvalidRequestError("rid values must be unique within a batch", "rid")
         vocab = self.model_config.vocab_size
+        if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) or not 0 <= top_logprobs_num <= vocab:
+            raise InvalidRequestError(
+                f"top_logprobs_num must be an integer in [0, {vocab}], got {top_logprobs_num!r}", "top_logprobs_num"
+            )
+
         capacity = self.scheduler.kv_pool.capacity
         reqs: list[GenerateRequest] = []
         for ids, p, r in zip(id_lists, params, rids):
@@ -247,6 +251,7 @@ class Engine:
                 reqs.append(
                     GenerateRequest(
                         rid=r if p.n == 1 else f"{r}-{i}",
+                        parent_rid=r if p.n > 1 else None,
                         input_ids=ids,
                         sampling_params=sub,
                         return_logprob=return_logprob,
@@ -256,6 +261,8 @@ class Engine:
                         return_text_in_logprobs=return_text_in_logprobs,
                     )
                 )
+        if len(reqs) > len(rids) and len({r.rid for r in reqs} | set(rids)) != len(reqs) + len(rids):
+            raise InvalidRequestError("rid values (and their n > 1 sample ids rid-i) must be unique", "rid")
         return reqs, is_batch or len(reqs) > 1
 
     # ------------------------------------------------------------------ generate
@@ -383,7 +390,8 @@ class Engine:
     # ------------------------------------------------------------------ control
 
     def abort(self, rid: str) -> None:
-        """Abort a request by id; it finishes with finish_reason type 'abort' and frees its KV."""
+        """Abort a request by id (with n > 1, all its samples); it finishes with finish_reason
+        type 'abort' and frees its KV."""
         self.scheduler.abort(rid)
 
     def flush_cache(self) -> bool:

@@ -27,6 +27,7 @@ class GenerateRequest:
     top_logprobs_num: int = 0
     stream: bool = False
     return_text_in_logprobs: bool = False
+    parent_rid: str | None = None  # the caller's rid when this is one of n > 1 samples
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Req:
     top_logprobs_num: int = 0
     stream: bool = False
     return_text_in_logprobs: bool = False
+    parent_rid: str | None = None
     created_at: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)

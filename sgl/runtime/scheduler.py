@@ -166,6 +166,7 @@ class Scheduler:
             top_logprobs_num=r.top_logprobs_num,
             stream=r.stream,
             return_text_in_logprobs=r.return_text_in_logprobs,
+            parent_rid=r.parent_rid,
         )
         req.generator = make_generator(sp.seed, self.config.device) if sp.seed is not None else None
         req.detokenizer = IncrementalDetokenizer(
@@ -181,11 +182,11 @@ class Scheduler:
 
     def _abort(self, rid: str) -> None:
         for req in list(self.waiting):
-            if req.rid == rid:
+            if rid in (req.rid, req.parent_rid):
                 self.waiting.remove(req)
                 self._finish(req, finish_abort("aborted by request"))
         for req in list(self.running):
-            if req.rid == rid:
+            if rid in (req.rid, req.parent_rid):
                 self._release(req)
                 self._finish(req, finish_abort("aborted by request"))
 
@@ -483,7 +484,7 @@ class Scheduler:
         logp = torch.log_softmax(logits, dim=-1)
         token_ids = torch.tensor([r.origin_input_ids[t] for r, t in targets], device=logp.device)
         chosen = logp.gather(1, token_ids.unsqueeze(1)).squeeze(1).tolist()
-        max_top = max(r.top_logprobs_num for r, _ in targets)
+        max_top = min(max(r.top_logprobs_num for r, _ in targets), logp.shape[-1])
         top_vals = top_ids = None
         if max_top > 0:
             top_vals, top_ids = logp.topk(max_top, dim=-1)
@@ -552,7 +553,9 @@ class Scheduler:
             reason = finish_stop(tid)
         elif tid in self.eos_token_ids and not sp.ignore_eos:
             reason = finish_stop(tid)
-        piece, matched = r.stop_matcher.feed(r.detokenizer.feed([tid]))
+        # A stop token stays in output_ids but its text is trimmed, like a stop string.
+        new_text = r.detokenizer.feed([tid]) if reason is None or sp.no_stop_trim else ""
+        piece, matched = r.stop_matcher.feed(new_text)
         if matched:
             reason = finish_stop(r.stop_matcher.matched_stop)
             if sp.no_stop_trim:
