@@ -103,6 +103,8 @@ def load_hf_state_dict(model: LlamaForCausalLM, state: dict[str, torch.Tensor]) 
     loaded: set[str] = set()
 
     def put(name: str, tensor: torch.Tensor) -> None:
+        if name not in params and name.endswith(".weight") and f"{name}_t" in params:
+            name, tensor = f"{name}_t", tensor.t()  # our Linear stores W transposed
         if name not in params:
             raise KeyError(f"unexpected weight {name}")
         with torch.no_grad():
