@@ -42,6 +42,7 @@ class EngineConfig:
     max_prefill_tokens: int = 16384
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    disable_jump_forward: bool = False  # constrained decoding: emit forced text token by token
     attention_backend: str = "auto"
     context_length: int | None = None
     random_seed: int | None = None
@@ -106,6 +107,8 @@ class Engine:
         else:
             self.tokenizer = load_tokenizer(tok_path)
         self._tokenizer_lock = threading.Lock()
+        self._grammar_compiler: Any = None  # built on the first constrained request
+        self._compiler_lock = threading.Lock()
 
         mc = self.model_config
         context_len = cfg.context_length or mc.max_position_embeddings
@@ -138,6 +141,7 @@ class Engine:
                 schedule_policy=cfg.schedule_policy,
                 disable_radix_cache=cfg.disable_radix_cache,
                 attention_backend=cfg.attention_backend,
+                enable_jump_forward=not cfg.disable_jump_forward,
                 device=device,
                 dtype=dtype,
             ),
@@ -239,11 +243,7 @@ class Engine:
                 raise InvalidRequestError(
                     f"logprob_start_len ({logprob_start_len}) must be < the prompt length ({len(ids)})", "logprob_start_len"
                 )
-            if p.regex is not None or p.json_schema is not None or p.ebnf is not None or p.json_object:
-                field = "regex" if p.regex is not None else "json_schema" if p.json_schema is not None else "ebnf"
-                raise InvalidRequestError(
-                    f"{field}: constrained decoding is not available in this build yet", param=field
-                )
+            grammar = self._compile_constraint(p)
             for i in range(p.n):
                 sub = p
                 if p.n > 1:
@@ -259,11 +259,46 @@ class Engine:
                         top_logprobs_num=top_logprobs_num if return_logprob else 0,
                         stream=stream,
                         return_text_in_logprobs=return_text_in_logprobs,
+                        grammar=grammar,
                     )
                 )
         if len(reqs) > len(rids) and len({r.rid for r in reqs} | set(rids)) != len(reqs) + len(rids):
             raise InvalidRequestError("rid values (and their n > 1 sample ids rid-i) must be unique", "rid")
         return reqs, is_batch or len(reqs) > 1
+
+    def _compile_constraint(self, p: SamplingParams) -> Any:
+        """Compile the request's regex / json_schema / ebnf (cached) on the caller's thread,
+        so a bad spec is rejected at submit time and a slow compile never stalls the
+        scheduler loop."""
+        if p.regex is not None:
+            kind, spec = "regex", p.regex
+        elif p.json_schema is not None:
+            kind, spec = "json_schema", p.json_schema
+        elif p.ebnf is not None:
+            kind, spec = "ebnf", p.ebnf
+        elif p.json_object:
+            kind, spec = "json_object", ""
+        else:
+            return None
+        from sgl.constrained.errors import GrammarError
+
+        try:
+            return self.grammar_compiler.compile(kind, spec)
+        except GrammarError as e:
+            raise InvalidRequestError(str(e), param=e.param) from e
+
+    @property
+    def grammar_compiler(self) -> Any:
+        with self._compiler_lock:
+            if self._grammar_compiler is None:
+                from sgl.constrained.compiler import GrammarCompiler
+                from sgl.constrained.vocab import TokenVocabulary
+
+                vocab = TokenVocabulary.from_tokenizer(
+                    self.tokenizer, vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids
+                )
+                self._grammar_compiler = GrammarCompiler(vocab)
+            return self._grammar_compiler
 
     # ------------------------------------------------------------------ generate
 
@@ -350,9 +385,10 @@ class Engine:
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """Like `generate`, awaitable; with stream=True returns an async iterator of chunks."""
         self._check_open()
-        reqs, is_batch = self._build_requests(
-            prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
-            return_text_in_logprobs,
+        # Tokenizing and compiling constraints can take a while: keep them off the event loop.
+        reqs, is_batch = await asyncio.to_thread(
+            self._build_requests, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
+            top_logprobs_num, stream, rid, return_text_in_logprobs,
         )
         sink = AsyncSink(asyncio.get_running_loop())
         if stream:

@@ -28,6 +28,7 @@ class GenerateRequest:
     stream: bool = False
     return_text_in_logprobs: bool = False
     parent_rid: str | None = None  # the caller's rid when this is one of n > 1 samples
+    grammar: Any = None  # compiled constraint (regex / json_schema / ebnf), see sgl.constrained
 
 
 @dataclass
@@ -115,6 +116,8 @@ class Req:
     num_retractions: int = 0
 
     generator: torch.Generator | None = None
+    grammar: Any = None  # compiled constraint (sgl.constrained Grammar) or None
+    matcher: Any = None  # its per-request matcher
     detokenizer: Any = None
     stop_matcher: Any = None
     text: str = ""
@@ -136,6 +139,6 @@ class Req:
         return len(self.origin_input_ids) + len(self.output_ids)
 
     @property
-    def in_decode(self) -> bool:
-        """Every token but the last sampled one has K/V: the next step is a 1-token decode."""
-        return self.pool_row is not None and self.kv_len == self.seq_len - 1 and bool(self.output_ids)
+    def pending_tokens(self) -> int:
+        """Tokens without K/V yet: 1 for a plain decode, more after a jump-forward."""
+        return self.seq_len - self.kv_len

@@ -47,6 +47,8 @@ POLICY_QUEUE_LIMIT = 128
 # Decode reservation per running request: remaining new tokens x ratio (clipped).
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 RESERVE_CLIP = 4096
+# Jump-forward re-tokenizes this many trailing output tokens together with the forced text.
+JUMP_FORWARD_RETOKENIZE = 4
 
 
 @dataclass
@@ -59,6 +61,7 @@ class SchedulerConfig:
     schedule_policy: str
     disable_radix_cache: bool
     attention_backend: str
+    enable_jump_forward: bool
     device: torch.device
     dtype: torch.dtype
 
@@ -67,6 +70,7 @@ class SchedulerConfig:
 class _Item:
     req: Req
     extend_len: int
+    prefill: bool = False  # prompt tokens (vs. tokens the request generated or was forced to)
 
 
 class Scheduler:
@@ -91,7 +95,8 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.stats = {"forward_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
-                      "retractions": 0, "finished_requests": 0}
+                      "retractions": 0, "finished_requests": 0,
+                      "jump_forward_tokens": 0}
         self._step_slots: torch.Tensor | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -167,7 +172,10 @@ class Scheduler:
             stream=r.stream,
             return_text_in_logprobs=r.return_text_in_logprobs,
             parent_rid=r.parent_rid,
+            grammar=r.grammar,
         )
+        if r.grammar is not None:
+            req.matcher = r.grammar.matcher()
         req.generator = make_generator(sp.seed, self.config.device) if sp.seed is not None else None
         req.detokenizer = IncrementalDetokenizer(
             self.tokenizer,
@@ -268,33 +276,40 @@ class Scheduler:
         for req in self.running:
             left = req.sampling_params.max_new_tokens - len(req.output_ids)
             total += int(min(max(left, 0), RESERVE_CLIP) * self.new_token_ratio)
-            if not req.in_decode:  # a chunked prefill still to finish
-                total += req.seq_len - req.kv_len
+            if not self._is_generating(req):  # a chunked prefill still to finish
+                total += req.pending_tokens
         return total
+
+    def _is_generating(self, req: Req) -> bool:
+        """Prefill done: the next step feeds its newest tokens (one sampled token, or a
+        jump-forward's forced tokens) to get the next logits."""
+        return req.pool_row is not None and bool(req.output_ids) and req is not self.chunked_req
 
     def _schedule(self) -> list[_Item]:
         items: list[_Item] = []
-        decodes = [r for r in self.running if r.in_decode]
+        decodes = [r for r in self.running if self._is_generating(r)]
         if decodes:
-            # Each decode needs one slot. Evict cached prefixes first, then retract.
-            while decodes and self.kv_pool.available_size() + self.tree.evictable_size() < len(decodes):
+            # Each decode needs a slot per pending token. Evict cached prefixes, then retract.
+            while decodes and self.kv_pool.available_size() + self.tree.evictable_size() < sum(
+                r.pending_tokens for r in decodes
+            ):
                 victim = max(decodes, key=lambda r: (-len(r.output_ids), len(r.origin_input_ids)))
                 decodes.remove(victim)
                 self._retract(victim)
                 self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
-            items.extend(_Item(r, 1) for r in decodes)
+            items.extend(_Item(r, r.pending_tokens) for r in decodes)
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
 
         chunking = bool(self.config.chunked_prefill_size and self.config.chunked_prefill_size > 0)
         budget = self.config.chunked_prefill_size if chunking else self.config.max_prefill_tokens
-        committed = len(items)  # slots this step will take
+        committed = sum(it.extend_len for it in items)  # slots this step will take
         if self.chunked_req is not None:
             req = self.chunked_req
             ext = min(req.seq_len - req.kv_len, budget)
             if committed + ext > self.kv_pool.available_size() + self.tree.evictable_size():
                 ext = max(0, self.kv_pool.available_size() + self.tree.evictable_size() - committed)
             if ext > 0:
-                items.append(_Item(req, ext))
+                items.append(_Item(req, ext, prefill=True))
                 budget -= ext
                 committed += ext
         if budget > 0 and self.waiting and self.chunked_req is None:
@@ -377,7 +392,7 @@ class Scheduler:
                 req.cached_tokens = prefix
                 self.stats["cached_tokens"] += prefix
             self.running.append(req)
-            items.append(_Item(req, ext))
+            items.append(_Item(req, ext, prefill=True))
             budget -= ext
             committed += ext
             if ext < remaining:
@@ -441,7 +456,7 @@ class Scheduler:
         for it in items:
             r = it.req
             start, end = r.kv_len, r.kv_len + it.extend_len
-            if it.extend_len > 1 or not r.output_ids:
+            if it.prefill:
                 self.stats["prefill_tokens"] += it.extend_len
             else:
                 self.stats["decode_tokens"] += 1
@@ -516,6 +531,7 @@ class Scheduler:
             return
         reqs = [it.req for it, _ in todo]
         logits = self.model.compute_logits(hidden[torch.tensor([row for _, row in todo], device=hidden.device)])
+        allowed = self._grammar_mask(reqs, logits.device)
         sbatch = SamplingBatch.build([r.sampling_params for r in reqs], logits.device, self.vocab_size, self.eos_token_ids)
         need_prompt = bool(sbatch.repetition_rows)
         out = sample(
@@ -525,11 +541,26 @@ class Scheduler:
             prompt_ids=[r.origin_input_ids for r in reqs] if need_prompt else [[] for _ in reqs],
             generators=[r.generator for r in reqs],
             top_logprobs_num=[r.top_logprobs_num if r.return_logprob else 0 for r in reqs],
+            allowed_mask=allowed,
         )
         token_ids = out.token_ids.tolist()
         logprobs = out.logprobs.tolist() if any(r.return_logprob for r in reqs) else None
         for i, r in enumerate(reqs):
             self._process_token(r, token_ids[i], logprobs[i] if logprobs else None, out.top_logprobs[i], now)
+
+    def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
+        """One bool [B, V] mask for the batch from the constrained rows' matchers (None if none)."""
+        if all(r.matcher is None for r in reqs):
+            return None
+        from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
+
+        bits = allocate_bitmask(len(reqs), self.vocab_size)
+        for i, r in enumerate(reqs):
+            if r.matcher is None:
+                bits[i] = -1  # every bit set: unconstrained
+            else:
+                r.matcher.fill_mask(bits[i])
+        return bitmask_to_bool(bits, self.vocab_size).to(device)
 
     def _process_token(self, r: Req, tid: int, logprob: float | None, top: list | None, now: float) -> None:
         sp = r.sampling_params
@@ -537,9 +568,14 @@ class Scheduler:
             self._release(r)
             self._finish(r, finish_abort("no token is allowed at this point (constraint dead end)"))
             return
+        if r.matcher is not None and not r.matcher.accept(tid):  # the mask makes this unreachable
+            self._release(r)
+            self._finish(r, finish_abort(f"token {tid} was rejected by the constraint"))
+            return
         if r.first_token_at is None:
             r.first_token_at = now
         r.output_ids.append(tid)
+        new_ids = [tid]
         new_lp: list[tuple] = []
         new_top: list = []
         if r.return_logprob:
@@ -555,6 +591,13 @@ class Scheduler:
             reason = finish_stop(tid)
         # A stop token stays in output_ids but its text is trimmed, like a stop string.
         new_text = r.detokenizer.feed([tid]) if reason is None or sp.no_stop_trim else ""
+        if reason is None and r.matcher is not None:
+            if not r.matcher.is_done() and self.config.enable_jump_forward and not r.return_logprob:
+                forced_ids, forced_text = self._jump_forward(r)
+                new_ids += forced_ids
+                new_text += forced_text
+            if r.matcher.is_done():  # the output is a complete member of the language
+                reason = finish_stop(tid if tid in self.eos_token_ids else None)
         piece, matched = r.stop_matcher.feed(new_text)
         if matched:
             reason = finish_stop(r.stop_matcher.matched_stop)
@@ -572,10 +615,70 @@ class Scheduler:
         r.text += piece
         if reason is not None:
             self._release(r)
-            self._finish(r, reason, delta_text=piece, delta_ids=[tid], delta_lp=new_lp, delta_top=new_top)
+            self._finish(r, reason, delta_text=piece, delta_ids=new_ids, delta_lp=new_lp, delta_top=new_top)
         elif r.stream:
-            r.sink.put(ReqEvent(r.rid, piece, [tid], meta_info=self._meta(r),
+            r.sink.put(ReqEvent(r.rid, piece, new_ids, meta_info=self._meta(r),
                                 output_token_logprobs=new_lp, output_top_logprobs=new_top))
+
+    def _jump_forward(self, r: Req) -> tuple[list[int], str]:
+        """Append the constraint's forced text as tokens, tokenized canonically.
+
+        The last few output tokens are re-tokenized together with the forced text and the
+        ones that change are rolled back (matcher, output ids and their KV slots), so the
+        model never sees a token sequence its tokenizer would not produce. Returns the ids
+        appended to the output and the new text to emit. The forced tokens get their K/V in
+        the next step's extend, like any other tokens.
+        """
+        forced = r.matcher.forced_text()
+        if not forced:
+            return [], ""
+        sp = r.sampling_params
+        owned_from = max(r.prefix_len, len(r.origin_input_ids))  # earlier slots belong to the tree
+        k = min(JUMP_FORWARD_RETOKENIZE, r.seq_len - owned_from)
+        tail_ids = r.output_ids[len(r.output_ids) - k :] if k > 0 else []
+        tail_text = self.tokenizer.decode(tail_ids) if tail_ids else ""
+        if "\ufffd" in tail_text:  # mid-character: the text boundary is not clean yet
+            return [], ""
+        if tail_ids and self.tokenizer.decode(r.output_ids) != self.tokenizer.decode(r.output_ids[:-k]) + tail_text:
+            return [], ""  # the tail decodes differently alone (e.g. a SentencePiece leading space)
+        new_ids = list(self.tokenizer(tail_text + forced, add_special_tokens=False).input_ids)
+        if self.tokenizer.decode(new_ids) != tail_text + forced:  # the tokenizer would not round-trip
+            return [], ""
+        common = 0
+        while common < min(len(tail_ids), len(new_ids)) and tail_ids[common] == new_ids[common]:
+            common += 1
+        roll, added = len(tail_ids) - common, new_ids[common:]
+        if not added or len(r.output_ids) - roll + len(added) > sp.max_new_tokens:
+            return [], ""
+        r.matcher.rollback(roll)
+        accepted = 0
+        for t in added:
+            if not r.matcher.accept(t):
+                break
+            accepted += 1
+        if accepted < len(added):  # not in the language after all: restore and decode normally
+            r.matcher.rollback(accepted)
+            for t in tail_ids[common:]:
+                r.matcher.accept(t)
+            return [], ""
+        # Commit: drop the rolled-back tokens (and the K/V of those that had any).
+        held_text = r.detokenizer.flush()
+        new_seq = r.seq_len - roll
+        if roll:
+            del r.output_ids[len(r.output_ids) - roll :]
+            if r.kv_len > new_seq:
+                row = self.req_to_token.req_to_token[r.pool_row]
+                self.kv_pool.free(row[new_seq : r.kv_len].clone())
+                r.kv_len = new_seq
+        r.output_ids.extend(added)
+        r.detokenizer = IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids=r.fill_ids,
+            skip_special_tokens=sp.skip_special_tokens,
+            spaces_between_special_tokens=sp.spaces_between_special_tokens,
+        )
+        self.stats["jump_forward_tokens"] += len(added)
+        return added, held_text + forced
 
     def _meta(self, r: Req) -> dict[str, Any]:
         now = time.monotonic()

@@ -1,0 +1,227 @@
+"""JSON extraction with constrained decoding, same run:
+
+1. jump-forward on vs off (decode steps, end-to-end time) on 32 short texts, one ~6-key schema;
+2. per-token cost of masks: constrained vs unconstrained decoding at batch 32;
+3. the `outlines` library driving HF transformers on the same model and schema;
+4. mask latency per token (regex, JSON schema, EBNF) at the embedded vocabulary size and
+   compile time (first and cached).
+
+    .venv/bin/python benchmarks/bench_json.py [--skip-outlines]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from common import load_hf_model, print_table, write_result
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "maxLength": 30},
+        "occupation": {"type": "string", "maxLength": 30},
+        "status": {"type": "string", "enum": ["employed", "student", "retired"]},
+        "likes_sport": {"type": "boolean"},
+    },
+    "required": ["name", "age", "city", "occupation", "status", "likes_sport"],
+    "additionalProperties": False,
+}
+
+FIRST = ["Alice", "Bruno", "Chen", "Dara", "Emil", "Fatima", "Goran", "Hana"]
+LAST = ["Smith", "Rossi", "Wang", "Okafor"]
+CITIES = ["Paris", "Lagos", "Osaka", "Lima", "Oslo", "Pune", "Quebec", "Turin"]
+JOBS = ["nurse", "teacher", "welder", "pilot", "chemist", "baker", "lawyer", "student"]
+
+
+def texts(n: int) -> list[str]:
+    out = []
+    for i in range(n):
+        first, last = FIRST[i % len(FIRST)], LAST[(i // len(FIRST)) % len(LAST)]
+        age, city, job = 19 + (i * 7) % 60, CITIES[(i * 3) % len(CITIES)], JOBS[(i * 5) % len(JOBS)]
+        sport = "loves football" if i % 2 else "never plays sports"
+        out.append(f"{first} {last} is a {age}-year-old {job} living in {city}, who {sport}.")
+    return out
+
+
+def prompt(tokenizer, text: str) -> str:
+    msg = (
+        "Extract the person as JSON with keys name, age, city, occupation, status "
+        f"(employed, student or retired) and likes_sport (true/false).\nText: {text}"
+    )
+    return tokenizer.apply_chat_template([{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True)
+
+
+def run_engine(engine, prompts: list[str], params: dict) -> tuple[float, int, list[dict]]:
+    engine.flush_cache()
+    before = engine.get_server_info()["forward_steps"]
+    t = time.perf_counter()
+    outs = engine.generate(prompts, params)
+    seconds = time.perf_counter() - t
+    return seconds, engine.get_server_info()["forward_steps"] - before, outs
+
+
+def mask_latency(engine, kind: str, spec, steps: int = 200) -> dict:
+    """Compile (first, cached) and fill_mask time along a greedy-free random walk of allowed tokens."""
+    import random
+
+    import torch
+
+    from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
+
+    compiler = engine.grammar_compiler
+    t = time.perf_counter()
+    grammar = compiler.compile(kind, spec)
+    first = time.perf_counter() - t
+    t = time.perf_counter()
+    compiler.compile(kind, spec)
+    cached = time.perf_counter() - t
+    rng = random.Random(0)
+    vocab = engine.model_config.vocab_size
+    times = []
+    walks = 0
+    while len(times) < steps and walks < 50:
+        walks += 1
+        m = grammar.matcher()
+        for _ in range(steps):
+            row = allocate_bitmask(1, vocab)
+            t = time.perf_counter()
+            m.fill_mask(row[0])
+            times.append(time.perf_counter() - t)
+            allowed = bitmask_to_bool(row, vocab)[0].nonzero().flatten().tolist()
+            allowed = [a for a in allowed if a not in engine.eos_token_ids]
+            if not allowed or m.is_done():
+                break
+            m.accept(rng.choice(allowed))
+            if len(times) >= steps:
+                break
+    times_us = sorted(x * 1e6 for x in times)
+    return {
+        "compile_first_s": first,
+        "compile_cached_s": cached,
+        "mask_us_mean": statistics.fmean(times_us),
+        "mask_us_p50": times_us[len(times_us) // 2],
+        "mask_us_p95": times_us[int(len(times_us) * 0.95)],
+        "samples": len(times_us),
+    }
+
+
+def run_outlines(prompts: list[str], max_new_tokens: int) -> tuple[float, list[str]]:
+    import outlines
+    from outlines.types import JsonSchema
+
+    from sgl.runtime.model.loader import resolve_model_path
+
+    hf = load_hf_model("default")
+    import os
+
+    import transformers
+
+    p = resolve_model_path("default")
+    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(p), gguf_file=os.path.basename(p))
+    model = outlines.from_transformers(hf, tok)
+    generator = outlines.Generator(model, JsonSchema(json.dumps(SCHEMA)))
+    generator(prompts[0], max_new_tokens=8)  # warm-up (compiles the index)
+    t = time.perf_counter()
+    outs = [generator(p, max_new_tokens=max_new_tokens, do_sample=False) for p in prompts]
+    return time.perf_counter() - t, outs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--num-texts", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--skip-outlines", action="store_true")
+    args = ap.parse_args()
+
+    import jsonschema
+
+    import sgl
+
+    results: dict = {"config": vars(args), "schema": SCHEMA}
+    engine = sgl.Engine(model_path="default")
+    prompts = [prompt(engine.tokenizer, t) for t in texts(args.num_texts)]
+    params = {"json_schema": json.dumps(SCHEMA), "temperature": 0, "max_new_tokens": args.max_new_tokens}
+    engine.generate(prompts[:2], params)  # warm-up, compiles the schema
+
+    rows = []
+    for name, disable in (("jump-forward on", False), ("jump-forward off", True)):
+        engine.scheduler.config.enable_jump_forward = not disable
+        seconds, steps, outs = run_engine(engine, prompts, params)
+        valid = 0
+        for o in outs:
+            try:
+                jsonschema.validate(json.loads(o["text"]), SCHEMA)
+                valid += 1
+            except Exception:
+                pass
+        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        results[name] = {"seconds": seconds, "forward_steps": steps, "completion_tokens": tokens, "valid": valid,
+                         "texts": [o["text"] for o in outs]}
+        rows.append((name, f"{seconds:.2f}", steps, tokens, f"{valid}/{len(outs)}"))
+    engine.scheduler.config.enable_jump_forward = True
+    on, off = results["jump-forward on"], results["jump-forward off"]
+    print_table(f"JSON extraction, {args.num_texts} texts, 6-key schema, greedy", rows,
+                ("engine", "seconds", "forward steps", "completion tokens", "valid JSON"))
+    step_ratio, time_ratio = off["forward_steps"] / on["forward_steps"], off["seconds"] / on["seconds"]
+    print(f"jump-forward: {step_ratio:.2f}x fewer forward steps (target >= 1.5x), {time_ratio:.2f}x faster "
+          f"(target >= 1.3x); identical outputs: {on['texts'] == off['texts']}")
+    results["jump_forward_step_ratio"], results["jump_forward_speedup"] = step_ratio, time_ratio
+
+    # Mask cost per decode step at batch 32: the same 64 decode steps with and without a constraint
+    # (a regex that never forces text, so every step decodes one token per request).
+    free = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
+    masked = {**free, "regex": "[a-zA-Z0-9 ,.]{64}"}
+    costs = {}
+    for name, p in (("unconstrained", free), ("regex-constrained", masked)):
+        seconds, steps, _ = run_engine(engine, prompts, p)
+        costs[name] = {"seconds": seconds, "forward_steps": steps, "ms_per_step": 1000 * seconds / steps}
+    overhead = costs["regex-constrained"]["ms_per_step"] / costs["unconstrained"]["ms_per_step"] - 1
+    print_table("Per-step cost at batch 32 (64 decode steps)",
+                [(k, f"{v['seconds']:.2f}", v["forward_steps"], f"{v['ms_per_step']:.1f}") for k, v in costs.items()],
+                ("decoding", "seconds", "forward steps", "ms/step"))
+    print(f"mask overhead per step: {overhead:+.1%} (target <= +10%)")
+    results["per_step"], results["mask_overhead"] = costs, overhead
+
+    lat = {
+        "regex": mask_latency(engine, "regex", r"(\+\d{1,3} )?\(?\d{3}\)?[ -]\d{3}-\d{4}"),
+        "json_schema": mask_latency(engine, "json_schema", json.dumps(SCHEMA)),
+        "ebnf": mask_latency(engine, "ebnf", 'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+                                              'term ::= factor (("*" | "/") factor)*\n'
+                                              'factor ::= [0-9]+ | "(" expr ")"\n'),
+    }
+    print_table(f"Mask latency per token at vocab {engine.model_config.vocab_size}",
+                [(k, f"{v['mask_us_mean']:.0f}", f"{v['mask_us_p50']:.0f}", f"{v['mask_us_p95']:.0f}",
+                  f"{v['compile_first_s'] * 1000:.0f}", f"{v['compile_cached_s'] * 1e6:.0f}") for k, v in lat.items()],
+                ("grammar", "mean us", "p50 us", "p95 us", "compile ms (first)", "compile us (cached)"))
+    results["mask_latency"] = lat
+    engine.shutdown()
+
+    if not args.skip_outlines:
+        seconds, outs = run_outlines(prompts, args.max_new_tokens)
+        valid = 0
+        for o in outs:
+            try:
+                jsonschema.validate(json.loads(o), SCHEMA)
+                valid += 1
+            except Exception:
+                pass
+        results["outlines_hf"] = {"seconds": seconds, "valid": valid}
+        speedup = seconds / on["seconds"]
+        results["speedup_vs_outlines"] = speedup
+        print_table("sgl vs outlines + HF transformers (same model, schema, texts; outlines one text at a time)",
+                    [("sgl (jump-forward on)", f"{on['seconds']:.2f}", f"{on['valid']}/{args.num_texts}"),
+                     ("outlines + HF", f"{seconds:.2f}", f"{valid}/{args.num_texts}")],
+                    ("system", "seconds", "valid JSON"))
+        print(f"sgl speedup over outlines + HF: {speedup:.1f}x (target >= 5x)")
+    for k in ("jump-forward on", "jump-forward off"):
+        results[k].pop("texts")
+    write_result("json", results)
+
+
+if __name__ == "__main__":
+    main()

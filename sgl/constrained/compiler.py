@@ -1,0 +1,157 @@
+"""Constraint text -> compiled Grammar, cached, optionally off the scheduler thread.
+
+Compiling a JSON schema against a 49k vocabulary takes a few hundred milliseconds,
+which would stall every running request if the scheduler loop did it inline. The
+engine calls :meth:`GrammarCompiler.compile_async` when a request arrives and polls
+the future; identical constraints (the common case: one schema, many requests) hit
+an LRU cache and come back as an already-completed future. Failures are cached too,
+so a client resubmitting a bad schema costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from sgl.constrained.errors import GrammarError
+from sgl.constrained.matcher import Grammar
+from sgl.constrained.vocab import TokenVocabulary
+
+__all__ = ["GrammarCompiler", "KINDS"]
+
+KINDS = ("regex", "json_schema", "json_object", "ebnf")
+
+
+class GrammarCompiler:
+    """Compiles regex / JSON-schema / EBNF constraints for one vocabulary."""
+
+    def __init__(self, vocab: TokenVocabulary, cache_size: int = 64, max_workers: int = 1) -> None:
+        self.vocab = vocab
+        self.cache_size = max(0, int(cache_size))
+        self.max_workers = max(1, int(max_workers))
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()  # done futures only
+        self._inflight: dict[tuple[str, str], Future] = {}
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- public ----------------------------------------------------------------------
+
+    def compile(self, kind: str, spec: str | dict) -> Grammar:
+        """Compile (or fetch from the cache); raises GrammarError for a bad constraint."""
+        key = self._key(kind, spec)
+        with self._lock:
+            fut = self._lookup(key)
+            if fut is None:
+                fut = self._inflight.get(key)
+            owner = fut is None
+            if owner:
+                fut = Future()
+                self._inflight[key] = fut
+        if owner:
+            self._run(key, spec, fut)
+        return fut.result()
+
+    def compile_async(self, kind: str, spec: str | dict) -> "Future[Grammar]":
+        """A future of the compiled grammar; a cached result is returned already done.
+
+        A malformed ``kind`` or spec raises GrammarError here, synchronously; errors of
+        the compilation itself arrive through the future.
+        """
+        key = self._key(kind, spec)
+        with self._lock:
+            fut = self._lookup(key)
+            if fut is not None:
+                return fut
+            fut = self._inflight.get(key)
+            if fut is not None:
+                return fut
+            fut = Future()
+            self._inflight[key] = fut
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sgl-grammar")
+            executor = self._executor
+        executor.submit(self._run, key, spec, fut)
+        return fut
+
+    def cache_info(self) -> dict[str, int]:
+        with self._lock:
+            return {"size": len(self._cache), "capacity": self.cache_size, "inflight": len(self._inflight)}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._cache.clear()
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Stop the worker threads (pending compiles finish when ``wait``)."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=wait)
+
+    # -- internals -------------------------------------------------------------------
+
+    def _key(self, kind: str, spec: Any) -> tuple[str, str]:
+        """(kind, normalised spec): dict and JSON-text schemas that are equal share an entry."""
+        if kind not in KINDS:
+            raise GrammarError(f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}", str(kind))
+        if kind == "json_object":
+            return kind, ""
+        if kind == "json_schema":
+            from sgl.constrained.json_schema import load_schema
+
+            schema = load_schema(spec)
+            # Key order is kept: property order changes the generated output.
+            return kind, json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        if not isinstance(spec, str):
+            raise GrammarError(f"{kind} must be a string, got {type(spec).__name__}", kind)
+        return kind, spec
+
+    def _lookup(self, key: tuple[str, str]) -> Future | None:
+        fut = self._cache.get(key)
+        if fut is not None:
+            self._cache.move_to_end(key)
+        return fut
+
+    def _run(self, key: tuple[str, str], spec: Any, fut: Future) -> None:
+        try:
+            grammar = self._build(key[0], key[1], spec)
+        except GrammarError as exc:
+            fut.set_exception(exc)
+            self._finish(key, fut, cache=True)
+        except Exception as exc:  # an internal failure: report it, do not cache it
+            fut.set_exception(exc)
+            self._finish(key, fut, cache=False)
+        else:
+            fut.set_result(grammar)
+            self._finish(key, fut, cache=True)
+
+    def _finish(self, key: tuple[str, str], fut: Future, cache: bool) -> None:
+        with self._lock:
+            self._inflight.pop(key, None)
+            if cache and self.cache_size:
+                self._cache[key] = fut
+                self._cache.move_to_end(key)
+                while len(self._cache) > self.cache_size:
+                    self._cache.popitem(last=False)
+
+    def _build(self, kind: str, normalized: str, spec: Any) -> Grammar:
+        if kind in ("ebnf", "json_object"):
+            from sgl.constrained import ebnf  # written separately; imported only when used
+
+            text = ebnf.JSON_GRAMMAR if kind == "json_object" else normalized
+            grammar = ebnf.compile_ebnf(text, self.vocab)
+            return grammar
+        from sgl.constrained.regex import RegexGrammar, normalize_regex
+
+        if kind == "regex":
+            rx = normalize_regex(normalized, param="regex")
+            if rx is None:
+                raise GrammarError("regex matches no string at all", "regex")
+            return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex")
+        from sgl.constrained.json_schema import json_schema_to_regex
+
+        regex = json_schema_to_regex(json.loads(normalized))
+        return RegexGrammar("json_schema", normalized, regex, self.vocab, param="json_schema")

@@ -1,0 +1,261 @@
+r"""EBNF (GBNF) grammars -> exact token masks for constrained decoding.
+
+``compile_ebnf(spec, vocab)`` turns grammar text into an :class:`EbnfGrammar`; each
+request gets an :class:`EbnfMatcher` from ``grammar.matcher()``. Token t is allowed
+exactly when the text so far followed by the bytes of t is a prefix of some sentence
+of the grammar, and EOS exactly when the text so far is a sentence.
+
+Dialect
+-------
+The ``::=`` dialect of llama.cpp's GBNF (also accepted by SGLang's ``ebnf`` field)::
+
+    # a comment runs to the end of the line
+    root   ::= "{" ws pair ("," ws pair)* "}"       # the grammar starts at `root`
+    pair   ::= key ":" ws [0-9]+
+    key    ::= "\"" [a-z_]{1,16} "\""
+    ws     ::= [ \t\n]?
+
+* Rules: ``name ::= alternatives``. Names are ``[A-Za-z_][A-Za-z0-9_-]*``. A rule runs
+  until the next ``name ::=``, so rules may span lines (and continuation lines may
+  start with ``|``). A rule named ``root`` is required; each rule is defined once.
+* String literals in double quotes, with escapes ``\n \t \r \f \v \b \0 \\ \" \' \/
+  \[ \] \- \^ \.``, ``\xNN``, ``\uNNNN`` and ``\UNNNNNNNN``. ``""`` is the empty string.
+* Character classes ``[a-z0-9_]``, negated ``[^"\\]``, with the same escapes; ranges
+  ``a-z``; a ``-`` first or last is literal. ``.`` is any character (newline included).
+* Grouping ``( )``, alternation ``|`` (an empty alternative matches the empty string),
+  postfix ``*``, ``+``, ``?`` and bounded repetition ``{m}``, ``{m,}``, ``{m,n}``,
+  ``{,n}`` (bounds up to 10000).
+* Characters are Unicode code points of the UTF-8 text; matching is done on bytes, so
+  a token may end (or start) in the middle of a character. Surrogates never match.
+* Recursion is allowed anywhere except on the left: a rule that can call itself again
+  before reading any text (``expr ::= expr "+" term``) is rejected with a GrammarError
+  that names the cycle; write it with repetition (``expr ::= term ("+" term)*``).
+  Alternatives that can never finish are dropped; if root can never finish, that is
+  an error.
+
+Design
+------
+:mod:`~sgl.constrained.ebnf_parse` parses the text with lark and decodes literals and
+classes; :mod:`~sgl.constrained.ebnf_automaton` builds a byte-level recursive
+transition network (one NFA per rule, calls as edges, tail calls without a stack
+frame) and checks and trims it; :mod:`~sgl.constrained.ebnf_runtime` runs it as a
+set of stacks (a GLR-style frontier) that is interned into a lazily built DFA, and
+computes masks by a level-by-level numpy walk of the vocabulary's byte trie, with
+per-state mask caching.
+
+Highly ambiguous grammars can make the number of parse stacks grow exponentially
+(e.g. ``s ::= "a" s "b" | "a" s "b" "b" | ""``). A parse state is bounded to
+``ebnf_runtime.MAX_CONFIGS`` stacks: a token whose state would exceed it is treated as
+not allowed, by the mask and by ``accept`` alike (masks stay sound and consistent; a
+warning is logged), and if nothing else is left the mask is empty. Nothing raises.
+
+Tokens whose bytes are ``None`` or empty (special tokens) are never allowed; EOS ids
+are allowed exactly when the text is a sentence, and after EOS only EOS is.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sgl.constrained.ebnf_automaton import build_network
+from sgl.constrained.ebnf_parse import parse_grammar
+from sgl.constrained.ebnf_runtime import DEAD, Tables, byte_classes, vocab_trie
+from sgl.constrained.errors import GrammarError
+
+if TYPE_CHECKING:
+    import torch
+
+    from sgl.constrained.vocab import TokenVocabulary
+
+__all__ = ["JSON_GRAMMAR", "EbnfGrammar", "EbnfMatcher", "compile_ebnf"]
+
+# Any JSON object (OpenAI response_format {"type": "json_object"}). Whitespace is bounded:
+# at most one newline plus 20 blanks between tokens, so a model cannot stall in it forever.
+JSON_GRAMMAR = r"""
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+
+string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\"" ws
+
+number ::= "-"? ( "0" | [1-9] [0-9]{0,15} ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]{1,15} )? ws
+
+ws     ::= | " " | "\n" [ \t]{0,20}
+"""
+
+_DONE = -1  # history marker: EOS was accepted
+
+
+class EbnfGrammar:
+    """A compiled grammar bound to one vocabulary; cheap to share, makes matchers."""
+
+    kind = "ebnf"
+
+    def __init__(self, spec: str, vocab: "TokenVocabulary") -> None:
+        self.spec = spec
+        self.vocab = vocab
+        self._net = build_network(parse_grammar(spec))
+        self._byte_class, self._class_rep = byte_classes(self._net)
+        self._trie = vocab_trie(vocab)
+        self._node_class = self._byte_class[self._trie.byte]
+        self._eos = frozenset(int(i) for i in vocab.eos_token_ids)
+        self._lock = threading.RLock()
+        self._tables = Tables(self._net, self._byte_class, self._class_rep)
+        self._initial = self._tables.initial()
+        self._tables.mask(self._initial, self._trie, self._node_class)  # warm: every request needs it
+        eos_bits = np.zeros(self._trie.n_words * 32, dtype=bool)
+        eos_bits[self._trie.eos] = True
+        self._eos_words = np.packbits(eos_bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+    def matcher(self) -> "EbnfMatcher":
+        with self._lock:
+            return EbnfMatcher(self, self._tables, [self._initial])
+
+    def _current_tables(self) -> Tables:
+        """The live tables, replaced by fresh ones when they have grown past their bounds."""
+        if self._tables.too_big():
+            self._tables = Tables(self._net, self._byte_class, self._class_rep)
+            self._initial = self._tables.initial()
+        return self._tables
+
+    def __repr__(self) -> str:
+        return f"EbnfGrammar({len(self._net.rule_names)} rules, {self._net.n_states} states)"
+
+
+class EbnfMatcher:
+    """The parse state of one request: accepted tokens so far, with history for rollback."""
+
+    def __init__(self, grammar: EbnfGrammar, tables: Tables, history: list[int]) -> None:
+        self._g = grammar
+        self._tables = tables
+        self._hist = history  # parse state (dstate id) after each accepted token; _DONE after EOS
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _sync(self) -> Tables:
+        """Make the history refer to the grammar's live tables (they may have been replaced)."""
+        tables = self._g._current_tables()
+        if tables is not self._tables:
+            old = self._tables
+            self._hist = [h if h == _DONE else tables.import_(old.export(h)) for h in self._hist]
+            self._tables = tables
+        return tables
+
+    # -- the contract ----------------------------------------------------------------
+
+    def fill_mask(self, row: "torch.Tensor") -> None:
+        """Set the bit of every allowed token id in `row` (int32 words, zeroed by the caller)."""
+        import torch
+
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            if cur == _DONE:
+                words = self._g._eos_words
+            else:
+                words = tables.mask(cur, self._g._trie, self._g._node_class)
+        src = torch.from_numpy(words)
+        if row.device != src.device:
+            src = src.to(row.device)
+        row.bitwise_or_(src)
+
+    def allowed_token_ids(self) -> list[int]:
+        """The allowed ids as a list (for tests and debugging)."""
+        import torch
+
+        row = torch.zeros(self._g._trie.n_words, dtype=torch.int32)
+        self.fill_mask(row)
+        bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self._g._trie.vocab_size]).tolist()
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; False (and no change) if the token is not allowed."""
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            if token_id in self._g._eos:
+                if cur == _DONE or tables.accepting(cur):
+                    self._hist.append(_DONE)
+                    return True
+                return False
+            if cur == _DONE:
+                return False
+            token_bytes = self._g.vocab.token_bytes
+            if not (0 <= token_id < min(len(token_bytes), self._g._trie.vocab_size)):
+                return False
+            data = token_bytes[token_id]
+            if not data:
+                return False
+            nxt = tables.advance(cur, data)
+            if nxt == DEAD:
+                return False
+            self._hist.append(nxt)
+            return True
+
+    def accept_text(self, text: str | bytes) -> bool:
+        """Advance by raw text (e.g. jump-forward text) without tokens; False and unchanged if invalid.
+
+        Rolls back as one step.
+        """
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            if cur == _DONE:
+                return not data
+            nxt = tables.advance(cur, data)
+            if nxt == DEAD:
+                return False
+            self._hist.append(nxt)
+            return True
+
+    def is_accepting(self) -> bool:
+        """The text so far is a complete sentence (or EOS was accepted)."""
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            return cur == _DONE or tables.accepting(cur)
+
+    def is_done(self) -> bool:
+        """EOS was accepted, or the text is a sentence that cannot be extended."""
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            return cur == _DONE or (tables.accepting(cur) and tables.allowed_bytes(cur) == 0)
+
+    def forced_text(self) -> str:
+        """The text every continuation must start with ("" if none), whole characters only."""
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            if cur == _DONE:
+                return ""
+            return tables.forced_text(cur)
+
+    def rollback(self, n: int) -> None:
+        """Undo the last `n` accepted tokens."""
+        if n < 0 or n > len(self._hist) - 1:
+            raise ValueError(f"rollback({n}): only {len(self._hist) - 1} tokens were accepted")
+        if n:
+            del self._hist[-n:]
+
+    def copy(self) -> "EbnfMatcher":
+        with self._g._lock:
+            return EbnfMatcher(self._g, self._tables, list(self._hist))
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self._hist) - 1
+
+
+def compile_ebnf(spec: str, vocab: "TokenVocabulary") -> EbnfGrammar:
+    """Compile GBNF text for `vocab`; raises GrammarError (param "ebnf") pointing at the problem."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise GrammarError("ebnf: the grammar is empty; define at least 'root ::= ...'", param="ebnf")
+    return EbnfGrammar(spec, vocab)

@@ -1,0 +1,443 @@
+"""EBNF AST -> a byte-level recursive transition network (the middle of :mod:`sgl.constrained.ebnf`).
+
+Every rule becomes a small NFA over *bytes*: character classes are expanded into
+the UTF-8 byte sequences of their code points (so tokens that end in the middle of a
+character need no special case), and a rule reference becomes a *call edge* that
+names the callee and the state to return to. Repetition is built in place, as
+loops, so ``x*`` needs no recursion and no stack.
+
+After construction the network is analysed once:
+
+* left recursion (a rule that can reach a call of itself without reading a byte)
+  is rejected, naming the cycle, since a top-down recognizer would never stop;
+* rules that can never finish are cut off, and every state that cannot reach the
+  end of its rule is removed. Afterwards every reachable configuration can still
+  be completed to a sentence, which is what makes the token masks exact: "still
+  alive" is the same as "a prefix of some sentence".
+
+The recognizer itself (:mod:`sgl.constrained.ebnf_runtime`) reads the network
+through :meth:`Network.closure` and :meth:`Network.step`: both work relative to the
+caller's stack and are memoized per state, so they are shared by every request.
+"""
+
+from __future__ import annotations
+
+from sgl.constrained.ebnf_parse import Alt, CharSet, Expr, Lit, Ref, Repeat, RuleDef, Seq
+from sgl.constrained.errors import GrammarError
+
+MAX_STATES = 1_000_000  # after expanding bounded repetitions
+
+# ---------------------------------------------------------------------------
+# UTF-8: code point ranges -> byte range sequences
+# ---------------------------------------------------------------------------
+
+_UTF8_BOUNDS = ((0, 0x7F), (0x80, 0x7FF), (0x800, 0xFFFF), (0x10000, 0x10FFFF))
+
+
+def _encode(cp: int) -> bytes:
+    return chr(cp).encode("utf-8", "surrogatepass")
+
+
+def _split_same_length(lo: int, hi: int, out: list) -> None:
+    """Append byte-range tuples for [lo, hi] (same encoded length), each a cross product of byte ranges."""
+    n = len(_encode(lo))
+    for i in range(1, n):
+        m = (1 << (6 * i)) - 1  # the low bits held by the last i continuation bytes
+        if lo & ~m != hi & ~m:
+            if lo & m:
+                _split_same_length(lo, lo | m, out)
+                _split_same_length((lo | m) + 1, hi, out)
+                return
+            if hi & m != m:
+                _split_same_length(lo, (hi & ~m) - 1, out)
+                _split_same_length(hi & ~m, hi, out)
+                return
+    a, b = _encode(lo), _encode(hi)
+    out.append(tuple(zip(a, b)))
+
+
+def utf8_sequences(ranges) -> list[tuple[tuple[int, int], ...]]:
+    """Byte-range sequences matching exactly the UTF-8 encodings of the code points in `ranges`.
+
+    Surrogates (U+D800..U+DFFF) are not characters and match nothing.
+    """
+    out: list = []
+    for lo, hi in ranges:
+        for blo, bhi in _UTF8_BOUNDS:
+            a, b = max(lo, blo), min(hi, bhi)
+            if a > b:
+                continue
+            for sa, sb in ((a, min(b, 0xD7FF)), (max(a, 0xE000), b)) if blo == 0x800 else ((a, b),):
+                if sa <= sb:
+                    _split_same_length(sa, sb, out)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# The network
+# ---------------------------------------------------------------------------
+
+
+class Network:
+    """Rules as byte NFAs with call edges. States are ints; per-state data lives in lists."""
+
+    def __init__(self) -> None:
+        self.byte_edges: list[list[tuple[int, int, int]]] = []  # (lo, hi, target)
+        self.eps: list[list[int]] = []
+        self.calls: list[list[tuple[int, int]]] = []  # (rule index, return state)
+        self.rule_of: list[int] = []
+        self.rule_names: list[str] = []
+        self.rule_start: list[int] = []
+        self.rule_final: list[int] = []
+        self.root = -1
+        # filled by finish()
+        self.pure_return: list[bool] = []
+        self.byte_bits: list[int] = []  # per state: bit b set iff some byte edge reads b
+        self._closure: dict[int, tuple[tuple[tuple[int, tuple[int, ...]], ...], bool]] = {}
+        self._step: dict[tuple[int, int], tuple[tuple[tuple[int, tuple[int, ...]], ...], bool]] = {}
+
+    @property
+    def n_states(self) -> int:
+        return len(self.eps)
+
+    def new_state(self, rule: int) -> int:
+        if len(self.eps) >= MAX_STATES:
+            raise GrammarError(
+                f"EBNF grammar is too large: more than {MAX_STATES} automaton states after expanding "
+                "repetitions; use smaller {m,n} bounds",
+                param="ebnf",
+            )
+        self.byte_edges.append([])
+        self.eps.append([])
+        self.calls.append([])
+        self.rule_of.append(rule)
+        return len(self.eps) - 1
+
+    # -- runtime queries (memoized; relative to the caller's stack) --------------------
+
+    def closure(self, state: int):
+        """Configurations reachable from `state` without reading a byte, relative to the caller.
+
+        Returns ``(kernels, pops)``: `kernels` are ``(state, frames)`` pairs where `state`
+        has byte edges and `frames` are return states pushed on top of the caller's stack
+        (outermost first); `pops` says whether the rule of `state` can finish, handing
+        control back to the caller's stack.
+        """
+        hit = self._closure.get(state)
+        if hit is not None:
+            return hit
+        eps, calls, byte_edges = self.eps, self.calls, self.byte_edges
+        rule_of, rule_final, rule_start, pure = self.rule_of, self.rule_final, self.rule_start, self.pure_return
+        seen: set = set()
+        todo = [(state, ())]
+        kernels = []
+        pops = False
+        while todo:
+            item = todo.pop()
+            if item in seen:
+                continue
+            seen.add(item)
+            s, frames = item
+            if byte_edges[s]:
+                kernels.append(item)
+            for t in eps[s]:
+                todo.append((t, frames))
+            for rule, ret in calls[s]:
+                todo.append((rule_start[rule], frames if pure[ret] else frames + (ret,)))
+            if s == rule_final[rule_of[s]]:
+                if frames:
+                    todo.append((frames[-1], frames[:-1]))
+                else:
+                    pops = True
+        result = (tuple(sorted(set(kernels))), pops)
+        self._closure[state] = result
+        return result
+
+    def step(self, state: int, byte: int):
+        """Like :meth:`closure`, for the configurations after `state` reads `byte`."""
+        key = (state, byte)
+        hit = self._step.get(key)
+        if hit is not None:
+            return hit
+        kernels: set = set()
+        pops = False
+        for lo, hi, target in self.byte_edges[state]:
+            if lo <= byte <= hi:
+                k, p = self.closure(target)
+                kernels.update(k)
+                pops = pops or p
+        result = (tuple(sorted(kernels)), pops)
+        self._step[key] = result
+        return result
+
+
+class _Builder:
+    def __init__(self, rules: dict[str, RuleDef]) -> None:
+        self.rules = rules
+        self.net = Network()
+        self.index = {name: i for i, name in enumerate(rules)}
+        net = self.net
+        net.rule_names = list(rules)
+        for i, name in enumerate(rules):
+            net.rule_start.append(net.new_state(i))
+            net.rule_final.append(net.new_state(i))
+        net.root = self.index["root"]
+
+    def build(self) -> Network:
+        net = self.net
+        for i, rule in enumerate(self.rules.values()):
+            self.rule = i
+            entry, exit_ = self.fragment(rule.expr)
+            net.eps[net.rule_start[i]].append(entry)
+            net.eps[exit_].append(net.rule_final[i])
+        return net
+
+    def fragment(self, expr: Expr) -> tuple[int, int]:
+        """Build `expr` as a fresh sub-automaton of the current rule; returns (entry, exit)."""
+        net, rule = self.net, self.rule
+        if isinstance(expr, Lit):
+            entry = cur = net.new_state(rule)
+            for b in expr.text.encode("utf-8"):
+                nxt = net.new_state(rule)
+                net.byte_edges[cur].append((b, b, nxt))
+                cur = nxt
+            return entry, cur
+        if isinstance(expr, CharSet):
+            entry, exit_ = net.new_state(rule), net.new_state(rule)
+            # a trie over the byte-range sequences, so the class stays deterministic
+            children: dict[tuple[int, tuple[int, int]], int] = {}
+            for seq in utf8_sequences(expr.ranges):
+                cur = entry
+                for j, rng in enumerate(seq):
+                    if j == len(seq) - 1:
+                        net.byte_edges[cur].append((rng[0], rng[1], exit_))
+                    else:
+                        key = (cur, rng)
+                        if key not in children:
+                            children[key] = net.new_state(rule)
+                            net.byte_edges[cur].append((rng[0], rng[1], children[key]))
+                        cur = children[key]
+            return entry, exit_
+        if isinstance(expr, Ref):
+            entry, exit_ = net.new_state(rule), net.new_state(rule)
+            net.calls[entry].append((self.index[expr.name], exit_))
+            return entry, exit_
+        if isinstance(expr, Seq):
+            if not expr.items:
+                s = net.new_state(rule)
+                return s, s
+            entry, cur = self.fragment(expr.items[0])
+            for item in expr.items[1:]:
+                e, x = self.fragment(item)
+                net.eps[cur].append(e)
+                cur = x
+            return entry, cur
+        if isinstance(expr, Alt):
+            entry, exit_ = net.new_state(rule), net.new_state(rule)
+            for option in expr.options:
+                e, x = self.fragment(option)
+                net.eps[entry].append(e)
+                net.eps[x].append(exit_)
+            return entry, exit_
+        if isinstance(expr, Repeat):
+            entry = cur = net.new_state(rule)
+            if expr.max is None:
+                # {m,}: m-1 copies, then one copy that may repeat (x+), or a plain loop (x*)
+                for _ in range(expr.min - 1):
+                    e, x = self.fragment(expr.item)
+                    net.eps[cur].append(e)
+                    cur = x
+                loop = net.new_state(rule)
+                e, x = self.fragment(expr.item)
+                net.eps[loop].append(e)
+                if expr.min == 0:
+                    net.eps[cur].append(loop)
+                    net.eps[x].append(loop)
+                    return entry, loop
+                done = net.new_state(rule)
+                net.eps[cur].append(loop)
+                net.eps[x].append(done)
+                net.eps[done].append(loop)
+                return entry, done
+            for _ in range(expr.min):
+                e, x = self.fragment(expr.item)
+                net.eps[cur].append(e)
+                cur = x
+            exit_ = net.new_state(rule)
+            for _ in range(expr.max - expr.min):
+                net.eps[cur].append(exit_)
+                e, x = self.fragment(expr.item)
+                net.eps[cur].append(e)
+                cur = x
+            net.eps[cur].append(exit_)
+            return entry, exit_
+        raise AssertionError(expr)
+
+
+# ---------------------------------------------------------------------------
+# Analyses
+# ---------------------------------------------------------------------------
+
+
+def _reach_final(net: Network, rule: int, *, via_bytes: bool, callable_rules: set[int]) -> tuple[bool, set[int]]:
+    """From `rule`'s start, follow eps edges, byte edges (if `via_bytes`) and calls of
+    `callable_rules` (jumping to the return state). Returns (final reached, rules called on the way)."""
+    start, final = net.rule_start[rule], net.rule_final[rule]
+    seen = {start}
+    todo = [start]
+    called: set[int] = set()
+    while todo:
+        s = todo.pop()
+        nxt = list(net.eps[s])
+        if via_bytes:
+            nxt.extend(t for _, _, t in net.byte_edges[s])
+        for callee, ret in net.calls[s]:
+            called.add(callee)
+            if callee in callable_rules:
+                nxt.append(ret)
+        for t in nxt:
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return final in seen, called
+
+
+def _fixed_point(net: Network, used: list[int], via_bytes: bool) -> set[int]:
+    good: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for r in used:
+            if r not in good and _reach_final(net, r, via_bytes=via_bytes, callable_rules=good)[0]:
+                good.add(r)
+                changed = True
+    return good
+
+
+def _used_rules(net: Network) -> list[int]:
+    """Rules reachable from root through call edges (unused rules are not compiled further)."""
+    by_rule: dict[int, set[int]] = {}
+    for s in range(net.n_states):
+        for callee, _ in net.calls[s]:
+            by_rule.setdefault(net.rule_of[s], set()).add(callee)
+    seen = {net.root}
+    todo = [net.root]
+    while todo:
+        r = todo.pop()
+        for c in by_rule.get(r, ()):
+            if c not in seen:
+                seen.add(c)
+                todo.append(c)
+    return sorted(seen)
+
+
+def _check_left_recursion(net: Network, used: list[int], nullable: set[int]) -> None:
+    """Reject a cycle of calls that reads no byte (iterative DFS, so deep grammars are fine)."""
+    graph = {r: sorted(_reach_final(net, r, via_bytes=False, callable_rules=nullable)[1]) for r in used}
+    color: dict[int, int] = {}  # 1: on the DFS path, 2: done
+    for root in used:
+        if root in color:
+            continue
+        path = [root]
+        color[root] = 1
+        iters = [iter(graph.get(root, ()))]
+        while iters:
+            nxt = next(iters[-1], None)
+            if nxt is None:
+                iters.pop()
+                color[path.pop()] = 2
+                continue
+            if color.get(nxt) == 1:
+                cycle = path[path.index(nxt) :] + [nxt]
+                names = " -> ".join(net.rule_names[x] for x in cycle)
+                raise GrammarError(
+                    f"EBNF grammar: rule '{net.rule_names[nxt]}' is left-recursive ({names} without "
+                    "reading any text), which this matcher does not support; rewrite it with repetition, "
+                    "e.g. 'expr ::= term (\"+\" term)*' instead of 'expr ::= expr \"+\" term | term'",
+                    param="ebnf",
+                )
+            if nxt not in color:
+                color[nxt] = 1
+                path.append(nxt)
+                iters.append(iter(graph.get(nxt, ())))
+
+
+def _trim(net: Network, productive: set[int]) -> None:
+    """Drop calls of rules that never finish, then every edge into a state that cannot finish its rule."""
+    n = net.n_states
+    for s in range(n):
+        if net.calls[s]:
+            net.calls[s] = [(c, r) for c, r in net.calls[s] if c in productive]
+    # backward reachability to each rule's final state
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for s in range(n):
+        for t in net.eps[s]:
+            preds[t].append(s)
+        for _, _, t in net.byte_edges[s]:
+            preds[t].append(s)
+        for _, ret in net.calls[s]:
+            preds[ret].append(s)
+    alive = [False] * n
+    todo = list(net.rule_final)
+    for f in todo:
+        alive[f] = True
+    while todo:
+        t = todo.pop()
+        for s in preds[t]:
+            if not alive[s]:
+                alive[s] = True
+                todo.append(s)
+    for s in range(n):
+        net.eps[s] = [t for t in net.eps[s] if alive[t]]
+        net.byte_edges[s] = [e for e in net.byte_edges[s] if alive[e[2]]]
+        net.calls[s] = [(c, r) for c, r in net.calls[s] if alive[r]]
+
+
+def _finish(net: Network) -> None:
+    n = net.n_states
+    is_final = [False] * n
+    for f in net.rule_final:
+        is_final[f] = True
+    net.byte_bits = [0] * n
+    for s in range(n):
+        bits = 0
+        for lo, hi, _ in net.byte_edges[s]:
+            bits |= ((1 << (hi - lo + 1)) - 1) << lo
+        net.byte_bits[s] = bits
+    # a return state is "pure" if returning there can only finish the rule: a call that
+    # returns to it is a tail call and needs no stack frame (keeps right recursion flat).
+    pure = [False] * n
+    returns = {ret for calls in net.calls for _, ret in calls}
+    for s in returns:
+        seen = {s}
+        todo = [s]
+        ok, final = True, False
+        while todo and ok:
+            t = todo.pop()
+            if net.byte_edges[t] or net.calls[t]:
+                ok = False
+            final = final or is_final[t]
+            for u in net.eps[t]:
+                if u not in seen:
+                    seen.add(u)
+                    todo.append(u)
+        pure[s] = ok and final
+    net.pure_return = pure
+
+
+def build_network(rules: dict[str, RuleDef]) -> Network:
+    """Compile parsed rules into a trimmed, checked network (raises GrammarError)."""
+    net = _Builder(rules).build()
+    used = _used_rules(net)
+    nullable = _fixed_point(net, used, via_bytes=False)
+    _check_left_recursion(net, used, nullable)
+    productive = _fixed_point(net, used, via_bytes=True)
+    if net.root not in productive:
+        raise GrammarError(
+            "EBNF grammar: 'root' can never produce a complete sentence (every alternative "
+            "recurses forever without an alternative that ends); add a base case",
+            param="ebnf",
+        )
+    _trim(net, productive)
+    _finish(net)
+    return net

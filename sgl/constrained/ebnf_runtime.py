@@ -1,0 +1,378 @@
+"""The EBNF recognizer and its token masks (the back half of :mod:`sgl.constrained.ebnf`).
+
+A *configuration* is a network state that reads bytes plus the stack of return states
+below it; the parse state after some text is the SET of configurations the text can
+lead to (a GLR-style frontier). Stacks are hash-consed into ids, configurations are
+packed into ints (``stack_id * M + state``) and every distinct set is interned as a
+*dstate* id, so the recognizer becomes a DFA built lazily over dstates: a transition
+is computed once (in Python) and then read from a numpy table forever after.
+
+Token masks come from walking a byte trie of the vocabulary one level at a time,
+all live trie nodes of a level at once in numpy (``table[dstate, byte_class]``); a
+subtree is dropped as soon as its dstate is dead. Bytes that every edge of the
+grammar treats alike share one *byte class*, which keeps the table narrow and the
+number of transitions to compute small. Finished masks are cached per dstate (LRU).
+
+All of this is per grammar, shared by its matchers, and bounded: when the tables
+grow past their limits they are replaced, and each matcher re-interns its own
+history the next time it is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from sgl.constrained.ebnf_automaton import Network
+
+logger = logging.getLogger(__name__)
+
+DEAD = 0  # the empty configuration set
+MAX_CONFIGS = 4096  # stacks per parse state; a token leading past this is not allowed
+MAX_DSTATES = 32_768  # tables are replaced past this many parse states ...
+MAX_STACKS = 1_000_000  # ... or this many distinct stacks
+MASK_CACHE_SIZE = 512
+DENSE_SWITCH = 2048  # live trie nodes in one level beyond which whole levels are processed
+FORCED_LIMIT = 256  # bytes of jump-forward text computed at most
+
+
+# ---------------------------------------------------------------------------
+# The vocabulary as a byte trie, level by level
+# ---------------------------------------------------------------------------
+
+
+class VocabTrie:
+    """All token byte strings as a trie in flat arrays.
+
+    Nodes are numbered in (length, bytes) order, so node 0 is the root, the nodes of
+    one depth are contiguous, and so are the children of any node.
+    """
+
+    def __init__(self, token_bytes: Sequence[bytes | None], eos_token_ids: Sequence[int], vocab_size: int) -> None:
+        eos = set(eos_token_ids)
+        prefixes: set[bytes] = set()
+        for i, tb in enumerate(token_bytes):
+            if tb and i not in eos:
+                for j in range(1, len(tb) + 1):
+                    prefixes.add(tb[:j])
+        order = sorted(prefixes, key=lambda p: (len(p), p))
+        index = {p: i + 1 for i, p in enumerate(order)}
+        n = len(order) + 1
+        self.n_nodes = n
+        parent = np.zeros(n, dtype=np.int64)
+        byte = np.zeros(n, dtype=np.uint8)
+        for i, p in enumerate(order, start=1):
+            parent[i] = index.get(p[:-1], 0)
+            byte[i] = p[-1]
+        self.byte = byte
+        self.parent = parent
+        depth_counts = np.bincount([len(p) for p in order], minlength=1) if order else np.zeros(1, dtype=np.int64)
+        depth_counts[0] = 1  # the root
+        # the nodes of depth d are [level_start[d], level_start[d + 1])
+        self.level_start = np.concatenate([[0], np.cumsum(depth_counts)]).astype(np.int64)
+        counts = np.bincount(parent[1:], minlength=n).astype(np.int64)
+        self.child_count = counts
+        # children of a node are contiguous: the first one is at the first index whose parent it is
+        first = np.zeros(n, dtype=np.int64)
+        if n > 1:
+            nodes = np.arange(1, n)
+            par = parent[1:]
+            starts = np.ones(n - 1, dtype=bool)
+            starts[1:] = par[1:] != par[:-1]
+            first[par[starts]] = nodes[starts]
+        self.child_start = first
+        sentinel = n  # an extra node that is never live
+        token_node = np.full(max(vocab_size, 0), sentinel, dtype=np.int64)
+        for i, tb in enumerate(token_bytes[:vocab_size]):
+            if tb and i not in eos:
+                token_node[i] = index[tb]
+        self.token_node = token_node
+        self.eos = np.array(sorted(i for i in eos if 0 <= i < vocab_size), dtype=np.int64)
+        self.vocab_size = vocab_size
+        self.n_words = (vocab_size + 31) // 32
+
+
+_TRIES: "OrderedDict[int, tuple[object, VocabTrie]]" = OrderedDict()
+_TRIES_LOCK = threading.Lock()
+
+
+def vocab_trie(vocab) -> VocabTrie:
+    """The trie of `vocab`, built once per vocabulary object (a few are kept)."""
+    with _TRIES_LOCK:
+        hit = _TRIES.get(id(vocab))
+        if hit is not None and hit[0] is vocab:
+            _TRIES.move_to_end(id(vocab))
+            return hit[1]
+    trie = VocabTrie(vocab.token_bytes, vocab.eos_token_ids, vocab.vocab_size)
+    with _TRIES_LOCK:
+        _TRIES[id(vocab)] = (vocab, trie)
+        while len(_TRIES) > 4:
+            _TRIES.popitem(last=False)
+    return trie
+
+
+# ---------------------------------------------------------------------------
+# Parse states
+# ---------------------------------------------------------------------------
+
+
+class Tables:
+    """Interned stacks and parse states, the lazy DFA table, and the mask cache."""
+
+    def __init__(self, net: Network, byte_class: np.ndarray, class_rep: list[int]) -> None:
+        self.net = net
+        self.M = net.n_states + 1
+        self.ACCEPT = net.n_states  # the configuration "root finished, stack empty"
+        self.byte_class = byte_class
+        self.class_rep = class_rep
+        self.stack_ret: list[int] = [-1]  # stack 0 is the empty stack
+        self.stack_parent: list[int] = [-1]
+        self.stack_ids: dict[tuple[int, int], int] = {}
+        self.popinto: dict[int, frozenset[int]] = {}
+        self.dstates: list[frozenset[int]] = [frozenset()]
+        self.dstate_ids: dict[frozenset[int], int] = {frozenset(): DEAD}
+        self.table = np.full((64, len(class_rep)), -1, dtype=np.int32)
+        self.table[DEAD] = DEAD
+        self.masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.forced: dict[int, str] = {}
+        self.overflowed = False
+
+    def too_big(self) -> bool:
+        return len(self.dstates) > MAX_DSTATES or len(self.stack_ret) > MAX_STACKS
+
+    # -- stacks --------------------------------------------------------------------
+
+    def push(self, stack: int, frames: tuple[int, ...]) -> int:
+        ids = self.stack_ids
+        for ret in frames:
+            key = (ret, stack)
+            sid = ids.get(key)
+            if sid is None:
+                sid = len(self.stack_ret)
+                ids[key] = sid
+                self.stack_ret.append(ret)
+                self.stack_parent.append(stack)
+            stack = sid
+        return stack
+
+    def _pop_into(self, stack: int) -> frozenset[int]:
+        """Configurations after the rule on top of `stack` returns (to the frame on top)."""
+        hit = self.popinto.get(stack)
+        if hit is not None:
+            return hit
+        out: set[int] = set()
+        s = stack
+        M, closure, push = self.M, self.net.closure, self.push
+        while True:
+            if s == 0:
+                out.add(self.ACCEPT)
+                break
+            ret, parent = self.stack_ret[s], self.stack_parent[s]
+            kernels, pops = closure(ret)
+            for k, frames in kernels:
+                out.add((push(parent, frames) if frames else parent) * M + k)
+            if not pops:
+                break
+            s = parent
+        result = frozenset(out)
+        self.popinto[stack] = result
+        return result
+
+    # -- dstates -------------------------------------------------------------------
+
+    def intern(self, configs: frozenset[int]) -> int:
+        did = self.dstate_ids.get(configs)
+        if did is None:
+            did = len(self.dstates)
+            self.dstates.append(configs)
+            self.dstate_ids[configs] = did
+            if did >= self.table.shape[0]:
+                grown = np.full((self.table.shape[0] * 2, self.table.shape[1]), -1, dtype=np.int32)
+                grown[: self.table.shape[0]] = self.table
+                self.table = grown
+        return did
+
+    def initial(self) -> int:
+        net = self.net
+        kernels, pops = net.closure(net.rule_start[net.root])
+        out = {self.push(0, frames) * self.M + k for k, frames in kernels}
+        if pops:
+            out.add(self.ACCEPT)
+        return self.intern(frozenset(out))
+
+    def transition(self, did: int, cls: int) -> int:
+        nxt = int(self.table[did, cls])
+        if nxt >= 0:
+            return nxt
+        byte = self.class_rep[cls]
+        M, ACCEPT, step, push = self.M, self.ACCEPT, self.net.step, self.push
+        out: set[int] = set()
+        for cfg in self.dstates[did]:
+            k = cfg % M
+            if k == ACCEPT:
+                continue
+            stack = cfg // M
+            kernels, pops = step(k, byte)
+            for kk, frames in kernels:
+                out.add((push(stack, frames) if frames else stack) * M + kk)
+            if pops:
+                out.update(self._pop_into(stack))
+        if len(out) > MAX_CONFIGS:
+            if not self.overflowed:
+                logger.warning(
+                    "EBNF grammar is too ambiguous: a parse state would hold %d stacks (limit %d); "
+                    "text leading there is treated as not allowed",
+                    len(out),
+                    MAX_CONFIGS,
+                )
+                self.overflowed = True
+            out = set()
+        nxt = self.intern(frozenset(out))
+        self.table[did, cls] = nxt
+        return nxt
+
+    def advance(self, did: int, data: bytes) -> int:
+        cls = self.byte_class
+        for b in data:
+            did = self.transition(did, int(cls[b]))
+            if did == DEAD:
+                return DEAD
+        return did
+
+    def accepting(self, did: int) -> bool:
+        return self.ACCEPT in self.dstates[did]
+
+    def allowed_bytes(self, did: int) -> int:
+        """Bit b set iff byte b can come next."""
+        bits = 0
+        M, byte_bits = self.M, self.net.byte_bits
+        ACCEPT = self.ACCEPT
+        for cfg in self.dstates[did]:
+            k = cfg % M
+            if k != ACCEPT:
+                bits |= byte_bits[k]
+        return bits
+
+    # -- moving a parse state between tables ----------------------------------------
+
+    def export(self, did: int) -> frozenset[tuple[int, tuple[int, ...]]]:
+        out = set()
+        for cfg in self.dstates[did]:
+            k, s = cfg % self.M, cfg // self.M
+            frames = []
+            while s:
+                frames.append(self.stack_ret[s])
+                s = self.stack_parent[s]
+            out.add((k, tuple(reversed(frames))))
+        return frozenset(out)
+
+    def import_(self, portable: frozenset[tuple[int, tuple[int, ...]]]) -> int:
+        return self.intern(frozenset(self.push(0, frames) * self.M + k for k, frames in portable))
+
+    # -- masks ---------------------------------------------------------------------
+
+    def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+        """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next."""
+        hit = self.masks.get(did)
+        if hit is not None:
+            self.masks.move_to_end(did)
+            return hit
+        node_ok = np.zeros(trie.n_nodes + 1, dtype=bool)
+        live = np.zeros(1, dtype=np.int64)  # the root
+        live_ds = np.full(1, did, dtype=np.int32)
+        child_count, child_start = trie.child_count, trie.child_start
+        depth = 0
+        # Sparse phase: expand only the children of live nodes (cheap while few are alive).
+        while live.size and live.size <= DENSE_SWITCH:
+            cnt = child_count[live]
+            has = cnt > 0
+            if not has.all():
+                live, live_ds, cnt = live[has], live_ds[has], cnt[has]
+                if not live.size:
+                    break
+            total = int(cnt.sum())
+            ends = np.cumsum(cnt)
+            nodes = np.repeat(child_start[live] - (ends - cnt), cnt) + np.arange(total)
+            nxt = self._step_nodes(np.repeat(live_ds, cnt), node_class[nodes])
+            ok = nxt != DEAD
+            live, live_ds = nodes[ok], nxt[ok]
+            node_ok[live] = True
+            depth += 1
+        if live.size:
+            # Dense phase: many nodes alive (e.g. inside a string): walk whole levels, whose
+            # nodes are contiguous, so parents and classes are plain slices.
+            ds = np.zeros(trie.n_nodes, dtype=np.int32)
+            ds[live] = live_ds
+            parent, level_start = trie.parent, trie.level_start
+            for d in range(depth + 1, len(level_start) - 1):
+                a, b = int(level_start[d]), int(level_start[d + 1])
+                cur = ds[parent[a:b]]
+                if not cur.any():
+                    break
+                ds[a:b] = self._step_nodes(cur, node_class[a:b])
+            node_ok[: trie.n_nodes] |= ds != DEAD
+        allowed = np.zeros(trie.n_words * 32, dtype=bool)
+        allowed[: trie.vocab_size] = node_ok[trie.token_node]
+        if self.accepting(did) and trie.eos.size:
+            allowed[trie.eos] = True
+        words = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        self.masks[did] = words
+        if len(self.masks) > MASK_CACHE_SIZE:
+            self.masks.popitem(last=False)
+        return words
+
+    def _step_nodes(self, cur: np.ndarray, classes: np.ndarray) -> np.ndarray:
+        """table[cur, classes], computing the transitions not known yet."""
+        nxt = self.table[cur, classes]
+        unknown = nxt < 0
+        if unknown.any():
+            keys = np.unique(cur[unknown].astype(np.int64) * 65536 + classes[unknown])
+            for key in keys.tolist():
+                self.transition(key >> 16, key & 0xFFFF)
+            nxt[unknown] = self.table[cur[unknown], classes[unknown]]
+        return nxt
+
+    def forced_text(self, did: int) -> str:
+        hit = self.forced.get(did)
+        if hit is not None:
+            return hit
+        buf = bytearray()
+        cur = did
+        while len(buf) < FORCED_LIMIT and not self.accepting(cur):
+            bits = self.allowed_bytes(cur)
+            if bits == 0 or bits & (bits - 1):
+                break
+            b = bits.bit_length() - 1
+            buf.append(b)
+            cur = self.transition(cur, int(self.byte_class[b]))
+        # only whole characters can be forced text
+        for cut in range(len(buf), max(len(buf) - 4, -1), -1):
+            try:
+                text = bytes(buf[:cut]).decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            text = ""
+        self.forced[did] = text
+        return text
+
+
+def byte_classes(net: Network) -> tuple[np.ndarray, list[int]]:
+    """Partition bytes 0..255 into classes no edge of `net` tells apart."""
+    cuts = {0, 256}
+    for edges in net.byte_edges:
+        for lo, hi, _ in edges:
+            cuts.add(lo)
+            cuts.add(hi + 1)
+    bounds = sorted(cuts)
+    byte_class = np.zeros(256, dtype=np.int32)
+    reps: list[int] = []
+    for c, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        byte_class[a:b] = c
+        reps.append(a)
+    return byte_class, reps

@@ -1,0 +1,798 @@
+r"""JSON Schema -> a regular expression whose every match is a valid instance.
+
+We own the translation (rather than calling outlines-core's ``build_regex_from_schema``)
+because the contract is "never silently weaker": every keyword is either enforced
+exactly by the regex or rejected with a :class:`GrammarError` that names it, and the
+regex has to be in the canonical syntax that the mask and jump-forward automata both
+read. Being *stricter* than the schema is allowed where a regex cannot do better and
+the output still validates; each such choice is listed here.
+
+Output shape (stricter than JSON, by design)
+--------------------------------------------
+* **Whitespace**: none, except an optional single space after ``:`` and after ``,``
+  (``WS = "[ ]?"``). Both ``json.dumps(x)`` and ``json.dumps(x, separators=(",", ":"))``
+  spellings match; newlines/indentation do not. Keeping ``{``, ``[`` and the key
+  quotes tight is what lets jump-forward emit ``{"name":`` in one go.
+* **Objects** list their properties in schema order; optional ones may be left out.
+  Properties not declared in ``properties`` are never generated (also when
+  ``additionalProperties`` allows them), except for a schema with no
+  ``properties`` whose ``additionalProperties`` is a schema: then any string keys map
+  to that schema (``minProperties``/``maxProperties`` apply).
+* **Strings** use raw characters plus the short escapes ``\" \\ \/ \b \f \n \r \t``;
+  no ``\uXXXX`` escapes, no raw control characters and no U+007F-U+009F.
+* **Numbers**: ``-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?``; integers without
+  fraction or exponent; bounded numbers without exponent.
+* **Free-form values** (``{}``, ``true``, an object with no properties, an array
+  with no ``items``) nest at most ``FREE_DEPTH`` (2) containers deep.
+* **Recursive** ``$ref``\ s expand at most ``max_recursion_depth`` (3) times; deeper
+  branches are dropped (so a required recursive field makes the schema an error).
+
+Supported: ``type`` (string or list), ``enum``, ``const``, ``properties``,
+``required``, ``additionalProperties``, ``unevaluatedProperties: false``, ``items``
+(schema, or list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``,
+``maxItems``, ``uniqueItems`` (false, or with ``maxItems <= 1``), ``minLength``,
+``maxLength``, ``pattern`` (Python/ASCII regex syntax, search semantics; not combined
+with the length keywords), ``format`` (date, time, date-time, uuid, ipv4, email),
+``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum`` (any for integers;
+integer-valued for numbers), ``multipleOf: 1`` on integers, ``minProperties`` /
+``maxProperties`` (map-form objects, or when trivially satisfied), ``anyOf``,
+``oneOf`` (when its branches are provably disjoint), ``allOf`` (when its parts
+constrain different keywords), ``$ref`` to ``#...`` with ``$defs``/``definitions``.
+Annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``,
+``$id``, ``$comment``, ``deprecated``, ``readOnly``, ``writeOnly``, ...) are ignored.
+
+Rejected (GrammarError naming the keyword): ``patternProperties``, ``propertyNames``,
+``dependentRequired``, ``dependentSchemas``, ``dependencies``, ``if``/``then``/``else``,
+``not``, ``contains``/``minContains``/``maxContains``, ``multipleOf`` (other than 1 on
+integers), ``uniqueItems: true`` (unless ``maxItems <= 1``), ``unevaluatedItems``,
+non-integer bounds on ``number``, other ``format`` values, remote ``$ref``, and any
+unknown keyword.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sgl.constrained.errors import GrammarError
+from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_rep, rx_set, translate_regex
+
+__all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "load_schema"]
+
+PARAM = "json_schema"
+WS = "[ ]?"  # the only whitespace: after ':' and ','
+FREE_DEPTH = 2  # container nesting allowed in free-form values
+
+_WS = Rx(WS)
+_SEP = rx_cat(rx_lit(","), _WS)
+_COLON = rx_cat(rx_lit(":"), _WS)
+_DIGIT = rx_set(CharSet([(0x30, 0x39)]))
+_DIGIT19 = rx_set(CharSet([(0x31, 0x39)]))
+_QUOTE = rx_lit('"')
+
+# Characters that may appear raw inside a generated JSON string.
+_JSON_RAW = CharSet([(0x20, 0x10FFFF)]) - CharSet.of('"\\') - CharSet([(0x7F, 0x9F)])
+_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def json_char(cs: CharSet) -> Rx | None:
+    """One *decoded* character from ``cs``, spelled as it appears inside a JSON string."""
+    alts: list[Rx | None] = [rx_set(cs & _JSON_RAW)]
+    for ch, esc in _SHORT_ESCAPES.items():
+        if ch in cs:
+            alts.append(rx_lit(esc))
+    if "/" in cs:
+        alts.append(rx_lit("\\/"))
+    return rx_alt(*alts)
+
+
+_STR_CHAR = json_char(CharSet.full())
+_STRING = rx_cat(_QUOTE, rx_rep(_STR_CHAR, 0, None), _QUOTE)
+_UINT = rx_alt(rx_lit("0"), rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None)))
+_INTEGER = rx_cat(rx_rep(rx_lit("-"), 0, 1), _UINT)
+_FRACTION = rx_cat(rx_lit("."), rx_rep(_DIGIT, 1, None))
+_EXPONENT = rx_cat(rx_set(CharSet.of("eE")), rx_rep(rx_set(CharSet.of("+-")), 0, 1), rx_rep(_DIGIT, 1, None))
+_NUMBER = rx_cat(_INTEGER, rx_rep(_FRACTION, 0, 1), rx_rep(_EXPONENT, 0, 1))
+_BOOLEAN = rx_alt(rx_lit("true"), rx_lit("false"))
+_NULL = rx_lit("null")
+
+_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+_ANNOTATIONS = frozenset(
+    {
+        "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+        "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$vocabulary", "contentMediaType",
+        "contentEncoding", "$defs", "definitions",
+    }
+)  # fmt: skip
+_UNSUPPORTED = {
+    "patternProperties": "property-name patterns cannot be enforced by this regex translation",
+    "propertyNames": "property-name constraints are not supported",
+    "dependentRequired": "conditional requirements are not supported",
+    "dependentSchemas": "conditional schemas are not supported",
+    "dependencies": "conditional requirements are not supported",
+    "if": "conditional schemas (if/then/else) are not supported",
+    "then": "conditional schemas (if/then/else) are not supported",
+    "else": "conditional schemas (if/then/else) are not supported",
+    "not": "negated schemas are not supported",
+    "contains": "array 'contains' constraints are not supported",
+    "minContains": "array 'contains' constraints are not supported",
+    "maxContains": "array 'contains' constraints are not supported",
+    "unevaluatedItems": "unevaluatedItems is not supported",
+    "contentSchema": "contentSchema is not supported",
+    "$dynamicRef": "dynamic references are not supported",
+    "$recursiveRef": "recursive references ($recursiveRef) are not supported; use $ref",
+}
+_OBJECT_KW = {"properties", "required", "additionalProperties", "unevaluatedProperties", "minProperties", "maxProperties"}
+_ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
+_STRING_KW = {"minLength", "maxLength", "pattern", "format"}
+_NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+_COMBINATORS = {"anyOf", "oneOf", "allOf", "$ref"}
+_SUPPORTED = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | {"type", "enum", "const"}
+# Keywords that read each other inside one schema object: allOf may not split them.
+_COUPLED = ({"properties", "additionalProperties", "unevaluatedProperties"}, {"items", "prefixItems", "additionalItems"})
+
+
+def load_schema(spec: str | dict | bool) -> dict | bool:
+    """Parse a schema given as JSON text (or pass a dict/bool through)."""
+    if isinstance(spec, (dict, bool)):
+        return spec
+    if not isinstance(spec, str):
+        raise GrammarError(f"json_schema must be a JSON object or a string, got {type(spec).__name__}", PARAM)
+    try:
+        schema = json.loads(spec)
+    except json.JSONDecodeError as exc:
+        raise GrammarError(f"json_schema is not valid JSON: {exc}", PARAM) from None
+    if not isinstance(schema, (dict, bool)):
+        raise GrammarError("json_schema must be a JSON object (or true/false)", PARAM)
+    return schema
+
+
+def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 3) -> str:
+    """The canonical regex of the instances we generate for ``spec`` (see the module doc)."""
+    schema = load_schema(spec)
+    rx = _Converter(schema, max_recursion_depth).convert(schema, "#")
+    if rx is None:
+        raise GrammarError(
+            "json_schema: no value can satisfy this schema within the supported limits "
+            "(contradictory constraints, or a required recursive field)",
+            PARAM,
+        )
+    return rx.text
+
+
+# ---------------------------------------------------------------------------
+# Scalars
+# ---------------------------------------------------------------------------
+
+
+def _digits_range(lo: str, hi: str) -> Rx | None:
+    """Digit strings of one length between ``lo`` and ``hi`` (inclusive)."""
+    if lo == hi:
+        return rx_lit(lo)
+    if len(lo) == 1:
+        return rx_set(CharSet([(ord(lo), ord(hi))]))
+    if lo[0] == hi[0]:
+        return rx_cat(rx_lit(lo[0]), _digits_range(lo[1:], hi[1:]))
+    rest = len(lo) - 1
+    low_full = lo[1:] == "0" * rest  # lo[0] may join the middle block
+    high_full = hi[1:] == "9" * rest
+    first = ord(lo[0]) + (0 if low_full else 1)
+    last = ord(hi[0]) - (0 if high_full else 1)
+    parts: list[Rx | None] = []
+    if not low_full:
+        parts.append(rx_cat(rx_lit(lo[0]), _digits_range(lo[1:], "9" * rest)))
+    if first <= last:
+        parts.append(rx_cat(rx_set(CharSet([(first, last)])), rx_rep(_DIGIT, rest, rest)))
+    if not high_full:
+        parts.append(rx_cat(rx_lit(hi[0]), _digits_range("0" * rest, hi[1:])))
+    return rx_alt(*parts)
+
+
+def _uint_range(lo: int, hi: int | None) -> Rx | None:
+    """Non-negative integers in ``[lo, hi]`` without leading zeros (``hi`` None: unbounded)."""
+    if hi is not None and hi < lo:
+        return None
+    parts: list[Rx | None] = []
+    if lo == 0:
+        parts.append(rx_lit("0"))
+        lo = 1
+        if hi is not None and hi < 1:
+            return rx_alt(*parts)
+    width = len(str(lo))
+    if hi is None:
+        parts.append(_digits_range(str(lo), "9" * width))
+        parts.append(rx_cat(_DIGIT19, rx_rep(_DIGIT, width, None)))
+    else:
+        for n in range(width, len(str(hi)) + 1):
+            a, b = max(lo, 10 ** (n - 1)), min(hi, 10**n - 1)
+            if a <= b:
+                parts.append(_digits_range(str(a), str(b)))
+    return rx_alt(*parts)
+
+
+def integer_range(lo: int | None, hi: int | None) -> Rx | None:
+    """Integers in ``[lo, hi]`` (either end may be None), in canonical JSON spelling."""
+    if lo is not None and hi is not None and hi < lo:
+        return None
+    parts: list[Rx | None] = []
+    if hi is None or hi >= 0:
+        parts.append(_uint_range(max(lo, 0) if lo is not None else 0, hi))
+    if lo is None or lo < 0:
+        top = -1 if hi is None else min(hi, -1)
+        ylo, yhi = -top, None if lo is None else -lo
+        if yhi is None or ylo <= yhi:
+            parts.append(rx_cat(rx_lit("-"), _uint_range(ylo, yhi)))
+    return rx_alt(*parts)
+
+
+_FRAC_ANY = rx_rep(_FRACTION, 0, 1)
+_FRAC_ZERO = rx_rep(rx_cat(rx_lit("."), rx_rep(rx_lit("0"), 1, None)), 0, 1)
+_FRAC_NONZERO = rx_cat(rx_lit("."), rx_rep(_DIGIT, 0, None), _DIGIT19, rx_rep(_DIGIT, 0, None))
+
+
+def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool) -> Rx | None:
+    """Decimals ``y >= 0`` (no sign, no exponent) with ``lo <(=) y <(=) hi``, integer bounds."""
+    parts: list[Rx | None] = []
+    n_lo = lo + 1 if lo_excl else lo
+    n_hi = None if hi is None else hi - 1
+    # Integer part strictly inside the bounds: any fraction.
+    if n_hi is None or n_lo <= n_hi:
+        parts.append(rx_cat(_uint_range(n_lo, n_hi), _FRAC_ANY))
+    # y = lo + f with f > 0, when y must exceed lo.
+    if lo_excl and (hi is None or lo < hi):
+        parts.append(rx_cat(_uint_range(lo, lo), _FRAC_NONZERO))
+    # y == hi exactly, when hi is allowed.
+    if hi is not None and not hi_excl and (hi > lo if lo_excl else hi >= lo):
+        parts.append(rx_cat(_uint_range(hi, hi), _FRAC_ZERO))
+    return rx_alt(*parts)
+
+
+def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -> Rx | None:
+    """JSON numbers between integer bounds (either may be None), without exponents."""
+    parts: list[Rx | None] = []
+    # x >= 0
+    if hi is None or hi > 0 or (hi == 0 and not hi_excl):
+        if lo is None or lo < 0:
+            parts.append(_magnitude(0, False, hi, hi_excl))
+        else:
+            parts.append(_magnitude(lo, lo_excl, hi, hi_excl))
+    # x < 0, written -y with y > 0
+    if lo is None or lo < 0:
+        if hi is None or hi >= 0:
+            ylo, ylo_excl = 0, True
+        else:
+            ylo, ylo_excl = -hi, hi_excl
+        yhi, yhi_excl = (None, False) if lo is None else (-lo, lo_excl)
+        mag = _magnitude(ylo, ylo_excl, yhi, yhi_excl)
+        if mag is not None:
+            parts.append(rx_cat(rx_lit("-"), mag))
+    return rx_alt(*parts)
+
+
+def _lit_seq(*items: Rx | str | None) -> Rx | None:
+    return rx_cat(*(rx_lit(i) if isinstance(i, str) else i for i in items))
+
+
+_D = _DIGIT
+_MONTH31 = rx_alt(*(rx_lit(m) for m in ("01", "03", "05", "07", "08", "10", "12")))
+_MONTH30 = rx_alt(*(rx_lit(m) for m in ("04", "06", "09", "11")))
+_DAY28 = rx_alt(_lit_seq(rx_set(CharSet.of("0")), _DIGIT19), _lit_seq(rx_set(CharSet.of("1")), _D), _lit_seq("2", rx_set(CharSet([(0x30, 0x38)]))))
+_YEAR = rx_alt(  # 0001-9999 (Python's date range)
+    _lit_seq(_D, _D, _D, _DIGIT19), _lit_seq(_D, _D, _DIGIT19, "0"), _lit_seq(_D, _DIGIT19, "00"), _lit_seq(_DIGIT19, "000")
+)
+_LEAP_TAIL = rx_alt(*(rx_lit(f"{n:02d}") for n in range(4, 100, 4)))  # 04..96
+_LEAP_CENTURY = rx_alt(*(rx_lit(f"{n:02d}") for n in range(4, 100, 4)))  # 04..96 -> 0400..9600
+_LEAP_YEAR = rx_alt(_lit_seq(_D, _D, _LEAP_TAIL), _lit_seq(_LEAP_CENTURY, "00"))
+_DATE = rx_alt(
+    _lit_seq(_YEAR, "-", _MONTH31, "-", rx_alt(_DAY28, rx_lit("29"), rx_lit("30"), rx_lit("31"))),
+    _lit_seq(_YEAR, "-", _MONTH30, "-", rx_alt(_DAY28, rx_lit("29"), rx_lit("30"))),
+    _lit_seq(_YEAR, "-02-", _DAY28),
+    _lit_seq(_LEAP_YEAR, "-02-29"),
+)
+_HOUR = rx_alt(_lit_seq(rx_set(CharSet.of("01")), _D), _lit_seq("2", rx_set(CharSet.of("0123"))))
+_MINSEC = _lit_seq(rx_set(CharSet([(0x30, 0x35)])), _D)
+_TIME = _lit_seq(
+    _HOUR, ":", _MINSEC, ":", _MINSEC,
+    rx_rep(_lit_seq(".", rx_rep(_D, 1, 6)), 0, 1),
+    rx_alt(rx_lit("Z"), _lit_seq(rx_set(CharSet.of("+-")), _HOUR, ":", _MINSEC)),
+)  # fmt: skip
+_HEX = rx_set(CharSet.of("0123456789abcdefABCDEF"))
+_OCTET = integer_range(0, 255)
+_FORMATS: dict[str, Rx | None] = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": _lit_seq(_DATE, "T", _TIME),
+    "uuid": _lit_seq(rx_rep(_HEX, 8, 8), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 12, 12)),
+    "ipv4": _lit_seq(_OCTET, ".", _OCTET, ".", _OCTET, ".", _OCTET),
+    "email": _lit_seq(
+        rx_rep(rx_set(CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")), 1, None),
+        "@",
+        rx_rep(rx_set(CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")), 1, None),
+        rx_rep(_lit_seq(".", rx_rep(rx_set(CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")), 1, None)), 1, None),
+    ),
+}  # fmt: skip
+
+
+def _value_literal(value: Any, where: str) -> Rx:
+    """The regex for one JSON value given in the schema (enum/const), in our spelling."""
+    if isinstance(value, dict):
+        items = [rx_cat(rx_lit(json.dumps(k, ensure_ascii=False)), _COLON, _value_literal(v, where)) for k, v in value.items()]
+        return _joined(items, "{", "}")
+    if isinstance(value, list):
+        return _joined([_value_literal(v, where) for v in value], "[", "]")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise GrammarError(f"{where}: {value} is not a JSON value", PARAM)
+    return rx_lit(json.dumps(value, ensure_ascii=False))
+
+
+def _joined(items: list[Rx | None], open_: str, close: str) -> Rx:
+    parts: list[Rx | None] = [rx_lit(open_)]
+    for i, item in enumerate(items):
+        if i:
+            parts.append(_SEP)
+        parts.append(item)
+    parts.append(rx_lit(close))
+    out = rx_cat(*parts)
+    assert out is not None
+    return out
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """JSON Schema equality: 1 == 1.0, but true != 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
+    return type(a) in (int, float) and type(b) in (int, float) and a == b or (type(a) is type(b) and a == b)
+
+
+def _has_type(value: Any, t: str) -> bool:
+    if t == "null":
+        return value is None
+    if t == "boolean":
+        return isinstance(value, bool)
+    if t == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+    if t == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if t == "string":
+        return isinstance(value, str)
+    if t == "array":
+        return isinstance(value, list)
+    return isinstance(value, dict)
+
+
+def _free_value(depth: int) -> Rx | None:
+    """Any JSON value with at most ``depth`` levels of containers."""
+    scalars = [_STRING, _NUMBER, _BOOLEAN, _NULL]
+    if depth <= 0:
+        return rx_alt(*scalars)
+    inner = _free_value(depth - 1)
+    return rx_alt(*scalars, _map_object(inner, 0, None), _array_of([], inner, 0, None))
+
+
+def _map_object(value: Rx | None, lo: int, hi: int | None) -> Rx | None:
+    """``{}``-style objects with any string keys mapping to ``value``, ``lo..hi`` members."""
+    member = rx_cat(_STRING, _COLON, value)
+    return _array_like("{", "}", [], member, lo, hi)
+
+
+def _array_of(prefix: list[Rx | None], rest: Rx | None, lo: int, hi: int | None) -> Rx | None:
+    return _array_like("[", "]", prefix, rest, lo, hi)
+
+
+def _array_like(open_: str, close: str, prefix: list[Rx | None], rest: Rx | None, lo: int, hi: int | None) -> Rx | None:
+    """Comma-separated elements: element i matches ``prefix[i]``, later ones ``rest``
+    (None: no more), between ``lo`` and ``hi`` elements."""
+    k = len(prefix)
+    if rest is None:
+        hi = k if hi is None else min(hi, k)
+    if hi is not None and hi < lo:
+        return None
+
+    def tail(i: int) -> Rx | None:
+        # Elements i.. given i elements already written (so each starts with a comma).
+        if hi is not None and i >= hi:
+            return rx_lit("")
+        sep = rx_lit("") if i == 0 else _SEP
+        if i >= k:
+            # Only `rest` elements remain: a closed-form counted repetition.
+            need = max(lo - i, 0)
+            more = None if hi is None else hi - i
+            if i == 0:
+                if more == 0:
+                    return rx_lit("")
+                body = rx_cat(rest, rx_rep(rx_cat(_SEP, rest), max(need - 1, 0), None if more is None else more - 1))
+                return body if need > 0 else rx_rep(body, 0, 1)
+            return rx_rep(rx_cat(_SEP, rest), need, more)
+        step = rx_cat(sep, prefix[i], tail(i + 1))
+        return step if i < lo else rx_alt(step, rx_lit(""))
+
+    return rx_cat(rx_lit(open_), tail(0), rx_lit(close))
+
+
+# ---------------------------------------------------------------------------
+# The schema walk
+# ---------------------------------------------------------------------------
+
+
+class _Converter:
+    def __init__(self, root: dict | bool, max_recursion_depth: int) -> None:
+        self.root = root
+        self.max_depth = max_recursion_depth
+        self.ref_stack: list[str] = []
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def fail(self, where: str, message: str) -> GrammarError:
+        return GrammarError(f"json_schema at {where}: {message}", PARAM)
+
+    def resolve(self, ref: Any, where: str) -> tuple[Any, str]:
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise self.fail(where, f"$ref {ref!r} is not supported: only local references ('#/...') are")
+        from urllib.parse import unquote
+
+        node: Any = self.root
+        pointer = unquote(ref[1:])
+        if pointer and not pointer.startswith("/"):
+            raise self.fail(where, f"$ref {ref!r}: anchors are not supported; use a JSON pointer like '#/$defs/Name'")
+        for token in pointer.split("/")[1:] if pointer else []:
+            token = token.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and token in node:
+                node = node[token]
+            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+                node = node[int(token)]
+            else:
+                raise self.fail(where, f"$ref {ref!r} does not resolve")
+        return node, ref
+
+    def number(self, node: dict, key: str, where: str) -> float | int | None:
+        v = node.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise self.fail(where, f"{key} must be a finite number")
+        return v
+
+    def count(self, node: dict, key: str, where: str) -> int | None:
+        v = node.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (isinstance(v, float) and not v.is_integer()):
+            raise self.fail(where, f"{key} must be a non-negative integer")
+        return int(v)
+
+    # -- the walk --------------------------------------------------------------------
+
+    def convert(self, schema: Any, where: str) -> Rx | None:
+        if schema is True or (isinstance(schema, dict) and not set(schema) - _ANNOTATIONS):
+            return _free_value(FREE_DEPTH)
+        if schema is False:
+            return None
+        if not isinstance(schema, dict):
+            raise self.fail(where, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+        for key in schema:
+            if key in _UNSUPPORTED:
+                raise self.fail(where, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
+            if key not in _SUPPORTED and key not in _ANNOTATIONS:
+                raise self.fail(where, f"unknown keyword '{key}' (it cannot be enforced)")
+        if "$ref" in schema:
+            return self.convert_ref(schema, where)
+        if "allOf" in schema:
+            return self.convert_merged(schema, where)
+        for comb in ("anyOf", "oneOf"):
+            if comb in schema:
+                return self.convert_union(schema, comb, where)
+        if "enum" in schema or "const" in schema:
+            return self.convert_enum(schema, where)
+        return rx_alt(*(self.convert_type(t, schema, where) for t in self.types(schema, where)))
+
+    def convert_ref(self, schema: dict, where: str) -> Rx | None:
+        if set(schema) - _ANNOTATIONS - {"$ref"}:  # siblings of $ref apply too (2019-09+)
+            return self.convert_merged(schema, where)
+        ref = schema["$ref"]
+        target, key = self.resolve(ref, where)
+        if self.ref_stack.count(key) >= self.max_depth:
+            return None  # recursion cut: this branch is dropped
+        self.ref_stack.append(key)
+        try:
+            return self.convert(target, f"{where} -> {ref}")
+        finally:
+            self.ref_stack.pop()
+
+    def convert_merged(self, schema: dict, where: str) -> Rx | None:
+        """allOf / $ref-with-siblings: merge, then convert with the references it used on the stack."""
+        refs: list[str] = []
+        merged = self.merge_all_of(schema, where, refs)
+        if any(self.ref_stack.count(r) >= self.max_depth for r in refs):
+            return None
+        self.ref_stack.extend(refs)
+        try:
+            return self.convert(merged, where)
+        finally:
+            del self.ref_stack[len(self.ref_stack) - len(refs) :]
+
+    def conjuncts(self, schema: Any, where: str, refs: list[str], depth: int = 0) -> list[Any]:
+        """The schemas that must all hold: own keywords, $ref target and allOf parts, flattened."""
+        if not isinstance(schema, dict):
+            return [schema]
+        if depth > 32:
+            raise self.fail(where, "allOf/$ref nesting is too deep (a reference cycle?)")
+        own = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _ANNOTATIONS}
+        out: list[Any] = [own] if own else []
+        if "$ref" in schema:
+            target, key = self.resolve(schema["$ref"], where)
+            refs.append(key)
+            out += self.conjuncts(target, where, refs, depth + 1)
+        if "allOf" in schema:
+            parts = schema["allOf"]
+            if not isinstance(parts, list) or not parts:
+                raise self.fail(where, "allOf must be a non-empty list of schemas")
+            for part in parts:
+                out += self.conjuncts(part, where, refs, depth + 1)
+        return out
+
+    def merge_all_of(self, schema: dict, where: str, refs: list[str]) -> dict | bool:
+        """A conjunction (allOf, or $ref with siblings) as one schema, when its parts
+        constrain different keywords (equal values and `required` lists also merge)."""
+        merged: dict[str, Any] = {}
+        origin: dict[str, int] = {}
+        for i, part in enumerate(self.conjuncts(schema, where, refs)):
+            if part is True:
+                continue
+            if part is False:
+                return False
+            if not isinstance(part, dict):
+                raise self.fail(where, "allOf items must be schemas")
+            for k, v in part.items():
+                if k in _UNSUPPORTED:
+                    raise self.fail(where, f"keyword '{k}' is not supported: {_UNSUPPORTED[k]}")
+                if k not in merged:
+                    merged[k], origin[k] = v, i
+                elif k == "required" and isinstance(v, list) and isinstance(merged[k], list):
+                    merged[k] = list(dict.fromkeys(merged[k] + v))
+                elif merged[k] != v:
+                    raise self.fail(
+                        where,
+                        f"allOf: keyword '{k}' appears in two parts with different values; only parts that "
+                        "constrain different keywords can be combined",
+                    )
+        for group in _COUPLED:
+            if len({origin[k] for k in group if k in origin}) > 1:
+                raise self.fail(
+                    where, f"allOf: keywords {sorted(group & set(origin))} come from different parts and interact"
+                )
+        return merged
+
+    def convert_union(self, schema: dict, comb: str, where: str) -> Rx | None:
+        branches = schema[comb]
+        if not isinstance(branches, list) or not branches:
+            raise self.fail(where, f"{comb} must be a non-empty list of schemas")
+        siblings = {k: v for k, v in schema.items() if k != comb and k not in _ANNOTATIONS}
+        if siblings:
+            # Distribute the siblings into each branch (A and (B or C) = (A and B) or (A and C)).
+            branches = [{"allOf": [siblings, b]} for b in branches]  # type: ignore[list-item]
+        rxs = [self.convert(b, f"{where}/{comb}/{i}") for i, b in enumerate(branches)]
+        if comb == "oneOf":
+            self.check_disjoint([r for r in rxs if r is not None], where)
+        return rx_alt(*rxs)
+
+    def check_disjoint(self, rxs: list[Rx], where: str) -> None:
+        """oneOf = anyOf only if no value matches two branches; prove it on the automata."""
+        if len(rxs) < 2:
+            return
+        try:
+            import interegular
+
+            fsms = [interegular.parse_pattern(r.text).to_fsm() for r in rxs]
+        except Exception:
+            raise self.fail(where, "oneOf: cannot prove its branches exclusive; use anyOf if overlaps are fine") from None
+        for i in range(len(fsms)):
+            for j in range(i + 1, len(fsms)):
+                if not fsms[i].isdisjoint(fsms[j]):
+                    raise self.fail(
+                        where, f"oneOf: branches {i} and {j} can match the same value, and exclusivity cannot be "
+                        "enforced; use anyOf, or make the branches distinct (e.g. a const tag)"
+                    )
+
+    def convert_enum(self, schema: dict, where: str) -> Rx | None:
+        values: list[Any]
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list):
+                raise self.fail(where, "enum must be a list")
+            values = list(schema["enum"])
+            if "const" in schema:
+                values = [v for v in values if _json_equal(v, schema["const"])]
+        else:
+            values = [schema["const"]]
+        extra = [k for k in schema if k not in _ANNOTATIONS and k not in ("enum", "const", "type")]
+        if extra:
+            raise self.fail(where, f"{extra[0]} together with enum/const is not supported; list only valid values")
+        if "type" in schema:
+            types = self.types(schema, where)
+            values = [v for v in values if any(_has_type(v, t) for t in types)]
+        return rx_alt(*(_value_literal(v, where) for v in values))
+
+    def types(self, schema: dict, where: str) -> list[str]:
+        t = schema.get("type")
+        if t is None:
+            keys = set(schema)
+            inferred = [
+                name
+                for name, kws in (("object", _OBJECT_KW), ("array", _ARRAY_KW), ("string", _STRING_KW), ("number", _NUMBER_KW))
+                if keys & kws
+            ]
+            return inferred or list(_TYPES)
+        names = [t] if isinstance(t, str) else t
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+            raise self.fail(where, "type must be a type name or a non-empty list of them")
+        for n in names:
+            if n not in _TYPES:
+                raise self.fail(where, f"unknown type {n!r}")
+        if "number" in names and "integer" in names:
+            names = [n for n in names if n != "integer"]
+        return list(dict.fromkeys(names))
+
+    def convert_type(self, t: str, schema: dict, where: str) -> Rx | None:
+        if t == "null":
+            return _NULL
+        if t == "boolean":
+            return _BOOLEAN
+        if t == "string":
+            return self.convert_string(schema, where)
+        if t in ("integer", "number"):
+            return self.convert_number(t, schema, where)
+        if t == "array":
+            return self.convert_array(schema, where)
+        return self.convert_object(schema, where)
+
+    def convert_string(self, schema: dict, where: str) -> Rx | None:
+        lo = self.count(schema, "minLength", where) or 0
+        hi = self.count(schema, "maxLength", where)
+        fmt, pattern = schema.get("format"), schema.get("pattern")
+        if fmt is not None:
+            if fmt not in _FORMATS:
+                raise self.fail(where, f"format {fmt!r} is not supported (supported: {', '.join(sorted(_FORMATS))})")
+            if pattern is not None or "minLength" in schema or "maxLength" in schema:
+                raise self.fail(where, "format cannot be combined with pattern/minLength/maxLength")
+            return rx_cat(_QUOTE, _FORMATS[fmt], _QUOTE)
+        if pattern is not None:
+            if "minLength" in schema or "maxLength" in schema:
+                raise self.fail(where, "pattern cannot be combined with minLength/maxLength; put the length in the pattern")
+            body, start, end = translate_regex(pattern, param=PARAM, emit=json_char, search=True, what=f"json_schema at {where}: pattern")
+            anything = rx_rep(_STR_CHAR, 0, None)
+            if body is None:
+                return None
+            return rx_cat(_QUOTE, rx_lit("") if start else anything, body, rx_lit("") if end else anything, _QUOTE)
+        return rx_cat(_QUOTE, rx_rep(_STR_CHAR, lo, hi), _QUOTE)
+
+    def convert_number(self, t: str, schema: dict, where: str) -> Rx | None:
+        mult = schema.get("multipleOf")
+        if mult is not None:
+            if not (t == "integer" and mult == 1 and not isinstance(mult, bool)):
+                raise self.fail(where, "keyword 'multipleOf' is not supported (only multipleOf: 1 on integers)")
+        lo = self.number(schema, "minimum", where)
+        hi = self.number(schema, "maximum", where)
+        lo_excl = hi_excl = False
+        ex_lo, ex_hi = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+        if isinstance(ex_lo, bool):  # draft 4: a flag on minimum
+            lo_excl = ex_lo and lo is not None
+        elif ex_lo is not None:
+            v = self.number(schema, "exclusiveMinimum", where)
+            if lo is None or v >= lo:  # type: ignore[operator]
+                lo, lo_excl = v, True
+        if isinstance(ex_hi, bool):
+            hi_excl = ex_hi and hi is not None
+        elif ex_hi is not None:
+            v = self.number(schema, "exclusiveMaximum", where)
+            if hi is None or v <= hi:  # type: ignore[operator]
+                hi, hi_excl = v, True
+        if t == "integer":
+            ilo = None if lo is None else (math.floor(lo) + 1 if lo_excl else math.ceil(lo))
+            ihi = None if hi is None else (math.ceil(hi) - 1 if hi_excl else math.floor(hi))
+            return _INTEGER if ilo is None and ihi is None else integer_range(ilo, ihi)
+        if lo is None and hi is None:
+            return _NUMBER
+        for key, v in (("minimum", lo), ("maximum", hi)):
+            if v is not None and not float(v).is_integer():
+                raise self.fail(
+                    where, f"a non-integer bound ({key}/exclusive{key.capitalize()} = {v}) on a number is not supported; "
+                    "integer-valued bounds are"
+                )
+        return number_range(
+            None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl
+        )
+
+    def convert_array(self, schema: dict, where: str) -> Rx | None:
+        lo = self.count(schema, "minItems", where) or 0
+        hi = self.count(schema, "maxItems", where)
+        items = schema.get("items")
+        prefix_schemas: list[Any] = []
+        rest: Any
+        if "prefixItems" in schema:
+            if not isinstance(schema["prefixItems"], list):
+                raise self.fail(where, "prefixItems must be a list of schemas")
+            prefix_schemas = schema["prefixItems"]
+            rest = True if items is None else items
+        elif isinstance(items, list):  # draft 4-2019 tuple form
+            prefix_schemas = items
+            rest = schema.get("additionalItems", True)
+        else:
+            rest = True if items is None else items
+        if schema.get("uniqueItems") is True and not (hi is not None and hi <= 1):
+            raise self.fail(where, "keyword 'uniqueItems' is not supported (unless maxItems <= 1)")
+        prefix = [self.convert(s, f"{where}/prefixItems/{i}") for i, s in enumerate(prefix_schemas)]
+        # A prefix element that can never match ends the array before it.
+        for i, p in enumerate(prefix):
+            if p is None:
+                prefix, rest = prefix[:i], False
+                break
+        if rest is True:
+            rest_rx = _free_value(FREE_DEPTH - 1)
+        else:
+            rest_rx = None if rest is False else self.convert(rest, f"{where}/items")
+        return _array_of(prefix, rest_rx, lo, hi)
+
+    def convert_object(self, schema: dict, where: str) -> Rx | None:
+        props = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(props, dict):
+            raise self.fail(where, "properties must be an object")
+        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+            raise self.fail(where, "required must be a list of property names")
+        extra = schema.get("additionalProperties", True)
+        unevaluated = schema.get("unevaluatedProperties", True)
+        if unevaluated not in (True, False):
+            raise self.fail(where, "unevaluatedProperties with a schema is not supported (true/false are)")
+        lo = self.count(schema, "minProperties", where) or 0
+        hi = self.count(schema, "maxProperties", where)
+        names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+        if not names and extra is not False and unevaluated is not False:
+            # No declared properties: a map of string keys to the additionalProperties schema.
+            value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else _free_value(FREE_DEPTH - 1)
+            return _map_object(value, lo, hi)
+        req = set(required)
+        if lo > len(req & set(names)) and lo > 0:
+            if lo > len(names):
+                raise self.fail(where, "minProperties exceeds the number of properties that may be generated")
+            raise self.fail(where, "minProperties larger than the number of required properties is not supported")
+        if hi is not None and hi < len(names):
+            raise self.fail(where, "maxProperties smaller than the number of declared properties is not supported")
+        closed = extra is False or unevaluated is False
+        members: list[tuple[Rx | None, bool]] = []
+        for name in names:
+            if name not in props and closed:
+                return None  # required, but additional properties are forbidden
+            sub = props.get(name, extra)
+            value = self.convert(sub, f"{where}/properties/{name}")
+            member = None if value is None else rx_cat(rx_lit(json.dumps(name, ensure_ascii=False)), _COLON, value)
+            if member is None and name in req:
+                return None
+            if member is not None:
+                members.append((member, name in req))
+        return rx_cat(rx_lit("{"), _members(members), rx_lit("}"))
+
+
+def _members(members: list[tuple[Rx | None, bool]]) -> Rx | None:
+    """Members in order, optional ones skippable, commas only between written members."""
+    n = len(members)
+    memo: dict[tuple[int, bool], Rx | None] = {}
+
+    def build(i: int, first: bool) -> Rx | None:
+        key = (i, first)
+        if key in memo:
+            return memo[key]
+        if i == n:
+            out: Rx | None = rx_lit("")
+        else:
+            member, is_required = members[i]
+            written = rx_cat(rx_lit("") if first else _SEP, member, build(i + 1, False))
+            out = written if is_required else rx_alt(written, build(i + 1, first))
+        memo[key] = out
+        return out
+
+    return build(0, True)

@@ -1,0 +1,702 @@
+r"""Regular expressions -> exact token-level matchers, on outlines-core's Rust index.
+
+Two halves:
+
+1. **Normalisation** (:func:`normalize_regex`). The user's pattern is parsed with
+   Python's own regex parser and re-emitted in a small *canonical* syntax: literal
+   characters, explicit character classes, ``(?:..)``, ``|`` and counted repetition.
+   Three engines read that one string (outlines-core's byte DFA for masks,
+   interegular's character DFA for jump-forward, and the tests' oracle), and they
+   disagree on the rest of regex syntax (``\d`` is Unicode in one and ASCII in
+   another, ``\u00e9`` is an error in one). Semantics are Python's ``re`` with
+   ``re.ASCII``: ``\d \w \s`` and case-insensitivity are ASCII-only, ``.`` excludes
+   ``\n`` unless ``(?s)``. Anchors (``^ $ \A \Z``) are accepted at the ends, where
+   they mean nothing under full-match semantics. Look-around, back-references,
+   word boundaries, atomic groups and possessive repeats are rejected.
+
+2. **Token index** (:class:`RegexGrammar`). outlines-core 0.2.14 builds the map
+   ``state -> {token: next state}`` in Rust, but its walk has two bugs that make
+   masks too strict: it drops a token whose last byte leaves an accepting position
+   without completing a new match (after ``a`` in ``a(bc)?`` the token ``b`` is
+   missing), and its leftmost-first DFA abandons longer alternatives once a shorter
+   one has matched (``a|ab`` never allows ``ab``). Both come from match states
+   appearing *inside* a token. We compile ``\x02(?:R)\z`` instead: ``\z`` moves every
+   match to the end of input, so no token ever sees a match state, and the ``\x02``
+   marker (fed once through a private token id) gives the DFA a start state that the
+   look-ahead does not split. Acceptance is then exactly outlines' final states.
+
+Masks are computed per automaton state on first use and cached on the grammar, so
+``fill_mask`` is one 6 KB OR for a 49k vocabulary.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from sgl.constrained.errors import GrammarError
+from sgl.constrained.jump_forward import ByteJumpForward, single_byte_tokens, split_complete_utf8
+
+if TYPE_CHECKING:
+    from sgl.constrained.vocab import TokenVocabulary
+
+try:  # Python >= 3.11
+    from re import _constants as _sre_c  # type: ignore[attr-defined]
+    from re import _parser as _sre_p  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover - Python 3.10
+    import sre_constants as _sre_c  # type: ignore[no-redef]
+    import sre_parse as _sre_p  # type: ignore[no-redef]
+
+__all__ = [
+    "CharSet",
+    "Rx",
+    "RegexGrammar",
+    "RegexMatcher",
+    "normalize_regex",
+    "translate_regex",
+    "rx_alt",
+    "rx_cat",
+    "rx_lit",
+    "rx_rep",
+    "rx_set",
+]
+
+# ---------------------------------------------------------------------------
+# Character sets: sorted, disjoint, inclusive code-point ranges, never surrogates
+# ---------------------------------------------------------------------------
+
+MAX_CP = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)
+
+
+class CharSet:
+    """An immutable set of Unicode scalar values (surrogates are never members)."""
+
+    __slots__ = ("ranges",)
+
+    def __init__(self, ranges: Iterable[tuple[int, int]] = ()) -> None:
+        merged: list[list[int]] = []
+        for lo, hi in sorted(ranges):
+            if lo > hi:
+                continue
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        out: list[tuple[int, int]] = []
+        for lo, hi in merged:  # cut the surrogate block out
+            if hi < _SURROGATES[0] or lo > _SURROGATES[1]:
+                out.append((lo, hi))
+                continue
+            if lo < _SURROGATES[0]:
+                out.append((lo, _SURROGATES[0] - 1))
+            if hi > _SURROGATES[1]:
+                out.append((_SURROGATES[1] + 1, hi))
+        self.ranges: tuple[tuple[int, int], ...] = tuple(out)
+
+    @classmethod
+    def of(cls, chars: str) -> "CharSet":
+        return cls((ord(c), ord(c)) for c in chars)
+
+    @classmethod
+    def full(cls) -> "CharSet":
+        return cls([(0, MAX_CP)])
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CharSet) and self.ranges == other.ranges
+
+    def __hash__(self) -> int:
+        return hash(self.ranges)
+
+    def __contains__(self, ch: str | int) -> bool:
+        cp = ord(ch) if isinstance(ch, str) else ch
+        return any(lo <= cp <= hi for lo, hi in self.ranges)
+
+    def __or__(self, other: "CharSet") -> "CharSet":
+        return CharSet(self.ranges + other.ranges)
+
+    def complement(self) -> "CharSet":
+        out: list[tuple[int, int]] = []
+        nxt = 0
+        for lo, hi in self.ranges:
+            if lo > nxt:
+                out.append((nxt, lo - 1))
+            nxt = hi + 1
+        if nxt <= MAX_CP:
+            out.append((nxt, MAX_CP))
+        return CharSet(out)
+
+    def __and__(self, other: "CharSet") -> "CharSet":
+        return (self.complement() | other.complement()).complement()
+
+    def __sub__(self, other: "CharSet") -> "CharSet":
+        return self & other.complement()
+
+    def single(self) -> str | None:
+        """The only member, if there is exactly one."""
+        if len(self.ranges) == 1 and self.ranges[0][0] == self.ranges[0][1]:
+            return chr(self.ranges[0][0])
+        return None
+
+    def ascii_casefold(self) -> "CharSet":
+        """Add the other case of every ASCII letter (``re.ASCII | re.IGNORECASE``)."""
+        extra: list[tuple[int, int]] = []
+        for lo, hi in self.ranges:
+            for a, b, delta in ((0x41, 0x5A, 32), (0x61, 0x7A, -32)):
+                s, e = max(lo, a), min(hi, b)
+                if s <= e:
+                    extra.append((s + delta, e + delta))
+        return CharSet(self.ranges + tuple(extra)) if extra else self
+
+    def __repr__(self) -> str:
+        return f"CharSet({self.ranges!r})"
+
+
+_DIGIT = CharSet([(0x30, 0x39)])
+_WORD = CharSet([(0x30, 0x39), (0x41, 0x5A), (0x5F, 0x5F), (0x61, 0x7A)])
+_SPACE = CharSet.of(" \t\n\r\f\v")
+_NEWLINE = CharSet.of("\n")
+
+# ---------------------------------------------------------------------------
+# Canonical regex text: a tiny algebra where None is the empty language
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rx:
+    """Regex text in the canonical syntax.
+
+    ``atom``: one character or class, safe to quantify as is; ``alt``: has a
+    top-level ``|``, so it needs a group before anything is appended to it.
+    """
+
+    text: str
+    atom: bool = False
+    alt: bool = False
+
+
+EMPTY = Rx("")  # matches only ""
+
+
+def _escape_char(c: str) -> str:
+    """One character, spelled so that outlines-core, interegular and Python agree.
+
+    Unprintable Latin-1 characters are ``\\xHH``; ASCII punctuation is backslash-escaped
+    (valid in and out of classes for all three), except ``<`` and ``>`` which regex-automata reads as word
+    boundaries when escaped; everything else, non-ASCII included, is literal.
+    """
+    cp = ord(c)
+    if cp < 0x100 and not c.isprintable():
+        return f"\\x{cp:02x}"
+    if cp < 0x80 and not c.isalnum() and c not in " <>":
+        return "\\" + c
+    return c
+
+
+def rx_lit(s: str) -> Rx:
+    """A literal string."""
+    if not s:
+        return EMPTY
+    return Rx("".join(_escape_char(c) for c in s), atom=len(s) == 1)
+
+
+def rx_set(cs: CharSet) -> Rx | None:
+    """One character from ``cs`` (None if ``cs`` is empty)."""
+    if not cs:
+        return None
+    one = cs.single()
+    if one is not None:
+        return rx_lit(one)
+
+    def body(ranges: Sequence[tuple[int, int]]) -> str:
+        # Ranges that only the surrogate block separates are merged: the pattern may
+        # not contain a surrogate, and no text ever does, so spanning them is free.
+        joined: list[list[int]] = []
+        for lo, hi in ranges:
+            if joined and joined[-1][1] == _SURROGATES[0] - 1 and lo == _SURROGATES[1] + 1:
+                joined[-1][1] = hi
+            else:
+                joined.append([lo, hi])
+        parts = []
+        for lo, hi in joined:
+            a = _escape_char(chr(lo))
+            if lo == hi:
+                parts.append(a)
+            elif hi == lo + 1:
+                parts.append(a + _escape_char(chr(hi)))
+            else:
+                parts.append(f"{a}-{_escape_char(chr(hi))}")
+        return "".join(parts)
+
+    comp = cs.complement()
+    if comp and len(comp.ranges) < len(cs.ranges):
+        return Rx(f"[^{body(comp.ranges)}]", atom=True)
+    if not comp:  # every character: a class that spans the whole range
+        return Rx(f"[\\x00-{chr(MAX_CP)}]", atom=True)
+    return Rx(f"[{body(cs.ranges)}]", atom=True)
+
+
+def rx_cat(*parts: Rx | None) -> Rx | None:
+    """Concatenation; None (empty language) if any part is None."""
+    if any(p is None for p in parts):
+        return None
+    real = [p for p in parts if p is not None and p.text]
+    if not real:
+        return EMPTY
+    if len(real) == 1:
+        return real[0]
+    return Rx("".join(f"(?:{p.text})" if p.alt else p.text for p in real))
+
+
+def rx_alt(*parts: Rx | None) -> Rx | None:
+    """Alternation; drops empty-language branches, and folds an "" branch into ``?``."""
+    seen: dict[str, Rx] = {}
+    has_empty = False
+    for p in parts:
+        if p is None:
+            continue
+        if not p.text:
+            has_empty = True
+        else:
+            seen.setdefault(p.text, p)
+    if not seen:
+        return EMPTY if has_empty else None
+    body = next(iter(seen.values())) if len(seen) == 1 else Rx("|".join(seen), alt=True)
+    if has_empty:
+        return rx_rep(body, 0, 1)
+    return body
+
+
+def _group(p: Rx) -> str:
+    return p.text if p.atom else f"(?:{p.text})"
+
+
+def rx_rep(p: Rx | None, lo: int, hi: int | None) -> Rx | None:
+    """``p{lo,hi}`` (``hi`` None: unbounded)."""
+    if hi is not None and hi < lo:
+        return None
+    if p is None:
+        return EMPTY if lo == 0 else None
+    if not p.text or hi == 0:
+        return EMPTY
+    if lo == 1 and hi == 1:
+        return p
+    g = _group(p)
+    if hi is None:
+        q = "*" if lo == 0 else "+" if lo == 1 else f"{{{lo},}}"
+    elif lo == 0 and hi == 1:
+        q = "?"
+    elif lo == hi:
+        q = f"{{{lo}}}"
+    else:
+        q = f"{{{lo},{hi}}}"
+    return Rx(g + q, atom=False)
+
+
+# ---------------------------------------------------------------------------
+# Python regex syntax -> canonical regex
+# ---------------------------------------------------------------------------
+
+CharEmitter = Callable[[CharSet], "Rx | None"]
+
+_OP = _sre_c  # opcode constants live in the constants module
+_CATEGORIES = {
+    _OP.CATEGORY_DIGIT: _DIGIT,
+    _OP.CATEGORY_WORD: _WORD,
+    _OP.CATEGORY_SPACE: _SPACE,
+}
+_NOT_CATEGORIES = {
+    _OP.CATEGORY_NOT_DIGIT: _DIGIT,
+    _OP.CATEGORY_NOT_WORD: _WORD,
+    _OP.CATEGORY_NOT_SPACE: _SPACE,
+}
+_START_ANCHORS = {_OP.AT_BEGINNING, _OP.AT_BEGINNING_STRING}
+_END_ANCHORS = {_OP.AT_END, _OP.AT_END_STRING}
+_UNSUPPORTED = {
+    "ASSERT": "look-ahead/look-behind assertions",
+    "ASSERT_NOT": "negative look-ahead/look-behind assertions",
+    "GROUPREF": "back-references",
+    "GROUPREF_EXISTS": "conditional groups",
+    "ATOMIC_GROUP": "atomic groups",
+    "POSSESSIVE_REPEAT": "possessive repeats",
+}
+
+
+@dataclass
+class _Ctx:
+    emit: CharEmitter
+    param: str
+    what: str  # how to name the pattern in errors
+    search: bool  # JSON Schema `pattern`: anchors only at the outermost ends
+
+
+def translate_regex(
+    pattern: str, *, param: str = "regex", emit: CharEmitter | None = None, search: bool = False, what: str = "regex"
+) -> tuple[Rx | None, bool, bool]:
+    """Parse a Python-syntax regex and re-emit it in canonical syntax.
+
+    ``emit`` turns each character set into regex text (JSON Schema uses it to spell
+    characters the way they appear inside a JSON string). Returns
+    ``(rx, anchored_start, anchored_end)``; the anchor flags matter only for
+    ``search=True`` (JSON Schema patterns, which match anywhere unless anchored).
+    """
+    if not isinstance(pattern, str):
+        raise GrammarError(f"{what} must be a string, got {type(pattern).__name__}", param)
+    try:
+        with warnings.catch_warnings():  # "possible set intersection" and friends
+            warnings.simplefilter("ignore", FutureWarning)
+            parsed = _sre_p.parse(pattern, 0)
+    except Exception as exc:  # re.error, RecursionError, OverflowError
+        raise GrammarError(f"invalid {what} {pattern!r}: {exc}", param) from None
+    flags = parsed.state.flags
+    if flags & _OP.SRE_FLAG_LOCALE:
+        raise GrammarError(f"{what}: the LOCALE flag is not supported", param)
+    ctx = _Ctx(emit=emit or rx_set, param=param, what=what, search=search)
+    items = list(parsed)
+    start = end = False
+    if search:
+        if items and items[0][0] is _OP.AT and items[0][1] in _START_ANCHORS:
+            items, start = items[1:], True
+        if items and items[-1][0] is _OP.AT and items[-1][1] in _END_ANCHORS:
+            items, end = items[:-1], True
+    try:
+        rx = _seq(ctx, items, flags, head=not search, tail=not search)
+    except RecursionError:
+        raise GrammarError(f"{what} is nested too deeply", param) from None
+    return rx, start, end
+
+
+def normalize_regex(pattern: str, *, param: str = "regex") -> Rx | None:
+    """A user regex (full-match semantics) in canonical syntax; None if it matches nothing."""
+    return translate_regex(pattern, param=param)[0]
+
+
+def _seq(ctx: _Ctx, items: list, flags: int, head: bool, tail: bool) -> Rx | None:
+    # An element is at the head (tail) if only start (end) anchors separate it from that end.
+    last_body = len(items) - 1
+    while last_body >= 0 and items[last_body][0] is _OP.AT and items[last_body][1] in _END_ANCHORS:
+        last_body -= 1
+    parts: list[Rx | None] = []
+    for i, (op, av) in enumerate(items):
+        parts.append(_item(ctx, op, av, flags, head, tail and i >= last_body))
+        if parts[-1] is None:
+            return None
+        head = head and op is _OP.AT and av in _START_ANCHORS
+    return rx_cat(*parts)
+
+
+def _charset_of(ctx: _Ctx, op, av, flags: int) -> CharSet:
+    if op is _OP.LITERAL:
+        cs = CharSet([(av, av)])
+    elif op is _OP.NOT_LITERAL:
+        cs = CharSet([(av, av)])
+        if flags & _OP.SRE_FLAG_IGNORECASE:
+            cs = cs.ascii_casefold()
+        return cs.complement()
+    elif op is _OP.ANY:
+        return CharSet.full() if flags & _OP.SRE_FLAG_DOTALL else _NEWLINE.complement()
+    else:  # IN
+        negate = False
+        ranges: list[CharSet] = []
+        for sop, sav in av:
+            if sop is _OP.NEGATE:
+                negate = True
+            elif sop is _OP.LITERAL:
+                ranges.append(CharSet([(sav, sav)]))
+            elif sop is _OP.RANGE:
+                ranges.append(CharSet([sav]))
+            elif sop is _OP.CATEGORY:
+                if sav in _CATEGORIES:
+                    ranges.append(_CATEGORIES[sav])
+                elif sav in _NOT_CATEGORIES:
+                    ranges.append(_NOT_CATEGORIES[sav].complement())
+                else:
+                    raise GrammarError(f"{ctx.what}: character category {sav} is not supported", ctx.param)
+            else:
+                raise GrammarError(f"{ctx.what}: class item {sop} is not supported", ctx.param)
+        cs = CharSet()
+        for r in ranges:
+            cs = cs | r
+        if flags & _OP.SRE_FLAG_IGNORECASE:
+            cs = cs.ascii_casefold()
+        return cs.complement() if negate else cs
+    if flags & _OP.SRE_FLAG_IGNORECASE:
+        cs = cs.ascii_casefold()
+    return cs
+
+
+def _item(ctx: _Ctx, op, av, flags: int, head: bool, tail: bool) -> Rx | None:
+    name = str(op)
+    if op in (_OP.LITERAL, _OP.NOT_LITERAL, _OP.ANY, _OP.IN):
+        return ctx.emit(_charset_of(ctx, op, av, flags))
+    if op is _OP.BRANCH:
+        return rx_alt(*(_seq(ctx, list(alt), flags, head, tail) for alt in av[1]))
+    if op is _OP.SUBPATTERN:
+        _group_id, add, delete, sub = av
+        if (add | delete) & _OP.SRE_FLAG_LOCALE:
+            raise GrammarError(f"{ctx.what}: the LOCALE flag is not supported", ctx.param)
+        return _seq(ctx, list(sub), (flags | add) & ~delete, head, tail)
+    if op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT):  # laziness does not change the language
+        lo, hi, sub = av
+        body = _seq(ctx, list(sub), flags, head=False, tail=False)
+        return rx_rep(body, lo, None if hi is _OP.MAXREPEAT else hi)
+    if op is _OP.AT:
+        if (av in _START_ANCHORS and head) or (av in _END_ANCHORS and tail):
+            return EMPTY
+        if ctx.search:
+            raise GrammarError(
+                f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported as the first and last character", ctx.param
+            )
+        raise GrammarError(
+            f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported at the start and end of the pattern, "
+            f"and word boundaries (\\b, \\B) not at all",
+            ctx.param,
+        )
+    for key, desc in _UNSUPPORTED.items():
+        if getattr(_OP, key, None) is op:
+            raise GrammarError(f"{ctx.what}: {desc} are not supported", ctx.param)
+    raise GrammarError(f"{ctx.what}: construct {name} is not supported", ctx.param)
+
+
+# ---------------------------------------------------------------------------
+# Token index over outlines-core
+# ---------------------------------------------------------------------------
+
+_MARK = b"\x02"  # start marker fed through a private token id (see the module docstring)
+_DONE = -1  # automaton state after EOS
+
+
+@dataclass(frozen=True)
+class _IndexVocab:
+    vocabulary: object  # outlines_core.Vocabulary
+    mark_id: int  # private id of the start marker (>= vocab_size: never in a mask)
+    byte_tokens: dict[int, int]  # byte -> id of a token that is exactly that byte
+    orphan_tokens: dict[int, list[int]]  # first byte -> tokens, for bytes without a single-byte token
+
+
+_IVOCAB_CACHE: "weakref.WeakKeyDictionary[TokenVocabulary, _IndexVocab]" = weakref.WeakKeyDictionary()
+_IVOCAB_LOCK = threading.Lock()
+
+
+def _index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
+    """outlines-core's Vocabulary for ``vocab`` (built once per vocabulary)."""
+    with _IVOCAB_LOCK:
+        hit = _IVOCAB_CACHE.get(vocab)
+        if hit is not None:
+            return hit
+        from outlines_core import Vocabulary
+
+        eos = set(vocab.eos_token_ids)
+        texts = [(tid, data) for tid, data in enumerate(vocab.token_bytes) if data and tid not in eos]
+        by_bytes: dict[bytes, list[int]] = {}
+        for tid, data in texts:
+            by_bytes.setdefault(data, []).append(tid)
+        mark_id = vocab.vocab_size
+        by_bytes.setdefault(_MARK, []).append(mark_id)
+        singles, orphans = single_byte_tokens(texts)
+        # outlines wants an EOS id of its own; give it a private one it never reports to us.
+        ivocab = _IndexVocab(Vocabulary(vocab.vocab_size + 1, by_bytes), mark_id, singles, orphans)
+        _IVOCAB_CACHE[vocab] = ivocab
+        return ivocab
+
+
+class RegexGrammar:
+    """A regex compiled against one vocabulary: immutable, shared by all its requests."""
+
+    def __init__(self, kind: str, spec: str, regex: str, vocab: "TokenVocabulary", *, param: str = "regex") -> None:
+        from outlines_core import Index
+
+        self.kind = kind
+        self.spec = spec
+        self.regex = regex  # canonical form (what the automata were built from)
+        self.vocab = vocab
+        ivocab = _index_vocab(vocab)
+        self._ivocab = ivocab
+        try:
+            self._index = Index(f"\\x02(?:{regex})\\z", ivocab.vocabulary)
+        except ValueError as exc:
+            msg = str(exc)
+            if "incompatible" in msg:
+                raise GrammarError(
+                    f"{param}: this model's vocabulary cannot spell text the constraint requires ({msg})", param
+                ) from None
+            raise GrammarError(f"{param}: cannot compile the constraint: {msg}", param) from None
+        start = self._index.get_next_state(self._index.get_initial_state(), ivocab.mark_id)
+        if start is None:  # pragma: no cover - the marker is always a token
+            raise GrammarError(f"{param}: cannot compile the constraint", param)
+        self._start: int = start
+        self._eos = frozenset(vocab.eos_token_ids)
+        self._eos_list = np.array(sorted(self._eos), dtype=np.int64)
+        self._num_words = vocab.num_words
+        self._masks: dict[int, torch.Tensor] = {}
+        self._has_text: dict[int, bool] = {}
+        self._finals = frozenset(self._index.get_final_states())
+        bits = np.zeros(self._num_words * 32, dtype=bool)
+        bits[self._eos_list] = True
+        self._eos_mask = torch.from_numpy(_pack(bits))
+        self.jump = ByteJumpForward(
+            self._index.get_next_state, self._finals.__contains__, ivocab.byte_tokens, ivocab.orphan_tokens
+        )
+        # Every state reachable by bytes; with single-byte tokens for all bytes, that is
+        # every state a request can be in.
+        self._states = frozenset(self.jump.explore(self._start))
+        self.num_states = len(self._states)
+
+    # -- per-state facts, computed on first use ------------------------------------
+
+    def _mask(self, state: int) -> torch.Tensor:
+        m = self._masks.get(state)
+        if m is None:
+            ids = np.asarray(self._index.get_allowed_tokens(state), dtype=np.int64)
+            ids = ids[ids < self.vocab.vocab_size]
+            bits = np.zeros(self._num_words * 32, dtype=bool)
+            bits[ids] = True
+            if state in self._finals:
+                bits[self._eos_list] = True
+            m = torch.from_numpy(_pack(bits))
+            self._has_text[state] = bool(ids.size)
+            self._masks[state] = m
+        return m
+
+    def _can_continue(self, state: int) -> bool:
+        if state not in self._has_text:
+            self._mask(state)
+        return self._has_text[state]
+
+    def warm(self) -> None:
+        """Compute every state's mask now (e.g. in a worker thread) instead of on first use."""
+        for state in self._states:
+            self._mask(state)
+
+    def matcher(self) -> "RegexMatcher":
+        return RegexMatcher(self, [(self._start, b"")])
+
+    def __repr__(self) -> str:
+        return f"RegexGrammar(kind={self.kind!r}, regex={self.regex[:60]!r})"
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    """bool[32*W] -> int32[W], bit (i % 32) of word (i // 32) = bits[i]."""
+    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+
+_Step = tuple[int, bytes]  # (automaton state, bytes of an unfinished trailing character)
+
+
+class RegexMatcher:
+    """One request's position in a :class:`RegexGrammar`, with history for rollback."""
+
+    __slots__ = ("_g", "_hist")
+
+    def __init__(self, grammar: RegexGrammar, history: list[_Step]) -> None:
+        self._g = grammar
+        self._hist = history
+
+    # -- the contract -----------------------------------------------------------------
+
+    def fill_mask(self, row: torch.Tensor) -> None:
+        """OR the allowed-token bits into ``row`` (int32 words, zeroed by the caller)."""
+        state = self._hist[-1][0]
+        src = self._g._eos_mask if state == _DONE else self._g._mask(state)
+        if row.device != src.device:
+            src = src.to(row.device, non_blocking=True)
+        row.bitwise_or_(src)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one token; returns False (and changes nothing) if it is not allowed."""
+        token_id = int(token_id)
+        g = self._g
+        state, pending = self._hist[-1]
+        if token_id in g._eos:
+            if state == _DONE or state in g._finals:
+                self._hist.append((_DONE, pending))
+                return True
+            return False
+        if state == _DONE or not 0 <= token_id < g.vocab.vocab_size:
+            return False
+        nxt = g._index.get_next_state(state, token_id)
+        if nxt is None:
+            return False
+        self._hist.append((nxt, _unfinished(pending, g.vocab.token_bytes[token_id])))
+        return True
+
+    def accept_text(self, text: str | bytes) -> bool:
+        """Advance by raw text (jump-forward) instead of tokens; one step for rollback.
+
+        Walks one byte at a time through single-byte tokens; False (and no change) if
+        the text is not allowed or a byte has no single-byte token in this vocabulary.
+        """
+        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        g = self._g
+        state, pending = self._hist[-1]
+        if state == _DONE:
+            return not data
+        for b in data:
+            tid = g._ivocab.byte_tokens.get(b)
+            nxt = None if tid is None else g._index.get_next_state(state, tid)
+            if nxt is None:
+                return False
+            state = nxt
+        self._hist.append((state, _unfinished(pending, data)))
+        return True
+
+    def is_accepting(self) -> bool:
+        """The text so far is a complete match (or EOS was accepted)."""
+        state = self._hist[-1][0]
+        return state == _DONE or state in self._g._finals
+
+    def is_done(self) -> bool:
+        """EOS was accepted, or the text is a complete match that nothing can extend."""
+        state = self._hist[-1][0]
+        return state == _DONE or (state in self._g._finals and not self._g._can_continue(state))
+
+    def forced_text(self) -> str:
+        """The text every continuation must start with (whole characters), "" if none."""
+        state, pending = self._hist[-1]
+        if state == _DONE or pending:  # inside a character: nothing whole to offer yet
+            return ""
+        return self._g.jump.forced_text(state)
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens (or ``accept_text`` calls)."""
+        if n < 0 or n > len(self._hist) - 1:
+            raise ValueError(f"rollback({n}): only {len(self._hist) - 1} steps were accepted")
+        if n:
+            del self._hist[-n:]
+
+    def copy(self) -> "RegexMatcher":
+        """An independent matcher at the same position (n > 1 sampling, forks)."""
+        return RegexMatcher(self._g, list(self._hist))
+
+    # -- extras for the engine and tests ----------------------------------------------
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self._hist) - 1
+
+    @property
+    def state(self) -> int:
+        """The automaton state id (-1 after EOS): equal ids mean equal futures."""
+        return self._hist[-1][0]
+
+    def allowed_token_ids(self) -> list[int]:
+        row = torch.zeros(self._g._num_words, dtype=torch.int32)
+        self.fill_mask(row)
+        bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")
+        return np.flatnonzero(bits[: self._g.vocab.vocab_size]).tolist()
+
+
+def _unfinished(pending: bytes, data: bytes) -> bytes:
+    """The bytes of the character still being spelled after ``data`` (b"" at a boundary)."""
+    if not pending and (not data or data[-1] < 0x80):
+        return b""
+    return split_complete_utf8(pending + data)[1]

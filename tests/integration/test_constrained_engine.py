@@ -1,0 +1,191 @@
+"""Constrained decoding on the embedded model: every output is in the requested language
+(re.fullmatch, jsonschema, an independent parser), with jump-forward on and off."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+
+import sgl
+
+pytestmark = pytest.mark.integration
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer"},
+        "role": {"type": "string", "enum": ["admin", "user", "guest"]},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "role", "active"],
+    "additionalProperties": False,
+}
+ARITH = """
+root ::= expr
+expr ::= term (("+" | "-") term)*
+term ::= factor (("*" | "/") factor)*
+factor ::= [0-9]{1,3} | "(" expr ")"
+"""
+
+
+def chat(engine, text: str) -> str:
+    return engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
+
+
+@pytest.fixture(scope="module")
+def engines():
+    on = sgl.Engine(model_path="default", max_total_tokens=20000)
+    off = sgl.Engine(model_path="default", max_total_tokens=20000, disable_jump_forward=True)
+    yield {"on": on, "off": off}
+    on.shutdown()
+    off.shutdown()
+
+
+def arith_value_ok(text: str) -> bool:
+    """Independent check of the arithmetic grammar: a recursive-descent parser."""
+    pos = 0
+
+    def number() -> bool:
+        nonlocal pos
+        m = re.match(r"[0-9]{1,3}(?![0-9])", text[pos:])
+        if not m:
+            return False
+        pos += m.end()
+        return True
+
+    def factor() -> bool:
+        nonlocal pos
+        if text.startswith("(", pos):
+            pos += 1
+            if not expr() or not text.startswith(")", pos):
+                return False
+            pos += 1
+            return True
+        return number()
+
+    def chain(item, ops) -> bool:
+        nonlocal pos
+        if not item():
+            return False
+        while pos < len(text) and text[pos] in ops:
+            pos += 1
+            if not item():
+                return False
+        return True
+
+    def term() -> bool:
+        return chain(factor, "*/")
+
+    def expr() -> bool:
+        return chain(term, "+-")
+
+    return expr() and pos == len(text)
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_regex_outputs_fullmatch(engines, mode):
+    engine = engines[mode]
+    pattern = r"(Mon|Tues|Wednes)day, [0-9]{1,2} (May|June) 20[0-9]{2}"
+    outs = engine.generate(
+        [chat(engine, f"Write a date. Variant {i}.") for i in range(8)],
+        {"regex": pattern, "temperature": 1.0, "max_new_tokens": 40, "seed": 7},
+    )
+    for o in outs:
+        assert re.fullmatch(pattern, o["text"]), o["text"]
+        assert o["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_json_schema_outputs_validate(engines, mode):
+    engine = engines[mode]
+    outs = engine.generate(
+        [chat(engine, f"Describe user number {i} as JSON.") for i in range(8)],
+        {"json_schema": json.dumps(PERSON), "temperature": 1.0, "max_new_tokens": 96, "seed": 3},
+    )
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), PERSON)
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_ebnf_outputs_parse(engines, mode):
+    engine = engines[mode]
+    outs = engine.generate(
+        [chat(engine, f"Write an arithmetic expression, example {i}.") for i in range(6)],
+        {"ebnf": ARITH, "temperature": 1.0, "max_new_tokens": 48, "seed": 11},
+    )
+    for o in outs:
+        if o["meta_info"]["finish_reason"]["type"] == "length":
+            continue  # cut by the limit: a prefix, checked elsewhere
+        assert arith_value_ok(o["text"]), o["text"]
+
+
+def test_json_object_mode_gives_a_json_object(engines):
+    engine = engines["on"]
+    out = engine.generate(chat(engine, "Give me a JSON object about a cat."),
+                          {"json_object": True, "temperature": 0.7, "max_new_tokens": 160, "seed": 1})
+    if out["meta_info"]["finish_reason"]["type"] != "length":
+        assert isinstance(json.loads(out["text"]), dict)
+
+
+def test_jump_forward_takes_fewer_steps_and_same_greedy_output(engines):
+    results = {}
+    for mode, engine in engines.items():
+        engine.flush_cache()
+        before = engine.get_server_info()["forward_steps"]
+        out = engine.generate(chat(engine, "Describe an admin user as JSON."),
+                              {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96})
+        results[mode] = (engine.get_server_info()["forward_steps"] - before, out)
+    (steps_on, out_on), (steps_off, out_off) = results["on"], results["off"]
+    jsonschema.validate(json.loads(out_on["text"]), PERSON)
+    assert steps_on < steps_off
+    assert json.loads(out_on["text"]).keys() == json.loads(out_off["text"]).keys()
+
+
+def test_cut_by_max_new_tokens_reports_length(engines):
+    engine = engines["on"]
+    out = engine.generate(chat(engine, "JSON please"), {"json_schema": PERSON, "max_new_tokens": 5})
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    assert out["meta_info"]["completion_tokens"] <= 5
+
+
+def test_n_samples_and_stop_strings_with_constraints(engines):
+    engine = engines["on"]
+    outs = engine.generate(chat(engine, "A number:"), {"regex": "[0-9]{3}-[0-9]{3}", "n": 3, "temperature": 1.0,
+                                                        "max_new_tokens": 20})
+    assert len(outs) == 3 and all(re.fullmatch("[0-9]{3}-[0-9]{3}", o["text"]) for o in outs)
+    out = engine.generate(chat(engine, "A number:"), {"regex": "[0-9]{3}-[0-9]{3}", "stop": ["-"],
+                                                       "temperature": 0, "max_new_tokens": 20})
+    assert re.fullmatch("[0-9]{3}", out["text"]) and out["meta_info"]["finish_reason"]["matched"] == "-"
+
+
+@pytest.mark.parametrize(
+    "params,param",
+    [
+        ({"regex": "(unclosed"}, "regex"),
+        ({"json_schema": "{not json"}, "json_schema"),
+        ({"json_schema": {"type": "object", "patternProperties": {"a": {}}}}, "json_schema"),
+        ({"ebnf": "root ::= missing_rule"}, "ebnf"),
+        ({"regex": "a", "json_schema": {"type": "string"}}, None),
+    ],
+)
+def test_bad_constraints_rejected_at_submit(engines, params, param):
+    engine = engines["on"]
+    with pytest.raises(sgl.InvalidRequestError) as e:
+        engine.generate("x", {**params, "max_new_tokens": 4})
+    if param:
+        assert e.value.param == param
+    assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_no_kv_leak_after_constrained_requests(engines):
+    for engine in engines.values():
+        assert engine.flush_cache()
+        info = engine.get_server_info()
+        assert info["available_kv_tokens"] == info["max_total_tokens"]

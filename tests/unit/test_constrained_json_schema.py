@@ -1,0 +1,464 @@
+"""JSON schema constraints: every generated instance validates (jsonschema is the oracle),
+masks equal brute force on the produced regex, bounds are exact, and keywords that
+cannot be enforced are rejected by name."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_constrained_support import TOKENIZER_KINDS, Oracle, allowed_set, make_compiler, make_vocab
+
+from sgl.constrained import GrammarError, json_schema_to_regex
+from sgl.constrained.json_schema import integer_range, number_range
+
+HYPO = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
+
+
+FINISH_ALPHABET = [chr(c) for c in range(0x20, 0x7F)] + ["é", "中"]
+
+
+def shortest_completion(matcher) -> str:
+    """The shortest text (over a small alphabet) that makes ``matcher`` accepting: a BFS
+    over automaton states, used to finish walks that random tokens would not finish."""
+    frontier = [(matcher, "")]
+    seen = {matcher.state}
+    while frontier:
+        nxt = []
+        for m, text in frontier:
+            if m.is_accepting():
+                return text
+            for ch in FINISH_ALPHABET:
+                c = m.copy()
+                if c.accept_text(ch) and c.state not in seen:
+                    seen.add(c.state)
+                    nxt.append((c, text + ch))
+        frontier = nxt
+    raise AssertionError("no completion found")
+
+
+def walk_to_done(matcher, vocab, rng: random.Random, max_steps: int = 120) -> bytes:
+    """Sample a random complete member: random allowed tokens, biased towards closing
+    things, sometimes taking the jump-forward text instead of a token; after
+    ``max_steps`` tokens, finish along a shortest completion."""
+    data = b""
+    eos = set(vocab.eos_token_ids)
+    for _ in range(max_steps):
+        if matcher.is_done():
+            return data
+        forced = matcher.forced_text()
+        if forced and rng.random() < 0.5:
+            assert matcher.accept_text(forced)
+            data += forced.encode()
+            continue
+        allowed = allowed_set(matcher, vocab)
+        if allowed & eos and rng.random() < 0.7:
+            assert matcher.accept(next(iter(allowed & eos)))
+            return data
+        choices = sorted(allowed - eos)
+        if not choices:
+            assert matcher.is_accepting()
+            return data
+        if rng.random() < 0.6:
+            closing = [t for t in choices if any(c in vocab.token_bytes[t] for c in b'"]},0123456789tfn')]
+            choices = closing or choices
+        tid = rng.choice(choices)
+        assert matcher.accept(tid)
+        data += vocab.token_bytes[tid]
+    while data.decode("utf-8", errors="ignore").encode() != data:  # finish the last character
+        b = next(b for b in range(0x80, 0xC0) if matcher.copy().accept_text(bytes([b])))
+        assert matcher.accept_text(bytes([b]))
+        data += bytes([b])
+    rest = shortest_completion(matcher)
+    assert matcher.accept_text(rest)
+    return data + rest.encode()
+
+
+def sample_instances(schema, kind: str, n: int, seed: int = 0) -> list:
+    vocab = make_vocab(kind)
+    grammar = make_compiler(kind).compile("json_schema", schema)
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        data = walk_to_done(grammar.matcher(), vocab, rng)
+        out.append(json.loads(data.decode("utf-8")))
+    return out
+
+
+def assert_valid(schema, instances) -> None:
+    for inst in instances:
+        jsonschema.validate(inst, schema, format_checker=FORMATS)
+
+
+# ---------------------------------------------------------------------------
+# Random schemas
+# ---------------------------------------------------------------------------
+
+_names = st.sampled_from(["a", "name", "x_y", "é", "k", "id", "with space", 'q"uote'])
+_scalar_values = st.one_of(
+    st.integers(-50, 50), st.booleans(), st.none(), st.sampled_from(["", "a", "ab", "中", 'x"y', "a\\b", "line\nbreak"])
+)
+
+
+@st.composite
+def _string_schema(draw) -> dict:
+    s: dict = {"type": "string"}
+    choice = draw(st.integers(0, 3))
+    if choice == 1:
+        lo = draw(st.integers(0, 3))
+        s["minLength"] = lo
+        if draw(st.booleans()):
+            s["maxLength"] = lo + draw(st.integers(0, 4))
+    elif choice == 2:
+        s["pattern"] = draw(st.sampled_from(["^[a-c]+$", "^\\d{2,3}$", 'x"', "^(ab|ba)*$", "é.", "^[^a]$", "q"]))
+    elif choice == 3:
+        s["format"] = draw(st.sampled_from(["date", "uuid", "ipv4", "date-time"]))
+    return s
+
+
+@st.composite
+def _number_schema(draw) -> dict:
+    s: dict = {"type": draw(st.sampled_from(["integer", "number"]))}
+    if draw(st.booleans()):
+        lo = draw(st.integers(-30, 30))
+        s["exclusiveMinimum" if draw(st.booleans()) else "minimum"] = lo
+        if draw(st.booleans()):
+            s["exclusiveMaximum" if draw(st.booleans()) else "maximum"] = lo + draw(st.integers(1, 200))
+    elif draw(st.booleans()):
+        s["maximum"] = draw(st.integers(-30, 30))
+    return s
+
+
+_leaf = st.one_of(
+    _string_schema(),
+    _number_schema(),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+    st.lists(_scalar_values, min_size=1, max_size=4).map(lambda vs: {"enum": vs}),
+    _scalar_values.map(lambda v: {"const": v}),
+)
+
+
+@st.composite
+def _object_schema(draw, children) -> dict:
+    names = draw(st.lists(_names, min_size=1, max_size=3, unique=True))
+    props = {n: draw(children) for n in names}
+    required = [n for n in names if draw(st.booleans())]
+    s: dict = {"type": "object", "properties": props, "required": required}
+    if draw(st.booleans()):
+        s["additionalProperties"] = False
+    return s
+
+
+@st.composite
+def _array_schema(draw, children) -> dict:
+    s: dict = {"type": "array", "items": draw(children)}
+    lo = draw(st.integers(0, 2))
+    if lo:
+        s["minItems"] = lo
+    if draw(st.booleans()):
+        s["maxItems"] = lo + draw(st.integers(0, 2))
+    return s
+
+
+def _extend(children):
+    return st.one_of(
+        _object_schema(children),
+        _array_schema(children),
+        st.lists(children, min_size=2, max_size=3).map(lambda xs: {"anyOf": xs}),
+    )
+
+
+schemas = st.recursive(_leaf, _extend, max_leaves=5)
+
+
+@pytest.mark.parametrize("kind", TOKENIZER_KINDS)
+@HYPO
+@given(schema=schemas, seed=st.integers(0, 2**16))
+def test_random_walks_produce_valid_instances(kind: str, schema: dict, seed: int) -> None:
+    assert_valid(schema, sample_instances(schema, kind, 3, seed))
+
+
+@HYPO
+@given(schema=schemas, rnd=st.randoms(use_true_random=False))
+def test_masks_equal_brute_force_on_schema_regex(schema: dict, rnd: random.Random) -> None:
+    vocab = make_vocab("byte_level")
+    grammar = make_compiler("byte_level").compile("json_schema", schema)
+    oracle = Oracle(grammar.regex)
+    m = grammar.matcher()
+    data = b""
+    eos = set(vocab.eos_token_ids)
+    for _ in range(5):
+        got = allowed_set(m, vocab)
+        assert got == oracle.expected_mask(vocab, data), (schema, data)
+        choices = sorted(got - eos)
+        if not choices:
+            break
+        tid = rnd.choice(choices)
+        assert m.accept(tid)
+        data += vocab.token_bytes[tid]  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------
+# Exact bounds (brute force over many spellings)
+# ---------------------------------------------------------------------------
+
+
+def _int_strings() -> list[str]:
+    out = [str(i) for i in range(-1200, 1201)]
+    out += ["-0", "00", "01", "-01", "+1", "1.0", "1e2", "12345678901234567890", "-12345678901234567890"]
+    return out
+
+
+@given(
+    lo=st.one_of(st.none(), st.integers(-1100, 1100)),
+    span=st.one_of(st.none(), st.integers(0, 1500)),
+)
+@settings(max_examples=60, deadline=None)
+def test_integer_range_is_exact(lo: int | None, span: int | None) -> None:
+    hi = None if span is None else (span - 1100 if lo is None else lo + span)
+    rx = integer_range(lo, hi)
+    assert rx is not None
+    pat = re.compile(rx.text)
+    for s in _int_strings():
+        canonical = re.fullmatch(r"-?(0|[1-9][0-9]*)", s) is not None and s != "-0"
+        want = canonical and (lo is None or int(s) >= lo) and (hi is None or int(s) <= hi)
+        assert (pat.fullmatch(s) is not None) == want, (lo, hi, s, rx.text)
+
+
+def _num_strings() -> list[str]:
+    out = []
+    for i in range(-25, 26):
+        for frac in ("", ".0", ".00", ".5", ".05", ".999", ".10"):
+            out.append(f"{i}{frac}")
+            if i == 0:
+                out.append(f"-0{frac}")
+    return out + ["1e3", "00.5", ".5", "5.", "-", "1.2.3"]
+
+
+@given(
+    lo=st.one_of(st.none(), st.integers(-12, 12)),
+    lo_excl=st.booleans(),
+    span=st.one_of(st.none(), st.integers(0, 15)),
+    hi_excl=st.booleans(),
+)
+@settings(max_examples=80, deadline=None)
+def test_number_range_is_exact(lo: int | None, lo_excl: bool, span: int | None, hi_excl: bool) -> None:
+    hi = None if span is None else (span - 7 if lo is None else lo + span)
+    rx = number_range(lo, lo_excl, hi, hi_excl)
+    pat = None if rx is None else re.compile(rx.text)
+    for s in _num_strings():
+        grammar_ok = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", s) is not None
+        v = float(s) if grammar_ok else 0.0
+        in_range = (lo is None or (v > lo if lo_excl else v >= lo)) and (hi is None or (v < hi if hi_excl else v <= hi))
+        # "-0", "-0.0" are never generated (they are 0, spelled oddly)
+        want = grammar_ok and in_range and not (s.startswith("-") and v == 0)
+        got = pat is not None and pat.fullmatch(s) is not None
+        assert got == want, (lo, lo_excl, hi, hi_excl, s, None if rx is None else rx.text)
+
+
+# ---------------------------------------------------------------------------
+# Specific schemas
+# ---------------------------------------------------------------------------
+
+PERSON = {
+    "title": "Person",
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "email": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 5}, "maxItems": 3},
+        "active": {"type": "boolean"},
+        "score": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+    },
+    "required": ["name", "age", "active"],
+    "additionalProperties": False,
+}
+
+
+def _matches(schema, instance, **dumps) -> bool:
+    return re.fullmatch(json_schema_to_regex(schema), json.dumps(instance, ensure_ascii=False, **dumps)) is not None
+
+
+def test_person_schema_accepts_and_rejects() -> None:
+    good = {"name": "Ann", "age": 42, "email": "a@b.co", "tags": ["x", "yz"], "active": True, "score": None}
+    assert _matches(PERSON, good)
+    assert _matches(PERSON, good, separators=(",", ":"))
+    assert _matches(PERSON, {"name": "B", "age": 0, "active": False})
+    assert not _matches(PERSON, {"name": "B", "active": False})  # age required
+    assert not _matches(PERSON, {"age": 1, "name": "B", "active": False})  # declared order
+    assert not _matches(PERSON, {"name": "", "age": 1, "active": False})  # minLength
+    assert not _matches(PERSON, {"name": "B", "age": -1, "active": False})  # minimum
+    assert not _matches(PERSON, {"name": "B", "age": 131, "active": False})  # maximum
+    assert not _matches(PERSON, {"name": "B", "age": 1, "active": False, "zz": 1})  # additionalProperties
+    assert not _matches(PERSON, {**good, "tags": ["a", "b", "c", "d"]})  # maxItems
+    assert not re.fullmatch(json_schema_to_regex(PERSON), json.dumps(good, indent=2))  # no newlines
+
+
+@pytest.mark.parametrize("kind", TOKENIZER_KINDS)
+def test_person_schema_samples_validate(kind: str) -> None:
+    assert_valid(PERSON, sample_instances(PERSON, kind, 8))
+
+
+def test_string_escapes_and_lengths() -> None:
+    schema = {"type": "string", "minLength": 2, "maxLength": 3}
+    assert _matches(schema, 'a"')  # "a\"" is two characters
+    assert _matches(schema, "\n\t\\")
+    assert _matches(schema, "中文")
+    assert not _matches(schema, "a")
+    assert not _matches(schema, "abcd")
+    rx = json_schema_to_regex({"type": "string"})
+    assert not re.fullmatch(rx, '"\x01"') and not re.fullmatch(rx, '"\\u0041"')  # documented: no \u, no controls
+
+
+def test_pattern_is_search_and_json_escaped() -> None:
+    assert _matches({"type": "string", "pattern": "ab"}, "xxabyy")
+    assert not _matches({"type": "string", "pattern": "ab"}, "xxbayy")
+    assert _matches({"type": "string", "pattern": "^a"}, "abc")
+    assert not _matches({"type": "string", "pattern": "^a"}, "cab")
+    quote = {"type": "string", "pattern": '^[a"\\\\]+$'}
+    assert _matches(quote, 'a"\\a')
+    assert json.loads('"a\\"\\\\"') == 'a"\\'
+    assert_valid(quote, sample_instances(quote, "byte_level", 5))
+    with pytest.raises(GrammarError, match="pattern"):
+        json_schema_to_regex({"type": "string", "pattern": "(?=a)"})
+    with pytest.raises(GrammarError, match="minLength"):
+        json_schema_to_regex({"type": "string", "pattern": "a", "minLength": 2})
+
+
+def test_enum_const_and_type_lists() -> None:
+    schema = {"enum": ["a", "ab", 1, None, {"x": [1, 2]}, True]}
+    for v in schema["enum"]:
+        assert _matches(schema, v)
+    assert not _matches(schema, "b")
+    assert _matches({"type": "string", "enum": ["a", 1]}, "a")
+    assert not _matches({"type": "string", "enum": ["a", 1]}, 1)
+    assert _matches({"const": {"k": "v"}}, {"k": "v"})
+    assert _matches({"type": ["string", "null"]}, None)
+    assert _matches({"type": ["integer", "number"]}, 1.5)
+    with pytest.raises(GrammarError, match="minLength together with enum"):
+        json_schema_to_regex({"enum": ["a"], "minLength": 1})
+
+
+def test_refs_defs_and_recursion() -> None:
+    tree = {
+        "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
+        "$ref": "#/$defs/node",
+    }  # fmt: skip
+    assert _matches(tree, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]})
+    assert not _matches(tree, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4, "kids": [{"v": 5}]}]}]}]})
+    assert_valid(tree, sample_instances(tree, "byte_level", 5))
+    legacy = {"definitions": {"a~b/c": {"type": "boolean"}}, "properties": {"f": {"$ref": "#/definitions/a~0b~1c"}}, "required": ["f"]}
+    assert _matches(legacy, {"f": True})
+    with pytest.raises(GrammarError, match="required recursive"):
+        json_schema_to_regex({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}}, "$ref": "#/$defs/n"})
+    with pytest.raises(GrammarError, match="does not resolve"):
+        json_schema_to_regex({"$ref": "#/$defs/missing"})
+    with pytest.raises(GrammarError, match="only local"):
+        json_schema_to_regex({"$ref": "http://example.com/schema.json"})
+
+
+def test_combinators() -> None:
+    assert _matches({"oneOf": [{"type": "string"}, {"type": "integer"}]}, 3)
+    with pytest.raises(GrammarError, match="oneOf"):
+        json_schema_to_regex({"oneOf": [{"type": "number"}, {"type": "integer"}]})
+    tagged = {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind", "x"]},
+                        {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind", "y"]}]}  # fmt: skip
+    assert _matches(tagged, {"kind": "b", "y": "q"})
+    merged = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]}
+    assert _matches(merged, {"a": 1}) and not _matches(merged, {})
+    with pytest.raises(GrammarError, match="allOf"):
+        json_schema_to_regex({"allOf": [{"type": "string"}, {"type": "integer"}]})
+    with pytest.raises(GrammarError, match="interact"):
+        json_schema_to_regex({"allOf": [{"properties": {"a": {}}}, {"additionalProperties": False}]})
+    distributed = {"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}, {"maxProperties": 5}]}
+    assert _matches(distributed, {"a": 1})
+
+
+def test_free_form_and_maps() -> None:
+    assert _matches({}, {"a": [1, "x"], "c": {"d": None}})
+    assert _matches(True, [1, "x", [True]])
+    assert not _matches({}, {"a": {"b": {"c": 1}}})  # FREE_DEPTH = 2 levels of containers
+    m = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}
+    assert _matches(m, {"x": 1}) and _matches(m, {"x": 1, "y": 2})
+    assert not _matches(m, {}) and not _matches(m, {"x": 1, "y": 2, "z": 3}) and not _matches(m, {"x": "s"})
+    assert _matches({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, [1, "a"])
+    assert not _matches({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, [1, 2])
+    assert _matches({"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}}, [1, "a", "b"])
+    assert _matches({"type": "array", "uniqueItems": True, "maxItems": 1}, [3])
+
+
+@pytest.mark.parametrize("fmt", ["date", "time", "date-time", "uuid", "ipv4", "email"])
+def test_formats_validate(fmt: str) -> None:
+    schema = {"type": "string", "format": fmt}
+    assert_valid(schema, sample_instances(schema, "byte_level", 6, seed=3))
+    rx = json_schema_to_regex(schema)
+    if fmt == "date":
+        assert re.fullmatch(rx, '"2024-02-29"') and not re.fullmatch(rx, '"2023-02-29"')
+        assert re.fullmatch(rx, '"2000-02-29"') and not re.fullmatch(rx, '"1900-02-29"')
+        assert not re.fullmatch(rx, '"2023-04-31"') and not re.fullmatch(rx, '"0000-01-01"')
+
+
+@pytest.mark.parametrize(
+    "schema,keyword",
+    [
+        ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
+        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
+        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
+        ({"not": {"type": "string"}}, "not"),
+        ({"type": "array", "contains": {"type": "integer"}}, "contains"),
+        ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+        ({"type": "number", "minimum": 0.5}, "minimum"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
+        ({"type": "string", "format": "hostname"}, "hostname"),
+        ({"type": "string", "frobnicate": 1}, "frobnicate"),
+        ({"type": "object", "properties": {"a": {"type": "string", "minLenght": 2}}}, "minLenght"),
+        ({"type": "object", "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties"),
+        ({"type": "object", "properties": {"a": {}}, "maxProperties": 0}, "maxProperties"),
+        ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
+        ({"type": "strin"}, "strin"),
+    ],
+)
+def test_unsupported_keywords_are_named(schema: dict, keyword: str) -> None:
+    with pytest.raises(GrammarError) as info:
+        make_compiler("byte_level").compile("json_schema", schema)
+    assert info.value.param == "json_schema"
+    assert keyword in str(info.value)
+
+
+def test_bad_json_and_annotations() -> None:
+    with pytest.raises(GrammarError, match="not valid JSON"):
+        make_compiler("byte_level").compile("json_schema", '{"type": ')
+    with pytest.raises(GrammarError):
+        make_compiler("byte_level").compile("json_schema", "[1, 2]")
+    annotated = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "x", "title": "T", "description": "d",
+                 "examples": [1], "default": 1, "$comment": "c", "deprecated": False, "type": "integer"}  # fmt: skip
+    assert _matches(annotated, 5)
+    # A schema given as text compiles to the same (cached) grammar as the dict
+    comp = make_compiler("byte_level")
+    assert comp.compile("json_schema", json.dumps(PERSON)) is comp.compile("json_schema", PERSON)
+
+
+def test_forced_keys_after_brace() -> None:
+    vocab = make_vocab("byte_level")
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+    m = make_compiler("byte_level").compile("json_schema", schema).matcher()
+    assert m.forced_text() == '{"name":'
+    assert m.accept_text("{")
+    assert m.forced_text() == '"name":'
+    assert m.accept_text('"na')
+    assert m.forced_text() == 'me":'
+    assert m.accept_text('me": "Bo", ')  # optional space: nothing forced before it
+    assert m.forced_text() == '"age":'
+    assert m.accept_text('"age":7')
+    assert m.forced_text() == ""  # more digits or "}"
+    assert m.accept_text("}")
+    assert m.is_done() and allowed_set(m, vocab) == set(vocab.eos_token_ids)
