@@ -35,6 +35,7 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/bench_throughput.py
 	$(PY) benchmarks/bench_prefix.py
+	$(PY) benchmarks/bench_json.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

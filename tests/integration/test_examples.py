@@ -26,3 +26,18 @@ def test_engine_quickstart_runs():
     assert cached[0] == 0 and cached[1] > 0 and cached[2] > 0
     assert any(line.startswith("stream:") for line in lines)
     assert "8" not in next(line for line in lines if line.startswith("stream:"))  # the stop string is trimmed
+
+
+def test_constrained_decoding_example_outputs_are_in_their_languages():
+    import json
+    import re
+
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "constrained_decoding.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if ":" in line}
+    assert re.fullmatch(r"([01][0-9]|2[0-3]):[0-5][0-9]", lines["regex"])
+    items = lines["ebnf"].split(" {")[0]
+    assert re.fullmatch(r'\["[a-z]+"(,"[a-z]+")*\]', items) and json.loads(items)
+    assert "city" in lines["json_schema"]
