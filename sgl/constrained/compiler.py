@@ -144,14 +144,16 @@ class GrammarCompiler:
             text = ebnf.JSON_GRAMMAR if kind == "json_object" else normalized
             grammar = ebnf.compile_ebnf(text, self.vocab)
             return grammar
-        from sgl.constrained.regex import RegexGrammar, normalize_regex
+        from sgl.constrained.regex import RegexGrammar, check_size, normalize_regex
 
         if kind == "regex":
             rx = normalize_regex(normalized, param="regex")
             if rx is None:
                 raise GrammarError("regex matches no string at all", "regex")
+            check_size(rx, "regex", "the regex")
             return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex")
-        from sgl.constrained.json_schema import json_schema_to_regex
+        from sgl.constrained.json_schema import json_schema_to_rx
 
-        regex = json_schema_to_regex(json.loads(normalized))
-        return RegexGrammar("json_schema", normalized, regex, self.vocab, param="json_schema")
+        rx = json_schema_to_rx(json.loads(normalized))
+        check_size(rx, "json_schema", "the JSON schema")
+        return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema")

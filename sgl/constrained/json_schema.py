@@ -10,9 +10,10 @@ the output still validates; each such choice is listed here.
 Output shape (stricter than JSON, by design)
 --------------------------------------------
 * **Whitespace**: none, except an optional single space after ``:`` and after ``,``
-  (``WS = "[ ]?"``). Both ``json.dumps(x)`` and ``json.dumps(x, separators=(",", ":"))``
-  spellings match; newlines/indentation do not. Keeping ``{``, ``[`` and the key
-  quotes tight is what lets jump-forward emit ``{"name":`` in one go.
+  (``WS = "[ ]?"``). Both ``json.dumps(x, ensure_ascii=False)`` and its
+  ``separators=(",", ":")`` spelling match; newlines/indentation do not. Keeping
+  ``{``, ``[`` and the key quotes tight is what lets jump-forward emit ``{"name":``
+  in one go.
 * **Objects** list their properties in schema order; optional ones may be left out.
   Properties not declared in ``properties`` are never generated (also when
   ``additionalProperties`` allows them), except for a schema with no
@@ -45,8 +46,14 @@ Rejected (GrammarError naming the keyword): ``patternProperties``, ``propertyNam
 ``dependentRequired``, ``dependentSchemas``, ``dependencies``, ``if``/``then``/``else``,
 ``not``, ``contains``/``minContains``/``maxContains``, ``multipleOf`` (other than 1 on
 integers), ``uniqueItems: true`` (unless ``maxItems <= 1``), ``unevaluatedItems``,
-non-integer bounds on ``number``, other ``format`` values, remote ``$ref``, and any
-unknown keyword.
+non-integer bounds on ``number``, bounds of 1e30 or more, other ``format`` values,
+remote ``$ref``, and any unknown keyword (``nullable`` included: it is OpenAPI, not
+JSON Schema; write ``"type": ["string", "null"]``).
+
+Size: recursion, free-form values and leading optional properties multiply the
+automaton (k optional properties before the first required one cost k*k/2 copies of
+their values); the regex module's :data:`~sgl.constrained.regex.MAX_POSITIONS`
+limit applies to the result.
 """
 
 from __future__ import annotations
@@ -58,13 +65,14 @@ from typing import Any
 from sgl.constrained.errors import GrammarError
 from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_rep, rx_set, translate_regex
 
-__all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "load_schema"]
+__all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rx", "load_schema"]
 
 PARAM = "json_schema"
 WS = "[ ]?"  # the only whitespace: after ':' and ','
 FREE_DEPTH = 2  # container nesting allowed in free-form values
+_ONEOF_PROOF_LIMIT = 400  # positions; interegular is pure Python
 
-_WS = Rx(WS)
+_WS = Rx(WS, size=1)
 _SEP = rx_cat(rx_lit(","), _WS)
 _COLON = rx_cat(rx_lit(":"), _WS)
 _DIGIT = rx_set(CharSet([(0x30, 0x39)]))
@@ -151,6 +159,11 @@ def load_schema(spec: str | dict | bool) -> dict | bool:
 
 def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 3) -> str:
     """The canonical regex of the instances we generate for ``spec`` (see the module doc)."""
+    return json_schema_to_rx(spec, max_recursion_depth=max_recursion_depth).text
+
+
+def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3) -> Rx:
+    """Like :func:`json_schema_to_regex`, keeping the size information."""
     schema = load_schema(spec)
     rx = _Converter(schema, max_recursion_depth).convert(schema, "#")
     if rx is None:
@@ -159,7 +172,7 @@ def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 
             "(contradictory constraints, or a required recursive field)",
             PARAM,
         )
-    return rx.text
+    return rx
 
 
 # ---------------------------------------------------------------------------
@@ -347,7 +360,9 @@ def _json_equal(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_json_equal(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_json_equal(x, y) for x, y in zip(a, b))
-    return type(a) in (int, float) and type(b) in (int, float) and a == b or (type(a) is type(b) and a == b)
+    if type(a) in (int, float) and type(b) in (int, float):
+        return a == b
+    return type(a) is type(b) and a == b
 
 
 def _has_type(value: Any, t: str) -> bool:
@@ -456,6 +471,8 @@ class _Converter:
             return None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise self.fail(where, f"{key} must be a finite number")
+        if abs(v) >= 1e30:  # 30 digits already makes a large automaton
+            raise self.fail(where, f"{key} = {v} is too large a bound to enforce; use a bound below 1e30 or none")
         return v
 
     def count(self, node: dict, key: str, where: str) -> int | None:
@@ -585,6 +602,8 @@ class _Converter:
         """oneOf = anyOf only if no value matches two branches; prove it on the automata."""
         if len(rxs) < 2:
             return
+        if sum(r.size for r in rxs) > _ONEOF_PROOF_LIMIT:
+            raise self.fail(where, "oneOf: its branches are too large to prove exclusive; use anyOf if overlaps are fine")
         try:
             import interegular
 
@@ -788,10 +807,14 @@ def _members(members: list[tuple[Rx | None, bool]]) -> Rx | None:
             return memo[key]
         if i == n:
             out: Rx | None = rx_lit("")
-        else:
+        elif first:  # nothing written yet: member i starts the list, or is skipped
             member, is_required = members[i]
-            written = rx_cat(rx_lit("") if first else _SEP, member, build(i + 1, False))
-            out = written if is_required else rx_alt(written, build(i + 1, first))
+            written = rx_cat(member, build(i + 1, False))
+            out = written if is_required else rx_alt(written, build(i + 1, True))
+        else:  # the tail is shared, so the regex stays quadratic, not exponential
+            member, is_required = members[i]
+            head = rx_cat(_SEP, member)
+            out = rx_cat(head if is_required else rx_rep(head, 0, 1), build(i + 1, False))
         memo[key] = out
         return out
 

@@ -6,8 +6,8 @@ Two halves:
    Python's own regex parser and re-emitted in a small *canonical* syntax: literal
    characters, explicit character classes, ``(?:..)``, ``|`` and counted repetition.
    Three engines read that one string (outlines-core's byte DFA for masks,
-   interegular's character DFA for jump-forward, and the tests' oracle), and they
-   disagree on the rest of regex syntax (``\d`` is Unicode in one and ASCII in
+   interegular for JSON Schema ``oneOf`` proofs, and Python's ``re`` for tests), and
+   they disagree on the rest of regex syntax (``\d`` is Unicode in one and ASCII in
    another, ``\u00e9`` is an error in one). Semantics are Python's ``re`` with
    ``re.ASCII``: ``\d \w \s`` and case-insensitivity are ASCII-only, ``.`` excludes
    ``\n`` unless ``(?s)``. Anchors (``^ $ \A \Z``) are accepted at the ends, where
@@ -24,9 +24,20 @@ Two halves:
    match to the end of input, so no token ever sees a match state, and the ``\x02``
    marker (fed once through a private token id) gives the DFA a start state that the
    look-ahead does not split. Acceptance is then exactly outlines' final states.
+   outlines also determinises the *unanchored* search DFA, which is exponential for
+   patterns like ``x.{0,30}`` once matches cannot end early; because U+0002 is
+   removed from every character class (it is never generated), a search can only
+   start at the marker and that DFA stays as small as the anchored one.
 
-Masks are computed per automaton state on first use and cached on the grammar, so
+Masks are packed per automaton state (at compile time for grammars of up to
+:data:`EAGER_MASK_STATES` states, else on first use) and cached on the grammar, so
 ``fill_mask`` is one 6 KB OR for a 49k vocabulary.
+
+Size: outlines keeps a token map per automaton state (about 0.5 MB and 7 ms per
+state of a broad class at 49k tokens), so a constraint may have at most
+:data:`MAX_POSITIONS` character positions on its longest path, bounded repetitions
+unrolled (``.{0,1000}`` has 1000). Larger ones are rejected with a GrammarError
+that says so, instead of taking seconds and gigabytes.
 """
 
 from __future__ import annotations
@@ -55,9 +66,11 @@ except ImportError:  # pragma: no cover - Python 3.10
 
 __all__ = [
     "CharSet",
+    "MAX_POSITIONS",
     "Rx",
     "RegexGrammar",
     "RegexMatcher",
+    "check_size",
     "normalize_regex",
     "translate_regex",
     "rx_alt",
@@ -177,11 +190,13 @@ class Rx:
 
     ``atom``: one character or class, safe to quantify as is; ``alt``: has a
     top-level ``|``, so it needs a group before anything is appended to it.
+    ``size`` bounds the automaton's length (see :data:`MAX_POSITIONS`).
     """
 
     text: str
     atom: bool = False
     alt: bool = False
+    size: int = 0  # character positions on the longest path, bounded repeats unrolled
 
 
 EMPTY = Rx("")  # matches only ""
@@ -206,11 +221,15 @@ def rx_lit(s: str) -> Rx:
     """A literal string."""
     if not s:
         return EMPTY
-    return Rx("".join(_escape_char(c) for c in s), atom=len(s) == 1)
+    return Rx("".join(_escape_char(c) for c in s), atom=len(s) == 1, size=len(s))
+
+
+_RESERVED = CharSet.of("\x02")  # the start marker (see the module docstring)
 
 
 def rx_set(cs: CharSet) -> Rx | None:
-    """One character from ``cs`` (None if ``cs`` is empty)."""
+    """One character from ``cs`` (None if ``cs`` is empty). U+0002 is never included."""
+    cs = cs - _RESERVED
     if not cs:
         return None
     one = cs.single()
@@ -239,10 +258,8 @@ def rx_set(cs: CharSet) -> Rx | None:
 
     comp = cs.complement()
     if comp and len(comp.ranges) < len(cs.ranges):
-        return Rx(f"[^{body(comp.ranges)}]", atom=True)
-    if not comp:  # every character: a class that spans the whole range
-        return Rx(f"[\\x00-{chr(MAX_CP)}]", atom=True)
-    return Rx(f"[{body(cs.ranges)}]", atom=True)
+        return Rx(f"[^{body(comp.ranges)}]", atom=True, size=1)
+    return Rx(f"[{body(cs.ranges)}]", atom=True, size=1)
 
 
 def rx_cat(*parts: Rx | None) -> Rx | None:
@@ -254,7 +271,7 @@ def rx_cat(*parts: Rx | None) -> Rx | None:
         return EMPTY
     if len(real) == 1:
         return real[0]
-    return Rx("".join(f"(?:{p.text})" if p.alt else p.text for p in real))
+    return Rx("".join(f"(?:{p.text})" if p.alt else p.text for p in real), size=sum(p.size for p in real))
 
 
 def rx_alt(*parts: Rx | None) -> Rx | None:
@@ -270,7 +287,10 @@ def rx_alt(*parts: Rx | None) -> Rx | None:
             seen.setdefault(p.text, p)
     if not seen:
         return EMPTY if has_empty else None
-    body = next(iter(seen.values())) if len(seen) == 1 else Rx("|".join(seen), alt=True)
+    if len(seen) == 1:
+        body = next(iter(seen.values()))
+    else:
+        body = Rx("|".join(seen), alt=True, size=max(p.size for p in seen.values()))
     if has_empty:
         return rx_rep(body, 0, 1)
     return body
@@ -299,7 +319,7 @@ def rx_rep(p: Rx | None, lo: int, hi: int | None) -> Rx | None:
         q = f"{{{lo}}}"
     else:
         q = f"{{{lo},{hi}}}"
-    return Rx(g + q, atom=False)
+    return Rx(g + q, atom=False, size=p.size * (max(lo, 1) if hi is None else hi))
 
 
 # ---------------------------------------------------------------------------
@@ -471,6 +491,21 @@ def _item(ctx: _Ctx, op, av, flags: int, head: bool, tail: bool) -> Rx | None:
 # Token index over outlines-core
 # ---------------------------------------------------------------------------
 
+MAX_POSITIONS = 2048
+EAGER_MASK_STATES = 4096  # grammars up to this many states get all masks at compile time (6 KB each at 49k)
+
+
+def check_size(rx: Rx, param: str, what: str) -> None:
+    """Reject constraints whose automaton would be too big to build quickly."""
+    if rx.size > MAX_POSITIONS:
+        raise GrammarError(
+            f"{what} is too large to compile: {rx.size} character positions on its longest path after "
+            f"expanding bounded repetitions (the limit is {MAX_POSITIONS}); lower the repetition bounds "
+            "(maxLength, maxItems, {m,n})",
+            param,
+        )
+
+
 _MARK = b"\x02"  # start marker fed through a private token id (see the module docstring)
 _DONE = -1  # automaton state after EOS
 
@@ -550,6 +585,8 @@ class RegexGrammar:
         # every state a request can be in.
         self._states = frozenset(self.jump.explore(self._start))
         self.num_states = len(self._states)
+        if self.num_states <= EAGER_MASK_STATES:
+            self.warm()  # ~0.1 ms a state, here in the compiler's thread rather than mid-decode
 
     # -- per-state facts, computed on first use ------------------------------------
 

@@ -382,6 +382,28 @@ def test_combinators() -> None:
     assert _matches(distributed, {"a": 1})
 
 
+def test_optional_members_every_subset_in_order() -> None:
+    names = ["a", "b", "c", "d"]
+    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "additionalProperties": False}
+    for mask in range(16):
+        inst = {n: i for i, n in enumerate(names) if mask >> i & 1}
+        assert _matches(schema, inst) and _matches(schema, inst, separators=(",", ":"))
+    assert not _matches(schema, {"b": 1, "a": 2})
+    assert not re.fullmatch(json_schema_to_regex(schema), '{,"a": 1}')
+    assert not re.fullmatch(json_schema_to_regex(schema), '{"a": 1,}')
+    # Shared tails keep the regex quadratic in the number of optional properties, not exponential.
+    many = {"type": "object", "properties": {f"k{i}": {"type": "integer"} for i in range(24)}}
+    assert len(json_schema_to_regex(many)) < 20_000
+
+
+def test_size_limit() -> None:
+    with pytest.raises(GrammarError, match="too large") as info:
+        make_compiler("byte_level").compile("json_schema", {"type": "string", "maxLength": 5000})
+    assert info.value.param == "json_schema"
+    with pytest.raises(GrammarError, match="too large"):
+        make_compiler("byte_level").compile("json_schema", {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100})
+
+
 def test_free_form_and_maps() -> None:
     assert _matches({}, {"a": [1, "x"], "c": {"d": None}})
     assert _matches(True, [1, "x", [True]])

@@ -135,7 +135,7 @@ def _boundaries(pattern: str) -> list[int]:
     only names literals, ranges and ASCII classes), so one representative per
     interval decides "is there a character here that works".
     """
-    points = {0, 0x80, 0x800, 0xD800, 0xE000, 0x10000, 0x110000, ord("\n"), ord("\n") + 1}
+    points = {0, 2, 3, 0x80, 0x800, 0xD800, 0xE000, 0x10000, 0x110000, ord("\n"), ord("\n") + 1}
     for s in _ASCII_CLASSES:
         for c in s:
             points.update((ord(c), ord(c) + 1))
@@ -179,11 +179,12 @@ class Oracle:
         out = [lo] + [p for p in self.points if lo < p <= hi]
         return [chr(c) for c in out if not 0xD800 <= c <= 0xDFFF]
 
+    # U+0002 is reserved by sgl.constrained (its automaton start marker): never generated.
     def partial(self, text: str) -> bool:
-        return self.pattern.fullmatch(text, partial=True) is not None
+        return "\x02" not in text and self.pattern.fullmatch(text, partial=True) is not None
 
     def full(self, text: str) -> bool:
-        return self.pattern.fullmatch(text) is not None
+        return "\x02" not in text and self.pattern.fullmatch(text) is not None
 
     def is_prefix(self, data: bytes) -> bool:
         """Is ``data`` (bytes, maybe ending inside a character) a prefix of a member?"""
