@@ -89,12 +89,17 @@ class ReqToTokenPool:
         self.max_context_len = max_context_len
         self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=torch.int64, device=device)
         self._free_rows = list(range(max_requests - 1, -1, -1))
+        self.epochs = [0] * max_requests  # bumped on every alloc: tells a row's occupants apart
 
     def available_size(self) -> int:
         return len(self._free_rows)
 
     def alloc(self) -> int | None:
-        return self._free_rows.pop() if self._free_rows else None
+        if not self._free_rows:
+            return None
+        row = self._free_rows.pop()
+        self.epochs[row] += 1
+        return row
 
     def free(self, row: int) -> None:
         self._free_rows.append(row)

@@ -439,6 +439,7 @@ class Scheduler:
             kv_pool=self.kv_pool,
             req_to_token=self.req_to_token,
             attn_backend=self.attn_backend,
+            row_epochs=[self.req_to_token.epochs[it.req.pool_row] for it in items],
         )
         self.attn_backend.init_forward_metadata(batch)
         with torch.inference_mode():
@@ -474,8 +475,9 @@ class Scheduler:
             self._record_input_logprobs(hidden, lp_rows, lp_targets)
         for it in items:
             r = it.req
-            if it.extend_len > 1 and not self.config.disable_radix_cache:
+            if it.prefill and it.extend_len > 1 and not self.config.disable_radix_cache:
                 # A chunk boundary or a finished prefill: share it through the tree now.
+                # (Generated and forced tokens enter the tree when the request ends.)
                 self._cache_kv(r)
             if r.kv_len >= len(r.origin_input_ids):
                 r.input_logprobs_done = True

@@ -79,6 +79,59 @@ def test_chunked_prefill_and_batched_decode_match_hf(spec):
         torch.testing.assert_close(torch.cat(got[i]), hf_logits(hf, ids), atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("use_mirror", [True, False], ids=["mirror", "gather"])
+@pytest.mark.parametrize("seed", range(3))
+def test_mixed_schedule_with_rollback_and_row_reuse_matches_hf(seed, use_mirror):
+    """Each step mixes decodes, short extends (batched path), long extends (per-row path),
+    rollbacks of recent tokens, requests sitting steps out (holes in the mirror, and its
+    compaction when most rows sit out) and finished requests whose rows new requests reuse;
+    the logits of every new token must equal HF's on the request's current sequence."""
+    hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=seed)
+    runner = TinyRunner(ours_from_hf(hf), max_reqs=12, use_mirror=use_mirror)
+    rng = random.Random(seed)
+    seqs: dict[int, list[int]] = {}
+    next_id = 0
+    checked = 0
+    for _ in range(40):
+        while len(seqs) < 10:
+            seqs[next_id] = []
+            next_id += 1
+        step: dict[int, list[int]] = {}
+        thin = rng.random() < 0.15  # most requests sit this step out
+        for i, s in list(seqs.items()):
+            if s and rng.random() < 0.1:
+                runner.finish(i)
+                del seqs[i]
+                continue
+            if len(s) > 2 and rng.random() < 0.2:
+                n = rng.randint(1, min(4, len(s) - 1))
+                runner.rollback(i, n)
+                del s[len(s) - n :]
+            kind = rng.random()
+            if kind < 0.5:
+                n = 1
+            elif kind < 0.85:
+                n = rng.randint(2, 16)  # padded into the batched call, or a call of its own
+            elif kind < 0.95:
+                n = rng.randint(17, 30)  # mirrored, a call of its own
+            else:
+                n = rng.randint(65, 80)  # a long extend: context read from the pool
+            if not s:
+                n = rng.randint(1, 30)
+            n = min(n, 250 - len(s))
+            if n > 0 and rng.random() < (0.2 if thin else 0.9):  # sometimes a request sits a step out
+                step[i] = [rng.randrange(97) for _ in range(n)]
+        if not step:
+            continue
+        out = runner.step(step)
+        for i, toks in step.items():
+            seqs[i].extend(toks)
+            want = hf_logits(hf, seqs[i])[-len(toks) :]
+            torch.testing.assert_close(out[i], want, atol=ATOL, rtol=0)
+            checked += 1
+    assert checked > 100
+
+
 def test_gguf_file_roundtrip_matches_hf(tmp_path):
     """Write a GGUF the way llama.cpp's converter does (Q/K permuted) and load it back."""
     import gguf

@@ -54,12 +54,13 @@ def ours_from_hf(hf_model) -> LlamaForCausalLM:
 class TinyRunner:
     """Drives our model over explicit (request, chunk) steps with a real KV pool."""
 
-    def __init__(self, model: LlamaForCausalLM, capacity: int = 4096, max_reqs: int = 16) -> None:
+    def __init__(self, model: LlamaForCausalLM, capacity: int = 4096, max_reqs: int = 16, use_mirror: bool = True) -> None:
         c = model.config
         self.model = model
         self.pool = TokenToKVPool(capacity, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, torch.float32, "cpu")
         self.table = ReqToTokenPool(max_reqs, c.max_position_embeddings, "cpu")
         self.backend = create_attention_backend("torch_native", "cpu")
+        self.backend.use_mirror = use_mirror
         self.rows: dict[int, int] = {}
         self.lens: dict[int, int] = {}
 
@@ -82,7 +83,8 @@ class TinyRunner:
             ext.append(len(toks))
             self.lens[req] = start + len(toks)
         batch = ForwardBatch(
-            torch.tensor(ids), torch.tensor(pos), torch.cat(slots_all), rows, prefix, ext, self.pool, self.table, self.backend
+            torch.tensor(ids), torch.tensor(pos), torch.cat(slots_all), rows, prefix, ext, self.pool, self.table, self.backend,
+            row_epochs=[self.table.epochs[r] for r in rows],
         )
         self.backend.init_forward_metadata(batch)
         with torch.inference_mode():
@@ -92,3 +94,15 @@ class TinyRunner:
             out[req] = logits[off : off + n]
             off += n
         return out
+
+    def rollback(self, req: int, n: int) -> None:
+        """Forget the request's last `n` tokens (as jump-forward does), freeing their slots."""
+        end = self.lens[req]
+        self.pool.free(self.table.req_to_token[self.rows[req], end - n : end].clone())
+        self.lens[req] = end - n
+
+    def finish(self, req: int) -> None:
+        """Free the request's row and slots; the row can be reused by a new request."""
+        self.rollback(req, self.lens[req])
+        self.table.free(self.rows.pop(req))
+        del self.lens[req]

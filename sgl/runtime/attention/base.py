@@ -28,6 +28,9 @@ class ForwardBatch:
     kv_pool: TokenToKVPool
     req_to_token: ReqToTokenPool
     attn_backend: "AttentionBackend"
+    # Per request: its row's allocation count (ReqToTokenPool.epochs), so a backend that keeps
+    # per-row state across steps can tell a new occupant of a reused row. None: no such state.
+    row_epochs: list[int] | None = None
     metadata: Any = field(default=None)
 
     @property

@@ -1,14 +1,18 @@
 """Attention with torch's scaled_dot_product_attention over the paged KV pool (CPU and GPU).
 
-Single-token rows (decodes, and 1-token prefills) are batched into one SDPA call per layer
-over a padded [B, kv_heads, L, head_dim] copy of their contexts. That copy (the *decode
-mirror*) persists across steps: while the same requests keep decoding, each step only
-appends the new token's K/V to it, instead of gathering every context from the pool again
-(on CPU the gather cost as much as the attention itself). Any change in the decode group
-rebuilds it with one gather. The pool stays the source of truth.
+Gathering a request's context out of the pool costs, on CPU, as much as attending over it.
+So the backend keeps a *mirror*: a dense copy [rows, len, kv_heads, D] per layer of the
+contexts of the requests that run with few new tokens per step (decodes, jump-forward
+extends, short prompts). Each step writes only the new tokens' K/V into it (and fills from
+the pool whatever a row's copy lacks, e.g. after a long extend), instead of gathering every
+context again. A request keeps its mirror row while it runs; a finished one leaves a hole
+that a new request reuses, and the mirror is compacted when holes outnumber rows in use.
+The pool stays the source of truth: the mirror can be dropped at any step.
 
-Multi-token rows (prefill chunks, jump-forward extends) are few per step and compute-bound,
-so they run one SDPA call each.
+Per layer: one SDPA call for all single-token rows (one query each, over the mirror's rows),
+and one call per multi-token row: short ones read their context as a view of the mirror,
+long ones (prefill chunks) from the pool. Padding every row to the longest query instead
+would multiply the decode rows' attention cost by that length.
 """
 
 from __future__ import annotations
@@ -20,123 +24,290 @@ import torch.nn.functional as F
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 
-# Headroom (tokens) added to the mirror's length on a rebuild, so appends rarely reallocate.
+# Rows with at most this many new tokens are mirrored; longer ones read the pool.
+MIRRORED_EXTEND_MAX = 64
+# Multi-token mirrored rows either join the single-token rows' SDPA call, padded to the
+# longest query (costs ~ rows x extra query positions x context length), or run one call
+# each (a fixed cost per call). On CPU one call costs about as much as this many padded
+# query-key pairs; the cheaper plan is taken each step. Rows longer than PAD_QUERY_MAX
+# always run alone.
+CALL_COST_PAIRS = 2500
+PAD_QUERY_MAX = 16
+# Headroom (tokens) added to the mirror's length on a resize, so appends rarely reallocate.
 MIRROR_HEADROOM = 64
-# The mirror duplicates the decoding requests' KV; above this size, gather every step instead.
+# The mirror duplicates its rows' KV; above this size, gather from the pool every step instead.
 MIRROR_MAX_BYTES = 1 << 30
 
 
 @dataclass
 class _ExtendRow:
+    """A multi-token row: its queries attend over `seq_len` keys with a causal offset."""
+
     tok_start: int
     tok_end: int
-    slots: torch.Tensor | None  # context slots (None: no prefix, use the fresh k/v)
+    seq_len: int
     mask: torch.Tensor | None  # [E, S] bool causal mask with prefix offset; None: plain causal
+    mirror_row: int | None = None  # context from the mirror; None: from the pool
+    slots: torch.Tensor | None = None  # pool slots of the context (None with no prefix: fresh k/v)
 
 
 @dataclass
-class _DecodeMirror:
-    rows: tuple[int, ...]
-    lens: list[int]  # context length per row after the current step's token
-    capacity: int
-    k: list[torch.Tensor | None] = field(default_factory=list)  # per layer [B, kvh, capacity, D]
+class _Batched:
+    """Rows attended in one SDPA call: queries [rows, heads, q_len, D], padded."""
+
+    num_rows: int
+    q_len: int
+    ctx_len: int
+    mask: torch.Tensor  # [rows, 1, q_len, ctx_len] bool; padding queries see only key 0
+    tok: torch.Tensor  # [N] flat token index of each batched token
+    slot: torch.Tensor  # [N] its place row * q_len + query index in the padded queries
+    identity: bool  # the batch is single-token rows 0..N-1, in token order
+    gather_slots: torch.Tensor | None = None  # [rows, ctx_len] pool slots when there is no mirror
+
+
+@dataclass
+class _MirrorWrite:
+    """Where this step's K/V goes in the mirror (flat row * len_capacity + position)."""
+
+    tok: torch.Tensor  # flat token indices of the mirrored rows' new tokens
+    dest: torch.Tensor
+    fill_dest: torch.Tensor | None  # context positions the mirror lacks ...
+    fill_slots: torch.Tensor | None  # ... and the pool slots they are copied from
+    resize_from: tuple[int, int] | None  # the mirror grew: old (rows, len) capacity to copy
+
+
+@dataclass
+class _Mirror:
+    index: dict[tuple[int, int], int] = field(default_factory=dict)  # (pool row, epoch) -> mirror row
+    lens: list[int] = field(default_factory=list)  # valid context length per mirror row
+    free: list[int] = field(default_factory=list)  # holes left by rows that stopped running
+    row_capacity: int = 0
+    len_capacity: int = 0
+    k: list[torch.Tensor | None] = field(default_factory=list)  # per layer [rows, len, kv_heads, D]
     v: list[torch.Tensor | None] = field(default_factory=list)
 
 
 @dataclass
 class _Metadata:
-    decode_tok_idx: torch.Tensor | None  # flat token index of each single-token row; None: all rows
-    decode_slots: torch.Tensor | None  # [B, Lmax] slot ids, padded with slot 0 (rebuild/gather only)
-    decode_mask: torch.Tensor | None  # [B, 1, 1, Lmax] bool
-    decode_max_len: int
-    decode_append_pos: torch.Tensor | None  # [B] position of the new token (mirror append mode)
-    use_mirror: bool
+    batched: _Batched | None
     extends: list[_ExtendRow]
+    write: _MirrorWrite | None
+
+
+def _causal_mask(prefix: int, seq: int, device) -> torch.Tensor | None:
+    if prefix == 0:
+        return None
+    q_pos = torch.arange(prefix, seq, device=device).unsqueeze(1)
+    return torch.arange(seq, device=device).unsqueeze(0) <= q_pos
 
 
 class TorchNativeBackend(AttentionBackend):
-    def __init__(self) -> None:
-        self._mirror: _DecodeMirror | None = None
+    def __init__(self, use_mirror: bool = True) -> None:
+        self.use_mirror = use_mirror
+        self._mirror: _Mirror | None = None
+
+    # ------------------------------------------------------------------ planning
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         device = batch.input_ids.device
         table = batch.req_to_token.req_to_token
-        decode_rows: list[int] = []
-        decode_toks: list[int] = []
-        decode_lens: list[int] = []
-        extends: list[_ExtendRow] = []
+        # (pool row, epoch, prefix, ext, first token index) per request
+        rows = []
         start = 0
-        for row, prefix, ext in zip(batch.req_rows, batch.prefix_lens, batch.extend_lens):
-            seq = prefix + ext
-            if ext == 1:
-                decode_rows.append(row)
-                decode_toks.append(start)
-                decode_lens.append(seq)
-            else:
-                slots = table[row, :seq] if prefix > 0 else None
-                mask = None
-                if prefix > 0:
-                    q_pos = torch.arange(prefix, seq, device=device).unsqueeze(1)
-                    mask = torch.arange(seq, device=device).unsqueeze(0) <= q_pos
-                extends.append(_ExtendRow(start, start + ext, slots, mask))
+        for i, (row, prefix, ext) in enumerate(zip(batch.req_rows, batch.prefix_lens, batch.extend_lens)):
+            rows.append((row, batch.row_epochs[i] if batch.row_epochs is not None else -1, prefix, ext, start))
             start += ext
-
-        md = _Metadata(None, None, None, 0, None, False, extends)
-        if decode_rows:
-            max_len = max(decode_lens)
-            lens = torch.tensor(decode_lens, device=device)
-            valid = torch.arange(max_len, device=device).unsqueeze(0) < lens.unsqueeze(1)
-            md.decode_mask = valid[:, None, None, :]
-            md.decode_max_len = max_len
-            if len(decode_rows) != start:
-                md.decode_tok_idx = torch.tensor(decode_toks, device=device)
-            m = self._mirror
-            rows = tuple(decode_rows)
-            if (
-                m is not None
-                and m.rows == rows
-                and max_len <= m.capacity
-                and all(n == p + 1 for n, p in zip(decode_lens, m.lens))
-            ):
-                md.use_mirror = True
-                md.decode_append_pos = lens - 1
-                m.lens = decode_lens
-            else:
-                md.decode_slots = table[torch.tensor(decode_rows, device=device), :max_len].masked_fill(~valid, 0)
-                pool = batch.kv_pool
-                capacity = max_len + MIRROR_HEADROOM
-                size = 2 * len(rows) * capacity * pool.bytes_per_token
-                if size <= MIRROR_MAX_BYTES:
-                    n_layers = pool.num_layers
-                    self._mirror = _DecodeMirror(rows, decode_lens, capacity, [None] * n_layers, [None] * n_layers)
-                    md.use_mirror = True
-                else:
-                    self._mirror = None
-        else:
+        mirrored = [r for r in rows if r[3] <= MIRRORED_EXTEND_MAX]
+        placed = None
+        if mirrored and self.use_mirror and batch.row_epochs is not None:
+            placed = self._place_in_mirror(mirrored, batch)
+        if placed is None:
             self._mirror = None
-        batch.metadata = md
+            batch.metadata = self._plan_from_pool(rows, start, table, device)
+        else:
+            batch.metadata = self._plan_with_mirror(rows, *placed, start, table, device)
+
+    def _plan_from_pool(self, rows: list, num_tokens: int, table: torch.Tensor, device) -> _Metadata:
+        decodes = [r for r in rows if r[3] == 1]
+        extends = [
+            _ExtendRow(first, first + ext, prefix + ext, _causal_mask(prefix, prefix + ext, device),
+                       slots=table[prow, : prefix + ext] if prefix > 0 else None)
+            for prow, _, prefix, ext, first in rows
+            if ext > 1
+        ]
+        decode = None
+        if decodes:
+            lens = torch.tensor([prefix + 1 for _, _, prefix, _, _ in decodes], device=device)
+            ctx_len = int(lens.max())
+            valid = torch.arange(ctx_len, device=device).unsqueeze(0) < lens.unsqueeze(1)
+            prows = torch.tensor([r[0] for r in decodes], device=device)
+            decode = _Batched(
+                num_rows=len(decodes),
+                q_len=1,
+                ctx_len=ctx_len,
+                mask=valid[:, None, None, :],
+                tok=torch.tensor([r[4] for r in decodes], device=device),
+                slot=torch.arange(len(decodes), device=device),
+                identity=len(decodes) == num_tokens,
+                gather_slots=table[prows, :ctx_len].masked_fill(~valid, 0),
+            )
+        return _Metadata(decode, extends, None)
+
+    def _place_in_mirror(self, mirrored: list, batch: ForwardBatch) -> tuple[list[int], tuple | None] | None:
+        """Give each mirrored request its mirror row, keeping old ones and reusing holes.
+
+        Returns (mirror row per request, the old (rows, len) capacity if the mirror grew), or
+        None when the mirror would exceed MIRROR_MAX_BYTES.
+        """
+        m = self._mirror
+        keys = [(prow, epoch) for prow, epoch, *_ in mirrored]
+        if m is not None:
+            live = set(keys)
+            for key in [k for k in m.index if k not in live]:  # stopped running: leave a hole
+                idx = m.index.pop(key)
+                m.lens[idx] = 0
+                m.free.append(idx)
+            if len(m.lens) > 8 and 2 * len(m.free) > len(m.lens):
+                m = None  # mostly holes: start a compact mirror (rows refilled from the pool)
+        if m is None:
+            m = _Mirror()
+        placement = []
+        for key in keys:
+            idx = m.index.get(key)
+            if idx is None:
+                if m.free:
+                    idx = min(m.free)
+                    m.free.remove(idx)
+                else:
+                    idx = len(m.lens)
+                    m.lens.append(0)
+                m.index[key] = idx
+                m.lens[idx] = 0
+            placement.append(idx)
+        need_rows = len(m.lens)
+        need_len = max(prefix + ext for _, _, prefix, ext, _ in mirrored)
+        resize_from = None
+        if need_rows > m.row_capacity or need_len > m.len_capacity:
+            row_cap = m.row_capacity if need_rows <= m.row_capacity else -(-need_rows // 8) * 8
+            len_cap = m.len_capacity if need_len <= m.len_capacity else need_len + MIRROR_HEADROOM
+            if 2 * row_cap * len_cap * batch.kv_pool.bytes_per_token > MIRROR_MAX_BYTES:
+                return None
+            resize_from = (m.row_capacity, m.len_capacity)
+            m.row_capacity, m.len_capacity = row_cap, len_cap
+            if not m.k:
+                m.k = [None] * batch.kv_pool.num_layers
+                m.v = [None] * batch.kv_pool.num_layers
+        self._mirror = m
+        return placement, resize_from
+
+    def _plan_with_mirror(
+        self, rows: list, placement: list[int], resize_from, num_tokens: int, table: torch.Tensor, device
+    ) -> _Metadata:
+        m = self._mirror
+        cap = m.len_capacity
+        extends: list[_ExtendRow] = []
+        multi: list[tuple[int, int, int, int]] = []  # mirrored multi-token rows: (mirror row, prefix, ext, first)
+        single: list[tuple[int, int, int, int]] = []
+        write_tok, write_dest, fill_dest, fill_slots = [], [], [], []
+        placed = iter(placement)
+        for prow, _, prefix, ext, first in rows:
+            seq = prefix + ext
+            if ext > MIRRORED_EXTEND_MAX:
+                extends.append(_ExtendRow(first, first + ext, seq, _causal_mask(prefix, seq, device),
+                                          slots=table[prow, :seq] if prefix > 0 else None))
+                continue
+            r = next(placed)
+            have = m.lens[r]
+            if have < prefix:  # the mirror lacks part of this row's context: copy it in
+                fill_dest.append(torch.arange(r * cap + have, r * cap + prefix))
+                fill_slots.append(table[prow, have:prefix])
+            write_tok.extend(range(first, first + ext))
+            write_dest.extend(range(r * cap + prefix, r * cap + seq))
+            m.lens[r] = seq
+            (single if ext == 1 else multi).append((r, prefix, ext, first))
+
+        # Pad the multi-token rows into the batched call, or give each its own call?
+        paddable = [x for x in multi if x[2] <= PAD_QUERY_MAX]
+        if paddable:
+            num_rows = max(x[0] for x in single + paddable) + 1
+            q_len = max(x[2] for x in paddable)
+            ctx_len = max(x[1] + x[2] for x in single + paddable)
+            if num_rows * (q_len - 1) * ctx_len >= CALL_COST_PAIRS * len(paddable):
+                paddable = []
+        for r, prefix, ext, first in multi:
+            if ext > PAD_QUERY_MAX or not paddable:
+                extends.append(_ExtendRow(first, first + ext, prefix + ext,
+                                          _causal_mask(prefix, prefix + ext, device), mirror_row=r))
+        batched_rows = single + paddable
+        batched = self._plan_padded(batched_rows, num_tokens, device) if batched_rows else None
+        write = _MirrorWrite(
+            tok=torch.tensor(write_tok, device=device),
+            dest=torch.tensor(write_dest, device=device),
+            fill_dest=torch.cat(fill_dest).to(device) if fill_dest else None,
+            fill_slots=torch.cat(fill_slots).to(device) if fill_slots else None,
+            resize_from=resize_from,
+        )
+        return _Metadata(batched, extends, write)
+
+    @staticmethod
+    def _plan_padded(rows: list[tuple[int, int, int, int]], num_tokens: int, device) -> _Batched:
+        """One SDPA call over mirror rows 0..max: each (mirror row, prefix, ext, first) row's
+        queries padded to the longest; rows not in this call see only key 0."""
+        num_rows = max(r for r, *_ in rows) + 1
+        q_len = max(ext for _, _, ext, _ in rows)
+        ctx_len = max(prefix + ext for _, prefix, ext, _ in rows)
+        limit = [[0] * q_len for _ in range(num_rows)]
+        tok, slot = [], []
+        for r, prefix, ext, first in rows:
+            tok.extend(range(first, first + ext))
+            slot.extend(range(r * q_len, r * q_len + ext))
+            limit[r] = [prefix + min(i, ext - 1) for i in range(q_len)]
+        limit_t = torch.tensor(limit, device=device).view(num_rows, 1, q_len, 1)
+        mask = torch.arange(ctx_len, device=device).view(1, 1, 1, -1) <= limit_t
+        identity = q_len == 1 and num_rows == len(rows) == num_tokens and tok == slot
+        return _Batched(num_rows, q_len, ctx_len, mask, torch.tensor(tok, device=device),
+                        torch.tensor(slot, device=device), identity)
+
+    # ------------------------------------------------------------------ forward
 
     def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
         md: _Metadata = batch.metadata
+        mk = mv = None
+        if md.write is not None:
+            mk, mv = self._update_mirror(k, v, k_buf, v_buf, layer_id, md.write)
         out = torch.empty_like(q)
 
-        if md.decode_mask is not None:
-            qd = q if md.decode_tok_idx is None else q[md.decode_tok_idx]
-            kd, vd = self._decode_context(k, v, k_buf, v_buf, layer_id, md)
-            od = F.scaled_dot_product_attention(
-                qd.unsqueeze(2), kd, vd, attn_mask=md.decode_mask, scale=scaling, enable_gqa=True
-            ).squeeze(2)
-            if md.decode_tok_idx is None:
-                out = od
+        b = md.batched
+        if b is not None:
+            if mk is not None:  # [rows, kv_heads, L, D] views of the mirror
+                kb = mk[: b.num_rows, : b.ctx_len].transpose(1, 2)
+                vb = mv[: b.num_rows, : b.ctx_len].transpose(1, 2)
             else:
-                out[md.decode_tok_idx] = od
+                flat = b.gather_slots.view(-1)
+                shape = (*b.gather_slots.shape, *k_buf.shape[1:])
+                kb = k_buf.index_select(0, flat).view(shape).transpose(1, 2)
+                vb = v_buf.index_select(0, flat).view(shape).transpose(1, 2)
+            if b.identity:
+                qb = q.unsqueeze(2)
+            else:
+                qb = q.new_zeros((b.num_rows * b.q_len, *q.shape[1:]))
+                qb.index_copy_(0, b.slot, q.index_select(0, b.tok))
+                qb = qb.view(b.num_rows, b.q_len, *q.shape[1:]).transpose(1, 2)
+            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=scaling, enable_gqa=True)
+            if b.identity:
+                out = ob.squeeze(2)
+            else:
+                ob = ob.transpose(1, 2).reshape(b.num_rows * b.q_len, *q.shape[1:])
+                out.index_copy_(0, b.tok, ob.index_select(0, b.slot))
 
         for ext in md.extends:
             qe = q[ext.tok_start : ext.tok_end].transpose(0, 1).unsqueeze(0)  # [1, h, E, D]
-            if ext.slots is None:
+            if ext.mirror_row is not None:
+                ke, ve = mk[ext.mirror_row, : ext.seq_len], mv[ext.mirror_row, : ext.seq_len]
+            elif ext.slots is None:
                 ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
             else:
                 ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
@@ -148,28 +319,22 @@ class TorchNativeBackend(AttentionBackend):
             out[ext.tok_start : ext.tok_end] = oe.squeeze(0).transpose(0, 1)
         return out
 
-    def _decode_context(self, k, v, k_buf, v_buf, layer_id: int, md: _Metadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V [B, kv_heads, Lmax, D] of the single-token rows, from the mirror or a gather."""
-        L = md.decode_max_len
-        if md.decode_slots is not None:  # gather from the pool (and seed the mirror)
-            flat = md.decode_slots.view(-1)
-            shape = (*md.decode_slots.shape, *k_buf.shape[1:])
-            kd = k_buf.index_select(0, flat).view(shape).transpose(1, 2)
-            vd = v_buf.index_select(0, flat).view(shape).transpose(1, 2)
-            if md.use_mirror:
-                m = self._mirror
-                B, H, _, D = kd.shape
-                # zeros, not empty: masked positions are read, and must not hold NaN
-                m.k[layer_id] = torch.zeros((B, H, m.capacity, D), dtype=kd.dtype, device=kd.device)
-                m.v[layer_id] = torch.zeros((B, H, m.capacity, D), dtype=vd.dtype, device=vd.device)
-                m.k[layer_id][:, :, :L] = kd
-                m.v[layer_id][:, :, :L] = vd
-            return kd, vd
+    def _update_mirror(self, k, v, k_buf, v_buf, layer_id: int, w: _MirrorWrite) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring this layer's mirror up to date (resize, fill, new tokens); returns (k, v)."""
         m = self._mirror
-        mk, mv = m.k[layer_id], m.v[layer_id]
-        new_k = k if md.decode_tok_idx is None else k[md.decode_tok_idx]
-        new_v = v if md.decode_tok_idx is None else v[md.decode_tok_idx]
-        b = torch.arange(mk.shape[0], device=mk.device)
-        mk[b, :, md.decode_append_pos] = new_k.to(mk.dtype)
-        mv[b, :, md.decode_append_pos] = new_v.to(mv.dtype)
-        return mk[:, :, :L], mv[:, :, :L]
+        out = []
+        for store, new, buf in ((m.k, k, k_buf), (m.v, v, v_buf)):
+            t = store[layer_id]
+            if t is None or w.resize_from is not None:
+                # zeros, not empty: padded positions are read (and masked), and must not hold NaN
+                grown = torch.zeros((m.row_capacity, m.len_capacity, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+                if t is not None:
+                    rows, length = w.resize_from
+                    grown[:rows, :length] = t[:rows, :length]
+                t = store[layer_id] = grown
+            flat = t.view(-1, *buf.shape[1:])
+            if w.fill_dest is not None:
+                flat.index_copy_(0, w.fill_dest, buf.index_select(0, w.fill_slots))
+            flat.index_copy_(0, w.dest, new.index_select(0, w.tok).to(t.dtype))
+            out.append(t)
+        return out[0], out[1]
