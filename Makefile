@@ -36,6 +36,7 @@ bench: setup
 	$(PY) benchmarks/bench_throughput.py
 	$(PY) benchmarks/bench_prefix.py
 	$(PY) benchmarks/bench_json.py
+	$(PY) benchmarks/bench_programs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

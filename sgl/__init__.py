@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sgl.lang import *  # noqa: F401,F403  (the DSL is pure Python and cheap to import)
+from sgl.lang import __all__ as _LANG_ALL
+
 __version__ = "0.1.0"
 
 # The runtime pulls in torch; import it only when it is asked for.
@@ -11,6 +14,7 @@ _LAZY = {
     "Engine": "sgl.runtime.engine",
     "SamplingParams": "sgl.runtime.sampling",
     "InvalidRequestError": "sgl.runtime.errors",
+    "EngineBackend": "sgl.lang.backends.engine",
 }
 
 
@@ -23,4 +27,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-__all__ = list(_LAZY)
+__all__ = [*_LANG_ALL, *_LAZY]

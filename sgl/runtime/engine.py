@@ -9,13 +9,15 @@ Result shape (the server's /generate returns exactly this):
 from __future__ import annotations
 
 import asyncio
+import atexit
 import dataclasses
 import logging
 import os
 import threading
 import uuid
+import weakref
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator, Sequence
+from typing import Any, AsyncIterator, Iterator
 
 import torch
 
@@ -25,6 +27,19 @@ from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.scheduler import SCHEDULE_POLICIES, Scheduler, SchedulerConfig
 
 logger = logging.getLogger(__name__)
+
+# Engines still open when the interpreter exits are shut down first: a scheduler thread
+# caught inside torch code while the process tears down aborts it ("terminate called ...").
+_live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shutdown_live_engines() -> None:
+    for engine in list(_live_engines):
+        try:
+            engine.shutdown()
+        except Exception:  # pragma: no cover - best effort at exit
+            pass
 
 
 @dataclass
@@ -151,6 +166,7 @@ class Engine:
         )
         self.scheduler.start()
         self._closed = False
+        _live_engines.add(self)
 
     # ------------------------------------------------------------------ request building
 

@@ -1,0 +1,351 @@
+"""What programs are written with: @function, gen, select, roles, and the default backend."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from typing import Any, Callable
+
+from sgl.lang import ir
+from sgl.lang.backends.base import Backend
+from sgl.lang.choices import ChoicesMethod
+from sgl.lang.interpreter import DTYPE_REGEX, ProgramState, run_program, run_program_batch
+
+# ---------------------------------------------------------------------- expressions
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    stop_token_ids: list[int] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    repetition_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: type | str | None = None,
+    choices: list[str] | None = None,
+    choices_method: ChoicesMethod | None = None,
+    regex: str | None = None,
+    json_schema: str | dict | None = None,
+    ebnf: str | None = None,
+    seed: int | None = None,
+    max_new_tokens: int | None = None,
+    min_new_tokens: int | None = None,
+) -> ir.Gen | ir.Select:
+    """Generate into variable `name`. Unset parameters take the program's defaults.
+
+    `choices=[...]` makes it a `select`; `dtype` (int, float, bool, str) constrains the
+    output to a number, True/False or a double-quoted string.
+    """
+    if choices is not None:
+        return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
+    if max_tokens is not None and max_new_tokens is not None and max_tokens != max_new_tokens:
+        raise ValueError("give max_tokens or max_new_tokens, not both")
+    sampling = {
+        "max_new_tokens": max_new_tokens if max_new_tokens is not None else max_tokens,
+        "min_new_tokens": min_new_tokens if min_new_tokens is not None else min_tokens,
+        "stop": stop,
+        "stop_token_ids": stop_token_ids,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "frequency_penalty": frequency_penalty,
+        "presence_penalty": presence_penalty,
+        "repetition_penalty": repetition_penalty,
+        "ignore_eos": ignore_eos,
+        "regex": regex,
+        "json_schema": json_schema,
+        "ebnf": ebnf,
+        "seed": seed,
+    }
+    logprobs = {
+        "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len,
+        "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+    }
+    return ir.Gen(
+        name,
+        {k: v for k, v in sampling.items() if v is not None},
+        {k: v for k, v in logprobs.items() if v is not None},
+        _dtype_name(dtype),
+    )
+
+
+def _dtype_name(dtype: Any) -> str | None:
+    if dtype is None:
+        return None
+    names = {int: "int", float: "float", bool: "bool", str: "str"}
+    name = names.get(dtype, dtype if isinstance(dtype, str) else None)
+    if name not in DTYPE_REGEX:
+        raise ValueError(f"dtype must be one of int, float, bool, str; got {dtype!r}")
+    return name
+
+
+def gen_int(name: str | None = None, **kwargs: Any) -> ir.Gen:
+    return gen(name, dtype=int, **kwargs)  # type: ignore[return-value]
+
+
+def gen_string(name: str | None = None, **kwargs: Any) -> ir.Gen:
+    return gen(name, dtype=str, **kwargs)  # type: ignore[return-value]
+
+
+def select(
+    name: str | None = None,
+    choices: list[str] | None = None,
+    temperature: float = 0.0,
+    choices_method: ChoicesMethod | None = None,
+) -> ir.Select:
+    """Choose one of `choices` by likelihood (one batched scoring request) into `name`."""
+    if not choices or not isinstance(choices, (list, tuple)):
+        raise ValueError("select needs choices: a non-empty list of strings")
+    for c in choices:
+        if not isinstance(c, str) or not c:
+            raise ValueError(f"select choices must be non-empty strings; got {c!r}")
+    if not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"select temperature must be >= 0, got {temperature!r}")
+    if choices_method is not None and not isinstance(choices_method, ChoicesMethod):
+        raise ValueError("choices_method must be sgl.token_length_normalized, sgl.greedy_token_selection or "
+                         "sgl.unconditional_likelihood_normalized")
+    return ir.Select(name, list(choices), float(temperature), choices_method)
+
+
+def _role(role: str, expr: Any) -> ir.ExprList:
+    if expr is None:
+        raise ValueError(f"sgl.{role}(...) needs the role's content; for a block use `with s.{role}():`")
+    return ir.ExprList([ir.RoleBegin(role), ir.to_expr(expr), ir.RoleEnd(role)])
+
+
+def system(expr: Any = None) -> ir.ExprList:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> ir.ExprList:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> ir.ExprList:
+    return _role("assistant", expr)
+
+
+def system_begin() -> ir.RoleBegin:
+    return ir.RoleBegin("system")
+
+
+def system_end() -> ir.RoleEnd:
+    return ir.RoleEnd("system")
+
+
+def user_begin() -> ir.RoleBegin:
+    return ir.RoleBegin("user")
+
+
+def user_end() -> ir.RoleEnd:
+    return ir.RoleEnd("user")
+
+
+def assistant_begin() -> ir.RoleBegin:
+    return ir.RoleBegin("assistant")
+
+
+def assistant_end() -> ir.RoleEnd:
+    return ir.RoleEnd("assistant")
+
+
+# ---------------------------------------------------------------------- the default backend
+
+_backend_lock = threading.Lock()
+_default_backend: Backend | None = None
+
+
+def as_backend(backend: Any) -> Backend:
+    """A Backend, an sgl.Engine (wrapped in process) or an sgl.Runtime (its endpoint)."""
+    if isinstance(backend, Backend):
+        return backend
+    endpoint = getattr(backend, "endpoint", None)
+    if isinstance(endpoint, Backend):
+        return endpoint
+    if type(backend).__name__ == "Engine" and hasattr(backend, "generate"):
+        from sgl.lang.backends.engine import EngineBackend
+
+        return EngineBackend(backend)
+    raise TypeError(f"expected an sgl backend (sgl.Engine, sgl.RuntimeEndpoint, ...), got {type(backend).__name__}")
+
+
+def set_default_backend(backend: Any) -> None:
+    global _default_backend
+    with _backend_lock:
+        _default_backend = as_backend(backend)
+
+
+def get_default_backend() -> Backend:
+    """The backend set with set_default_backend; if none, the embedded default model in process."""
+    global _default_backend
+    with _backend_lock:
+        if _default_backend is None:
+            from sgl.lang.backends.engine import EngineBackend
+            from sgl.runtime.engine import Engine
+
+            _default_backend = EngineBackend(Engine(model_path="default"))
+        return _default_backend
+
+
+def _resolve(backend: Any) -> Backend:
+    return as_backend(backend) if backend is not None else get_default_backend()
+
+
+def flush_cache(backend: Any = None) -> bool:
+    return _resolve(backend).flush_cache()
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    return _resolve(backend).get_server_info()
+
+
+# ---------------------------------------------------------------------- programs
+
+_RUN_DEFAULTS: dict[str, Any] = {
+    "max_new_tokens": 128,
+    "stop": None,
+    "stop_token_ids": None,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "ignore_eos": False,
+    "return_logprob": False,
+    "logprob_start_len": None,
+    "top_logprobs_num": None,
+    "return_text_in_logprobs": None,
+}
+
+
+class SglFunction:
+    """A program: a Python function whose first parameter is the state `s`."""
+
+    def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
+                 bind_arguments: dict[str, Any] | None = None) -> None:
+        self.func = func
+        self.num_api_spec_tokens = num_api_spec_tokens  # accepted; speculative API calls are not implemented
+        self.bind_arguments = dict(bind_arguments or {})
+        params = list(inspect.signature(func).parameters.values())
+        if not params:
+            raise TypeError(f"@sgl.function {func.__name__}: the first parameter must be the state `s`")
+        self.arg_names = [p.name for p in params[1:]]
+        functools.update_wrapper(self, func)
+
+    def bind(self, **kwargs: Any) -> "SglFunction":
+        unknown = [k for k in kwargs if k not in self.arg_names]
+        if unknown:
+            raise TypeError(f"{self.func.__name__} has no parameter(s) {', '.join(unknown)}")
+        return SglFunction(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    @staticmethod
+    def _defaults(sampling: dict[str, Any]) -> dict[str, Any]:
+        return {**_RUN_DEFAULTS, **{k: v for k, v in sampling.items() if k in _RUN_DEFAULTS}}
+
+    def run(
+        self,
+        *args: Any,
+        max_new_tokens: int = 128,
+        stop: str | list[str] | None = None,
+        stop_token_ids: list[int] | None = None,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = -1,
+        min_p: float = 0.0,
+        frequency_penalty: float = 0.0,
+        presence_penalty: float = 0.0,
+        ignore_eos: bool = False,
+        return_logprob: bool = False,
+        logprob_start_len: int | None = None,
+        top_logprobs_num: int | None = None,
+        return_text_in_logprobs: bool | None = None,
+        stream: bool = False,
+        backend: Any = None,
+        **kwargs: Any,
+    ) -> ProgramState:
+        """Run the program; the keyword sampling parameters are defaults for its gen calls."""
+        defaults = dict(
+            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, temperature=temperature,
+            top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+        kwargs = {**self.bind_arguments, **kwargs}
+        return run_program(self.func, _resolve(backend), args, kwargs, defaults, stream=stream)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+    def run_batch(
+        self,
+        batch_kwargs: list[dict[str, Any] | tuple | list],
+        *,
+        num_threads: int | str = "auto",
+        progress_bar: bool = False,
+        backend: Any = None,
+        **sampling: Any,
+    ) -> list[ProgramState]:
+        """Run once per item (a dict of arguments or a tuple of positional ones), concurrently.
+
+        The program's constant prefix (found by tracing) is computed once before the batch,
+        so every item starts with a cache hit. Results keep input order; a failing item's
+        state holds its error.
+        """
+        unknown = [k for k in sampling if k not in _RUN_DEFAULTS]
+        if unknown:
+            raise TypeError(f"run_batch got unexpected keyword argument(s) {', '.join(unknown)}")
+        if not isinstance(batch_kwargs, (list, tuple)):
+            raise TypeError("run_batch takes a list of argument dicts or tuples")
+        items: list[tuple[tuple, dict[str, Any]]] = []
+        for i, item in enumerate(batch_kwargs):
+            if isinstance(item, dict):
+                items.append(((), {**self.bind_arguments, **item}))
+            elif isinstance(item, (tuple, list)):
+                items.append((tuple(item), dict(self.bind_arguments)))
+            else:
+                raise TypeError(f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}")
+        be = _resolve(backend)
+        if items:
+            self.cache(be)
+        return run_program_batch(self.func, be, items, self._defaults(sampling), num_threads, progress_bar)
+
+    def trace(self, **kwargs: Any):
+        """Run the program on placeholder arguments (or the given ones) and return its IR
+        graph (printable); nothing is generated."""
+        from sgl.lang.tracer import trace_program
+
+        return trace_program(self, kwargs)
+
+    def cache(self, backend: Any = None) -> str:
+        """Compute the program's constant prefix into the backend's cache; returns it."""
+        from sgl.lang.tracer import constant_prefix
+
+        be = _resolve(backend)
+        prefix = constant_prefix(self, be)
+        if prefix:
+            be.cache_prefix(prefix)
+        return prefix
+
+
+def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int | None = None):
+    """Decorator: `@sgl.function` or `@sgl.function(num_api_spec_tokens=64)`."""
+    if func is None:
+        return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
+    return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)

@@ -1,0 +1,586 @@
+"""Runs programs: the only place that executes the IR.
+
+Each program state has a `StreamExecutor` that executes its expressions, in order, on a
+worker thread. `s += expr` only enqueues, so a program body runs ahead of the model and
+forked branches (each with its own executor) generate concurrently; reading a result
+(`s["v"]`, `s.text()`) waits for the expressions before it. An error in an expression is
+recorded, the rest of that state's expressions are skipped, and the error is raised to
+whoever waits on the state: `run` (or `sync`, `s["v"]`, `text()`, the stream iterators).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, AsyncIterator, Callable, Iterator
+
+from sgl.lang import ir
+from sgl.lang.backends.base import Backend
+from sgl.lang.chat_template import ChatTemplate
+from sgl.lang.choices import token_length_normalized
+
+# dtype= of gen: the regex that constrains the output (bounded, so it always terminates).
+DTYPE_REGEX = {
+    "int": r"[-+]?[0-9]{1,18}",
+    "float": r"[-+]?[0-9]{1,15}(\.[0-9]{1,15})?",
+    "bool": r"(True|False)",
+    "str": r'"[^"\\\n]{0,256}"',
+}
+
+_END = object()  # end of a state's expression stream
+
+
+class ProgramError(RuntimeError):
+    """A program failed; the original exception is the __cause__."""
+
+
+class _WorkerPool:
+    """Reusable daemon threads for executor loops, so a program run starts no thread (and a
+    thread's first call into the engine, slower than later ones, is paid once). The pool
+    grows to the peak number of live program states; idle threads wait for the next one."""
+
+    def __init__(self) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            spawn = self._idle == 0
+            if not spawn:
+                self._idle -= 1
+        self._tasks.put(fn)
+        if spawn:
+            threading.Thread(target=self._work, name="sgl-program", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn = self._tasks.get()
+            try:
+                fn()
+            finally:
+                with self._lock:
+                    self._idle += 1
+
+
+_WORKERS = _WorkerPool()
+
+
+class StreamExecutor:
+    """Executes one state's expressions on its own thread and holds the state's results."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        defaults: dict[str, Any],
+        stream: bool = False,
+        parent: "StreamExecutor | None" = None,
+    ) -> None:
+        self.backend = backend
+        self.defaults = defaults  # program-wide sampling and logprob defaults
+        self.stream = stream
+        self.sid = uuid.uuid4().hex
+        self.text_ = parent.text_ if parent else ""
+        self.messages_: list[dict[str, str]] = [dict(m) for m in parent.messages_] if parent else []
+        self.variables: dict[str, Any] = dict(parent.variables) if parent else {}
+        self.assigned: dict[str, None] = {}  # variables this state set itself (ordered set), for join
+        self.meta_info: dict[str, Any] = dict(parent.meta_info) if parent else {}
+        self.role: str | None = parent.role if parent else None
+        self.role_start = parent.role_start if parent else 0
+        self.roles_seen = parent.roles_seen if parent else 0
+        self.scopes: dict[str, int] = dict(parent.scopes) if parent else {}
+        self.fork_start = len(self.text_)  # where this branch's own text starts
+        self.children: list[StreamExecutor] = []  # fork branches: ended when this state ends
+        self.error: BaseException | None = None
+        self._template: ChatTemplate | None = parent._template if parent else None
+        self._queue: queue.Queue = queue.Queue()
+        self._pending = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        # Stream events, (variable name or None, text piece), kept so that every reader
+        # (text_iter of all text, of one variable, a second pass) sees all of them.
+        self._events: list[tuple[str | None, str]] = []
+        self._events_done = False  # set when the state's expressions have all run
+        self._events_cond = threading.Condition()
+        self.body_thread: threading.Thread | None = None  # stream mode: runs the program body
+        self.finished = threading.Event()  # set when the worker is done with this state
+        _WORKERS.run(self._loop)
+
+    # ------------------------------------------------------------------ submission
+
+    def submit(self, expr: ir.Expr) -> None:
+        if self._closed:
+            raise ProgramError("this program state has ended; no more text can be added to it")
+        with self._cond:
+            self._pending += 1
+        self._queue.put(expr)
+
+    def end(self) -> None:
+        """No more expressions: the stream iterators finish once the queue drains, and the
+        worker threads (this state's and its unjoined fork branches') exit."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(_END)
+        for child in self.children:
+            child.end()
+
+    def _wait_for_body(self) -> None:
+        # A streamed program's body runs on its own thread: a reader outside it waits for
+        # the body to finish, so it sees the whole program (and its errors), not a prefix.
+        body = self.body_thread
+        if body is not None and body is not threading.current_thread():
+            body.join()
+
+    def sync(self) -> None:
+        """Wait until every submitted expression ran; raise the state's error, if any."""
+        self._wait_for_body()
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending == 0)
+        self.raise_error()
+
+    def sync_quietly(self) -> None:
+        """Wait for the submitted expressions without raising (the error stays recorded)."""
+        self._wait_for_body()
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending == 0)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise ProgramError(f"program failed: {self.error}") from self.error
+
+    def fail(self, error: BaseException) -> None:
+        """Record an error raised outside the executor (e.g. in the program body)."""
+        if self.error is None:
+            self.error = error
+        self.end()
+
+    # ------------------------------------------------------------------ the worker
+
+    def _loop(self) -> None:
+        while True:
+            expr = self._queue.get()
+            if expr is _END:
+                with self._events_cond:
+                    self._events_done = True
+                    self._events_cond.notify_all()
+                self.finished.set()
+                return
+            try:
+                if self.error is None:
+                    self._execute(expr)
+            except BaseException as e:  # recorded; the rest of this state's expressions are skipped
+                self.error = e
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+
+    def _execute(self, expr: ir.Expr) -> None:
+        if isinstance(expr, ir.ExprList):
+            for item in expr.items:
+                self._execute(item)
+        elif isinstance(expr, ir.Text):
+            self._append(expr.text)
+        elif isinstance(expr, ir.Gen):
+            self._gen(expr)
+        elif isinstance(expr, ir.Select):
+            self._select(expr)
+        elif isinstance(expr, ir.RoleBegin):
+            self._role_begin(expr.role)
+        elif isinstance(expr, ir.RoleEnd):
+            self._role_end(expr.role)
+        elif isinstance(expr, ir.VarScopeBegin):
+            self.scopes[expr.name] = len(self.text_)
+        elif isinstance(expr, ir.VarScopeEnd):
+            if expr.name not in self.scopes:
+                raise ProgramError(f"var_scope {expr.name!r} ended but never began")
+            self.set_variable(expr.name, self.text_[self.scopes.pop(expr.name) :])
+        elif isinstance(expr, ir.SetVar):
+            self.set_variable(expr.name, expr.value)
+        elif isinstance(expr, _Call):
+            expr.fn(self)
+        else:
+            raise TypeError(f"cannot execute {expr!r}")
+
+    def set_variable(self, name: str, value: Any) -> None:
+        self.variables[name] = value
+        self.assigned[name] = None
+
+    def _append(self, text: str, var: str | None = None) -> None:
+        self.text_ += text
+        if self.stream:
+            with self._events_cond:
+                self._events.append((var, text))
+                self._events_cond.notify_all()
+
+    @property
+    def template(self) -> ChatTemplate:
+        if self._template is None:
+            self._template = self.backend.chat_template()
+        return self._template
+
+    def _role_begin(self, role: str) -> None:
+        if self.role is not None:
+            raise ProgramError(f"role {role!r} begins inside role {self.role!r}; end that role first")
+        self._append(self.template.role_prefix(role, first=self.roles_seen == 0))
+        self.roles_seen += 1
+        self.role, self.role_start = role, len(self.text_)
+
+    def _role_end(self, role: str) -> None:
+        if self.role != role:
+            raise ProgramError(f"role {role!r} ends but the open role is {self.role!r}")
+        self.messages_.append({"role": role, "content": self.text_[self.role_start :]})
+        self.role = None
+        self._append(self.template.role_suffix(role))
+
+    def _params(self, gen: ir.Gen) -> tuple[dict[str, Any], dict[str, Any]]:
+        sampling = {k: v for k, v in self.defaults.items() if k in ir.SAMPLING_KEYS and v is not None}
+        logprobs = {k: v for k, v in self.defaults.items() if k in ir.LOGPROB_KEYS and v is not None}
+        sampling.update(gen.sampling)
+        logprobs.update(gen.logprobs)
+        if gen.dtype is not None:
+            if any(sampling.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
+                raise ValueError(f"gen {gen.name!r}: dtype cannot be combined with regex, json_schema or ebnf")
+            sampling["regex"] = DTYPE_REGEX[gen.dtype]
+        if sum(sampling.get(k) is not None for k in ("regex", "json_schema", "ebnf")) > 1:
+            raise ValueError(f"gen {gen.name!r}: give at most one of regex, json_schema and ebnf")
+        if logprobs.get("return_logprob") and "logprob_start_len" not in logprobs:
+            logprobs["logprob_start_len"] = -1  # output logprobs only, unless asked for the prompt's
+        if not logprobs.get("return_logprob"):
+            logprobs = {}
+        return sampling, logprobs
+
+    def _gen(self, gen: ir.Gen) -> None:
+        sampling, logprobs = self._params(gen)
+        if self.stream:
+            pieces = []
+            meta: dict[str, Any] = {}
+            for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs):
+                if piece:
+                    pieces.append(piece)
+                    self._append(piece, gen.name)
+                if m is not None:
+                    meta = m
+            text = "".join(pieces)
+        else:
+            text, meta = self.backend.generate(self.text_, sampling, logprobs)
+            self._append(text, gen.name)
+        if gen.name is not None:
+            self.set_variable(gen.name, text)
+            self.meta_info[gen.name] = meta
+
+    def _select(self, sel: ir.Select) -> None:
+        method = sel.choices_method or token_length_normalized
+        decision = self.backend.select(self.text_, list(sel.choices), sel.temperature, method)
+        self._append(decision.decision, sel.name)
+        if sel.name is not None:
+            self.set_variable(sel.name, decision.decision)
+            self.meta_info[sel.name] = decision.meta_info
+
+    # ------------------------------------------------------------------ streaming
+
+    def events(self) -> Iterator[tuple[str | None, str]]:
+        i = 0
+        while True:
+            with self._events_cond:
+                self._events_cond.wait_for(lambda: i < len(self._events) or self._events_done)
+                if i >= len(self._events):  # done, and this reader has seen every event
+                    break
+                ev = self._events[i]
+            i += 1
+            yield ev
+        self.raise_error()
+
+
+class _Call(ir.Expr):
+    """Run a function on the executor's thread, in order with the expressions (internal)."""
+
+    def __init__(self, fn: Callable[[StreamExecutor], None]) -> None:
+        self.fn = fn
+
+
+class ProgramState:
+    """The `s` of a program: add expressions to it, read results from it."""
+
+    def __init__(self, executor: StreamExecutor) -> None:
+        self.stream_executor = executor
+        self.ret_value: Any = None
+
+    # -- building ------------------------------------------------------------------
+
+    def __iadd__(self, other: Any) -> "ProgramState":
+        self.stream_executor.submit(ir.to_expr(other))
+        return self
+
+    def set_var(self, name: str, value: Any) -> None:
+        self.stream_executor.submit(ir.SetVar(name, value))
+
+    @contextlib.contextmanager
+    def role(self, role: str) -> Iterator[None]:
+        self.stream_executor.submit(ir.RoleBegin(role))
+        try:
+            yield
+        finally:
+            self.stream_executor.submit(ir.RoleEnd(role))
+
+    def system(self, expr: Any = None):
+        return self._role_or_block("system", expr)
+
+    def user(self, expr: Any = None):
+        return self._role_or_block("user", expr)
+
+    def assistant(self, expr: Any = None):
+        return self._role_or_block("assistant", expr)
+
+    def _role_or_block(self, role: str, expr: Any):
+        if expr is None:
+            return self.role(role)
+        self += ir.ExprList([ir.RoleBegin(role), ir.to_expr(expr), ir.RoleEnd(role)])
+        return None
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[None]:
+        self.stream_executor.submit(ir.VarScopeBegin(name))
+        try:
+            yield
+        finally:
+            self.stream_executor.submit(ir.VarScopeEnd(name))
+
+    def fork(self, size: int = 1) -> "ProgramStateGroup":
+        """Split into `size` branches that continue from the current text, concurrently."""
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"fork size must be a positive integer, got {size!r}")
+        parent = self.stream_executor
+        parent.sync()
+        branches = [ProgramState(StreamExecutor(parent.backend, parent.defaults, parent.stream, parent=parent))
+                    for _ in range(size)]
+        parent.children.extend(b.stream_executor for b in branches)
+        return ProgramStateGroup(branches, self)
+
+    # -- reading -------------------------------------------------------------------
+
+    def sync(self) -> "ProgramState":
+        self.stream_executor.sync()
+        return self
+
+    def text(self) -> str:
+        self.sync()
+        return self.stream_executor.text_
+
+    def messages(self) -> list[dict[str, str]]:
+        self.sync()
+        return [dict(m) for m in self.stream_executor.messages_]
+
+    def get_var(self, name: str) -> Any:
+        self.sync()
+        try:
+            return self.stream_executor.variables[name]
+        except KeyError:
+            known = ", ".join(sorted(self.stream_executor.variables)) or "none"
+            raise KeyError(f"no variable {name!r} in this program state (variables: {known})") from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.get_var(name)
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return name in self.stream_executor.variables
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        self.sync()
+        if name not in self.stream_executor.meta_info:
+            raise KeyError(f"no generation named {name!r} in this program state")
+        return self.stream_executor.meta_info[name]
+
+    @property
+    def error(self) -> BaseException | None:
+        """The exception that stopped this program, if any (does not wait)."""
+        return self.stream_executor.error
+
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
+        """Text pieces as they are produced (all text, or only variable `var_name`'s).
+
+        Without stream=True there are no pieces to wait for: yields the final text once.
+        """
+        ex = self.stream_executor
+        if not ex.stream:
+            yield self.get_var(var_name) if var_name is not None else self.text()
+            return
+        for var, piece in ex.events():
+            if var_name is None or var == var_name:
+                yield piece
+
+    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
+        it = self.text_iter(var_name)
+        done = object()
+        while True:
+            piece = await asyncio.to_thread(next, it, done)
+            if piece is done:
+                return
+            yield piece
+
+    def __repr__(self) -> str:
+        ex = self.stream_executor
+        return f"ProgramState(text={ex.text_[-60:]!r}, variables={sorted(ex.variables)})"
+
+
+class ProgramStateGroup:
+    """The branches of `s.fork(n)`."""
+
+    def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
+        self.states = states
+        self.parent = parent
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __setitem__(self, i: int, state: ProgramState) -> None:  # `forks[i] += ...` stores back
+        if state is not self.states[i]:
+            raise TypeError("fork branches cannot be replaced; add text to them with forks[i] += ...")
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __iadd__(self, other: Any) -> "ProgramStateGroup":
+        """`forks += expr` adds to every branch; `forks += lambda i: expr` adds expr(i) to branch i."""
+        for i, s in enumerate(self.states):
+            s += other(i) if callable(other) else other
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """Wait for every branch and bring its results back to the parent (as SGLang does).
+
+        "gather_variable" (the default): every variable a branch set after the fork becomes,
+        in the parent, the list of the branches' values in fork order; the parent's text is
+        unchanged. "concate_and_append": each branch's new text is appended to the parent's,
+        in fork order; variables stay in the branches (`forks[i]["v"]`).
+        """
+        if mode not in ("gather_variable", "concate_and_append"):
+            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+        for s in self.states:
+            s.stream_executor.end()
+        errors = []
+        for s in self.states:
+            try:
+                s.sync()
+            except ProgramError as e:
+                errors.append(e)
+        if errors:
+            raise errors[0]
+        executors = [s.stream_executor for s in self.states]
+
+        def merge(parent: StreamExecutor) -> None:
+            # The variables some branch set after the fork (not those it inherited: a value
+            # equal to, or even the same object as, the parent's still counts as set).
+            if mode == "concate_and_append":
+                for ex in executors:
+                    parent._append(ex.text_[ex.fork_start :])
+                return
+            names: dict[str, None] = {}
+            for ex in executors:
+                names.update(ex.assigned)
+            for k in names:
+                parent.set_variable(k, [ex.variables.get(k) for ex in executors])
+                if any(k in ex.meta_info for ex in executors):
+                    parent.meta_info[k] = [ex.meta_info.get(k) for ex in executors]
+
+        self.parent.stream_executor.submit(_Call(merge))
+
+
+# ---------------------------------------------------------------------- running programs
+
+
+def run_program(
+    func: Callable[..., Any],
+    backend: Backend,
+    args: tuple,
+    kwargs: dict[str, Any],
+    defaults: dict[str, Any],
+    stream: bool = False,
+) -> ProgramState:
+    """Run one program. Without stream, waits and raises the program's error; with stream,
+    runs the body on a thread and returns at once (errors surface when the state is read)."""
+    state = ProgramState(StreamExecutor(backend, defaults, stream=stream))
+
+    def body() -> None:
+        try:
+            state.ret_value = func(state, *args, **kwargs)
+        except BaseException as e:
+            state.stream_executor.fail(e)
+            raise
+        finally:
+            state.stream_executor.end()
+
+    if stream:
+        def quiet_body() -> None:
+            with contextlib.suppress(BaseException):
+                body()
+
+        body_thread = threading.Thread(target=quiet_body, name="sgl-program-body", daemon=True)
+        state.stream_executor.body_thread = body_thread
+        body_thread.start()
+        return state
+    try:
+        body()
+    except ProgramError:
+        raise
+    except BaseException:
+        state.stream_executor.sync_quietly()
+        raise
+    state.sync()
+    return state
+
+
+def run_program_batch(
+    func: Callable[..., Any],
+    backend: Backend,
+    batch: list[tuple[tuple, dict[str, Any]]],
+    defaults: dict[str, Any],
+    num_threads: int | str = "auto",
+    progress_bar: bool = False,
+) -> list[ProgramState]:
+    """Run the program once per (args, kwargs) item on a thread pool; results in input order.
+
+    A failing item does not stop the others: its state records the error (`state.error`)
+    and raises it when read.
+    """
+    if num_threads == "auto":
+        num_threads = max(1, min(64, len(batch)))
+    if not isinstance(num_threads, int) or num_threads < 1:
+        raise ValueError(f"num_threads must be a positive integer or 'auto', got {num_threads!r}")
+
+    def one(item: tuple[tuple, dict[str, Any]]) -> ProgramState:
+        args, kwargs = item
+        state = ProgramState(StreamExecutor(backend, defaults))
+        try:
+            state.ret_value = func(state, *args, **kwargs)
+        except BaseException as e:
+            state.stream_executor.fail(e)
+        state.stream_executor.end()
+        state.stream_executor.sync_quietly()
+        return state
+
+    bar = None
+    if progress_bar:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(batch), desc="run_batch")
+    results: list[ProgramState | None] = [None] * len(batch)
+    with ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="sgl-run-batch") as pool:
+        futures = {pool.submit(one, item): i for i, item in enumerate(batch)}
+        from concurrent.futures import as_completed
+
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return results  # type: ignore[return-value]

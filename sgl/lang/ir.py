@@ -1,0 +1,203 @@
+"""The program IR: plain data that `s += ...` appends and only the interpreter executes.
+
+A program is a sequence of expressions added to a state: literal text, generation,
+choice among strings, chat-role boundaries, variable scopes. Expressions concatenate with
+`+` into an `ExprList`, so `s += "Q: " + q + sgl.gen("a")` is one statement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# Sampling parameters a program (run defaults) or a gen() call can set; names follow SGLang.
+SAMPLING_KEYS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "seed",
+    "regex",
+    "json_schema",
+    "ebnf",
+)
+# Logprob options of a generation call (passed beside the sampling parameters).
+LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
+class Expr:
+    """Base of everything a program can add to a state."""
+
+    def __add__(self, other: Any) -> "ExprList":
+        return ExprList([self, to_expr(other)])
+
+    def __radd__(self, other: Any) -> "ExprList":
+        return ExprList([to_expr(other), self])
+
+
+@dataclass(repr=False)
+class ExprList(Expr):
+    items: list[Expr] = field(default_factory=list)
+
+    def __add__(self, other: Any) -> "ExprList":
+        return ExprList([*self.items, to_expr(other)])
+
+    def __radd__(self, other: Any) -> "ExprList":
+        return ExprList([to_expr(other), *self.items])
+
+    def __repr__(self) -> str:
+        return " + ".join(repr(x) for x in self.items)
+
+
+@dataclass(repr=False)
+class Text(Expr):
+    text: str
+
+    def __repr__(self) -> str:
+        return f"Text({self.text!r})"
+
+
+@dataclass(repr=False)
+class Gen(Expr):
+    """Generate text into variable `name` (None: text only).
+
+    `sampling` holds only the parameters the call set; the program's defaults fill the rest.
+    """
+
+    name: str | None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    logprobs: dict[str, Any] = field(default_factory=dict)
+    dtype: str | None = None  # "int" | "float" | "bool" | "str": a regex constraint
+
+    def __repr__(self) -> str:
+        args = [repr(self.name)] + [f"{k}={v!r}" for k, v in {**self.sampling, **self.logprobs}.items()]
+        if self.dtype:
+            args.append(f"dtype={self.dtype}")
+        return f"Gen({', '.join(args)})"
+
+
+@dataclass(repr=False)
+class Select(Expr):
+    """Pick one of `choices` by the model's likelihood and store it in `name`."""
+
+    name: str | None
+    choices: list[str]
+    temperature: float = 0.0
+    choices_method: Any = None  # a ChoicesMethod; None: token_length_normalized
+
+    def __repr__(self) -> str:
+        return f"Select({self.name!r}, {self.choices!r})"
+
+
+@dataclass(repr=False)
+class RoleBegin(Expr):
+    role: str
+
+    def __repr__(self) -> str:
+        return f"RoleBegin({self.role!r})"
+
+
+@dataclass(repr=False)
+class RoleEnd(Expr):
+    role: str
+
+    def __repr__(self) -> str:
+        return f"RoleEnd({self.role!r})"
+
+
+@dataclass(repr=False)
+class VarScopeBegin(Expr):
+    name: str
+
+    def __repr__(self) -> str:
+        return f"VarScopeBegin({self.name!r})"
+
+
+@dataclass(repr=False)
+class VarScopeEnd(Expr):
+    name: str
+
+    def __repr__(self) -> str:
+        return f"VarScopeEnd({self.name!r})"
+
+
+@dataclass(repr=False)
+class SetVar(Expr):
+    name: str
+    value: Any
+
+    def __repr__(self) -> str:
+        return f"SetVar({self.name!r}, {self.value!r})"
+
+
+@dataclass(repr=False)
+class Fork(Expr):
+    """Recorded by the tracer: the state split into `len(branches)` branches."""
+
+    branches: list[list[Expr]]
+
+    def __repr__(self) -> str:
+        return f"Fork({len(self.branches)})"
+
+
+@dataclass(repr=False)
+class Join(Expr):
+    """Recorded by the tracer: the branches of the last fork joined back."""
+
+    mode: str
+
+    def __repr__(self) -> str:
+        return f"Join({self.mode!r})"
+
+
+@dataclass(repr=False)
+class Argument(Expr):
+    """Recorded by the tracer: text that depends on the program argument `name`."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"Argument({self.name!r})"
+
+
+@dataclass(repr=False)
+class Variable(Expr):
+    """Recorded by the tracer: text that depends on variable `name`, read mid-program."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"Variable({self.name!r})"
+
+
+def to_expr(x: Any) -> Expr:
+    if isinstance(x, Expr):
+        return x
+    if isinstance(x, str):
+        return Text(x)
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return Text(str(x))
+    raise TypeError(
+        f"cannot add {type(x).__name__} to a program state: add a str, a number, or an sgl expression "
+        "(sgl.gen, sgl.select, sgl.user(...), ...)"
+    )
+
+
+def flatten(expr: Expr) -> list[Expr]:
+    if isinstance(expr, ExprList):
+        out: list[Expr] = []
+        for item in expr.items:
+            out.extend(flatten(item))
+        return out
+    return [expr]
