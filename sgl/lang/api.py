@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
+import sys
 import threading
 from typing import Any, Callable
 
@@ -11,6 +13,8 @@ from sgl.lang import ir
 from sgl.lang.backends.base import Backend
 from sgl.lang.choices import ChoicesMethod
 from sgl.lang.interpreter import DTYPE_REGEX, ProgramState, run_program, run_program_batch
+
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------- expressions
 
@@ -177,7 +181,8 @@ def as_backend(backend: Any) -> Backend:
     endpoint = getattr(backend, "endpoint", None)
     if isinstance(endpoint, Backend):
         return endpoint
-    if type(backend).__name__ == "Engine" and hasattr(backend, "generate"):
+    engine_module = sys.modules.get("sgl.runtime.engine")  # loaded if any Engine exists
+    if engine_module is not None and isinstance(backend, engine_module.Engine):
         from sgl.lang.backends.engine import EngineBackend
 
         return EngineBackend(backend)
@@ -323,7 +328,10 @@ class SglFunction:
                 raise TypeError(f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}")
         be = _resolve(backend)
         if items:
-            self.cache(be)
+            try:
+                self.cache(be)
+            except Exception as e:  # only an optimisation: the items still run (and report errors)
+                logger.warning("run_batch: caching the constant prefix failed: %s", e)
         return run_program_batch(self.func, be, items, self._defaults(sampling), num_threads, progress_bar)
 
     def trace(self, **kwargs: Any):

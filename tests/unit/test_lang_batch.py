@@ -254,3 +254,15 @@ def test_cache_method_uses_the_backend():
     fake = FakeBackend()
     assert traced.cache(fake) == constant_prefix(traced, fake)
     assert fake.prefixes == [constant_prefix(traced, fake)]
+
+
+@within(10)
+def test_run_batch_runs_every_item_when_caching_the_prefix_fails():
+    @sgl.function
+    def prog(s, x):
+        s += "A constant prefix. " + x + sgl.gen("v", max_tokens=2)
+
+    fake = FakeBackend(default="ok", fail_on=lambda call: call.kind == "cache_prefix")
+    states = prog.run_batch([{"x": "a"}, {"x": "b"}], backend=fake)
+    assert [s.text() for s in states] == ["A constant prefix. aok", "A constant prefix. bok"]
+    assert [c.kind for c in fake.calls].count("cache_prefix") == 1
