@@ -12,6 +12,7 @@ import threading
 
 import jsonschema
 import pytest
+import regex
 import torch
 
 import sgl
@@ -99,9 +100,14 @@ def test_gen_dtypes_match_their_regex(backend, dtype):
         s += "Write a value: "
         s += sgl.gen("v", dtype=dtype, max_tokens=24, temperature=1.0)
 
+    pattern = DTYPE_REGEX[dtype.__name__]
     for _ in range(3):
-        value = typed.run(backend=backend)["v"]
-        assert re.fullmatch(DTYPE_REGEX[dtype.__name__], value), value
+        state = typed.run(backend=backend)
+        value = state["v"]
+        if state.get_meta_info("v")["finish_reason"]["type"] == "length":  # cut: a prefix of the language
+            assert regex.fullmatch(pattern, value, partial=True), value
+        else:
+            assert re.fullmatch(pattern, value), value
 
 
 def test_gen_int_and_regex(backend):
