@@ -7,7 +7,7 @@ STAMP := $(VENV)/.sgl-setup-stamp
 # The CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-unit test-integration demo bench clean
+.PHONY: setup test test-unit test-integration demo serve bench clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,9 @@ test-integration: setup
 
 demo: setup
 	$(PY) examples/engine_quickstart.py
+
+serve: setup
+	$(PY) -m sgl.launch_server --model-path default --host 127.0.0.1 --port 30000
 
 bench: setup
 	$(PY) benchmarks/bench_throughput.py

@@ -15,6 +15,8 @@ _LAZY = {
     "SamplingParams": "sgl.runtime.sampling",
     "InvalidRequestError": "sgl.runtime.errors",
     "EngineBackend": "sgl.lang.backends.engine",
+    "RuntimeEndpoint": "sgl.lang.backends.runtime_endpoint",
+    "Runtime": "sgl.lang.backends.runtime_endpoint",
 }
 
 

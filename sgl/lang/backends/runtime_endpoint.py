@@ -1,0 +1,186 @@
+"""The remote backend: programs run against an sgl server over HTTP, exactly as in process.
+
+`RuntimeEndpoint(url)` speaks the server's native API: `/generate` (whose body is the
+engine's result dict; streamed as Server-Sent Events with cumulative text), `/tokenize`
+(to score `select` choices on the same tokens as in process), `/get_model_info` (which
+carries the chat template's role strings, so roles render the same remotely), and
+`/flush_cache` / `/get_server_info`. `Runtime(...)` starts a local server process for it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Iterator
+
+import requests
+
+from sgl.lang.backends.scoring import TokenScoringBackend, logprobs_of
+from sgl.lang.chat_template import ChatTemplate
+
+
+class RemoteError(ValueError):
+    """The server refused a request (4xx/5xx); carries its message, status and param."""
+
+    def __init__(self, message: str, status: int, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
+
+
+class RuntimeEndpoint(TokenScoringBackend):
+    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.timeout = timeout
+        self._local = threading.local()  # one HTTP session per thread (connection reuse)
+        self.model_info = self._request("GET", "/get_model_info")
+        roles = self.model_info.get("chat_roles")
+        self._template = (
+            ChatTemplate(roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server")
+            if roles else ChatTemplate.plain()
+        )
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+            if self.api_key:
+                s.headers["Authorization"] = f"Bearer {self.api_key}"
+        return s
+
+    def _request(self, method: str, path: str, body: Any = None, stream: bool = False) -> Any:
+        r = self._session().request(method, self.base_url + path, json=body, stream=stream, timeout=self.timeout)
+        if r.status_code >= 400:
+            try:
+                err = r.json().get("error", {})
+                message, param = err.get("message", r.text), err.get("param")
+            except ValueError:
+                message, param = r.text, None
+            r.close()
+            raise RemoteError(f"{path}: HTTP {r.status_code}: {message}", r.status_code, param)
+        return r if stream else r.json()
+
+    # ------------------------------------------------------------------ Backend
+
+    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        out = self._request("POST", "/generate", {"text": text, "sampling_params": sampling, **logprobs})
+        return out["text"], out["meta_info"]
+
+    def generate_stream(
+        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]
+    ) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        body = {"text": text, "sampling_params": sampling, "stream": True, **logprobs}
+        r = self._request("POST", "/generate", body, stream=True)
+        seen = ""
+        try:
+            for line in r.iter_lines(decode_unicode=True):
+                if not line or not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    err = chunk["error"]
+                    raise RemoteError(f"/generate stream: {err.get('message', err)}", 500, err.get("param"))
+                full = chunk["text"]  # cumulative, as SGLang's /generate streams it
+                meta = chunk["meta_info"]
+                yield full[len(seen) :], meta if meta.get("finish_reason") is not None else None
+                seen = full
+        finally:
+            r.close()  # an early stop closes the connection: the server aborts the request
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self._request("POST", "/tokenize", {"text": texts})["input_ids"]
+
+    def score_tokens(self, id_lists: list[list[int]], start: int) -> list[list[float]]:
+        outs = self._request("POST", "/generate", {
+            "input_ids": id_lists, "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True, "logprob_start_len": start,
+        })
+        return [logprobs_of(o["meta_info"]) for o in outs]
+
+    def bos_token_id(self) -> int | None:
+        return self.model_info.get("bos_token_id")
+
+    def cache_prefix(self, text: str) -> None:
+        if text:
+            self._request("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
+
+    def chat_template(self) -> ChatTemplate:
+        return self._template
+
+    def flush_cache(self) -> bool:
+        r = self._session().post(self.base_url + "/flush_cache", timeout=self.timeout)
+        return r.status_code == 200
+
+    def get_server_info(self) -> dict[str, Any]:
+        return self._request("GET", "/get_server_info")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Runtime:
+    """A local sgl server in a subprocess: `Runtime(model_path="default", **server_args)`.
+
+    Server arguments are the launch_server options with underscores (`max_total_tokens=...`,
+    `disable_radix_cache=True`, `api_key="..."`). `.url` and `.endpoint` (a RuntimeEndpoint)
+    once healthy; `shutdown()` (also at interpreter exit) stops the process.
+    """
+
+    def __init__(self, model_path: str = "default", host: str = "127.0.0.1", port: int | None = None,
+                 startup_timeout: float = 300.0, **server_args: Any) -> None:
+        self.port = port or _free_port()
+        self.url = f"http://{host}:{self.port}"
+        cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", model_path, "--host", host,
+               "--port", str(self.port)]
+        for key, value in server_args.items():
+            flag = "--" + key.replace("_", "-")
+            if value is True:
+                cmd.append(flag)
+            elif value not in (None, False):
+                cmd += [flag, str(value)]
+        self.process = subprocess.Popen(cmd, env=dict(os.environ))
+        atexit.register(self.shutdown)
+        api_key = server_args.get("api_key")
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited with code {self.process.returncode} while starting: {' '.join(cmd)}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                self.shutdown()
+                raise TimeoutError(f"the server did not become healthy within {startup_timeout:.0f} s")
+            time.sleep(0.5)
+        self.endpoint = RuntimeEndpoint(self.url, api_key=api_key)
+
+    def shutdown(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

@@ -1,0 +1,54 @@
+"""`create_app(engine, served_model_name, api_key=None)`: the FastAPI app around an engine.
+
+The app does not own the engine (tests and `sgl.launch_server` share or shut it down
+themselves). All generation goes through `engine.async_generate` or a worker thread, so
+the event loop never blocks on the model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from fastapi import FastAPI
+
+from sgl.lang.backends.engine import EngineBackend
+from sgl.lang.chat_template import ChatTemplate
+from sgl.server import admin, extract, native, openai_api
+from sgl.server.auth import APIKeyMiddleware
+from sgl.server.errors import install_error_handlers
+from sgl.server.metrics import MeteredEngine, Metrics
+from sgl.server.state import ServerState
+
+DESCRIPTION = """Serves an sgl engine: the native `/generate` (the engine's result dicts, as JSON or
+server-sent events), OpenAI-compatible `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
+JSON-schema extraction at `/v1/extract`, and operations endpoints (`/health`, `/get_model_info`,
+`/get_server_info`, `/flush_cache`, `/abort_request`, `/metrics`). Errors have the body
+`{"error": {"message", "type", "param", "code"}}`."""
+
+
+def create_app(engine: Any, served_model_name: str, api_key: str | None = None) -> FastAPI:
+    from sgl import __version__
+
+    metrics = Metrics(served_model_name)
+    metered = MeteredEngine(engine, metrics)
+    info = engine.get_server_info()
+    state = ServerState(
+        engine=metered,
+        served_model_name=served_model_name,
+        metrics=metrics,
+        chat_template=ChatTemplate.from_hf_tokenizer(engine.tokenizer),
+        model_path=str(engine.model_path),
+        context_len=int(engine.context_len),
+        kv_capacity=int(info["max_total_tokens"]),
+        created=int(time.time()),
+        extract_backend=EngineBackend(metered),
+    )
+    app = FastAPI(title="sgl", version=__version__, description=DESCRIPTION)
+    app.state.sgl = state
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    for module in (native, openai_api, extract, admin):
+        app.include_router(module.router)
+    return app

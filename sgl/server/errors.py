@@ -1,0 +1,128 @@
+"""Every error leaves the server as an OpenAI-style body:
+`{"error": {"message", "type", "param", "code"}}`, whatever raised it.
+
+Bad input is a 4xx (pydantic validation and malformed JSON become 400, not FastAPI's
+default 422 shape; the engine's `InvalidRequestError` is 400 with its `param`); anything
+else is a 500. Handlers only build responses, so the server goes on serving.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from sgl.runtime.errors import InvalidRequestError
+from sgl.server.encoding import JSONBody
+
+logger = logging.getLogger(__name__)
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "unprocessable_entity_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
+
+
+class APIError(Exception):
+    """Raised by handlers for a client-visible error with a given status."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type
+
+
+def error_body(status: int, message: str, param: str | None = None, type: str | None = None) -> dict[str, Any]:
+    kind = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def error_response(status: int, message: str, param: str | None = None, type: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONBody:
+    return JSONBody(error_body(status, message, param, type), status_code=status, headers=headers)
+
+
+def from_invalid_request(e: InvalidRequestError, rename: dict[str, str] | None = None) -> APIError:
+    """The engine's error as a 400; `rename` maps engine field names to the API's."""
+    param = e.param if not rename or e.param not in rename else rename[e.param]
+    return APIError(400, e.message, param)
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "bytes"})
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    """`("body", "text", "list[str]", 0)` -> "text.0": drops "body" and the union-branch tags
+    pydantic puts in locations (type names such as "str", "list[int]", "ContentPart")."""
+    parts = []
+    for x in loc:
+        if x == "body":
+            continue
+        if isinstance(x, str) and (x in _TYPE_TAGS or "[" in x or x[:1].isupper()):
+            continue
+        parts.append(str(x))
+    return ".".join(parts)
+
+
+def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable line for pydantic's error list, and the first bad field as `param`.
+    Errors of the branches of one union field are merged ("... or ...")."""
+    by_field: dict[str, list[str]] = {}
+    for err in errors:
+        kind = err.get("type", "")
+        loc = tuple(err.get("loc", ()))
+        if kind == "json_invalid":
+            detail = (err.get("ctx") or {}).get("error", "")
+            return f"malformed JSON in the request body{': ' + str(detail) if detail else ''}", None
+        field = _field_path(loc)
+        if not field and kind == "missing":
+            return "the request body is missing: send a JSON object", None
+        if not field and kind in ("model_attributes_type", "dict_type", "model_type"):
+            return "the request body must be a JSON object (sent with Content-Type: application/json)", None
+        msg = "unknown field (not part of this API)" if kind == "extra_forbidden" else err.get("msg", "invalid")
+        msgs = by_field.setdefault(field, [])
+        if msg not in msgs:
+            msgs.append(msg)
+    parts = [f"{f}: {' or '.join(m)}" if f else " or ".join(m) for f, m in list(by_field.items())[:5]]
+    param = next((f for f in by_field if f), None)
+    return "; ".join(parts) or "invalid request", param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> JSONBody:
+        return error_response(exc.status, exc.message, exc.param, exc.type)
+
+    @app.exception_handler(InvalidRequestError)
+    async def _invalid(request: Request, exc: InvalidRequestError) -> JSONBody:
+        return error_response(400, exc.message, exc.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONBody:
+        message, param = _validation_message(list(exc.errors()))
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONBody:
+        message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONBody:
+        logger.exception("internal error serving %s %s", request.method, request.url.path)
+        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")

@@ -1,0 +1,94 @@
+"""`python -m sgl.launch_server`: load an engine and serve it with uvicorn.
+
+Engine options are the `EngineConfig` fields as `--kebab-case` flags. SIGTERM (or Ctrl-C)
+stops accepting connections, lets in-flight requests finish for up to
+`--graceful-shutdown-timeout` seconds (streams still open then are cancelled, which
+aborts their requests), shuts the engine down and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from typing import Any
+
+logger = logging.getLogger("sgl.server")
+
+# flag -> (EngineConfig field, argparse kwargs)
+ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--model-path": ("model_path", dict(default="default",
+                     help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file")),
+    "--tokenizer-path": ("tokenizer_path", dict(default=None, help="tokenizer directory (default: the model's)")),
+    "--dtype": ("dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"])),
+    "--device": ("device", dict(default="auto", help="auto, cpu, cuda or cuda:N")),
+    "--max-total-tokens": ("max_total_tokens", dict(type=int, default=None, help="KV pool capacity in tokens")),
+    "--mem-fraction-static": ("mem_fraction_static", dict(type=float, default=None,
+                              help="share of free memory for the KV pool")),
+    "--max-running-requests": ("max_running_requests", dict(type=int, default=256)),
+    "--chunked-prefill-size": ("chunked_prefill_size", dict(type=int, default=2048,
+                               help="max prompt tokens per step; -1 disables chunking")),
+    "--max-prefill-tokens": ("max_prefill_tokens", dict(type=int, default=16384)),
+    "--schedule-policy": ("schedule_policy", dict(default="lpm", choices=["lpm", "fcfs", "dfs-weight"])),
+    "--disable-radix-cache": ("disable_radix_cache", dict(action="store_true")),
+    "--disable-jump-forward": ("disable_jump_forward", dict(action="store_true")),
+    "--attention-backend": ("attention_backend", dict(default="auto")),
+    "--context-length": ("context_length", dict(type=int, default=None, help="cap on prompt + output tokens")),
+    "--random-seed": ("random_seed", dict(type=int, default=None)),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sgl.launch_server", description="Serve an sgl engine over HTTP.")
+    engine = p.add_argument_group("engine")
+    for flag, (_field, kwargs) in ENGINE_FLAGS.items():
+        engine.add_argument(flag, **kwargs)
+    server = p.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=30000)
+    server.add_argument("--api-key", default=os.environ.get("SGL_API_KEY"),
+                        help="require 'Authorization: Bearer <key>' on every endpoint but /health "
+                             "(default: $SGL_API_KEY)")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model name clients use (default: the model file or directory name)")
+    server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    server.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish on SIGTERM")
+    return p
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {field: getattr(args, field) for _flag, (field, _kw) in ENGINE_FLAGS.items()}
+
+
+def default_served_name(model_path: str) -> str:
+    """The file name without .gguf, or the directory name."""
+    base = os.path.basename(os.path.normpath(model_path))
+    return base[: -len(".gguf")] if base.endswith(".gguf") else base
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    import uvicorn
+
+    from sgl.runtime.engine import Engine
+    from sgl.server.app import create_app
+
+    kwargs = engine_kwargs(args)
+    logger.info("loading the engine: %s", {k: v for k, v in kwargs.items() if v is not None})
+    engine = Engine(**kwargs)
+    try:
+        name = args.served_model_name or default_served_name(engine.model_path)
+        app = create_app(engine, name, api_key=args.api_key)
+        logger.info("serving %r (%s) on http://%s:%d", name, engine.model_path, args.host, args.port)
+        # uvicorn handles SIGTERM / SIGINT while it runs (stop accepting, drain, stop) and then
+        # re-raises the signal under the handler found before it; a no-op one lets us exit 0.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: None)
+        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                    timeout_graceful_shutdown=args.graceful_shutdown_timeout)
+        logger.info("server stopped; shutting the engine down")
+    finally:
+        engine.shutdown()

@@ -1,0 +1,71 @@
+"""The native API: `POST /generate` (the engine's result dict, as JSON or SSE) and
+`POST /tokenize`. The remote DSL backend is a thin client of these two."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any, AsyncIterator, Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from sgl.server.encoding import JSONBody
+from sgl.server.errors import APIError
+from sgl.server.protocol import ErrorResponse, GenerateOutput, GenerateReqInput, TokenizeRequest, TokenizeResponse
+from sgl.server.state import get_state
+from sgl.server.streaming import client_gone, sse, sse_response, until_disconnected
+
+router = APIRouter(tags=["native"])
+ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
+
+
+@router.post("/generate", response_model=Union[GenerateOutput, list[GenerateOutput]], responses=ERRORS)
+async def generate(req: GenerateReqInput, request: Request) -> Response:
+    """Generate for one prompt (a result dict) or a batch / n > 1 (a list of them).
+
+    With `stream: true` the response is server-sent events `data: {...}`, each the engine's
+    chunk with the *cumulative* `text` and `output_ids` so far (as SGLang's /generate), then
+    `data: [DONE]`.
+    """
+    state = get_state(request)
+    if (req.text is None) == (req.input_ids is None):
+        raise APIError(400, "give exactly one of text and input_ids", "text")
+    kwargs = dict(
+        input_ids=req.input_ids,
+        return_logprob=req.return_logprob,
+        logprob_start_len=req.logprob_start_len,
+        top_logprobs_num=req.top_logprobs_num,
+        return_text_in_logprobs=req.return_text_in_logprobs,
+    )
+    if not req.stream:
+        out = await until_disconnected(
+            request, state.engine.async_generate(req.text, req.sampling_params, rid=req.rid, **kwargs))
+        return client_gone() if out is None else JSONBody(out)
+    if isinstance(req.text, list) or (req.input_ids and isinstance(req.input_ids[0], list)):
+        raise APIError(400, "stream: true takes one prompt (not a batch)", "stream")
+    rid = req.rid if req.rid is not None else uuid.uuid4().hex
+    chunks = await state.engine.async_generate(req.text, req.sampling_params, rid=rid, stream=True, **kwargs)
+    return sse_response(request, _cumulative(chunks), lambda: state.engine.abort(rid))
+
+
+async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+    text, ids = "", []
+    try:
+        async for chunk in chunks:
+            text += chunk["text"]
+            ids.extend(chunk["output_ids"])
+            yield sse({"text": text, "output_ids": list(ids), "meta_info": chunk["meta_info"]})
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+@router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+async def tokenize(req: TokenizeRequest, request: Request) -> JSONBody:
+    """Token ids of a text (or of each text of a list) exactly as the engine tokenizes prompts."""
+    engine = get_state(request).engine
+    if isinstance(req.text, str):
+        ids: Any = await asyncio.to_thread(engine.encode, req.text)
+    else:
+        ids = await asyncio.to_thread(lambda: [engine.encode(t) for t in req.text])
+    return JSONBody({"input_ids": ids})

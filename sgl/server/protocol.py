@@ -1,0 +1,287 @@
+"""Request and response bodies (pydantic v2), so /docs and /openapi.json describe the real API.
+
+Request models are strict: a string where a number belongs, or a number where a boolean
+belongs, is a 400 rather than a silent conversion. Native requests reject unknown fields
+(a typo should not be ignored); OpenAI requests ignore fields this server does not use,
+as newer clients send more than older servers know. Ranges of sampling values are checked
+by the engine, whose error names the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# ---------------------------------------------------------------------------- common
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+
+
+class _StrictLenient(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", populate_by_name=True)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+class SuccessResponse(BaseModel):
+    success: bool
+    message: str | None = None
+
+
+# ---------------------------------------------------------------------------- native
+
+
+class GenerateReqInput(_Strict):
+    """`POST /generate`: one prompt or a batch, as text or token ids."""
+
+    text: Union[str, list[str], None] = Field(None, description="A prompt or a batch of prompts.")
+    input_ids: Union[list[int], list[list[int]], None] = Field(None, description="Token ids instead of text.")
+    sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = Field(
+        None, description="Engine sampling parameters (max_new_tokens, temperature, stop, regex, json_schema, ...); "
+        "one dict for all prompts or one per prompt.")
+    stream: bool = Field(False, description="Server-sent events with cumulative text (one prompt, n == 1).")
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+    rid: Union[str, list[str], None] = Field(None, description="Request id(s), usable with /abort_request.")
+
+
+class GenerateOutput(BaseModel):
+    """The engine's result dict (a list of them for a batch or n > 1)."""
+
+    text: str
+    output_ids: list[int]
+    meta_info: dict[str, Any] = Field(
+        description="id, prompt_tokens, completion_tokens, cached_tokens, finish_reason, e2e_latency, ttft, "
+        "and logprobs when asked for.")
+
+
+class TokenizeRequest(_Strict):
+    text: Union[str, list[str]]
+
+
+class TokenizeResponse(BaseModel):
+    input_ids: Union[list[int], list[list[int]]]
+
+
+class AbortRequest(_Strict):
+    rid: str
+
+
+class ChatRoles(BaseModel):
+    prefix: dict[str, str]
+    suffix: dict[str, str]
+    default_system: str
+
+
+class ModelInfo(BaseModel):
+    model_path: str
+    served_model_name: str
+    is_generation: bool = True
+    vocab_size: int
+    context_length: int
+    eos_token_ids: list[int]
+    bos_token_id: int | None = None
+    chat_roles: ChatRoles
+
+
+class HealthResponse(BaseModel):
+    status: str
+
+
+# ---------------------------------------------------------------------------- OpenAI
+
+
+class ContentPart(_StrictLenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_StrictLenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+
+
+class JsonSchemaFormat(_StrictLenient):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_StrictLenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_StrictLenient):
+    include_usage: bool = False
+
+
+class OpenAISamplingFields(_StrictLenient):
+    """Sampling fields shared by chat and text completions (OpenAI's plus the engine's extras)."""
+
+    model: str | None = Field(None, description="The served model name (or 'default').")
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = Field(1, ge=1, le=128)
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # Extensions (as in SGLang / vLLM).
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    no_stop_trim: bool | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    rid: str | None = None
+
+
+class ChatCompletionRequest(OpenAISamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+
+
+class CompletionRequest(OpenAISamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    response_format: ResponseFormat | None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float | None
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    matched_stop: Union[int, str, None] = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] | None = None
+    text_offset: list[int] = []
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    matched_stop: Union[int, str, None] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "sgl"
+    root: str | None = None
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---------------------------------------------------------------------------- extraction
+
+
+class ExtractRequest(_Strict):
+    """`POST /v1/extract`: pull data matching `schema` out of `text` or a conversation."""
+
+    model: str | None = None
+    text: str | None = Field(None, description="The text to extract from (or give `messages`).")
+    messages: list[ChatMessage] | None = Field(None, description="A conversation to extract from.")
+    schema_: dict[str, Any] = Field(alias="schema", description="The JSON schema the answer must match.")
+    instructions: str | None = Field(None, description="Replaces the default extraction instructions.")
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, description="Default 0 (greedy).")
+    seed: int | None = None
+
+
+class ExtractResponse(BaseModel):
+    data: Any = Field(description="A JSON value valid against the schema.")
+    usage: Usage

@@ -1,0 +1,144 @@
+"""Server-sent events, client disconnects, and merging several engine streams.
+
+A client that goes away must not leave its request decoding. A stream's body generator
+checks for a disconnect between events, and whether it ends by disconnect, cancellation
+(Starlette cancels the response task when the client leaves) or garbage collection, its
+`finally` aborts the requests synchronously and closes the engine iterators, whose own
+`finally` frees their KV. A non-streamed generation is watched by `until_disconnected`,
+which cancels it (the engine aborts a cancelled `async_generate`) if the client leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from sgl.runtime.errors import InvalidRequestError
+from sgl.server.encoding import dumps
+from sgl.server.errors import APIError, error_body
+
+logger = logging.getLogger(__name__)
+
+DONE = "data: [DONE]\n\n"
+T = TypeVar("T")
+
+
+def sse(data: Any) -> str:
+    return f"data: {dumps(data)}\n\n"
+
+
+def _error_event(exc: BaseException) -> str:
+    if isinstance(exc, InvalidRequestError):
+        return sse(error_body(400, exc.message, exc.param))
+    if isinstance(exc, APIError):
+        return sse(error_body(exc.status, exc.message, exc.param, exc.type))
+    logger.exception("stream failed", exc_info=exc)
+    return sse(error_body(500, f"internal server error: {type(exc).__name__}: {exc}"))
+
+
+DISCONNECT_POLL_S = 0.5
+
+
+async def until_disconnected(request: Request, coro: Awaitable[T]) -> T | None:
+    """Await `coro`; if the client disconnects first, cancel it and return None."""
+    task = asyncio.ensure_future(coro)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                return None
+    except BaseException:  # our own handler was cancelled
+        task.cancel()
+        raise
+
+
+def client_gone() -> Response:
+    """What a handler returns when its client left (nobody reads it; 499 as nginx logs it)."""
+    return Response(status_code=499)
+
+
+class _SSEResponse(StreamingResponse):
+    """A StreamingResponse that runs `on_abandon` unless its body ran to the end, also when
+    the body never started (the client left before the headers went out)."""
+
+    def __init__(self, body: AsyncIterator[str], on_abandon: Callable[[], None] | None) -> None:
+        super().__init__(body, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.on_abandon = on_abandon
+        self.completed = False
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.completed and self.on_abandon is not None:
+                self.on_abandon()
+
+
+def sse_response(request: Request, events: AsyncIterator[str], on_abandon: Callable[[], None] | None = None
+                 ) -> StreamingResponse:
+    """Stream `events` (already framed), then `data: [DONE]`. An error mid-stream becomes an
+    error event. If the stream does not run to its end, `on_abandon` (abort the requests)
+    runs before `events` is closed."""
+
+    async def body() -> AsyncIterator[str]:
+        try:
+            try:
+                async for event in events:
+                    if await request.is_disconnected():
+                        return
+                    yield event
+            except Exception as exc:  # after the 200 header went out: report it in-band
+                yield _error_event(exc)
+            response.completed = True
+            yield DONE
+        finally:
+            if not response.completed and on_abandon is not None:
+                on_abandon()  # synchronously, before anything here can be cancelled
+            await events.aclose()  # type: ignore[attr-defined]
+
+    response = _SSEResponse(body(), on_abandon)
+    return response
+
+
+async def merge_streams(streams: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
+    """Chunks of several streams as they arrive, tagged with the stream's index."""
+    if len(streams) == 1:
+        try:
+            async for chunk in streams[0]:
+                yield 0, chunk
+        finally:
+            await streams[0].aclose()  # type: ignore[attr-defined]
+        return
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+    end = object()
+
+    async def pump(i: int, stream: AsyncIterator[dict]) -> None:
+        try:
+            async for chunk in stream:
+                queue.put_nowait((i, chunk))
+            queue.put_nowait((i, end))
+        except Exception as exc:
+            queue.put_nowait((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            i, item = await queue.get()
+            if item is end:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:  # a cancelled pump's stream frees its request in its own finally
+            t.cancel()
