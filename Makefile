@@ -40,6 +40,7 @@ bench: setup
 	$(PY) benchmarks/bench_prefix.py
 	$(PY) benchmarks/bench_json.py
 	$(PY) benchmarks/bench_programs.py
+	$(PY) benchmarks/bench_serving.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

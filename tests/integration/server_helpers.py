@@ -72,6 +72,17 @@ def wait_until(cond: Callable[[], bool], timeout: float = 60.0, interval: float 
     return cond()
 
 
+def kv_whole(url: str) -> bool:
+    """Idle, and once the radix cache is flushed every KV slot is free: nothing leaked."""
+    info = requests.get(url + "/get_server_info", timeout=30).json()
+    if info["num_running_reqs"] or info["num_waiting_reqs"]:
+        return False
+    if not requests.post(url + "/flush_cache", timeout=30).json()["success"]:
+        return False
+    info = requests.get(url + "/get_server_info", timeout=30).json()
+    return info["available_kv_tokens"] == info["max_total_tokens"]
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """`name{labels} value` / `name value` lines -> {"name{labels}": value}; asserts the format."""
     import re

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import requests
 
-from server_helpers import ServerThread, assert_error, metric, parse_metrics, sse_events, wait_until
+from server_helpers import ServerThread, assert_error, kv_whole, metric, parse_metrics, sse_events, wait_until
 from sgl.lang.chat_template import ChatTemplate
 from sgl.server import create_app
 from sgl.server.protocol import ChatCompletionResponse, CompletionResponse, ModelInfo
@@ -374,27 +374,55 @@ def test_metrics_parse_and_count_requests(url):
     assert 0 <= metric(after, "sgl:cache_hit_rate") <= 1
 
 
+CONCURRENT_CLIENTS = 32
+
+
 def test_concurrent_streaming_clients(url):
-    """16 clients stream at once (batched together by the engine); each gets a whole,
-    well-formed stream whose usage matches its own tokens."""
-    results: list = [None] * 16
+    """32 clients stream at once (batched together by the engine); each gets a whole,
+    well-formed stream whose text is its own non-streamed greedy answer and whose usage
+    matches its own tokens; afterwards every KV slot is free again."""
+    n = CONCURRENT_CLIENTS
+
+    def body(i: int) -> dict:
+        return {"messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 8,
+                "temperature": 0}
+
+    # the oracle: each request alone, not streamed
+    wants = [post(url, "/v1/chat/completions", body(i)).json() for i in range(n)]
+    results: list = [None] * n
+    errors: list = []
+    barrier = threading.Barrier(n)
 
     def client(i: int) -> None:
-        body = {"messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 8,
-                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-        with post(url, "/v1/chat/completions", body, stream=True) as r:
-            results[i] = list(sse_events(r))
+        try:
+            barrier.wait(timeout=60)  # all streams open together
+            stream_body = {**body(i), "stream": True, "stream_options": {"include_usage": True}}
+            with post(url, "/v1/chat/completions", stream_body, stream=True) as r:
+                assert r.status_code == 200, r.text
+                results[i] = list(sse_events(r))
+        except BaseException as e:  # reported below, with the client's index
+            errors.append((i, repr(e)))
 
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
-    for events in results:
-        assert events is not None and events[-1] == "[DONE]"
+        t.join(timeout=300)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    for i, (events, want) in enumerate(zip(results, wants)):
+        assert events is not None and events[-1] == "[DONE]", i
         chunks = events[:-1]
-        assert chunks[-1]["usage"]["completion_tokens"] <= 8
-        assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]][-1] in ("stop", "length")
         assert len({c["id"] for c in chunks}) == 1
-    assert len({events[0]["id"] for events in results}) == 16
-    assert wait_until(lambda: requests.get(url + "/get_server_info", timeout=30).json()["num_running_reqs"] == 0)
+        with_choices = [c for c in chunks if c["choices"]]
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in with_choices)
+        assert text == want["choices"][0]["message"]["content"], (i, text, want)
+        reasons = [c["choices"][0]["finish_reason"] for c in with_choices]
+        assert reasons[-1] == want["choices"][0]["finish_reason"] and all(r is None for r in reasons[:-1]), i
+        usage = chunks[-1]["usage"]
+        assert chunks[-1]["choices"] == []
+        for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+            assert usage[key] == want["usage"][key], (i, key)
+        assert usage["completion_tokens"] <= 8
+    assert len({events[0]["id"] for events in results}) == n
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()

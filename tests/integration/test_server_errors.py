@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from server_helpers import ServerThread, assert_error, metric, parse_metrics, sse_events, wait_until
+from server_helpers import ServerThread, assert_error, kv_whole, metric, parse_metrics, sse_events, wait_until
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
@@ -132,16 +132,6 @@ def test_api_key(keyed_url):
     assert_error(post(keyed_url, "/generate", {"text": 1}, headers=ok), 400, "text")
 
 
-def _kv_whole(url: str) -> bool:
-    info = requests.get(url + "/get_server_info", timeout=30).json()
-    if info["num_running_reqs"] or info["num_waiting_reqs"]:
-        return False
-    if not requests.post(url + "/flush_cache", timeout=30).json()["success"]:
-        return False
-    info = requests.get(url + "/get_server_info", timeout=30).json()
-    return info["available_kv_tokens"] == info["max_total_tokens"]
-
-
 @pytest.mark.parametrize("path,body", [
     ("/generate", {"text": "Count to a thousand:", "stream": True,
                    "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}),
@@ -159,7 +149,7 @@ def test_disconnect_mid_stream_releases_kv(url, path, body):
     info = requests.get(url + "/get_server_info", timeout=30).json()
     assert info["num_running_reqs"] + info["num_waiting_reqs"] >= 1, info
     resp.close()  # the client goes away mid-stream
-    assert wait_until(lambda: _kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
     aborted_after = metric(parse_metrics(requests.get(url + "/metrics", timeout=30).text),
                            "sgl:num_aborted_requests_total")
     assert aborted_after >= aborted_before + (2 if "n" in body else 1)
@@ -173,5 +163,5 @@ def test_disconnect_mid_stream_releases_kv(url, path, body):
 def test_disconnect_while_waiting_for_a_whole_answer_releases_kv(url, engine, path, body):
     with pytest.raises(requests.Timeout):  # the client gives up and closes the connection
         requests.post(url + path, json=body, timeout=(10, 1.5))
-    assert wait_until(lambda: _kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
     still_serving(url)

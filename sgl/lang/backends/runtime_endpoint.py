@@ -119,8 +119,8 @@ class RuntimeEndpoint(TokenScoringBackend):
         return self._template
 
     def flush_cache(self) -> bool:
-        r = self._session().post(self.base_url + "/flush_cache", timeout=self.timeout)
-        return r.status_code == 200
+        """True if the cache was flushed (False while requests are in flight)."""
+        return bool(self._request("POST", "/flush_cache").get("success"))
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
