@@ -15,7 +15,7 @@ import contextlib
 import queue
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, AsyncIterator, Callable, Iterator
 
 from sgl.lang import ir
@@ -575,8 +575,6 @@ def run_program_batch(
     results: list[ProgramState | None] = [None] * len(batch)
     with ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="sgl-run-batch") as pool:
         futures = {pool.submit(one, item): i for i, item in enumerate(batch)}
-        from concurrent.futures import as_completed
-
         for fut in as_completed(futures):
             results[futures[fut]] = fut.result()
             if bar is not None:
