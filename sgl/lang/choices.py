@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +32,14 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else float("-inf")
 
 
-class ChoicesMethod:
+class ChoicesMethod(ABC):
     """Base: `requires_unconditional` asks the backend for context-free logprobs too."""
 
     requires_unconditional = False
 
+    @abstractmethod
     def __call__(self, scores: ChoiceScores) -> ChoicesDecision:
-        raise NotImplementedError
+        """Pick one of `scores.choices`."""
 
 
 class TokenLengthNormalized(ChoicesMethod):

@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator, Callable, Iterator
 
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend
+from sgl.lang.building import BranchGroup, StateBuilder
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import token_length_normalized
 
@@ -303,52 +304,17 @@ class _Call(ir.Expr):
         self.fn = fn
 
 
-class ProgramState:
+class ProgramState(StateBuilder):
     """The `s` of a program: add expressions to it, read results from it."""
 
     def __init__(self, executor: StreamExecutor) -> None:
         self.stream_executor = executor
         self.ret_value: Any = None
 
-    # -- building ------------------------------------------------------------------
+    # -- building (StateBuilder: +=, set_var, roles, var_scope) ----------------------
 
-    def __iadd__(self, other: Any) -> "ProgramState":
-        self.stream_executor.submit(ir.to_expr(other))
-        return self
-
-    def set_var(self, name: str, value: Any) -> None:
-        self.stream_executor.submit(ir.SetVar(name, value))
-
-    @contextlib.contextmanager
-    def role(self, role: str) -> Iterator[None]:
-        self.stream_executor.submit(ir.RoleBegin(role))
-        try:
-            yield
-        finally:
-            self.stream_executor.submit(ir.RoleEnd(role))
-
-    def system(self, expr: Any = None):
-        return self._role_or_block("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role_or_block("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role_or_block("assistant", expr)
-
-    def _role_or_block(self, role: str, expr: Any):
-        if expr is None:
-            return self.role(role)
-        self += ir.ExprList([ir.RoleBegin(role), ir.to_expr(expr), ir.RoleEnd(role)])
-        return None
-
-    @contextlib.contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        self.stream_executor.submit(ir.VarScopeBegin(name))
-        try:
-            yield
-        finally:
-            self.stream_executor.submit(ir.VarScopeEnd(name))
+    def _add(self, expr: ir.Expr) -> None:
+        self.stream_executor.submit(expr)
 
     def fork(self, size: int = 1) -> "ProgramStateGroup":
         """Split into `size` branches that continue from the current text, concurrently."""
@@ -428,31 +394,8 @@ class ProgramState:
         return f"ProgramState(text={ex.text_[-60:]!r}, variables={sorted(ex.variables)})"
 
 
-class ProgramStateGroup:
+class ProgramStateGroup(BranchGroup):
     """The branches of `s.fork(n)`."""
-
-    def __init__(self, states: list[ProgramState], parent: ProgramState) -> None:
-        self.states = states
-        self.parent = parent
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-    def __getitem__(self, i: int) -> ProgramState:
-        return self.states[i]
-
-    def __setitem__(self, i: int, state: ProgramState) -> None:  # `forks[i] += ...` stores back
-        if state is not self.states[i]:
-            raise TypeError("fork branches cannot be replaced; add text to them with forks[i] += ...")
-
-    def __iter__(self) -> Iterator[ProgramState]:
-        return iter(self.states)
-
-    def __iadd__(self, other: Any) -> "ProgramStateGroup":
-        """`forks += expr` adds to every branch; `forks += lambda i: expr` adds expr(i) to branch i."""
-        for i, s in enumerate(self.states):
-            s += other(i) if callable(other) else other
-        return self
 
     def join(self, mode: str = "gather_variable") -> None:
         """Wait for every branch and bring its results back to the parent (as SGLang does).

@@ -7,7 +7,7 @@ choice among strings, chat-role boundaries, variable scopes. Expressions concate
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 # Sampling parameters a program (run defaults) or a gen() call can set; names follow SGLang.
@@ -39,6 +39,9 @@ LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "retu
 class Expr:
     """Base of everything a program can add to a state."""
 
+    def __repr__(self) -> str:  # the fields, positionally: `RoleBegin('user')`, `SetVar('v', 1)`
+        return f"{type(self).__name__}({', '.join(repr(getattr(self, f.name)) for f in fields(self))})"
+
     def __add__(self, other: Any) -> "ExprList":
         return ExprList([self, to_expr(other)])
 
@@ -63,9 +66,6 @@ class ExprList(Expr):
 @dataclass(repr=False)
 class Text(Expr):
     text: str
-
-    def __repr__(self) -> str:
-        return f"Text({self.text!r})"
 
 
 @dataclass(repr=False)
@@ -104,41 +104,26 @@ class Select(Expr):
 class RoleBegin(Expr):
     role: str
 
-    def __repr__(self) -> str:
-        return f"RoleBegin({self.role!r})"
-
 
 @dataclass(repr=False)
 class RoleEnd(Expr):
     role: str
-
-    def __repr__(self) -> str:
-        return f"RoleEnd({self.role!r})"
 
 
 @dataclass(repr=False)
 class VarScopeBegin(Expr):
     name: str
 
-    def __repr__(self) -> str:
-        return f"VarScopeBegin({self.name!r})"
-
 
 @dataclass(repr=False)
 class VarScopeEnd(Expr):
     name: str
-
-    def __repr__(self) -> str:
-        return f"VarScopeEnd({self.name!r})"
 
 
 @dataclass(repr=False)
 class SetVar(Expr):
     name: str
     value: Any
-
-    def __repr__(self) -> str:
-        return f"SetVar({self.name!r}, {self.value!r})"
 
 
 @dataclass(repr=False)
@@ -157,9 +142,6 @@ class Join(Expr):
 
     mode: str
 
-    def __repr__(self) -> str:
-        return f"Join({self.mode!r})"
-
 
 @dataclass(repr=False)
 class Argument(Expr):
@@ -167,18 +149,12 @@ class Argument(Expr):
 
     name: str
 
-    def __repr__(self) -> str:
-        return f"Argument({self.name!r})"
-
 
 @dataclass(repr=False)
 class Variable(Expr):
     """Recorded by the tracer: text that depends on variable `name`, read mid-program."""
 
     name: str
-
-    def __repr__(self) -> str:
-        return f"Variable({self.name!r})"
 
 
 def to_expr(x: Any) -> Expr:

@@ -9,13 +9,13 @@ its arguments in other ways (parsing, indexing) may not trace, and then has no p
 
 from __future__ import annotations
 
-import contextlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend
+from sgl.lang.building import BranchGroup, StateBuilder
 
 _MARK = "\x00"
 _PLACEHOLDER = re.compile(r"\x00(arg|var):([^\x00]*)\x00")
@@ -63,56 +63,18 @@ class TraceGraph:
         return "\n".join(lines)
 
 
-class TracingState:
+class TracingState(StateBuilder):
     """Stands in for ProgramState while tracing: records instead of running."""
 
     def __init__(self, nodes: list[ir.Expr]) -> None:
         self.nodes = nodes
 
-    def _record(self, expr: ir.Expr) -> None:
+    def _add(self, expr: ir.Expr) -> None:
         for e in ir.flatten(expr):
             if isinstance(e, ir.Text):
                 self.nodes.extend(_split_text(e.text))
             else:
                 self.nodes.append(e)
-
-    def __iadd__(self, other: Any) -> "TracingState":
-        self._record(ir.to_expr(other))
-        return self
-
-    def set_var(self, name: str, value: Any) -> None:
-        self.nodes.append(ir.SetVar(name, value))
-
-    @contextlib.contextmanager
-    def role(self, role: str) -> Iterator[None]:
-        self.nodes.append(ir.RoleBegin(role))
-        try:
-            yield
-        finally:
-            self.nodes.append(ir.RoleEnd(role))
-
-    def _role_or_block(self, role: str, expr: Any):
-        if expr is None:
-            return self.role(role)
-        self += ir.ExprList([ir.RoleBegin(role), ir.to_expr(expr), ir.RoleEnd(role)])
-        return None
-
-    def system(self, expr: Any = None):
-        return self._role_or_block("system", expr)
-
-    def user(self, expr: Any = None):
-        return self._role_or_block("user", expr)
-
-    def assistant(self, expr: Any = None):
-        return self._role_or_block("assistant", expr)
-
-    @contextlib.contextmanager
-    def var_scope(self, name: str) -> Iterator[None]:
-        self.nodes.append(ir.VarScopeBegin(name))
-        try:
-            yield
-        finally:
-            self.nodes.append(ir.VarScopeEnd(name))
 
     def fork(self, size: int = 1) -> "TracingGroup":
         fork = ir.Fork([[] for _ in range(size)])
@@ -138,27 +100,7 @@ class TracingState:
         return self
 
 
-class TracingGroup:
-    def __init__(self, states: list[TracingState], parent: TracingState) -> None:
-        self.states, self.parent = states, parent
-
-    def __len__(self) -> int:
-        return len(self.states)
-
-    def __getitem__(self, i: int) -> TracingState:
-        return self.states[i]
-
-    def __setitem__(self, i: int, state: TracingState) -> None:
-        pass
-
-    def __iter__(self) -> Iterator[TracingState]:
-        return iter(self.states)
-
-    def __iadd__(self, other: Any) -> "TracingGroup":
-        for i, s in enumerate(self.states):
-            s += other(i) if callable(other) else other
-        return self
-
+class TracingGroup(BranchGroup):
     def join(self, mode: str = "gather_variable") -> None:
         self.parent.nodes.append(ir.Join(mode))
 

@@ -12,6 +12,17 @@ from typing import Any, Callable, Iterator
 import requests
 import uvicorn
 
+# A small schema the server tests constrain output with.
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
 
 class ServerThread:
     """`with ServerThread(app) as url: ...` serves `app` until the block ends."""

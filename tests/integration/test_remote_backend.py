@@ -6,45 +6,19 @@ variables and choices; the server process from `sgl.Runtime` serves programs too
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import pytest
-import requests
 
 import sgl
 from oracle_helpers import kv_all_returned, wait_until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from server_helpers import ServerThread
 
 
 @pytest.fixture(scope="module")
 def server_url(engine):
-    import uvicorn
-
     from sgl.server.app import create_app
 
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, "default"), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(url + "/health", timeout=1).status_code == 200:
-                break
-        except requests.RequestException:
-            time.sleep(0.2)
-    yield url
-    server.should_exit = True
-    thread.join(10)
+    with ServerThread(create_app(engine, "default")) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 import requests
 
-from server_helpers import ServerThread, assert_error, kv_whole, metric, parse_metrics, sse_events, wait_until
+from server_helpers import PERSON, ServerThread, assert_error, kv_whole, metric, parse_metrics, sse_events, wait_until
 from sgl.lang.chat_template import ChatTemplate
 from sgl.server import create_app
 from sgl.server.protocol import ChatCompletionResponse, CompletionResponse, ModelInfo
@@ -20,15 +20,6 @@ pytestmark = pytest.mark.integration
 
 MODEL = "test-model"
 GREEDY = {"max_new_tokens": 12, "temperature": 0}
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from server_helpers import ServerThread, kv_whole, wait_until
+from server_helpers import PERSON, ServerThread, kv_whole, wait_until
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
@@ -22,15 +22,6 @@ pytestmark = pytest.mark.integration
 MODEL = "openai-client-model"
 KEY = "k"
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fruit."}]
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "maxLength": 24},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
