@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import queue
 import threading
 import uuid
@@ -31,6 +32,8 @@ DTYPE_REGEX = {
     "bool": r"(True|False)",
     "str": r'"[^"\\\n]{0,256}"',
 }
+
+logger = logging.getLogger(__name__)
 
 _END = object()  # end of a state's expression stream
 
@@ -108,6 +111,10 @@ class StreamExecutor:
         self._events_done = False  # set when the state's expressions have all run
         self._events_cond = threading.Condition()
         self.body_thread: threading.Thread | None = None  # stream mode: runs the program body
+        # The backend session pinning this state's KV: opened at the first generation,
+        # closed when the state ends (None: not opened yet, or the backend has none).
+        self._session: str | None = None
+        self._session_asked = False
         self.finished = threading.Event()  # set when the worker is done with this state
         _WORKERS.run(self._loop)
 
@@ -125,6 +132,8 @@ class StreamExecutor:
         worker threads (this state's and its unjoined fork branches') exit."""
         if not self._closed:
             self._closed = True
+            with self._cond:  # counted, so sync() after end() also waits for the session to close
+                self._pending += 1
             self._queue.put(_END)
         for child in self.children:
             child.end()
@@ -165,9 +174,13 @@ class StreamExecutor:
         while True:
             expr = self._queue.get()
             if expr is _END:
+                self._close_session()
                 with self._events_cond:
                     self._events_done = True
                     self._events_cond.notify_all()
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
                 self.finished.set()
                 return
             try:
@@ -255,12 +268,30 @@ class StreamExecutor:
             logprobs = {}
         return sampling, logprobs
 
+    def _session_kwargs(self) -> dict[str, Any]:
+        if not self._session_asked:
+            self._session_asked = True
+            try:
+                self._session = self.backend.open_session()
+            except Exception:  # sessions only pin the cache: run without one
+                logger.warning("could not open a backend session; running without", exc_info=True)
+        return {"session": self._session} if self._session is not None else {}
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            session, self._session = self._session, None
+            try:
+                self.backend.close_session(session)
+            except Exception:  # the backend times it out anyway
+                logger.warning("could not close backend session %s", session, exc_info=True)
+
     def _gen(self, gen: ir.Gen) -> None:
         sampling, logprobs = self._params(gen)
+        session = self._session_kwargs()
         if self.stream:
             pieces = []
             meta: dict[str, Any] = {}
-            for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs):
+            for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **session):
                 if piece:
                     pieces.append(piece)
                     self._append(piece, gen.name)
@@ -268,7 +299,7 @@ class StreamExecutor:
                     meta = m
             text = "".join(pieces)
         else:
-            text, meta = self.backend.generate(self.text_, sampling, logprobs)
+            text, meta = self.backend.generate(self.text_, sampling, logprobs, **session)
             self._append(text, gen.name)
         if gen.name is not None:
             self.set_variable(gen.name, text)

@@ -25,6 +25,7 @@ from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.request import AsyncSink, GenerateRequest, QueueSink, ReqEvent
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.scheduler import SCHEDULE_POLICIES, Scheduler, SchedulerConfig
+from sgl.runtime.session import SessionParams, SessionRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class Engine:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted(eos)
         self.context_len = context_len
+        self.sessions = SessionRegistry(context_len)
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_total_tokens=max_total,
@@ -163,6 +165,7 @@ class Engine:
             self.model,
             self.tokenizer,
             self.eos_token_ids,
+            self.sessions,
         )
         self.scheduler.start()
         self._closed = False
@@ -185,6 +188,7 @@ class Engine:
         stream: bool,
         rid: str | list[str] | None,
         return_text_in_logprobs: bool,
+        session_params: Any = None,
     ) -> tuple[list[GenerateRequest], bool]:
         """Validated requests, plus whether the caller passed a batch (so returns a list)."""
         if (prompt is None) == (input_ids is None):
@@ -227,6 +231,11 @@ class Engine:
         if len(set(rids)) != len(rids):
             raise InvalidRequestError("rid values must be unique within a batch", "rid")
         vocab = self.model_config.vocab_size
+        session: SessionParams | None = None
+        if session_params is not None:
+            session = SessionParams.from_any(session_params)
+            if n_prompts != 1:
+                raise InvalidRequestError("session_params takes one prompt, not a batch", "session_params")
         if not isinstance(top_logprobs_num, int) or isinstance(top_logprobs_num, bool) or not 0 <= top_logprobs_num <= vocab:
             raise InvalidRequestError(
                 f"top_logprobs_num must be an integer in [0, {vocab}], got {top_logprobs_num!r}", "top_logprobs_num"
@@ -235,10 +244,12 @@ class Engine:
         capacity = self.scheduler.kv_pool.capacity
         reqs: list[GenerateRequest] = []
         for ids, p, r in zip(id_lists, params, rids):
-            if not ids:
-                raise InvalidRequestError("the prompt is empty: give at least one token", "prompt")
             if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
                 raise InvalidRequestError(f"input_ids must be integers in [0, {vocab})", "input_ids")
+            if session is not None:  # the continued turn's tokens come first
+                ids = self.sessions.resolve(session, ids, p.max_new_tokens, p.n, self.tokenizer.bos_token_id)
+            if not ids:
+                raise InvalidRequestError("the prompt is empty: give at least one token", "prompt")
             if len(ids) >= self.context_len:
                 raise InvalidRequestError(
                     f"the prompt has {len(ids)} tokens; the context length is {self.context_len}", "prompt"
@@ -276,6 +287,7 @@ class Engine:
                         stream=stream,
                         return_text_in_logprobs=return_text_in_logprobs,
                         grammar=grammar,
+                        session_id=session.id if session is not None else None,
                     )
                 )
         if len(reqs) > len(rids) and len({r.rid for r in reqs} | set(rids)) != len(reqs) + len(rids):
@@ -330,16 +342,19 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        session_params: dict | SessionParams | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generate for one prompt (returns a dict) or a batch / n > 1 (returns a list).
 
         With `stream=True` (one prompt, n == 1) returns an iterator of chunks whose "text" is
         the new text since the previous chunk; the last chunk has meta_info.finish_reason.
+        `session_params={"id": sid, "rid": earlier_rid}` makes the request a turn of an open
+        session (see `open_session`): the prompt is then only the new input.
         """
         self._check_open()
         reqs, is_batch = self._build_requests(
             prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num, stream, rid,
-            return_text_in_logprobs,
+            return_text_in_logprobs, session_params,
         )
         if stream:
             if len(reqs) != 1:
@@ -398,13 +413,14 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_text_in_logprobs: bool = False,
+        session_params: dict | SessionParams | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """Like `generate`, awaitable; with stream=True returns an async iterator of chunks."""
         self._check_open()
         # Tokenizing and compiling constraints can take a while: keep them off the event loop.
         reqs, is_batch = await asyncio.to_thread(
             self._build_requests, prompt, sampling_params, input_ids, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs,
+            top_logprobs_num, stream, rid, return_text_in_logprobs, session_params,
         )
         sink = AsyncSink(asyncio.get_running_loop())
         if stream:
@@ -438,6 +454,26 @@ class Engine:
         finally:
             if not finished:
                 self.scheduler.abort(rid)
+
+    # ------------------------------------------------------------------ sessions
+
+    def open_session(self, capacity_tokens: int | None = None, session_id: str | None = None,
+                     timeout: float | None = None) -> str:
+        """Open a session and return its id. Requests with `session_params={"id": ...}` are
+        its turns: each finished turn's KV stays pinned in the radix cache (safe from
+        eviction) until `close_session` or `timeout` seconds without use (default 600).
+        `capacity_tokens` caps one turn's history + input + max_new_tokens (default: the
+        context length)."""
+        self._check_open()
+        return self.sessions.open(capacity_tokens, session_id, timeout)
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session and unpin its KV; False if it was not open (closed or timed out)."""
+        self._check_open()
+        closed = self.sessions.close(session_id)
+        if closed:
+            self.scheduler.close_session(session_id)
+        return closed
 
     # ------------------------------------------------------------------ control
 

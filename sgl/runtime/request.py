@@ -29,6 +29,7 @@ class GenerateRequest:
     return_text_in_logprobs: bool = False
     parent_rid: str | None = None  # the caller's rid when this is one of n > 1 samples
     grammar: Any = None  # compiled constraint (regex / json_schema / ebnf), see sgl.constrained
+    session_id: str | None = None  # the open session this request is a turn of (sgl.runtime.session)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Req:
     stream: bool = False
     return_text_in_logprobs: bool = False
     parent_rid: str | None = None
+    session_id: str | None = None
     created_at: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)

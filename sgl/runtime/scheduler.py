@@ -33,6 +33,7 @@ from sgl.runtime.request import (
     finish_stop,
 )
 from sgl.runtime.sampling import SamplingBatch, make_generator, sample
+from sgl.runtime.session import SessionLocks, SessionRegistry
 from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class _Item:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, model: torch.nn.Module, tokenizer: Any, eos_token_ids: list[int]):
+    def __init__(self, config: SchedulerConfig, model: torch.nn.Module, tokenizer: Any, eos_token_ids: list[int],
+                 sessions: SessionRegistry | None = None):
         self.config = config
         self.model = model
         self.model_config = model.config
@@ -88,6 +90,9 @@ class Scheduler:
         self.req_to_token = ReqToTokenPool(config.max_running_requests, config.max_context_len + 1, config.device)
         self.tree = RadixCache(self.kv_pool, disable=config.disable_radix_cache)
         self.attn_backend = create_attention_backend(config.attention_backend, str(config.device))
+        self.sessions = sessions if sessions is not None else SessionRegistry(config.max_context_len)
+        self.session_locks = SessionLocks(self.tree)
+        self._next_expiry_check = 0.0
 
         self.inbox: queue.Queue[tuple] = queue.Queue()
         self.waiting: list[Req] = []
@@ -119,6 +124,10 @@ class Scheduler:
     def abort(self, rid: str) -> None:
         self.inbox.put(("abort", rid))
 
+    def close_session(self, sid: str) -> None:
+        """Unpin a closed session's KV (after `SessionRegistry.close`); returns at once."""
+        self.inbox.put(("close_session", sid))
+
     def call(self, fn: Callable[[], Any], timeout: float | None = 60) -> Any:
         """Run `fn` on the scheduler thread between steps and return its result."""
         fut: Future = Future()
@@ -132,6 +141,7 @@ class Scheduler:
                 self._drain_inbox(block=idle)
                 if self._stop.is_set():
                     break
+                self._expire_sessions()
                 self.step()
             except Exception as e:  # never let one bad step kill the loop
                 logger.exception("scheduler step failed")
@@ -150,6 +160,8 @@ class Scheduler:
                 self._add_request(msg[1], msg[2])
             elif kind == "abort":
                 self._abort(msg[1])
+            elif kind == "close_session":
+                self.session_locks.release(msg[1])
             elif kind == "call":
                 fn, fut = msg[1], msg[2]
                 try:
@@ -173,6 +185,7 @@ class Scheduler:
             return_text_in_logprobs=r.return_text_in_logprobs,
             parent_rid=r.parent_rid,
             grammar=r.grammar,
+            session_id=r.session_id,
         )
         if r.grammar is not None:
             req.matcher = r.grammar.matcher()
@@ -187,6 +200,37 @@ class Scheduler:
         if not r.return_logprob or r.logprob_start_len < 0:
             req.input_logprobs_done = True
         self.waiting.append(req)
+
+    def _expire_sessions(self) -> None:
+        """Close sessions idle past their timeout (checked about once a second)."""
+        now = time.monotonic()
+        if now < self._next_expiry_check:
+            return
+        self._next_expiry_check = now + 1.0
+        for sid in self.sessions.expire(now):
+            self.session_locks.release(sid)
+
+    def _reclaimable(self) -> int:
+        """KV slots this step can have: free ones plus what the tree can evict."""
+        return self.kv_pool.available_size() + self.tree.evictable_size()
+
+    def _unpin_lru_session(self) -> bool:
+        """Memory valve: unpin the least recently used session's KV (it stays open; its next
+        turn recomputes what gets evicted). False when no session holds a pin."""
+        pinned = self.session_locks.sessions()
+        if not pinned:
+            return False
+        self.session_locks.release(min(pinned, key=self.sessions.last_used))
+        return True
+
+    def _make_room(self, needed: int) -> bool:
+        """Unpin sessions (least recently used first) until `needed` slots are reclaimable.
+        Pins yield only here: to running requests that would otherwise stall or be
+        retracted, and to a queue that cannot start while nothing runs."""
+        while self._reclaimable() < needed:
+            if not self._unpin_lru_session():
+                return False
+        return True
 
     def _abort(self, rid: str) -> None:
         for req in list(self.waiting):
@@ -289,10 +333,10 @@ class Scheduler:
         items: list[_Item] = []
         decodes = [r for r in self.running if self._is_generating(r)]
         if decodes:
-            # Each decode needs a slot per pending token. Evict cached prefixes, then retract.
-            while decodes and self.kv_pool.available_size() + self.tree.evictable_size() < sum(
-                r.pending_tokens for r in decodes
-            ):
+            # Each decode needs a slot per pending token. Evict cached prefixes, unpin idle
+            # sessions, then retract.
+            self._make_room(sum(r.pending_tokens for r in decodes))
+            while decodes and self._reclaimable() < sum(r.pending_tokens for r in decodes):
                 victim = max(decodes, key=lambda r: (-len(r.output_ids), len(r.origin_input_ids)))
                 decodes.remove(victim)
                 self._retract(victim)
@@ -306,14 +350,18 @@ class Scheduler:
         if self.chunked_req is not None:
             req = self.chunked_req
             ext = min(req.seq_len - req.kv_len, budget)
-            if committed + ext > self.kv_pool.available_size() + self.tree.evictable_size():
-                ext = max(0, self.kv_pool.available_size() + self.tree.evictable_size() - committed)
+            if not self._make_room(committed + ext):
+                ext = max(0, self._reclaimable() - committed)
             if ext > 0:
                 items.append(_Item(req, ext, prefill=True))
                 budget -= ext
                 committed += ext
         if budget > 0 and self.waiting and self.chunked_req is None:
-            items.extend(self._admit(budget, committed, chunking, first=not items))
+            admitted = self._admit(budget, committed, chunking, first=not items)
+            while not admitted and not items and not self.running and self._unpin_lru_session():
+                # Nothing runs and nothing fits: idle sessions hold the memory the queue needs.
+                admitted = self._admit(budget, committed, chunking, first=True)
+            items.extend(admitted)
         self._assign_slots(items)
         return items
 
@@ -376,7 +424,7 @@ class Scheduler:
             else:
                 ext = remaining
             self.tree.inc_lock_ref(node)
-            memory = self.kv_pool.available_size() + self.tree.evictable_size()
+            memory = self._reclaimable()
             future = int(min(req.sampling_params.max_new_tokens, RESERVE_CLIP) * self.new_token_ratio)
             fits_now = committed + ext <= memory
             fits_later = committed + ext + future + self._reserved_tokens() <= memory
@@ -708,6 +756,11 @@ class Scheduler:
                 delta_ids: list[int] | None = None, delta_lp: list | None = None, delta_top: list | None = None) -> None:
         r.finished_reason = reason
         self.stats["finished_requests"] += 1
+        if r.session_id is not None and error is None and reason["type"] != "abort":
+            # A finished turn: remember its tokens, and pin their KV (inserted into the tree
+            # by _release just before) until the session ends.
+            if self.sessions.record(r.session_id, r.rid, r.origin_input_ids, r.output_ids):
+                self.session_locks.pin(r.session_id, r.fill_ids)
         if r.stream:
             event = ReqEvent(r.rid, delta_text, delta_ids or [], True, self._meta(r), error,
                              delta_lp or [], delta_top or [])
@@ -719,8 +772,10 @@ class Scheduler:
     # ------------------------------------------------------------------ introspection
 
     def flush_cache(self) -> bool:
+        """Empty the radix cache, open sessions' pinned KV included (their histories stay)."""
         if self.running or self.waiting:
             return False
+        self.session_locks.release_all()
         return self.tree.flush()
 
     def info(self) -> dict[str, Any]:
@@ -732,6 +787,8 @@ class Scheduler:
             "evictable_tokens": self.tree.evictable_size(),
             "num_running_reqs": len(self.running),
             "num_waiting_reqs": len(self.waiting),
+            "num_open_sessions": len(self.sessions),
+            "session_locked_tokens": self.session_locks.locked_tokens(),
             "new_token_ratio": self.new_token_ratio,
             **self.stats,
         }

@@ -58,6 +58,7 @@ async def get_model_info(request: Request) -> JSONBody:
         "eos_token_ids": list(engine.eos_token_ids),
         "bos_token_id": getattr(engine.tokenizer, "bos_token_id", None),
         "chat_roles": {"prefix": tmpl.prefix, "suffix": tmpl.suffix, "default_system": tmpl.default_system},
+        "supports_sessions": True,
     })
 
 

@@ -110,6 +110,9 @@ class Metrics:
         metric("max_total_num_tokens", "gauge", "KV pool capacity in tokens.", max_total)
         metric("token_usage", "gauge", "Share of the KV pool in use (0..1).", used / max_total if max_total else 0.0)
         metric("radix_cache_tokens", "gauge", "Tokens held by the radix cache.", server_info.get("radix_cache_tokens", 0))
+        metric("num_open_sessions", "gauge", "Open sessions.", server_info.get("num_open_sessions", 0))
+        metric("session_locked_tokens", "gauge", "Tokens pinned in the radix cache by open sessions.",
+               server_info.get("session_locked_tokens", 0))
         with self._lock:
             hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
             metric("cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens, over all requests.", hit)

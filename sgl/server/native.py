@@ -37,6 +37,7 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
         logprob_start_len=req.logprob_start_len,
         top_logprobs_num=req.top_logprobs_num,
         return_text_in_logprobs=req.return_text_in_logprobs,
+        session_params=req.session_params.model_dump() if req.session_params is not None else None,
     )
     if not req.stream:
         out = await until_disconnected(

@@ -43,6 +43,30 @@ class SuccessResponse(BaseModel):
 # ---------------------------------------------------------------------------- native
 
 
+class SessionParams(_Strict):
+    """Make a /generate request a turn of an open session (see /open_session)."""
+
+    id: str = Field(description="The session id /open_session returned.")
+    rid: str | None = Field(None, description="Continue this earlier finished turn: its prompt and output tokens "
+                            "come before this request's input. Null: start from this request's input alone.")
+    offset: int | None = Field(None, description="Keep only this many tokens of that history (Python slice).")
+    drop_previous_output: bool = Field(False, description="Continue from the earlier turn's prompt, without its output.")
+
+
+class OpenSessionReqInput(_Strict):
+    capacity_tokens: int | None = Field(None, description="Most tokens (history + input + max_new_tokens) one turn "
+                                        "may use; default: the context length.")
+    capacity_of_str_len: int | None = Field(None, description="Accepted for SGLang clients; unused (capacity is "
+                                            "counted in tokens).")
+    session_id: str | None = Field(None, description="Choose the id; default: a random one.")
+    timeout: float | None = Field(None, description="Seconds without use before the session closes itself "
+                                  "(default 600).")
+
+
+class CloseSessionReqInput(_Strict):
+    session_id: str
+
+
 class GenerateReqInput(_Strict):
     """`POST /generate`: one prompt or a batch, as text or token ids."""
 
@@ -57,6 +81,7 @@ class GenerateReqInput(_Strict):
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
     rid: Union[str, list[str], None] = Field(None, description="Request id(s), usable with /abort_request.")
+    session_params: SessionParams | None = Field(None, description="Run as a turn of an open session.")
 
 
 class GenerateOutput(BaseModel):
@@ -96,6 +121,7 @@ class ModelInfo(BaseModel):
     eos_token_ids: list[int]
     bos_token_id: int | None = None
     chat_roles: ChatRoles
+    supports_sessions: bool = Field(True, description="/open_session, /close_session and session_params work.")
 
 
 class HealthResponse(BaseModel):

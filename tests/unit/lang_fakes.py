@@ -9,6 +9,9 @@ characters, one character being one token (finish_reason {"type": "length", ...}
 Choices: each choice's per-token logprobs come from `table` (and `uncond` for the
 unconditional ones), and `sgl.lang.choices.decide` makes the decision.
 
+Sessions: with `sessions=True`, `open_session` hands out "session-N"; `open_sessions` is
+the set not closed yet and each generation call records the session it came with.
+
 Every call is recorded in `calls` (kind, text, sampling, logprobs, ...). `fail_on(call)`
 returning true makes that call raise `FakeBackendError`; `on_call(call)` runs before a call
 produces anything (to block on a barrier or an event).
@@ -55,6 +58,7 @@ class Call:
     choices: list[str] | None = None
     temperature: float | None = None
     method: ChoicesMethod | None = None
+    session: str | None = None
     result: Any = None  # the generated text or the decision, once produced
 
 
@@ -72,6 +76,7 @@ class FakeBackend(Backend):
         stream_pieces: int = 3,
         seed: int = 0,
         server_info: dict[str, Any] | None = None,
+        sessions: bool = False,
     ) -> None:
         self.replies = {k: (list(v) if isinstance(v, list) else v) for k, v in (replies or {}).items()}
         self.respond = respond
@@ -86,6 +91,9 @@ class FakeBackend(Backend):
         self.server_info = server_info if server_info is not None else {"model_path": "fake", "version": "0"}
         self.calls: list[Call] = []
         self.flushes = 0
+        self.sessions = sessions
+        self.open_sessions: set[str] = set()
+        self.sessions_opened = 0
         self._lock = threading.Lock()
         self._ids = 0
 
@@ -165,14 +173,15 @@ class FakeBackend(Backend):
         call.result = out
         return out, meta
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        call = self._record(Call("generate", text, dict(sampling), dict(logprobs)))
+    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
+                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+        call = self._record(Call("generate", text, dict(sampling), dict(logprobs), session=session))
         return self._complete(call)
 
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]
+        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        call = self._record(Call("generate_stream", text, dict(sampling), dict(logprobs)))
+        call = self._record(Call("generate_stream", text, dict(sampling), dict(logprobs), session=session))
         out, meta = self._complete(call)
         pieces = split_pieces(out, self.stream_pieces)
         for piece in pieces[:-1]:
@@ -204,6 +213,21 @@ class FakeBackend(Backend):
         with self._lock:
             self.calls.append(Call("chat_template"))
         return self.template
+
+    def open_session(self) -> str | None:
+        if not self.sessions:
+            return None
+        self._record(Call("open_session"))
+        with self._lock:
+            self.sessions_opened += 1
+            sid = f"session-{self.sessions_opened}"
+            self.open_sessions.add(sid)
+        return sid
+
+    def close_session(self, session: str) -> None:
+        self._record(Call("close_session", session=session))
+        with self._lock:
+            self.open_sessions.remove(session)
 
     def flush_cache(self) -> bool:
         with self._lock:

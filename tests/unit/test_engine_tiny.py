@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import sgl
-from tiny_models import hf_tiny
+from tiny_models import save_tiny_engine_dir
 
 VOCAB = 320
 NEW = 24
@@ -17,32 +17,7 @@ NEW = 24
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    corpus = ["the quick brown fox jumps over the lazy dog " * 3, "hello world, structured programs! 0123456789"] * 20
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    fast.save_pretrained(path)
-    hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=7, initializer_range=0.15)
-    hf.config.vocab_size = VOCAB
-    hf.resize_token_embeddings(VOCAB)
-    with torch.no_grad():
-        hf.lm_head.weight.normal_(0, 0.15)
-        hf.model.embed_tokens.weight.normal_(0, 0.15)
-    hf.config.eos_token_id = fast.eos_token_id
-    hf.save_pretrained(path, max_shard_size="100KB")  # several shards + an index
-    # The oracle never stops early (the engine runs with ignore_eos) and bans nothing.
-    hf.generation_config.eos_token_id = None
-    assert (path / "model.safetensors.index.json").exists()
-    return path, hf
+    return save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-llama"), VOCAB)
 
 
 def prompts(n: int, seed: int = 0) -> list[list[int]]:

@@ -106,3 +106,33 @@ class TinyRunner:
         self.rollback(req, self.lens[req])
         self.table.free(self.rows.pop(req))
         del self.lens[req]
+
+
+def save_tiny_engine_dir(path, vocab: int = 320):
+    """A tiny random Llama saved as an HF directory (sharded safetensors + an index) with a
+    byte-level BPE tokenizer, as `Engine(model_path=...)` loads it; returns (path, hf model)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = ["the quick brown fox jumps over the lazy dog " * 3, "hello world, structured programs! 0123456789"] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    fast.save_pretrained(path)
+    hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=7, initializer_range=0.15)
+    hf.config.vocab_size = vocab
+    hf.resize_token_embeddings(vocab)
+    with torch.no_grad():
+        hf.lm_head.weight.normal_(0, 0.15)
+        hf.model.embed_tokens.weight.normal_(0, 0.15)
+    hf.config.eos_token_id = fast.eos_token_id
+    hf.save_pretrained(path, max_shard_size="100KB")  # several shards + an index
+    # The oracle never stops early (the engine runs with ignore_eos) and bans nothing.
+    hf.generation_config.eos_token_id = None
+    assert (path / "model.safetensors.index.json").exists()
+    return path, hf

@@ -20,12 +20,14 @@ class Backend(ABC):
     """
 
     @abstractmethod
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Continue `text`; returns the generated text and its meta_info."""
+    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
+                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+        """Continue `text`; returns the generated text and its meta_info. `session` (from
+        `open_session`) names the program state the call belongs to."""
 
     @abstractmethod
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]
+        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
         """Like generate, as (new text, None) pieces; the last piece carries the meta_info."""
 
@@ -40,6 +42,16 @@ class Backend(ABC):
     @abstractmethod
     def chat_template(self) -> ChatTemplate:
         """How roles render for this model."""
+
+    def open_session(self) -> str | None:
+        """A session for one program state, or None where the model offers none. While it is
+        open, the KV of the state's generations stays pinned in the prefix cache, so a long
+        program keeps its prefix under memory pressure. The interpreter opens one lazily at
+        a state's first generation and closes it when the state ends."""
+        return None
+
+    def close_session(self, session: str) -> None:
+        pass
 
     def flush_cache(self) -> bool:
         return False

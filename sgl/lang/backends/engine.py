@@ -15,14 +15,16 @@ class EngineBackend(TokenScoringBackend):
         self._template: ChatTemplate | None = None
         self._lock = threading.Lock()
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        out = self.engine.generate(text, sampling, **logprobs)
+    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
+                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+        out = self.engine.generate(text, sampling, session_params=_session_params(session), **logprobs)
         return out["text"], out["meta_info"]
 
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]
+        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        for chunk in self.engine.generate(text, sampling, stream=True, **logprobs):
+        chunks = self.engine.generate(text, sampling, stream=True, session_params=_session_params(session), **logprobs)
+        for chunk in chunks:
             meta = chunk["meta_info"]
             yield chunk["text"], meta if meta.get("finish_reason") is not None else None
 
@@ -48,6 +50,12 @@ class EngineBackend(TokenScoringBackend):
                 self._template = ChatTemplate.from_hf_tokenizer(self.engine.tokenizer)
             return self._template
 
+    def open_session(self) -> str | None:
+        return self.engine.open_session()
+
+    def close_session(self, session: str) -> None:
+        self.engine.close_session(session)
+
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
 
@@ -56,3 +64,9 @@ class EngineBackend(TokenScoringBackend):
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+def _session_params(session: str | None) -> dict[str, Any] | None:
+    """The whole program text is sent each time (it equals the program state exactly), so a
+    turn never continues an earlier one by rid: the session only pins the KV."""
+    return {"id": session} if session is not None else None

@@ -4,7 +4,9 @@
 engine's result dict; streamed as Server-Sent Events with cumulative text), `/tokenize`
 (to score `select` choices on the same tokens as in process), `/get_model_info` (which
 carries the chat template's role strings, so roles render the same remotely), and
-`/flush_cache` / `/get_server_info`. `Runtime(...)` starts a local server process for it.
+`/flush_cache` / `/get_server_info`, and `/open_session` / `/close_session`: each program
+state runs as a session, so its KV stays pinned in the server's cache while it lives.
+`Runtime(...)` starts a local server process for it.
 """
 
 from __future__ import annotations
@@ -70,15 +72,28 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     # ------------------------------------------------------------------ Backend
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        out = self._request("POST", "/generate", {"text": text, "sampling_params": sampling, **logprobs})
+    def _generate_request(self, body: dict[str, Any], session: str | None, stream: bool = False) -> Any:
+        """POST /generate as a turn of `session`. A session the server no longer has (it
+        timed out) only costs the pinning: the request is sent again without it."""
+        if session is None:
+            return self._request("POST", "/generate", body, stream=stream)
+        try:
+            return self._request("POST", "/generate", {**body, "session_params": {"id": session}}, stream=stream)
+        except RemoteError as e:
+            if e.param != "session_params.id":
+                raise
+            return self._request("POST", "/generate", body, stream=stream)
+
+    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
+                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+        out = self._generate_request({"text": text, "sampling_params": sampling, **logprobs}, session)
         return out["text"], out["meta_info"]
 
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any]
+        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
         body = {"text": text, "sampling_params": sampling, "stream": True, **logprobs}
-        r = self._request("POST", "/generate", body, stream=True)
+        r = self._generate_request(body, session, stream=True)
         seen = ""
         try:
             for line in r.iter_lines(decode_unicode=True):
@@ -117,6 +132,18 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     def chat_template(self) -> ChatTemplate:
         return self._template
+
+    def open_session(self) -> str | None:
+        if not self.model_info.get("supports_sessions"):
+            return None
+        return self._request("POST", "/open_session", {})
+
+    def close_session(self, session: str) -> None:
+        try:
+            self._request("POST", "/close_session", {"session_id": session})
+        except RemoteError as e:
+            if e.status != 404:  # 404: it had timed out already
+                raise
 
     def flush_cache(self) -> bool:
         """True if the cache was flushed (False while requests are in flight)."""
