@@ -70,8 +70,6 @@ def mask_latency(engine, kind: str, spec, steps: int = 200) -> dict:
     """Compile (first, cached) and fill_mask time along a greedy-free random walk of allowed tokens."""
     import random
 
-    import torch
-
     from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
 
     from sgl.constrained.compiler import GrammarCompiler

@@ -468,7 +468,8 @@ class Engine:
         return self.sessions.open(capacity_tokens, session_id, timeout)
 
     def close_session(self, session_id: str) -> bool:
-        """Close a session and unpin its KV; False if it was not open (closed or timed out)."""
+        """Close a session: its unfinished turns are aborted and its KV unpinned. False if it
+        was not open (closed or timed out)."""
         self._check_open()
         closed = self.sessions.close(session_id)
         if closed:

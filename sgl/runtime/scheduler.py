@@ -125,7 +125,8 @@ class Scheduler:
         self.inbox.put(("abort", rid))
 
     def close_session(self, sid: str) -> None:
-        """Unpin a closed session's KV (after `SessionRegistry.close`); returns at once."""
+        """After `SessionRegistry.close`: abort the session's unfinished turns and unpin its
+        KV. Returns at once."""
         self.inbox.put(("close_session", sid))
 
     def call(self, fn: Callable[[], Any], timeout: float | None = 60) -> Any:
@@ -161,7 +162,7 @@ class Scheduler:
             elif kind == "abort":
                 self._abort(msg[1])
             elif kind == "close_session":
-                self.session_locks.release(msg[1])
+                self._close_session(msg[1])
             elif kind == "call":
                 fn, fut = msg[1], msg[2]
                 try:
@@ -233,14 +234,22 @@ class Scheduler:
         return True
 
     def _abort(self, rid: str) -> None:
+        self._abort_where(lambda req: rid in (req.rid, req.parent_rid), "aborted by request")
+
+    def _close_session(self, sid: str) -> None:
+        """A closed session: its unfinished turns are aborted (as SGLang does) and its KV unpinned."""
+        self._abort_where(lambda req: req.session_id == sid, "aborted: its session was closed")
+        self.session_locks.release(sid)
+
+    def _abort_where(self, match: Callable[[Req], bool], message: str) -> None:
         for req in list(self.waiting):
-            if rid in (req.rid, req.parent_rid):
+            if match(req):
                 self.waiting.remove(req)
-                self._finish(req, finish_abort("aborted by request"))
+                self._finish(req, finish_abort(message))
         for req in list(self.running):
-            if rid in (req.rid, req.parent_rid):
+            if match(req):
                 self._release(req)
-                self._finish(req, finish_abort("aborted by request"))
+                self._finish(req, finish_abort(message))
 
     def _fail_all(self, error: BaseException) -> None:
         """After an internal error: end every request with it, returning all their KV."""

@@ -106,8 +106,8 @@ class SessionRegistry:
         return sid
 
     def close(self, sid: str) -> bool:
-        """Forget the session; False if no such session is open. Its radix locks are dropped
-        by the scheduler (`SessionLocks.release`)."""
+        """Forget the session; False if no such session is open. The scheduler then aborts its
+        unfinished turns and drops its radix locks (`Scheduler.close_session`)."""
         with self._lock:
             return self._sessions.pop(sid, None) is not None
 

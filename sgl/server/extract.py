@@ -2,7 +2,9 @@
 
 The program is an ordinary `@function` (system instructions with the schema, the user's
 text or conversation, and one `gen` constrained by the schema), executed through the
-in-process `EngineBackend`, so the endpoint is exactly what a user's program would do.
+in-process `EngineBackend`, so the endpoint is exactly what a user's program would do. A
+client that disconnects stops the program: its session is closed, which aborts the
+generation and frees its KV.
 Constrained decoding guarantees the output parses and matches the schema unless it was
 cut by the token limit, which is answered with 422.
 """
@@ -11,17 +13,21 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from typing import Any
 
 from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
 from sgl.lang import assistant, function, gen, system, user
+from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.interpreter import ProgramError
 from sgl.runtime.errors import InvalidRequestError
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
 from sgl.server.protocol import ErrorResponse, ExtractRequest, ExtractResponse
 from sgl.server.state import ServerState, get_state
+from sgl.server.streaming import client_gone, until_disconnected
 
 router = APIRouter(prefix="/v1", tags=["extraction"])
 
@@ -54,7 +60,47 @@ def _invalid_cause(exc: BaseException) -> InvalidRequestError | None:
     return None
 
 
-def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]]) -> tuple[str, dict[str, Any]]:
+class _CancellableBackend(EngineBackend):
+    """The extraction program's backend for one request: it remembers the sessions the
+    program opens, so `cancel()` (the client left) closes them, which aborts the program's
+    generation in the engine and frees its KV; later calls fail at once."""
+
+    def __init__(self, shared: EngineBackend) -> None:
+        super().__init__(shared.engine)
+        self._template = shared.chat_template()
+        self._sessions: list[str] = []
+        self._cancelled = False
+        self._cancel_lock = threading.Lock()
+
+    def open_session(self) -> str | None:
+        sid = super().open_session()
+        with self._cancel_lock:
+            if sid is not None:
+                self._sessions.append(sid)
+            cancelled = self._cancelled
+        if cancelled:
+            raise _Cancelled()
+        return sid
+
+    def generate(self, *args: Any, **kwargs: Any) -> tuple[str, dict[str, Any]]:
+        if self._cancelled:
+            raise _Cancelled()
+        return super().generate(*args, **kwargs)
+
+    def cancel(self) -> None:
+        with self._cancel_lock:
+            self._cancelled = True
+            sessions, self._sessions = self._sessions, []
+        for sid in sessions:
+            self.engine.close_session(sid)
+
+
+class _Cancelled(RuntimeError):
+    """The client disconnected: the extraction stops."""
+
+
+def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]],
+         backend: EngineBackend) -> tuple[str, dict[str, Any]]:
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
     try:  # run() waits for a non-streamed program and raises ProgramError if it failed
         prog = extraction_program.run(
@@ -64,7 +110,7 @@ def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]]
             limit=max_tokens,
             temp=0.0 if req.temperature is None else req.temperature,
             sample_seed=req.seed,
-            backend=state.extract_backend,
+            backend=backend,
         )
         prog.sync()
     except ProgramError as e:
@@ -77,7 +123,7 @@ def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]]
 
 @router.post("/extract", response_model=ExtractResponse,
              responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
-async def extract(req: ExtractRequest, request: Request) -> JSONBody:
+async def extract(req: ExtractRequest, request: Request) -> Response:
     """Extract a JSON value matching `schema` from `text` (or `messages`)."""
     state = get_state(request)
     state.check_model(req.model)
@@ -90,7 +136,12 @@ async def extract(req: ExtractRequest, request: Request) -> JSONBody:
             raise APIError(400, "messages is empty", "messages")
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                      else "\n".join(p.text for p in m.content or [])} for m in req.messages]
-    text, meta = await asyncio.to_thread(_run, state, req, messages)
+    backend = _CancellableBackend(state.extract_backend)
+    out = await until_disconnected(request, asyncio.to_thread(_run, state, req, messages, backend))
+    if out is None:  # the client left: stop the program's generation and free its KV
+        backend.cancel()
+        return client_gone()
+    text, meta = out
     reason = meta.get("finish_reason") or {}
     if reason.get("type") == "length":
         raise APIError(422, f"the output was cut by the token limit (max_tokens={reason.get('length')}) before the "

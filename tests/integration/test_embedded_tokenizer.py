@@ -7,7 +7,6 @@ gguf_file=...)``: the cached tokenizer must be indistinguishable from it.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import random

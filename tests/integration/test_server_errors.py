@@ -165,3 +165,21 @@ def test_disconnect_while_waiting_for_a_whole_answer_releases_kv(url, engine, pa
         requests.post(url + path, json=body, timeout=(10, 1.5))
     assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
     still_serving(url)
+
+
+def test_disconnect_from_extract_stops_the_program(url):
+    # A pattern that forces 300 characters: the extraction runs for seconds at batch 1.
+    schema = {"type": "object", "properties": {"t": {"type": "string", "pattern": "^[a-z ]{300}$"}},
+              "required": ["t"], "additionalProperties": False}
+    aborted_before = metric(parse_metrics(requests.get(url + "/metrics", timeout=30).text),
+                            "sgl:num_aborted_requests_total")
+    with pytest.raises(requests.Timeout):  # the client gives up and closes the connection
+        requests.post(url + "/v1/extract", json={"text": "Write anything.", "schema": schema, "max_tokens": 400},
+                      timeout=(10, 1.5))
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
+    aborted_after = metric(parse_metrics(requests.get(url + "/metrics", timeout=30).text),
+                           "sgl:num_aborted_requests_total")
+    assert aborted_after == aborted_before + 1  # stopped, not run to its end
+    info = requests.get(url + "/get_server_info", timeout=30).json()
+    assert info["num_open_sessions"] == 0 and info["session_locked_tokens"] == 0
+    still_serving(url)

@@ -158,3 +158,34 @@ def test_session_errors_name_the_field(tiny_dir):
         assert gen(engine, ids(5, 52), 2, id=sid)["meta_info"]["completion_tokens"] == 2
         assert engine.close_session(sid)
         assert info(engine)["session_locked_tokens"] == 0
+
+
+def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir):
+    import threading
+
+    path, _ = tiny_dir
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+        sid, other = engine.open_session(), engine.open_session()
+        results: dict = {}
+        # Hold the scheduler thread, so both turns are still queued when the session closes.
+        release = threading.Event()
+        holder = threading.Thread(target=engine.scheduler.call, args=(lambda: release.wait(30),))
+        holder.start()
+
+        def run(name: str, session: str) -> None:
+            results[name] = gen(engine, ids(10, 60), 100, id=session)
+
+        threads = [threading.Thread(target=run, args=("closed", sid)), threading.Thread(target=run, args=("kept", other))]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 30
+        while engine.scheduler.inbox.qsize() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert engine.close_session(sid)
+        release.set()
+        for t in threads + [holder]:
+            t.join(timeout=60)
+        assert results["closed"]["meta_info"]["finish_reason"]["type"] == "abort"
+        assert results["kept"]["meta_info"]["finish_reason"]["type"] == "length"
+        assert engine.close_session(other)
+        assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0

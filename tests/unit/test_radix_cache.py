@@ -11,7 +11,6 @@ sizes, lock counts, LRU eviction and slot conservation without trusting the tree
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 import torch
