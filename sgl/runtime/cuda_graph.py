@@ -158,7 +158,8 @@ class CudaGraphRunner:
                         self.model(batch.input_ids, batch.positions, batch)
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                # thread_local: CUDA work of other threads (another engine in the process) may go on
+                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
                     self.outputs[bs] = self.model(batch.input_ids, batch.positions, batch)
             self.graphs[bs] = graph
         if self.use_graphs:

@@ -138,7 +138,7 @@ class Scheduler:
         return fut.result(timeout=timeout)
 
     def _loop(self) -> None:
-        if self.config.device.type == "cuda":
+        if self.config.device.type == "cuda" and self.config.device.index is not None:
             torch.cuda.set_device(self.config.device)  # this thread's kernels and graph replays go there
         while not self._stop.is_set():
             try:
