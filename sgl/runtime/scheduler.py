@@ -4,8 +4,9 @@ One thread owns every piece of mutable engine state (pools, radix tree, requests
 step it (1) drains the inbox (new requests, aborts, calls), (2) reserves one KV slot per
 decoding request (evicting cached prefixes, then retracting requests if memory runs
 out), (3) fills the remaining token budget with prefill chunks, taking waiting requests
-in policy order, (4) runs one forward over all of those tokens together, (5) samples,
-detokenizes, checks stop conditions and sends events to the callers' sinks.
+in policy order, (4) runs one forward over all of those tokens together (a step of
+decodes only replays a captured CUDA graph, when the engine captured them: cuda_graph.py),
+(5) samples, detokenizes, checks stop conditions and sends events to the callers' sinks.
 """
 
 from __future__ import annotations
