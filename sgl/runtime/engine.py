@@ -59,9 +59,12 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding: emit forced text token by token
-    attention_backend: str = "auto"
+    attention_backend: str = "auto"  # auto | torch_native | triton | flashinfer
     context_length: int | None = None
     random_seed: int | None = None
+    load_format: str = "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)
+    cuda_graph_max_bs: int = 160  # decode steps of up to this many requests replay CUDA graphs
+    disable_cuda_graph: bool = False
 
     def validate(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:
@@ -76,6 +79,49 @@ class EngineConfig:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        from sgl.runtime.attention import ATTENTION_BACKENDS
+
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(
+                f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use disable_cuda_graph=True to turn graphs off"
+            )
+
+
+LOAD_FORMATS = ("auto", "dummy")
+DEFAULT_MEM_FRACTION = {"cuda": 0.85, "cpu": 0.2}
+# Kept free on CUDA besides one step's activations: the CUDA context's own allocations,
+# cuBLAS and attention workspaces, and the CUDA graphs' memory pool.
+CUDA_FIXED_HEADROOM_BYTES = 1 << 30
+
+
+def activation_headroom_bytes(mc: Any, dtype: torch.dtype, max_step_tokens: int, max_running_requests: int) -> int:
+    """Memory one forward step needs besides weights and KV, generously: per token, the MLP's
+    gate/up/activation tensors, the fused QKV and attention output, the residual stream and
+    norms, and RoPE's float32 temporaries; per running request, float32 logits and the
+    sampler's copies of them (softmax, sort); plus the fixed CUDA headroom."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    qkv = mc.q_size + 2 * mc.kv_size
+    per_token = elem * (4 * mc.intermediate_size + 2 * qkv + 4 * mc.hidden_size) + 4 * (3 * mc.q_size + 2 * mc.hidden_size)
+    logits = 4 * 4 * mc.vocab_size * max_running_requests
+    return max_step_tokens * per_token + logits + CUDA_FIXED_HEADROOM_BYTES
+
+
+def kv_pool_tokens(free_bytes: int, fraction: float, bytes_per_token: int, headroom_bytes: int) -> int:
+    """KV pool capacity in tokens: `fraction` of the memory free once the weights are loaded,
+    less the headroom for activations (and, on CUDA, workspaces and graphs), divided by the
+    KV bytes of one token (2 x layers x kv_heads x head_dim x element size)."""
+    return max(int(free_bytes * fraction) - headroom_bytes, 0) // bytes_per_token
+
+
+def cuda_graph_max_bs(cfg: EngineConfig, device: torch.device) -> int:
+    """The largest decode batch replayed from a CUDA graph; 0 turns graphs off (not CUDA, or disabled)."""
+    if device.type != "cuda" or cfg.disable_cuda_graph:
+        return 0
+    return min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
 
 
 def _available_memory_bytes(device: torch.device) -> int:
@@ -114,11 +160,21 @@ class Engine:
         dtype = getattr(torch, dtype_name)
         self.device, self.dtype = device, dtype
 
-        path = resolve_model_path(cfg.model_path)
-        self.model_path = path
-        self.model, self.model_config = load_model(path, dtype, device)
-        tok_path = cfg.tokenizer_path or path
-        if tok_path.endswith(".gguf"):
+        if cfg.load_format == "dummy":
+            from sgl.runtime.model.dummy import byte_level_tokenizer, dummy_tokenizer_source, load_dummy_model
+
+            self.model_path = cfg.model_path
+            self.model, self.model_config = load_dummy_model(cfg.model_path, dtype, device, seed=cfg.random_seed or 0)
+            tok_path = cfg.tokenizer_path or dummy_tokenizer_source(cfg.model_path)
+        else:
+            path = resolve_model_path(cfg.model_path)
+            self.model_path = path
+            self.model, self.model_config = load_model(path, dtype, device)
+            tok_path = cfg.tokenizer_path or path
+        if tok_path is None:
+            logger.warning("no tokenizer found for the dummy model %r: using a byte-level one", cfg.model_path)
+            self.tokenizer = byte_level_tokenizer()
+        elif tok_path.endswith(".gguf"):
             self.tokenizer = load_tokenizer(os.path.dirname(tok_path), gguf_file=os.path.basename(tok_path))
         else:
             self.tokenizer = load_tokenizer(tok_path)
@@ -136,12 +192,26 @@ class Engine:
 
         bytes_per_token = TokenToKVPool.bytes_per_token_for(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, dtype)
         max_total = cfg.max_total_tokens
+        self.memory_plan: dict[str, Any] = {"kv_bytes_per_token": bytes_per_token, "max_total_tokens_given": max_total}
         if max_total is None:
-            fraction = cfg.mem_fraction_static or (0.85 if device.type == "cuda" else 0.2)
-            max_total = int(_available_memory_bytes(device) * fraction // bytes_per_token)
+            fraction = cfg.mem_fraction_static or DEFAULT_MEM_FRACTION["cuda" if device.type == "cuda" else "cpu"]
+            headroom = 0
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # blocks the allocator kept from loading are free memory too
+                chunk = cfg.chunked_prefill_size
+                step_tokens = chunk if chunk and chunk > 0 else cfg.max_prefill_tokens
+                headroom = activation_headroom_bytes(mc, dtype, step_tokens + cfg.max_running_requests, cfg.max_running_requests)
+            free = _available_memory_bytes(device)
+            max_total = kv_pool_tokens(free, fraction, bytes_per_token, headroom)
             if device.type == "cpu":
                 max_total = min(max_total, 1 << 17)
             max_total = max(max_total, 1024)
+            self.memory_plan.update(free_bytes_after_weights=free, mem_fraction_static=fraction, headroom_bytes=headroom)
+            logger.info(
+                "KV pool: %d tokens x %d B = %.2f GiB (%.2f GiB free after the weights x %.2f - %.2f GiB headroom)",
+                max_total, bytes_per_token, max_total * bytes_per_token / 2**30, free / 2**30, fraction, headroom / 2**30,
+            )
+        self.memory_plan["max_total_tokens"] = max_total
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -161,6 +231,7 @@ class Engine:
                 enable_jump_forward=not cfg.disable_jump_forward,
                 device=device,
                 dtype=dtype,
+                cuda_graph_max_bs=cuda_graph_max_bs(cfg, device),
             ),
             self.model,
             self.tokenizer,
@@ -506,6 +577,8 @@ class Engine:
                 "chunked_prefill_size": self.config.chunked_prefill_size,
                 "disable_radix_cache": self.config.disable_radix_cache,
                 "max_running_requests": self.config.max_running_requests,
+                "load_format": self.config.load_format,
+                "memory_plan": dict(self.memory_plan),
             }
         )
         return info

@@ -4,8 +4,9 @@ One thread owns every piece of mutable engine state (pools, radix tree, requests
 step it (1) drains the inbox (new requests, aborts, calls), (2) reserves one KV slot per
 decoding request (evicting cached prefixes, then retracting requests if memory runs
 out), (3) fills the remaining token budget with prefill chunks, taking waiting requests
-in policy order, (4) runs one forward over all of those tokens together, (5) samples,
-detokenizes, checks stop conditions and sends events to the callers' sinks.
+in policy order, (4) runs one forward over all of those tokens together (a step of
+decodes only replays a captured CUDA graph, when the engine captured them: cuda_graph.py),
+(5) samples, detokenizes, checks stop conditions and sends events to the callers' sinks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any, Callable
 
 import torch
 
-from sgl.runtime.attention import ForwardBatch, create_attention_backend
+from sgl.runtime.attention import ForwardBatch, backend_name, create_attention_backend, supports_cuda_graph
+from sgl.runtime.cuda_graph import CudaGraphRunner, DecodeInputs
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.radix_cache import RadixCache
 from sgl.runtime.request import (
@@ -65,6 +67,7 @@ class SchedulerConfig:
     enable_jump_forward: bool
     device: torch.device
     dtype: torch.dtype
+    cuda_graph_max_bs: int = 0  # decode steps of up to this many requests replay CUDA graphs; 0: off
 
 
 @dataclass
@@ -87,9 +90,19 @@ class Scheduler:
         self.kv_pool = TokenToKVPool(
             config.max_total_tokens, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, config.dtype, config.device
         )
-        self.req_to_token = ReqToTokenPool(config.max_running_requests, config.max_context_len + 1, config.device)
         self.tree = RadixCache(self.kv_pool, disable=config.disable_radix_cache)
-        self.attn_backend = create_attention_backend(config.attention_backend, str(config.device))
+        self.attn_backend = create_attention_backend(config.attention_backend, str(config.device), config.dtype)
+        use_graphs = config.cuda_graph_max_bs > 0 and supports_cuda_graph(self.attn_backend)
+        # With CUDA graphs one more table row: a row of zeros that padding rows point at.
+        rows = config.max_running_requests + (1 if use_graphs else 0)
+        self.req_to_token = ReqToTokenPool(rows, config.max_context_len + 1, config.device)
+        self.attn_backend.bind(self.kv_pool, self.req_to_token, mc.num_attention_heads)
+        self.graph_runner: CudaGraphRunner | None = None
+        if use_graphs:
+            padding_row = self.req_to_token.alloc()  # never freed, never written: stays zeros
+            self.graph_runner = CudaGraphRunner(
+                model, self.attn_backend, self.kv_pool, self.req_to_token, config.cuda_graph_max_bs, padding_row
+            )
         self.sessions = sessions if sessions is not None else SessionRegistry(config.max_context_len)
         self.session_locks = SessionLocks(self.tree)
         self._next_expiry_check = 0.0
@@ -101,7 +114,7 @@ class Scheduler:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.stats = {"forward_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "cached_tokens": 0,
                       "retractions": 0, "finished_requests": 0,
-                      "jump_forward_tokens": 0}
+                      "jump_forward_tokens": 0, "cuda_graph_steps": 0}
         self._step_slots: torch.Tensor | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -136,6 +149,8 @@ class Scheduler:
         return fut.result(timeout=timeout)
 
     def _loop(self) -> None:
+        if self.config.device.type == "cuda" and self.config.device.index is not None:
+            torch.cuda.set_device(self.config.device)  # this thread's kernels and graph replays go there
         while not self._stop.is_set():
             try:
                 idle = not (self.waiting or self.running)
@@ -486,21 +501,30 @@ class Scheduler:
             else:
                 input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + it.extend_len])
             positions.extend(range(r.kv_len, r.kv_len + it.extend_len))
-        batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            out_cache_loc=self._step_slots.to(device),
-            req_rows=[it.req.pool_row for it in items],
-            prefix_lens=[it.req.kv_len for it in items],
-            extend_lens=[it.extend_len for it in items],
-            kv_pool=self.kv_pool,
-            req_to_token=self.req_to_token,
-            attn_backend=self.attn_backend,
-            row_epochs=[self.req_to_token.epochs[it.req.pool_row] for it in items],
-        )
-        self.attn_backend.init_forward_metadata(batch)
-        with torch.inference_mode():
-            hidden = self.model(batch.input_ids, batch.positions, batch)
+        runner = self.graph_runner
+        if runner is not None and runner.can_run(len(items)) and all(it.extend_len == 1 for it in items):
+            # Pure decode: replay the captured forward.
+            hidden = runner.replay(DecodeInputs(
+                input_ids, positions, self._step_slots.tolist(),
+                [it.req.pool_row for it in items], [it.req.kv_len + 1 for it in items],
+            ))
+            self.stats["cuda_graph_steps"] += 1
+        else:
+            batch = ForwardBatch(
+                input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
+                positions=torch.tensor(positions, dtype=torch.int64, device=device),
+                out_cache_loc=self._step_slots.to(device),
+                req_rows=[it.req.pool_row for it in items],
+                prefix_lens=[it.req.kv_len for it in items],
+                extend_lens=[it.extend_len for it in items],
+                kv_pool=self.kv_pool,
+                req_to_token=self.req_to_token,
+                attn_backend=self.attn_backend,
+                row_epochs=[self.req_to_token.epochs[it.req.pool_row] for it in items],
+            )
+            self.attn_backend.init_forward_metadata(batch)
+            with torch.inference_mode():
+                hidden = self.model(batch.input_ids, batch.positions, batch)
         self._step_slots = None  # from here on the slots are accounted by each request's kv_len
         self.stats["forward_steps"] += 1
 
@@ -799,5 +823,7 @@ class Scheduler:
             "num_open_sessions": len(self.sessions),
             "session_locked_tokens": self.session_locks.locked_tokens(),
             "new_token_ratio": self.new_token_ratio,
+            "attention_backend": backend_name(self.attn_backend),
+            "cuda_graph_batch_sizes": self.graph_runner.capture_sizes if self.graph_runner else [],
             **self.stats,
         }

@@ -33,9 +33,18 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--schedule-policy": ("schedule_policy", dict(default="lpm", choices=["lpm", "fcfs", "dfs-weight"])),
     "--disable-radix-cache": ("disable_radix_cache", dict(action="store_true")),
     "--disable-jump-forward": ("disable_jump_forward", dict(action="store_true")),
-    "--attention-backend": ("attention_backend", dict(default="auto")),
+    "--attention-backend": ("attention_backend", dict(
+        default="auto", choices=["auto", "torch_native", "triton", "flashinfer"],
+        help="auto: flashinfer, else triton on CUDA when installed; torch_native otherwise")),
     "--context-length": ("context_length", dict(type=int, default=None, help="cap on prompt + output tokens")),
     "--random-seed": ("random_seed", dict(type=int, default=None)),
+    "--load-format": ("load_format", dict(
+        default="auto", choices=["auto", "dummy"],
+        help="dummy: random weights; --model-path is then a named shape (llama3-8b, smollm2-135m, tiny-llama), "
+             "a directory holding config.json, or a config .json file")),
+    "--cuda-graph-max-bs": ("cuda_graph_max_bs", dict(type=int, default=160,
+                            help="decode steps of up to this many requests replay CUDA graphs")),
+    "--disable-cuda-graph": ("disable_cuda_graph", dict(action="store_true")),
 }
 
 

@@ -170,10 +170,9 @@ def test_cuda_graph_hooks_replay_fresh_metadata():
     """What a graph runner does: static buffers, capture-time views, replay copies into them."""
     backend = TritonBackend(num_kv_splits=4)
     backend.init_cuda_graph_state(max_bs=8, max_context_len=MAX_CONTEXT, device="cpu")
-    first = make_case(DECODE, 2, 32, torch.float32, seed=1)
     bs = len(DECODE)
-    captured = backend.init_forward_metadata_capture(bs, first.batch)
-    assert first.batch.metadata is captured and captured.from_graph_buffers and captured.batch_size == bs
+    captured = backend.init_forward_metadata_capture(bs)
+    assert captured.from_graph_buffers and captured.batch_size == bs
 
     # Replay the same batch size for two different batches; the metadata the launches read
     # must equal what init_forward_metadata builds, and so must the outputs.
@@ -219,30 +218,10 @@ VOCAB = 200
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from tiny_models import save_tiny_engine_dir
 
-    from tiny_models import hf_tiny
-
-    path = tmp_path_factory.mktemp("tiny-llama-triton")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog"] * 10, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-    fast.save_pretrained(path)
-    hf = hf_tiny(arch="llama", kv_heads=2, seed=11, initializer_range=0.15)
-    hf.config.vocab_size = len(fast)
-    hf.resize_token_embeddings(len(fast))
-    with torch.no_grad():
-        hf.lm_head.weight.normal_(0, 0.15)
-        hf.model.embed_tokens.weight.normal_(0, 0.15)
-    hf.config.eos_token_id = fast.eos_token_id
-    hf.save_pretrained(path)
-    return path, len(fast)
+    path, _ = save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-llama-triton"), VOCAB)
+    return path, VOCAB
 
 
 class RecordingTritonBackend(TritonBackend):
@@ -261,13 +240,19 @@ class RecordingTritonBackend(TritonBackend):
                 self.kinds.add("mixed")
 
 
-def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[int]]]) -> list[tuple[list[int], int]]:
-    """(output ids, cached tokens) for each prompt; each inner list is one generate call."""
+def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[int]]],
+           graph_max_bs: int = 0) -> list[tuple[list[int], int]]:
+    """(output ids, cached tokens) for each prompt; each inner list is one generate call.
+    `graph_max_bs` > 0 sends decode steps through the CUDA-graph runner (on CPU it runs the
+    same static buffers and hooks without capturing)."""
     import sgl
+    import sgl.runtime.engine as engine_mod
     import sgl.runtime.scheduler as scheduler
 
     if backend_factory is not None:
-        monkeypatch.setattr(scheduler, "create_attention_backend", lambda name, device: backend_factory())
+        monkeypatch.setattr(scheduler, "create_attention_backend", lambda name, device, dtype=None: backend_factory())
+    if graph_max_bs:
+        monkeypatch.setattr(engine_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     results = []
     with sgl.Engine(model_path=str(path), max_total_tokens=2048, chunked_prefill_size=16) as engine:
@@ -275,6 +260,8 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
         for batch in prompts_in_order:
             for out in engine.generate(input_ids=batch, sampling_params=params):
                 results.append((out["output_ids"], out["meta_info"]["cached_tokens"]))
+        graph_steps = engine.get_server_info()["cuda_graph_steps"]
+    assert (graph_steps > 0) == bool(graph_max_bs)
     monkeypatch.undo()
     return results
 
@@ -295,6 +282,17 @@ def test_engine_greedy_tokens_match_torch_native(tiny_dir, monkeypatch):
     assert [ids for ids, _ in got] == [ids for ids, _ in want]
     assert got[2][1] >= len(shared) - 1  # the second call's first prompt reused the shared prefix
     assert all(len(ids) == 8 for ids, _ in got)
+
+
+def test_graph_runner_with_triton_hooks_matches_torch_native(tiny_dir, monkeypatch):
+    """Decode steps through the CUDA-graph runner's static buffers and the Triton hooks
+    (capture, then replay per step, padded to the captured sizes) give torch_native's tokens."""
+    path, vocab = tiny_dir
+    rng = random.Random(3)
+    prompts = [[[rng.randrange(1, vocab) for _ in range(rng.randint(2, 20))] for _ in range(3)]]
+    want = greedy(path, monkeypatch, None, prompts)
+    got = greedy(path, monkeypatch, TritonBackend, prompts, graph_max_bs=4)
+    assert [ids for ids, _ in got] == [ids for ids, _ in want]
 
 
 def test_kernels_compile_for_sm90(tmp_path):

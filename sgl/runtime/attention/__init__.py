@@ -1,16 +1,146 @@
-"""Attention backends behind one interface (`base.AttentionBackend`)."""
+"""Attention backends behind one interface (`base.AttentionBackend`), and the choice among them.
+
+Backends that need GPU packages (flashinfer, triton) are imported only when chosen, so the
+CPU install never needs them.
+"""
 
 from __future__ import annotations
 
-from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
+import importlib.util
+import logging
+import os
+from typing import Callable
+
+import torch
+
+from sgl.runtime.attention.base import AttentionBackend, CudaGraphHooks, ForwardBatch, supports_cuda_graph
+
+logger = logging.getLogger(__name__)
+
+ATTENTION_BACKENDS = ("auto", "torch_native", "triton", "flashinfer")
+CUDA_EXTRA_HINT = "pip install sgl[cuda]"
 
 
-def create_attention_backend(name: str, device: str) -> AttentionBackend:
-    if name in ("auto", "torch_native"):
-        from sgl.runtime.attention.torch_native import TorchNativeBackend
+def _module_available(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
-        return TorchNativeBackend()
-    raise ValueError(f"attention_backend must be one of 'auto', 'torch_native'; got {name!r}")
+
+def flashinfer_available() -> bool:
+    return _module_available("flashinfer")
 
 
-__all__ = ["AttentionBackend", "ForwardBatch", "create_attention_backend"]
+def triton_available() -> bool:
+    """The triton package and our kernels for it (sgl/runtime/attention/triton_backend.py)."""
+    return _module_available("triton") and _module_available("sgl.runtime.attention.triton_backend")
+
+
+def _make_torch_native() -> AttentionBackend:
+    from sgl.runtime.attention.torch_native import TorchNativeBackend
+
+    return TorchNativeBackend()
+
+
+def _make_triton() -> AttentionBackend:
+    from sgl.runtime.attention.triton_backend import TritonBackend
+
+    return TritonBackend()
+
+
+def _make_flashinfer() -> AttentionBackend:
+    from sgl.runtime.attention.flashinfer_backend import FlashInferBackend
+
+    return FlashInferBackend()
+
+
+def _is_cuda(device: str | torch.device) -> bool:
+    return torch.device(device).type == "cuda"
+
+
+def _auto_candidates(device: str | torch.device, dtype: torch.dtype | None) -> list[tuple[str, Callable[[], AttentionBackend]]]:
+    """Backends `auto` tries, best first: flashinfer, then triton (CUDA only), then torch_native."""
+    out: list[tuple[str, Callable[[], AttentionBackend]]] = []
+    if _is_cuda(device):
+        # flashinfer's kernels take fp16/bf16 only; a float32 engine goes to triton or torch.
+        if flashinfer_available() and dtype in (None, torch.float16, torch.bfloat16):
+            out.append(("flashinfer", _make_flashinfer))
+        if triton_available():
+            out.append(("triton", _make_triton))
+    out.append(("torch_native", _make_torch_native))
+    return out
+
+
+def create_attention_backend(
+    name: str, device: str | torch.device, dtype: torch.dtype | None = None
+) -> AttentionBackend:
+    """The backend called `name` for `device` (and the KV dtype, which rules flashinfer in or out).
+
+    `auto` takes the fastest one that is installed and fits the device; naming a backend that
+    cannot run raises a ValueError that says why and what to do instead.
+    """
+    if name not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}; got {name!r}")
+    if name == "auto":
+        candidates = _auto_candidates(device, dtype)
+        for i, (cand, make) in enumerate(candidates):
+            try:
+                backend = make()
+            except (ImportError, OSError, RuntimeError) as e:  # installed but broken (e.g. a CUDA mismatch)
+                if i == len(candidates) - 1:
+                    raise
+                logger.warning("attention backend %s failed to load (%s); trying the next one", cand, e)
+                continue
+            logger.info("attention backend: %s", cand)
+            return backend
+    if name == "torch_native":
+        return _make_torch_native()
+    if name == "triton":
+        if not _module_available("triton"):
+            raise ValueError(f"attention_backend='triton' needs the triton package: {CUDA_EXTRA_HINT}")
+        if not _module_available("sgl.runtime.attention.triton_backend"):
+            raise ValueError("attention_backend='triton' is not available in this build of sgl (no triton_backend module)")
+        if not _is_cuda(device) and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(
+                f"attention_backend='triton' needs a CUDA device (device is {str(device)!r}); use "
+                "attention_backend='torch_native' on CPU, or set TRITON_INTERPRET=1 to run the Triton "
+                "kernels in Triton's interpreter (slow; for tests)"
+            )
+        return _make_triton()
+    # flashinfer
+    if not flashinfer_available():
+        raise ValueError(f"attention_backend='flashinfer' needs the flashinfer package: {CUDA_EXTRA_HINT}")
+    if not _is_cuda(device):
+        raise ValueError(
+            f"attention_backend='flashinfer' needs a CUDA device (device is {str(device)!r}); "
+            "use attention_backend='torch_native' on CPU"
+        )
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(
+            f"attention_backend='flashinfer' supports float16 and bfloat16 KV caches, not {dtype}; "
+            "use dtype='bfloat16', or attention_backend='triton' or 'torch_native'"
+        )
+    return _make_flashinfer()
+
+
+def backend_name(backend: AttentionBackend) -> str:
+    """Short name of a backend instance, for server info and benchmark reports."""
+    return {
+        "TorchNativeBackend": "torch_native",
+        "TritonBackend": "triton",
+        "FlashInferBackend": "flashinfer",
+    }.get(type(backend).__name__, type(backend).__name__)
+
+
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "AttentionBackend",
+    "CudaGraphHooks",
+    "ForwardBatch",
+    "backend_name",
+    "create_attention_backend",
+    "flashinfer_available",
+    "supports_cuda_graph",
+    "triton_available",
+]

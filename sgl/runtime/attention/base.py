@@ -4,13 +4,18 @@ A forward step processes a flat list of tokens from many requests: request i con
 `extend_lens[i]` new tokens whose K/V go to `out_cache_loc`, on top of `prefix_lens[i]`
 tokens already in the KV pool (cached prefix, earlier chunks, or earlier decode steps).
 Decode is simply the case `extend_len == 1`.
+
+CUDA graphs (sgl/runtime/cuda_graph.py) replay pure-decode steps. A backend takes part by
+offering the three `CudaGraphHooks` methods; the graph runner then never calls
+`init_forward_metadata` for those steps, and everything `forward` reads inside the graph
+must live in tensors whose addresses stay fixed from capture to replay.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -41,6 +46,11 @@ class ForwardBatch:
 class AttentionBackend(ABC):
     """Computes causal attention for a ForwardBatch over the paged KV pool."""
 
+    def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool, num_qo_heads: int) -> None:
+        """Called once by the scheduler before any step, with the pools and the model's query
+        head count. Backends that plan ahead of `forward` (flashinfer; CUDA-graph hooks, which
+        see no ForwardBatch) keep what they need; the default keeps nothing."""
+
     @abstractmethod
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         """Precompute per-step index tensors once, shared by all layers."""
@@ -56,3 +66,33 @@ class AttentionBackend(ABC):
         batch: ForwardBatch,
     ) -> torch.Tensor:
         """Store k/v at batch.out_cache_loc and return the attention output [T, heads, head_dim]."""
+
+
+@runtime_checkable
+class CudaGraphHooks(Protocol):
+    """What a backend offers to have its decode steps captured in CUDA graphs.
+
+    The runner calls `init_cuda_graph_state` once, then per captured batch size
+    `init_forward_metadata_capture` before capturing the model's forward, and before every
+    replay `init_forward_metadata_replay` with the same static buffers, now holding the
+    step's values. `req_rows` [bs] int64 are rows of the request-to-token table (padding rows
+    point at a row of zeros, i.e. the padding slot 0, with seq_len 1); `seq_lens` [bs] int32
+    count each row's tokens including the one being decoded (whose slot is already written
+    in the table). Both live on the model's device.
+
+    The value returned by `init_forward_metadata_capture` becomes `ForwardBatch.metadata`
+    of the captured forward (None is fine for a backend that keeps its state itself).
+    Replay runs no Python forward: the replay hook must update, in place, every tensor the
+    captured kernels read.
+    """
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None: ...
+
+    def init_forward_metadata_capture(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> Any: ...
+
+    def init_forward_metadata_replay(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> None: ...
+
+
+def supports_cuda_graph(backend: AttentionBackend) -> bool:
+    """Whether the backend offers all three CUDA-graph hooks."""
+    return isinstance(backend, CudaGraphHooks)

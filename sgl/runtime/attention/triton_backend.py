@@ -83,6 +83,7 @@ class TritonBackend(AttentionBackend):
         self.block_n = block_n or (16 if small else 32)
         self.decode_block_n = block_n or (16 if small else 64)
         self._graph: _GraphState | None = None
+        self._device: torch.device | None = None  # the KV pool's, once bound
 
     # ------------------------------------------------------------------ metadata
 
@@ -119,14 +120,19 @@ class TritonBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ CUDA-graph hooks
 
-    def init_cuda_graph_state(self, max_bs: int, max_context_len: int, device: torch.device | str = "cuda") -> None:
+    def bind(self, kv_pool, req_to_token, num_qo_heads: int) -> None:
+        self._device = kv_pool.device  # where the CUDA-graph buffers go
+
+    def init_cuda_graph_state(self, max_bs: int, max_context_len: int, device: torch.device | str | None = None) -> None:
         """Allocate the static decode metadata for graphs of up to `max_bs` requests.
 
-        Call once before capturing. `max_context_len` is recorded only: the kernels take
-        each length from `seq_lens`, so no launch depends on it. The split scratch is sized to `max_bs` on the first
-        decode forward that uses these buffers (a warm-up run or the capture itself), so
-        its address never changes afterwards.
+        Call once before capturing (on the bound pool's device unless `device` is given).
+        `max_context_len` is recorded only: the kernels take each length from `seq_lens`, so
+        no launch depends on it. The split scratch is sized to `max_bs` on the first decode
+        forward that uses these buffers (a warm-up run or the capture itself), so its
+        address never changes afterwards.
         """
+        device = device or self._device or "cuda"
         self._graph = _GraphState(
             max_bs=max_bs,
             max_context_len=max_context_len,
@@ -134,17 +140,18 @@ class TritonBackend(AttentionBackend):
             seq_lens=torch.ones(max_bs, dtype=torch.int32, device=device),
         )
 
-    def init_forward_metadata_capture(self, bs: int, batch: ForwardBatch | None = None) -> TritonMetadata:
-        """Decode metadata for capturing a graph of batch size `bs`: views of the static buffers.
-
-        Stored into `batch.metadata` when a batch is given; returned either way. The buffers
-        start as padding requests (row 0, length 1), so a capture run reads valid slots.
+    def init_forward_metadata_capture(
+        self, bs: int, req_rows: torch.Tensor | None = None, seq_lens: torch.Tensor | None = None
+    ) -> TritonMetadata:
+        """Decode metadata for capturing a graph of batch size `bs`: views of the static buffers
+        (the runner makes it the captured forward's `ForwardBatch.metadata`). `req_rows` and
+        `seq_lens`, when given, are copied in first; otherwise the buffers hold padding
+        requests (row 0, length 1), so a capture run reads valid slots either way.
         """
         g = self._require_graph_state(bs)
-        md = TritonMetadata(bs, True, g.req_rows[:bs], g.seq_lens[:bs], from_graph_buffers=True)
-        if batch is not None:
-            batch.metadata = md
-        return md
+        if req_rows is not None and seq_lens is not None:
+            self.init_forward_metadata_replay(bs, req_rows, seq_lens)
+        return TritonMetadata(bs, True, g.req_rows[:bs], g.seq_lens[:bs], from_graph_buffers=True)
 
     def init_forward_metadata_replay(
         self, bs: int, req_rows: torch.Tensor | Sequence[int], seq_lens: torch.Tensor | Sequence[int]
