@@ -31,6 +31,34 @@ import triton.language as tl
 
 
 @triton.jit
+def _attend_pool_keys(
+    q, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
+    stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
+    BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """Online softmax of the queries `q` [rows, D] over context positions [start, end) of
+    request row `row`, whose keys and values are gathered from the pool by slot; returns the
+    updated running max, sum and (unnormalised) output."""
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < end
+        slots = tl.load(Req_to_token + row * stride_row + offs_n, mask=n_mask, other=0).to(tl.int64)
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k = tl.load(K_buf + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(V_buf + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = v.to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     Q,  # [bs, heads, D]: request b's query is token b
     K_buf,  # [slots, kv_heads, D]
@@ -86,22 +114,10 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < end
-        slots = tl.load(Req_to_token + row * stride_row + offs_n, mask=n_mask, other=0).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(K_buf + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_buf + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend_pool_keys(
+        q, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
+        stride_ks, stride_kh, stride_vs, stride_vh, stride_row, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+    )  # fmt: skip
 
     # An empty split (a context shorter than the split count) leaves l_i == 0: it reports
     # lse = -inf and contributes nothing when the splits are combined.
@@ -212,22 +228,10 @@ def _extend_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
     # The prefix: every query sees all of it; keys are gathered from the pool by slot.
-    for n0 in range(0, prefix, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_mask = offs_n < prefix
-        slots = tl.load(Req_to_token + row * stride_row + offs_n, mask=n_mask, other=0).to(tl.int64)
-        kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(K_buf + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_buf + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    m_i, l_i, acc = _attend_pool_keys(
+        q, m_i, l_i, acc, 0, prefix, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
+        stride_ks, stride_kh, stride_vs, stride_vh, stride_row, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+    )  # fmt: skip
 
     # The new tokens, causally: query i sees new keys 0..i, so this tile stops at its last query.
     end_n = tl.minimum(ext, (m_block + 1) * BLOCK_M)
