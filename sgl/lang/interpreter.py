@@ -130,10 +130,12 @@ class StreamExecutor:
     def end(self) -> None:
         """No more expressions: the stream iterators finish once the queue drains, and the
         worker threads (this state's and its unjoined fork branches') exit."""
-        if not self._closed:
-            self._closed = True
-            with self._cond:  # counted, so sync() after end() also waits for the session to close
+        with self._cond:  # counted, so sync() after end() also waits for the session to close
+            first = not self._closed
+            if first:
+                self._closed = True
                 self._pending += 1
+        if first:
             self._queue.put(_END)
         for child in self.children:
             child.end()

@@ -318,7 +318,7 @@ class Engine:
             if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab for t in ids):
                 raise InvalidRequestError(f"input_ids must be integers in [0, {vocab})", "input_ids")
             if session is not None:  # the continued turn's tokens come first
-                ids = self.sessions.resolve(session, ids, p.max_new_tokens, p.n, self.tokenizer.bos_token_id)
+                ids = self.sessions.resolve(session, ids, p.max_new_tokens, self.tokenizer.bos_token_id)
             if not ids:
                 raise InvalidRequestError("the prompt is empty: give at least one token", "prompt")
             if len(ids) >= self.context_len:
@@ -534,7 +534,9 @@ class Engine:
         its turns: each finished turn's KV stays pinned in the radix cache (safe from
         eviction) until `close_session` or `timeout` seconds without use (default 600).
         `capacity_tokens` caps one turn's history + input + max_new_tokens (default: the
-        context length)."""
+        context length). Sessions pin at most half the KV pool together: past that, and when
+        running requests would otherwise stall, the least recently used are unpinned (they
+        stay open; their next turn recomputes what was evicted)."""
         self._check_open()
         return self.sessions.open(capacity_tokens, session_id, timeout)
 

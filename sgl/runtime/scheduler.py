@@ -35,7 +35,7 @@ from sgl.runtime.request import (
     finish_stop,
 )
 from sgl.runtime.sampling import SamplingBatch, make_generator, sample
-from sgl.runtime.session import SessionLocks, SessionRegistry
+from sgl.runtime.session import MAX_PINNED_SHARE, SessionLocks, SessionRegistry
 from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
 
 logger = logging.getLogger(__name__)
@@ -215,6 +215,11 @@ class Scheduler:
         req.stop_matcher = StopStringMatcher(sp.stop or [])
         if not r.return_logprob or r.logprob_start_len < 0:
             req.input_logprobs_done = True
+        if r.session_id is not None and r.session_id not in self.sessions:
+            # Closed between the caller resolving it and this request arriving: as if it had
+            # been queued when the session closed.
+            self._finish(req, finish_abort("aborted: its session was closed"))
+            return
         self.waiting.append(req)
 
     def _expire_sessions(self) -> None:
@@ -223,7 +228,8 @@ class Scheduler:
         if now < self._next_expiry_check:
             return
         self._next_expiry_check = now + 1.0
-        for sid in self.sessions.expire(now):
+        busy = {r.session_id for r in self.waiting + self.running if r.session_id is not None}
+        for sid in self.sessions.expire(busy, now):
             self.session_locks.release(sid)
 
     def _reclaimable(self) -> int:
@@ -794,6 +800,9 @@ class Scheduler:
             # by _release just before) until the session ends.
             if self.sessions.record(r.session_id, r.rid, r.origin_input_ids, r.output_ids):
                 self.session_locks.pin(r.session_id, r.fill_ids)
+                limit = int(MAX_PINNED_SHARE * self.kv_pool.capacity)
+                while self.session_locks.locked_tokens() > limit and self._unpin_lru_session():
+                    pass
         if r.stream:
             event = ReqEvent(r.rid, delta_text, delta_ids or [], True, self._meta(r), error,
                              delta_lp or [], delta_top or [])

@@ -25,6 +25,10 @@ from typing import Any
 from sgl.runtime.errors import InvalidRequestError
 
 DEFAULT_SESSION_TIMEOUT = 600.0  # seconds a session may sit idle before it closes itself
+MAX_SESSION_TIMEOUT = 86400.0
+# Open sessions may pin at most this share of the KV pool; past it, the least recently used
+# ones are unpinned (they stay open), so idle sessions cannot starve new traffic.
+MAX_PINNED_SHARE = 0.5
 
 
 @dataclass
@@ -47,11 +51,14 @@ class SessionParams:
         if not isinstance(value, dict):
             raise InvalidRequestError("session_params must be an object {id, rid?, offset?, drop_previous_output?}",
                                       "session_params")
-        unknown = sorted(set(value) - {"id", "rid", "offset", "drop_previous_output"})
+        unknown = sorted(set(value) - {"id", "rid", "offset", "drop_previous_output", "replace"})
         if unknown:
             raise InvalidRequestError(
                 f"session_params has unknown field(s) {unknown}; valid: id, rid, offset, drop_previous_output",
                 "session_params")
+        if value.get("replace") not in (None, False):  # SGLang clients send replace: false
+            raise InvalidRequestError("session_params.replace is not supported; send false or leave it out",
+                                      "session_params.replace")
         sid = value.get("id")
         if not isinstance(sid, str) or not sid:
             raise InvalidRequestError("session_params.id must be the id /open_session returned", "session_params.id")
@@ -61,7 +68,11 @@ class SessionParams:
         offset = value.get("offset")
         if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)):
             raise InvalidRequestError("session_params.offset must be an integer", "session_params.offset")
-        return cls(sid, rid, offset, bool(value.get("drop_previous_output", False)))
+        drop = value.get("drop_previous_output", False)
+        if not isinstance(drop, bool):
+            raise InvalidRequestError("session_params.drop_previous_output must be true or false",
+                                      "session_params.drop_previous_output")
+        return cls(sid, rid, offset or None, drop)  # offset 0 keeps the whole history, as SGLang
 
 
 @dataclass
@@ -73,7 +84,7 @@ class _Turn:
 @dataclass
 class Session:
     id: str
-    capacity: int  # most tokens (history + input + max_new_tokens) one request may use
+    capacity: int | None  # most tokens (history + input + max_new_tokens) one turn may use; None: the context
     timeout: float
     last_used: float = field(default_factory=time.monotonic)
     turns: dict[str, _Turn] = field(default_factory=dict)
@@ -93,12 +104,17 @@ class SessionRegistry:
                                             or capacity_tokens < 1):
             raise InvalidRequestError(f"capacity_tokens must be a positive integer, got {capacity_tokens!r}",
                                       "capacity_tokens")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
-            raise InvalidRequestError(f"timeout must be a positive number of seconds, got {timeout!r}", "timeout")
+        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                    or not 0 < timeout <= MAX_SESSION_TIMEOUT):
+            raise InvalidRequestError(
+                f"timeout must be a number of seconds in (0, {MAX_SESSION_TIMEOUT:.0f}], got {timeout!r}", "timeout")
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidRequestError("session_id must be a non-empty string", "session_id")
         sid = session_id or uuid.uuid4().hex
-        capacity = min(capacity_tokens or self.context_len, self.context_len)
+        if capacity_tokens is not None and capacity_tokens > self.context_len:
+            raise InvalidRequestError(
+                f"capacity_tokens {capacity_tokens} exceeds the context length {self.context_len}", "capacity_tokens")
+        capacity = capacity_tokens
         with self._lock:
             if sid in self._sessions:
                 raise InvalidRequestError(f"session {sid!r} is already open; close it or pick another id", "session_id")
@@ -111,7 +127,7 @@ class SessionRegistry:
         with self._lock:
             return self._sessions.pop(sid, None) is not None
 
-    def resolve(self, params: SessionParams, new_ids: list[int], max_new_tokens: int, n: int,
+    def resolve(self, params: SessionParams, new_ids: list[int], max_new_tokens: int,
                 bos_token_id: int | None) -> list[int]:
         """The full prompt of a request in a session: the continued turn's tokens + `new_ids`."""
         with self._lock:
@@ -138,11 +154,11 @@ class SessionRegistry:
                         "session_params.offset")
                 history = history[: params.offset]
             ids = history + new_ids
-            if len(ids) + max_new_tokens * n > s.capacity:
+            if s.capacity is not None and len(ids) + max_new_tokens > s.capacity:
                 raise InvalidRequestError(
-                    f"session {params.id!r} holds at most {s.capacity} tokens; this request needs {len(ids)} + "
-                    f"max_new_tokens {max_new_tokens} x n {n}; open the session with a larger capacity_tokens",
-                    "session_params.id")
+                    f"session {params.id!r} was opened with capacity_tokens {s.capacity}; this turn needs "
+                    f"{len(ids)} tokens of history and input + max_new_tokens {max_new_tokens}; lower max_new_tokens "
+                    "or open the session with a larger capacity_tokens", "max_new_tokens")
             return ids
 
     def record(self, sid: str, rid: str, prompt_ids: list[int], output_ids: list[int]) -> bool:
@@ -155,10 +171,14 @@ class SessionRegistry:
             s.last_used = time.monotonic()
             return True
 
-    def expire(self, now: float | None = None) -> list[str]:
-        """Close sessions idle past their timeout; returns their ids."""
+    def expire(self, busy: set[str], now: float | None = None) -> list[str]:
+        """Close sessions idle past their timeout; returns their ids. A session with a turn
+        queued or running (`busy`) is in use, not idle."""
         now = time.monotonic() if now is None else now
         with self._lock:
+            for sid in busy:
+                if sid in self._sessions:
+                    self._sessions[sid].last_used = now
             gone = [sid for sid, s in self._sessions.items() if now - s.last_used > s.timeout]
             for sid in gone:
                 del self._sessions[sid]

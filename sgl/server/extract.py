@@ -75,10 +75,12 @@ class _CancellableBackend(EngineBackend):
     def open_session(self) -> str | None:
         sid = super().open_session()
         with self._cancel_lock:
-            if sid is not None:
-                self._sessions.append(sid)
             cancelled = self._cancelled
+            if sid is not None and not cancelled:
+                self._sessions.append(sid)
         if cancelled:
+            if sid is not None:
+                self.engine.close_session(sid)
             raise _Cancelled()
         return sid
 
@@ -86,6 +88,9 @@ class _CancellableBackend(EngineBackend):
         if self._cancelled:
             raise _Cancelled()
         return super().generate(*args, **kwargs)
+
+    def shutdown(self) -> None:
+        pass  # the engine is the server's, not this request's
 
     def cancel(self) -> None:
         with self._cancel_lock:
@@ -137,9 +142,13 @@ async def extract(req: ExtractRequest, request: Request) -> Response:
         messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
                      else "\n".join(p.text for p in m.content or [])} for m in req.messages]
     backend = _CancellableBackend(state.extract_backend)
-    out = await until_disconnected(request, asyncio.to_thread(_run, state, req, messages, backend))
-    if out is None:  # the client left: stop the program's generation and free its KV
-        backend.cancel()
+    out = None
+    try:
+        out = await until_disconnected(request, asyncio.to_thread(_run, state, req, messages, backend))
+    finally:
+        if out is None:  # the client left (or this handler was cancelled): stop the program, free its KV
+            backend.cancel()
+    if out is None:
         return client_gone()
     text, meta = out
     reason = meta.get("finish_reason") or {}

@@ -51,6 +51,7 @@ class SessionParams(_Strict):
                             "come before this request's input. Null: start from this request's input alone.")
     offset: int | None = Field(None, description="Keep only this many tokens of that history (Python slice).")
     drop_previous_output: bool = Field(False, description="Continue from the earlier turn's prompt, without its output.")
+    replace: bool | None = Field(None, description="Accepted for SGLang clients; only false/null (true is refused).")
 
 
 class OpenSessionReqInput(_Strict):
@@ -60,7 +61,7 @@ class OpenSessionReqInput(_Strict):
                                             "counted in tokens).")
     session_id: str | None = Field(None, description="Choose the id; default: a random one.")
     timeout: float | None = Field(None, description="Seconds without use before the session closes itself "
-                                  "(default 600).")
+                                  "(default 600, at most 86400).", allow_inf_nan=False)
 
 
 class CloseSessionReqInput(_Strict):

@@ -71,8 +71,9 @@ def test_session_bad_input_is_a_400_naming_the_field(url):
     sid = post(url, "/open_session", {"capacity_tokens": 64, "timeout": 30}).json()
     cases = [
         ({"text": "Hi", "session_params": {"id": sid, "rid": "no-such-turn"}}, "session_params.rid"),
-        ({"text": "Hi", "session_params": {"id": sid, "replace": True}}, None),  # unknown field
-        ({"text": "Hi " * 80, "session_params": {"id": sid}}, "session_params.id"),  # over capacity
+        ({"text": "Hi", "session_params": {"id": sid, "replace": True}}, "session_params.replace"),
+        ({"text": "Hi", "session_params": {"id": sid, "colour": 1}}, None),  # unknown field
+        ({"text": "Hi " * 80, "session_params": {"id": sid}}, "max_new_tokens"),  # over capacity
         ({"text": ["a", "b"], "session_params": {"id": sid}}, "session_params"),  # a batch
     ]
     for body, param in cases:

@@ -62,6 +62,9 @@ def test_turns_continue_the_history_like_hf_on_the_full_tokens(tiny_dir):
         t2_history = history + t2["output_ids"]
         t4 = gen(engine, c, 5, id=sid, rid=t2["meta_info"]["id"], offset=10)
         assert t4["output_ids"] == hf_greedy(hf, t2_history[:10] + c, 5)
+        # offset 0 keeps the whole history (SGLang's meaning); replace: false is accepted.
+        t5 = gen(engine, c, 5, id=sid, rid=t2["meta_info"]["id"], offset=0, replace=False)
+        assert t5["output_ids"] == hf_greedy(hf, t2_history + c, 5)
         assert engine.close_session(sid)
         assert info(engine)["session_locked_tokens"] == 0
 
@@ -117,8 +120,9 @@ def test_pinned_sessions_give_way_when_nothing_else_fits(tiny_dir):
     with sgl.Engine(model_path=str(path), max_total_tokens=300, chunked_prefill_size=64) as engine:
         sids = [engine.open_session() for _ in range(3)]
         for i, sid in enumerate(sids):
-            gen(engine, ids(80, 30 + i), 4, id=sid)
-        assert info(engine)["session_locked_tokens"] > 200
+            gen(engine, ids(60, 30 + i), 4, id=sid)
+        # Together they would pin 189 tokens: past half the pool, the oldest was unpinned.
+        assert 100 < info(engine)["session_locked_tokens"] <= 150
         big = ids(200, 40)
         out = gen(engine, big, 8)  # cannot fit beside the pins: the oldest sessions are unpinned
         assert out["output_ids"] == hf_greedy(hf, big, 8)
@@ -144,14 +148,18 @@ def test_session_errors_name_the_field(tiny_dir):
             with pytest.raises(InvalidRequestError, match=message) as e:
                 gen(engine, ids(5, 50), 2, **params)
             assert e.value.param == field
-        with pytest.raises(InvalidRequestError, match="at most 40 tokens") as e:
+        with pytest.raises(InvalidRequestError, match="capacity_tokens 40") as e:
             gen(engine, ids(35, 51), 10, id=sid)
+        assert e.value.param == "max_new_tokens"
+        with pytest.raises(InvalidRequestError, match="replace is not supported") as e:
+            gen(engine, ids(5, 50), 2, id=sid, replace=True)
         with pytest.raises(InvalidRequestError, match="one prompt") as e:
             engine.generate(input_ids=[ids(3, 1), ids(3, 2)], sampling_params={"max_new_tokens": 2},
                             session_params={"id": sid})
         with pytest.raises(InvalidRequestError, match="already open"):
             engine.open_session(session_id=sid)
-        for bad in ({"capacity_tokens": 0}, {"timeout": -1}, {"session_id": ""}):
+        for bad in ({"capacity_tokens": 0}, {"capacity_tokens": 10**6}, {"timeout": -1}, {"timeout": float("nan")},
+                    {"timeout": float("inf")}, {"session_id": ""}):
             with pytest.raises(InvalidRequestError):
                 engine.open_session(**bad)
         # The engine still serves, and nothing is pinned by the failed requests.
@@ -189,3 +197,36 @@ def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir):
         assert results["kept"]["meta_info"]["finish_reason"]["type"] == "length"
         assert engine.close_session(other)
         assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0
+
+
+def test_a_turn_submitted_after_its_session_closed_is_aborted(tiny_dir, monkeypatch):
+    path, _ = tiny_dir
+    with sgl.Engine(model_path=str(path), max_total_tokens=1024) as engine:
+        sid = engine.open_session()
+        submit = engine.scheduler.submit
+
+        def close_first(request, sink):  # the session closes between resolving and submitting
+            engine.close_session(sid)
+            submit(request, sink)
+
+        monkeypatch.setattr(engine.scheduler, "submit", close_first)
+        out = gen(engine, ids(10, 70), 20, id=sid)
+        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0
+
+
+def test_a_program_outlives_its_session(tiny_dir):
+    """A state whose session timed out (the program sat idle) runs on without it."""
+    path, _ = tiny_dir
+    with sgl.Engine(model_path=str(path), max_total_tokens=1024) as engine:
+        @sgl.function
+        def two_gens(s):
+            s += "the quick" + sgl.gen("a", max_tokens=3, temperature=0)
+            s["a"]
+            for sid in list(engine.sessions._sessions):  # as if it had timed out
+                engine.close_session(sid)
+            s += " brown" + sgl.gen("b", max_tokens=3, temperature=0)
+
+        state = two_gens.run(backend=engine)
+        assert state.get_meta_info("b")["completion_tokens"] == 3
+        assert info(engine)["num_open_sessions"] == 0
