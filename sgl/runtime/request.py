@@ -123,6 +123,10 @@ class Req:
     detokenizer: Any = None
     stop_matcher: Any = None
     text: str = ""
+    # Forced at admission (jump-forward from the constraint's start state): already in
+    # output_ids, sent to the caller with the first sampled token.
+    unsent_forced_ids: list[int] = field(default_factory=list)
+    unsent_forced_text: str = ""
     finished_reason: dict[str, Any] | None = None
     first_token_at: float | None = None
 

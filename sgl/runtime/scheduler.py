@@ -215,6 +215,10 @@ class Scheduler:
         req.stop_matcher = StopStringMatcher(sp.stop or [])
         if not r.return_logprob or r.logprob_start_len < 0:
             req.input_logprobs_done = True
+        if req.matcher is not None and self.config.enable_jump_forward and not req.return_logprob:
+            # Text the constraint forces from the start (e.g. '{"name":') is prefilled with the
+            # prompt: no decode step samples it, and no extend step follows the first token.
+            req.unsent_forced_ids, req.unsent_forced_text = self._jump_forward(req, reserve=1)
         if r.session_id is not None and r.session_id not in self.sessions:
             # Closed between the caller resolving it and this request arriving: as if it had
             # been queued when the session closed.
@@ -664,7 +668,9 @@ class Scheduler:
         if r.first_token_at is None:
             r.first_token_at = now
         r.output_ids.append(tid)
-        new_ids = [tid]
+        # Text forced before the first token (prefilled with the prompt) is emitted with it.
+        new_ids, forced_before = r.unsent_forced_ids + [tid], r.unsent_forced_text
+        r.unsent_forced_ids, r.unsent_forced_text = [], ""
         new_lp: list[tuple] = []
         new_top: list = []
         if r.return_logprob:
@@ -679,7 +685,7 @@ class Scheduler:
         elif tid in self.eos_token_ids and not sp.ignore_eos:
             reason = finish_stop(tid)
         # A stop token stays in output_ids but its text is trimmed, like a stop string.
-        new_text = r.detokenizer.feed([tid]) if reason is None or sp.no_stop_trim else ""
+        new_text = forced_before + (r.detokenizer.feed([tid]) if reason is None or sp.no_stop_trim else "")
         if reason is None and r.matcher is not None:
             if not r.matcher.is_done() and self.config.enable_jump_forward and not r.return_logprob:
                 forced_ids, forced_text = self._jump_forward(r)
@@ -709,14 +715,15 @@ class Scheduler:
             r.sink.put(ReqEvent(r.rid, piece, new_ids, meta_info=self._meta(r),
                                 output_token_logprobs=new_lp, output_top_logprobs=new_top))
 
-    def _jump_forward(self, r: Req) -> tuple[list[int], str]:
+    def _jump_forward(self, r: Req, reserve: int = 0) -> tuple[list[int], str]:
         """Append the constraint's forced text as tokens, tokenized canonically.
 
         The last few output tokens are re-tokenized together with the forced text and the
         ones that change are rolled back (matcher, output ids and their KV slots), so the
         model never sees a token sequence its tokenizer would not produce. Returns the ids
         appended to the output and the new text to emit. The forced tokens get their K/V in
-        the next step's extend, like any other tokens.
+        the next step's extend, like any other tokens. `reserve` output tokens are left
+        free of forced text (1 before the first token: one must still be sampled).
         """
         forced = r.matcher.forced_text()
         if not forced:
@@ -737,7 +744,7 @@ class Scheduler:
         while common < min(len(tail_ids), len(new_ids)) and tail_ids[common] == new_ids[common]:
             common += 1
         roll, added = len(tail_ids) - common, new_ids[common:]
-        if not added or len(r.output_ids) - roll + len(added) > sp.max_new_tokens:
+        if not added or len(r.output_ids) - roll + len(added) > sp.max_new_tokens - reserve:
             return [], ""
         r.matcher.rollback(roll)
         accepted = 0

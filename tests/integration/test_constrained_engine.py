@@ -189,3 +189,26 @@ def test_no_kv_leak_after_constrained_requests(engines):
         assert engine.flush_cache()
         info = engine.get_server_info()
         assert info["available_kv_tokens"] == info["max_total_tokens"]
+
+
+def test_text_forced_from_the_start_is_prefilled_with_the_prompt(engines):
+    """The schema forces '{"name":' before any choice: with jump-forward it is prefilled with
+    the prompt, so the first sampled token comes out of the prefill step itself."""
+    engine = engines["on"]
+    forced = '{"name":'
+    n_forced = len(engine.tokenizer(forced, add_special_tokens=False).input_ids)
+    params = {"json_schema": PERSON, "temperature": 0, "max_new_tokens": n_forced + 1}
+    prompt = chat(engine, "Describe a user as JSON.")
+    engine.flush_cache()
+    before = engine.get_server_info()["forward_steps"]
+    out = engine.generate(prompt, params)
+    assert engine.get_server_info()["forward_steps"] - before == 1  # the prefill, and nothing else
+    assert out["text"].startswith(forced) and len(out["output_ids"]) == n_forced + 1
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+    # Streamed, the forced text arrives with the first token; the pieces add up to the same.
+    chunks = list(engine.generate(prompt, params, stream=True))
+    assert chunks[0]["text"].startswith(forced)
+    assert "".join(c["text"] for c in chunks) == out["text"]
+    assert [t for c in chunks for t in c["output_ids"]] == out["output_ids"]
+    off = engines["off"].generate(prompt, params)
+    assert off["text"].startswith(forced)
