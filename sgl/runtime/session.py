@@ -114,11 +114,10 @@ class SessionRegistry:
         if capacity_tokens is not None and capacity_tokens > self.context_len:
             raise InvalidRequestError(
                 f"capacity_tokens {capacity_tokens} exceeds the context length {self.context_len}", "capacity_tokens")
-        capacity = capacity_tokens
         with self._lock:
             if sid in self._sessions:
                 raise InvalidRequestError(f"session {sid!r} is already open; close it or pick another id", "session_id")
-            self._sessions[sid] = Session(sid, capacity, float(timeout or DEFAULT_SESSION_TIMEOUT))
+            self._sessions[sid] = Session(sid, capacity_tokens, float(timeout or DEFAULT_SESSION_TIMEOUT))
         return sid
 
     def close(self, sid: str) -> bool:
