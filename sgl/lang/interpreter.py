@@ -289,23 +289,35 @@ class StreamExecutor:
 
     def _gen(self, gen: ir.Gen) -> None:
         sampling, logprobs = self._params(gen)
-        session = self._session_kwargs()
-        if self.stream:
-            pieces = []
-            meta: dict[str, Any] = {}
-            for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **session):
-                if piece:
-                    pieces.append(piece)
-                    self._append(piece, gen.name)
-                if m is not None:
-                    meta = m
-            text = "".join(pieces)
-        else:
-            text, meta = self.backend.generate(self.text_, sampling, logprobs, **session)
-            self._append(text, gen.name)
+        try:
+            text, meta = self._generate(gen, sampling, logprobs, self._session_kwargs())
+        except ValueError as e:  # the backends' request errors name their field in `param`
+            if self._session is None or getattr(e, "param", None) != "session_params.id":
+                raise
+            # The session is gone (it timed out while the program sat idle). It only pinned
+            # the cache, so the state goes on without one; nothing was generated yet.
+            self._session = None
+            text, meta = self._generate(gen, sampling, logprobs, {})
         if gen.name is not None:
             self.set_variable(gen.name, text)
             self.meta_info[gen.name] = meta
+
+    def _generate(self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any],
+                  session: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """Run one gen on the backend, appending its text (piece by piece when streaming)."""
+        if not self.stream:
+            text, meta = self.backend.generate(self.text_, sampling, logprobs, **session)
+            self._append(text, gen.name)
+            return text, meta
+        pieces = []
+        meta: dict[str, Any] = {}
+        for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **session):
+            if piece:
+                pieces.append(piece)
+                self._append(piece, gen.name)
+            if m is not None:
+                meta = m
+        return "".join(pieces), meta
 
     def _select(self, sel: ir.Select) -> None:
         method = sel.choices_method or token_length_normalized

@@ -369,10 +369,12 @@ class Scheduler:
         if decodes:
             # Each decode needs a slot per pending token. Evict cached prefixes, unpin idle
             # sessions, then retract.
-            self._make_room(sum(r.pending_tokens for r in decodes))
-            while decodes and self._reclaimable() < sum(r.pending_tokens for r in decodes):
+            need = sum(r.pending_tokens for r in decodes)
+            self._make_room(need)
+            while decodes and self._reclaimable() < need:
                 victim = max(decodes, key=lambda r: (-len(r.output_ids), len(r.origin_input_ids)))
                 decodes.remove(victim)
+                need -= victim.pending_tokens
                 self._retract(victim)
                 self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
             items.extend(_Item(r, r.pending_tokens) for r in decodes)
@@ -808,7 +810,9 @@ class Scheduler:
             if self.sessions.record(r.session_id, r.rid, r.origin_input_ids, r.output_ids):
                 self.session_locks.pin(r.session_id, r.fill_ids)
                 limit = int(MAX_PINNED_SHARE * self.kv_pool.capacity)
-                while self.session_locks.locked_tokens() > limit and self._unpin_lru_session():
+                # Pins are a subset of the tree's locked tokens: only count them when that could matter.
+                while (self.tree.protected_size() > limit and self.session_locks.locked_tokens() > limit
+                       and self._unpin_lru_session()):
                     pass
         if r.stream:
             event = ReqEvent(r.rid, delta_text, delta_ids or [], True, self._meta(r), error,

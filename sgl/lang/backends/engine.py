@@ -19,27 +19,16 @@ class EngineBackend(TokenScoringBackend):
         self._template: ChatTemplate | None = None
         self._lock = threading.Lock()
 
-    def _generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None,
-                  **kwargs: Any) -> Any:
-        """engine.generate as a turn of `session`; a session that timed out (the program sat
-        idle past it) only costs the pinning, so the call is made again without it."""
-        if session is not None:
-            try:
-                return self.engine.generate(text, sampling, session_params={"id": session}, **logprobs, **kwargs)
-            except ValueError as e:  # the engine's InvalidRequestError, which names the field
-                if getattr(e, "param", None) != "session_params.id":
-                    raise
-        return self.engine.generate(text, sampling, **logprobs, **kwargs)
-
     def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
                  session: str | None = None) -> tuple[str, dict[str, Any]]:
-        out = self._generate(text, sampling, logprobs, session)
+        out = self.engine.generate(text, sampling, session_params=_session_params(session), **logprobs)
         return out["text"], out["meta_info"]
 
     def generate_stream(
         self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        for chunk in self._generate(text, sampling, logprobs, session, stream=True):
+        chunks = self.engine.generate(text, sampling, stream=True, session_params=_session_params(session), **logprobs)
+        for chunk in chunks:
             meta = chunk["meta_info"]
             yield chunk["text"], meta if meta.get("finish_reason") is not None else None
 
@@ -80,3 +69,6 @@ class EngineBackend(TokenScoringBackend):
     def shutdown(self) -> None:
         self.engine.shutdown()
 
+
+def _session_params(session: str | None) -> dict[str, Any] | None:
+    return {"id": session} if session is not None else None

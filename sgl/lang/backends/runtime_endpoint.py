@@ -73,16 +73,9 @@ class RuntimeEndpoint(TokenScoringBackend):
     # ------------------------------------------------------------------ Backend
 
     def _generate_request(self, body: dict[str, Any], session: str | None, stream: bool = False) -> Any:
-        """POST /generate as a turn of `session`. A session the server no longer has (it
-        timed out) only costs the pinning: the request is sent again without it."""
-        if session is None:
-            return self._request("POST", "/generate", body, stream=stream)
-        try:
-            return self._request("POST", "/generate", {**body, "session_params": {"id": session}}, stream=stream)
-        except RemoteError as e:
-            if e.param != "session_params.id":
-                raise
-            return self._request("POST", "/generate", body, stream=stream)
+        if session is not None:
+            body = {**body, "session_params": {"id": session}}
+        return self._request("POST", "/generate", body, stream=stream)
 
     def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
                  session: str | None = None) -> tuple[str, dict[str, Any]]:
