@@ -97,3 +97,16 @@ def test_cached_tokens_reported(tiny_dir):
         assert first["meta_info"]["cached_tokens"] == 0
         assert second["meta_info"]["cached_tokens"] == len(shared)
         assert_no_leak(engine)
+
+
+def test_load_errors_surface_on_the_callers_thread(tiny_dir):
+    """The model loads on a short-lived thread (its OpenMP pool must not outlive it); an error
+    there is raised from the constructor, and no scheduler thread is left behind."""
+    import threading
+
+    path, _ = tiny_dir
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        sgl.Engine(model_path=str(path), context_length=10**7)
+    after = {t.name for t in threading.enumerate()}
+    assert not {name for name in after - before if name.startswith("sgl-")}

@@ -1,0 +1,153 @@
+// Paged attention for CPUs, float32: every row of a batch (decode rows and short extends
+// alike) in one call, each reading its context straight from the KV pool by slot.
+//
+// Why a kernel: torch's SDPA needs a dense [rows, heads, queries, keys] layout, so a batch
+// that mixes one-token rows with a few multi-token rows (jump-forward extends) pads every
+// row to the longest query, and short prefills pay a call per row. Here the work is one
+// item per (row, kv head): cost follows the real number of (query, key) pairs.
+//
+// rows: [B, 4] int64, per row (table row, first query token, query count E, context length L).
+// Query i of a row attends keys 0 .. L - E + i (causal over the new tokens). The row's key
+// slots are table[table row, 0 .. L). q and out: [T, H, D]; k_buf, v_buf: [S, KVH, D].
+//
+// Loops use GCC vector extensions (16 floats), so the compiler emits AVX-512 or AVX2 as the
+// machine allows; head_dim must be a multiple of 16 (checked).
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef float v8 __attribute__((vector_size(32), aligned(4)));
+typedef float v4 __attribute__((vector_size(16), aligned(4)));
+
+inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
+inline void store16(float* p, v16 x) { *reinterpret_cast<v16*>(p) = x; }
+
+inline float hsum(v16 x) {
+  v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
+         __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+struct Shape {
+  int64_t H, KVH, G;
+};
+
+// One (row, kv head): the row's E query tokens x G query heads over its keys.
+// scores: scratch of at least L floats.
+template <int NV>
+void attend_row_head(const float* q, const float* k_buf, const float* v_buf, float* out, const int64_t* slots,
+                     int64_t first, int64_t E, int64_t L, int64_t h, Shape s, float scale, float* scores) {
+  constexpr int64_t D = NV * 16;
+  const int64_t prefix = L - E;
+  for (int64_t i = 0; i < E; ++i) {
+    const int64_t n = prefix + i + 1;  // keys this query sees
+    for (int64_t g = 0; g < s.G; ++g) {
+      const int64_t off = ((first + i) * s.H + h * s.G + g) * D;
+      v16 qv[NV];
+      for (int c = 0; c < NV; ++c) qv[c] = load16(q + off + 16 * c) * scale;
+      // scores = q . k, and their max
+      for (int64_t j = 0; j < n; ++j) {
+        const float* kr = k_buf + (slots[j] * s.KVH + h) * D;
+        v16 acc = qv[0] * load16(kr);
+        for (int c = 1; c < NV; ++c) acc += qv[c] * load16(kr + 16 * c);
+        scores[j] = hsum(acc);
+      }
+      float m = scores[0];
+      for (int64_t j = 1; j < n; ++j) m = std::max(m, scores[j]);
+      float sum = 0.f;
+      for (int64_t j = 0; j < n; ++j) {
+        const float e = std::exp(scores[j] - m);
+        scores[j] = e;
+        sum += e;
+      }
+      // out = softmax . V, accumulated in registers
+      v16 o[NV];
+      for (int c = 0; c < NV; ++c) o[c] = v16{} ;
+      for (int64_t j = 0; j < n; ++j) {
+        const float* vr = v_buf + (slots[j] * s.KVH + h) * D;
+        const float p = scores[j];
+        for (int c = 0; c < NV; ++c) o[c] += p * load16(vr + 16 * c);
+      }
+      const float inv = 1.f / sum;
+      for (int c = 0; c < NV; ++c) store16(out + off + 16 * c, o[c] * inv);
+    }
+  }
+}
+
+using RowHeadFn = void (*)(const float*, const float*, const float*, float*, const int64_t*, int64_t, int64_t,
+                           int64_t, int64_t, Shape, float, float*);
+
+RowHeadFn pick(int64_t D) {
+  switch (D) {
+    case 32: return attend_row_head<2>;
+    case 64: return attend_row_head<4>;
+    case 96: return attend_row_head<6>;
+    case 128: return attend_row_head<8>;
+    case 256: return attend_row_head<16>;
+    default: return nullptr;
+  }
+}
+
+at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                           const at::Tensor& table, const at::Tensor& rows, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf must be [tokens, heads, dim]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k_buf.scalar_type() == at::kFloat && v_buf.scalar_type() == at::kFloat,
+              "paged_attention takes float32 tensors");
+  TORCH_CHECK(table.scalar_type() == at::kLong && rows.scalar_type() == at::kLong, "table and rows must be int64");
+  TORCH_CHECK(q.is_contiguous() && k_buf.is_contiguous() && v_buf.is_contiguous() && table.is_contiguous() &&
+                  rows.is_contiguous(), "paged_attention takes contiguous tensors");
+  TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4, "rows must be [B, 4]");
+  const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
+  TORCH_CHECK(k_buf.sizes() == v_buf.sizes() && k_buf.size(2) == D, "k_buf and v_buf must be [slots, kv_heads, ", D, "]");
+  TORCH_CHECK(KVH > 0 && H % KVH == 0, "query heads (", H, ") must be a multiple of kv heads (", KVH, ")");
+  RowHeadFn fn = pick(D);
+  TORCH_CHECK(fn != nullptr, "head_dim ", D, " is not supported (32, 64, 96, 128 or 256)");
+  const int64_t B = rows.size(0), R = table.size(0), C = table.size(1);
+  const int64_t* rp = rows.data_ptr<int64_t>();
+  int64_t max_len = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t* r = rp + 4 * b;
+    TORCH_CHECK(r[0] >= 0 && r[0] < R && r[2] >= 1 && r[2] <= r[3] && r[3] <= C && r[1] >= 0 && r[1] + r[2] <= T,
+                "rows[", b, "] = (", r[0], ", ", r[1], ", ", r[2], ", ", r[3], ") is out of range");
+    max_len = std::max(max_len, r[3]);
+  }
+  at::Tensor out = at::empty_like(q);
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k_buf.data_ptr<float>();
+  const float* vp = v_buf.data_ptr<float>();
+  const int64_t* tp = table.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const Shape s{H, KVH, H / KVH};
+  const float sc = static_cast<float>(scale);
+  const int64_t items = B * KVH;
+  if (items == 0) return out;
+  // Items are dealt round-robin to threads, so rows of unequal cost spread evenly.
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(max_len);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t w = t; w < items; w += threads) {
+        const int64_t* r = rp + 4 * (w / KVH);
+        fn(qp, kp, vp, op, tp + r[0] * C, r[1], r[2], r[3], w % KVH, s, sc, scores.data());
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sgl_cpu, m) {
+  m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor table, Tensor rows, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sgl_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }
