@@ -83,7 +83,7 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding: emit forced text token by token
-    attention_backend: str = "auto"  # auto | torch_native | triton | flashinfer
+    attention_backend: str = "auto"  # auto | cpu | torch_native | triton | flashinfer
     context_length: int | None = None
     random_seed: int | None = None
     load_format: str = "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)

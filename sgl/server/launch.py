@@ -34,8 +34,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--disable-radix-cache": ("disable_radix_cache", dict(action="store_true")),
     "--disable-jump-forward": ("disable_jump_forward", dict(action="store_true")),
     "--attention-backend": ("attention_backend", dict(
-        default="auto", choices=["auto", "torch_native", "triton", "flashinfer"],
-        help="auto: flashinfer, else triton on CUDA when installed; torch_native otherwise")),
+        default="auto", choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
+        help="auto: flashinfer, else triton on CUDA when installed; on CPU (float32) our C++ kernel "
+             "(cpu), built on first use; torch_native otherwise")),
     "--context-length": ("context_length", dict(type=int, default=None, help="cap on prompt + output tokens")),
     "--random-seed": ("random_seed", dict(type=int, default=None)),
     "--load-format": ("load_format", dict(

@@ -22,6 +22,10 @@ class FakeTriton(TorchNativeBackend):
     pass
 
 
+class FakeCpu(TorchNativeBackend):
+    pass
+
+
 @pytest.fixture
 def installed(monkeypatch):
     """installed({"flashinfer", "triton"}): pretend exactly these GPU packages are importable."""
@@ -38,6 +42,7 @@ def installed(monkeypatch):
 
     monkeypatch.setattr(attn, "_make_flashinfer", FakeFlashInfer)
     monkeypatch.setattr(attn, "_make_triton", FakeTriton)
+    monkeypatch.setattr(attn, "_make_cpu", FakeCpu)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     return set_
 
@@ -53,8 +58,10 @@ def installed(monkeypatch):
         ("cuda", torch.float32, {"flashinfer", "triton"}, FakeTriton),
         ("cuda", torch.float32, {"flashinfer"}, TorchNativeBackend),
         ("cuda", None, {"flashinfer", "triton"}, FakeFlashInfer),
-        # never a GPU backend on a CPU, whatever is installed
-        ("cpu", torch.float32, {"flashinfer", "triton"}, TorchNativeBackend),
+        # never a GPU backend on a CPU, whatever is installed; our kernel for float32
+        ("cpu", torch.float32, {"flashinfer", "triton"}, FakeCpu),
+        ("cpu", None, set(), FakeCpu),
+        ("cpu", torch.bfloat16, {"flashinfer", "triton"}, TorchNativeBackend),
     ],
 )
 def test_auto_picks_best_available(installed, device, dtype, packages, expected):
@@ -70,6 +77,31 @@ def test_auto_falls_back_when_an_installed_backend_fails_to_load(installed, monk
 
     monkeypatch.setattr(attn, "_make_flashinfer", broken)
     assert type(create_attention_backend("auto", "cuda", torch.bfloat16)) is FakeTriton
+
+
+def _no_compiler():
+    raise RuntimeError("the CPU attention kernel could not be built: g++ not found")
+
+
+def test_auto_on_cpu_falls_back_when_the_kernel_cannot_be_built(installed, monkeypatch, caplog):
+    installed(set())
+
+    monkeypatch.setattr(attn, "_make_cpu", _no_compiler)
+    assert type(create_attention_backend("auto", "cpu", torch.float32)) is TorchNativeBackend
+    assert "g++ not found" in caplog.text
+
+
+def test_cpu_backend_needs_the_cpu_float32_and_a_build(installed, monkeypatch):
+    installed(set())
+    assert type(create_attention_backend("cpu", "cpu", torch.float32)) is FakeCpu
+    with pytest.raises(ValueError, match="runs on the CPU"):
+        create_attention_backend("cpu", "cuda", torch.float32)
+    with pytest.raises(ValueError, match="float32 KV cache.*torch_native"):
+        create_attention_backend("cpu", "cpu", torch.bfloat16)
+
+    monkeypatch.setattr(attn, "_make_cpu", _no_compiler)
+    with pytest.raises(ValueError, match="g\\+\\+ not found; use attention_backend='torch_native'"):
+        create_attention_backend("cpu", "cpu")
 
 
 def test_torch_native_anywhere(installed):

@@ -17,7 +17,6 @@ import random  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -27,7 +26,6 @@ triton = pytest.importorskip("triton", reason="triton is not installed (the `tes
 from sgl.runtime.attention import ForwardBatch  # noqa: E402
 from sgl.runtime.attention.torch_native import TorchNativeBackend  # noqa: E402
 from sgl.runtime.attention.triton_backend import TritonBackend, TritonMetadata  # noqa: E402
-from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool  # noqa: E402
 
 from sgl.runtime.attention import triton_kernels  # noqa: E402
 
@@ -35,75 +33,7 @@ if type(triton_kernels._extend_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter (e.g. by another test): decorate the kernels again.
     importlib.reload(triton_kernels)
 
-HEADS = 4
-MAX_CONTEXT = 128
-CAPACITY = 600
-
-TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1e-2, atol=1e-2),
-       torch.float16: dict(rtol=2e-3, atol=2e-3)}  # fmt: skip
-
-
-@dataclass
-class Case:
-    """A step over a pool with scattered slots: request i has spec (prefix, extend)."""
-
-    batch: ForwardBatch
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    scale: float
-
-
-def make_case(specs: list[tuple[int, int]], kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0) -> Case:
-    g = torch.Generator().manual_seed(seed)
-    pool = TokenToKVPool(CAPACITY, 1, kv_heads, head_dim, dtype, "cpu")
-    table = ReqToTokenPool(8, MAX_CONTEXT, "cpu")
-    for buf in pool.k_buffers + pool.v_buffers:  # cached prefixes (and junk in every other slot)
-        buf[1:] = torch.randn(buf[1:].shape, generator=g).to(dtype)
-    slots = torch.randperm(CAPACITY, generator=g)[: sum(p + e for p, e in specs)] + 1  # scattered
-    rows = random.Random(seed).sample(range(8), len(specs))
-    new_slots, used = [], 0
-    for row, (prefix, ext) in zip(rows, specs):
-        table.req_to_token[row, : prefix + ext] = slots[used : used + prefix + ext]
-        new_slots.append(slots[used + prefix : used + prefix + ext])
-        used += prefix + ext
-    t = sum(e for _, e in specs)
-    positions = torch.cat([torch.arange(p, p + e) for p, e in specs])
-    batch = ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64), positions=positions, out_cache_loc=torch.cat(new_slots),
-        req_rows=rows, prefix_lens=[p for p, _ in specs], extend_lens=[e for _, e in specs],
-        kv_pool=pool, req_to_token=table, attn_backend=None,
-    )  # fmt: skip
-    q = torch.randn(t, HEADS, head_dim, generator=g).to(dtype)
-    k = torch.randn(t, kv_heads, head_dim, generator=g).to(dtype)
-    v = torch.randn(t, kv_heads, head_dim, generator=g).to(dtype)
-    return Case(batch, q, k, v, head_dim**-0.5)
-
-
-def reference(case: Case) -> torch.Tensor:
-    """float64 attention per request: keys = pool prefix + new tokens, causal with prefix offset."""
-    b = case.batch
-    kb, vb = b.kv_pool.k_buffers[0].double(), b.kv_pool.v_buffers[0].double()
-    group = HEADS // kb.shape[1]
-    out, tok = [], 0
-    for row, prefix, ext in zip(b.req_rows, b.prefix_lens, b.extend_lens):
-        ctx = b.req_to_token.req_to_token[row, :prefix]
-        keys = torch.cat([kb[ctx], case.k[tok : tok + ext].double()]).repeat_interleave(group, 1)
-        vals = torch.cat([vb[ctx], case.v[tok : tok + ext].double()]).repeat_interleave(group, 1)
-        q = case.q[tok : tok + ext].double()
-        scores = torch.einsum("qhd,khd->hqk", q, keys) * case.scale
-        visible = torch.arange(prefix + ext)[None, :] <= torch.arange(prefix, prefix + ext)[:, None]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
-        out.append(torch.einsum("hqk,khd->qhd", probs, vals))
-        tok += ext
-    return torch.cat(out)
-
-
-def run(backend, case: Case) -> torch.Tensor:
-    case.batch.attn_backend = backend
-    backend.init_forward_metadata(case.batch)
-    return backend.forward(case.q, case.k, case.v, 0, case.scale, case.batch)
-
+from attention_cases import MAX_CONTEXT, TOL, make_case, reference, run  # noqa: E402
 
 DECODE = [(0, 1), (36, 1), (99, 1), (7, 1), (16, 1)]  # includes extend 1 with prefix 0
 PREFILL = [(0, 37), (0, 5), (0, 1)]
@@ -255,7 +185,8 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
         monkeypatch.setattr(engine_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     results = []
-    with sgl.Engine(model_path=str(path), max_total_tokens=2048, chunked_prefill_size=16) as engine:
+    with sgl.Engine(model_path=str(path), max_total_tokens=2048, chunked_prefill_size=16,
+                    attention_backend="auto" if backend_factory else "torch_native") as engine:
         assert isinstance(engine.scheduler.attn_backend, TritonBackend) == (backend_factory is not None)
         for batch in prompts_in_order:
             for out in engine.generate(input_ids=batch, sampling_params=params):

@@ -1,7 +1,8 @@
 """Attention backends behind one interface (`base.AttentionBackend`), and the choice among them.
 
 Backends that need GPU packages (flashinfer, triton) are imported only when chosen, so the
-CPU install never needs them.
+CPU install never needs them. The `cpu` backend's kernel is compiled on first use; where
+that fails (no C++ compiler), `auto` falls back to torch_native with a warning.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sgl.runtime.attention.base import AttentionBackend, CudaGraphHooks, Forward
 
 logger = logging.getLogger(__name__)
 
-ATTENTION_BACKENDS = ("auto", "torch_native", "triton", "flashinfer")
+ATTENTION_BACKENDS = ("auto", "cpu", "torch_native", "triton", "flashinfer")
 CUDA_EXTRA_HINT = "pip install sgl[cuda]"
 
 
@@ -43,6 +44,13 @@ def _make_torch_native() -> AttentionBackend:
     return TorchNativeBackend()
 
 
+def _make_cpu() -> AttentionBackend:
+    from sgl.runtime.attention.cpu_backend import CpuBackend
+    from sgl.runtime.attention.cpu_kernel import load_paged_attention
+
+    return CpuBackend(load_paged_attention())
+
+
 def _make_triton() -> AttentionBackend:
     from sgl.runtime.attention.triton_backend import TritonBackend
 
@@ -60,8 +68,11 @@ def _is_cuda(device: str | torch.device) -> bool:
 
 
 def _auto_candidates(device: str | torch.device, dtype: torch.dtype | None) -> list[tuple[str, Callable[[], AttentionBackend]]]:
-    """Backends `auto` tries, best first: flashinfer, then triton (CUDA only), then torch_native."""
+    """Backends `auto` tries, best first: flashinfer, then triton (CUDA only); cpu (CPU, float32);
+    then torch_native."""
     out: list[tuple[str, Callable[[], AttentionBackend]]] = []
+    if not _is_cuda(device) and dtype in (None, torch.float32):
+        out.append(("cpu", _make_cpu))
     if _is_cuda(device):
         # flashinfer's kernels take fp16/bf16 only; a float32 engine goes to triton or torch.
         if flashinfer_available() and dtype in (None, torch.float16, torch.bfloat16):
@@ -96,6 +107,16 @@ def create_attention_backend(
             return backend
     if name == "torch_native":
         return _make_torch_native()
+    if name == "cpu":
+        if _is_cuda(device):
+            raise ValueError("attention_backend='cpu' runs on the CPU; on CUDA use 'auto', 'triton' or 'flashinfer'")
+        if dtype is not None and dtype != torch.float32:
+            raise ValueError(f"attention_backend='cpu' supports a float32 KV cache, not {dtype}; "
+                             "use dtype='float32', or attention_backend='torch_native'")
+        try:
+            return _make_cpu()
+        except RuntimeError as e:
+            raise ValueError(f"{e}; use attention_backend='torch_native'") from e
     if name == "triton":
         if not _module_available("triton"):
             raise ValueError(f"attention_backend='triton' needs the triton package: {CUDA_EXTRA_HINT}")
@@ -127,6 +148,7 @@ def create_attention_backend(
 def backend_name(backend: AttentionBackend) -> str:
     """Short name of a backend instance, for server info and benchmark reports."""
     return {
+        "CpuBackend": "cpu",
         "TorchNativeBackend": "torch_native",
         "TritonBackend": "triton",
         "FlashInferBackend": "flashinfer",

@@ -101,6 +101,24 @@ def _causal_mask(prefix: int, seq: int, device) -> torch.Tensor | None:
     return torch.arange(seq, device=device).unsqueeze(0) <= q_pos
 
 
+def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor,
+                      ke: torch.Tensor | None = None, ve: torch.Tensor | None = None) -> None:
+    """One SDPA call for a multi-token row, written into out[tok_start:tok_end]. Its context
+    is (ke, ve) when given, else the fresh k/v (no prefix) or the pool at ext.slots."""
+    qe = q[ext.tok_start : ext.tok_end].transpose(0, 1).unsqueeze(0)  # [1, h, E, D]
+    if ke is None:
+        if ext.slots is None:
+            ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
+        else:
+            ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
+    ke = ke.transpose(0, 1).unsqueeze(0)
+    ve = ve.transpose(0, 1).unsqueeze(0)
+    oe = F.scaled_dot_product_attention(
+        qe, ke, ve, attn_mask=ext.mask, is_causal=ext.mask is None, scale=scaling, enable_gqa=True
+    )
+    out[ext.tok_start : ext.tok_end] = oe.squeeze(0).transpose(0, 1)
+
+
 class TorchNativeBackend(AttentionBackend):
     def __init__(self, use_mirror: bool = True) -> None:
         self.use_mirror = use_mirror
@@ -304,19 +322,10 @@ class TorchNativeBackend(AttentionBackend):
                 out.index_copy_(0, b.tok, ob.index_select(0, b.slot))
 
         for ext in md.extends:
-            qe = q[ext.tok_start : ext.tok_end].transpose(0, 1).unsqueeze(0)  # [1, h, E, D]
+            ke = ve = None
             if ext.mirror_row is not None:
                 ke, ve = mk[ext.mirror_row, : ext.seq_len], mv[ext.mirror_row, : ext.seq_len]
-            elif ext.slots is None:
-                ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
-            else:
-                ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
-            ke = ke.transpose(0, 1).unsqueeze(0)
-            ve = ve.transpose(0, 1).unsqueeze(0)
-            oe = F.scaled_dot_product_attention(
-                qe, ke, ve, attn_mask=ext.mask, is_causal=ext.mask is None, scale=scaling, enable_gqa=True
-            )
-            out[ext.tok_start : ext.tok_end] = oe.squeeze(0).transpose(0, 1)
+            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, ke, ve)
         return out
 
     def _update_mirror(self, k, v, k_buf, v_buf, layer_id: int, w: _MirrorWrite) -> tuple[torch.Tensor, torch.Tensor]:

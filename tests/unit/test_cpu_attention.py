@@ -1,0 +1,140 @@
+"""The CPU attention backend and its C++ kernel (sgl/runtime/attention/csrc/paged_attention_cpu.cpp).
+
+Oracles: a float64 softmax(QK^T * scale + causal mask) V in plain torch, torch_native on the
+same pool, and HF transformers' greedy tokens on a tiny model. The kernel is compiled on
+first use (about 10 s, then cached); without a C++ compiler these tests are skipped.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from attention_cases import make_case, reference, run
+from sgl.runtime.attention.torch_native import TorchNativeBackend
+
+try:
+    from sgl.runtime.attention.cpu_kernel import load_paged_attention
+
+    paged_attention = load_paged_attention()
+except RuntimeError as e:  # no compiler on this machine
+    pytest.skip(f"the CPU attention kernel cannot be built here: {e}", allow_module_level=True)
+
+from sgl.runtime.attention.cpu_backend import KERNEL_MAX_EXTEND, CpuBackend  # noqa: E402
+
+DECODE = [(0, 1), (36, 1), (99, 1), (7, 1), (16, 1)]
+PREFILL = [(0, 37), (0, 5), (0, 1)]
+MIXED = [(20, 17), (45, 1), (0, 1), (0, 23), (63, 3), (31, 16)]
+JUMP_FORWARD = [(40, 1), (41, 4), (38, 1), (50, 6), (12, 1), (70, 2)]  # decodes + short extends
+LONG = [(10, KERNEL_MAX_EXTEND + 9), (0, 1), (30, KERNEL_MAX_EXTEND), (0, 90), (5, 2)]  # SDPA for the long rows
+
+
+def bound(backend: CpuBackend, case) -> CpuBackend:
+    backend.bind(case.batch.kv_pool, case.batch.req_to_token, case.q.shape[1])
+    return backend
+
+
+@pytest.mark.parametrize(
+    "specs,heads,kv_heads,head_dim",
+    [
+        (DECODE, 9, 3, 64),  # SmolLM2's shape
+        (DECODE, 4, 4, 32),
+        (PREFILL, 8, 2, 128),
+        (MIXED, 6, 2, 96),
+        (MIXED, 4, 1, 256),
+        (JUMP_FORWARD, 9, 3, 64),
+        (LONG, 4, 2, 64),
+    ],
+)
+def test_matches_float64_reference_and_torch_native(specs, heads, kv_heads, head_dim):
+    case = make_case(specs, kv_heads, head_dim, torch.float32, heads=heads, max_context=256, capacity=1200)
+    expected = reference(case)
+    backend = bound(CpuBackend(paged_attention), case)
+    assert backend.uses_kernel
+    got = run(backend, case)
+    assert got.shape == case.q.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    pool, loc = case.batch.kv_pool, case.batch.out_cache_loc  # the new K/V landed in their slots
+    assert torch.equal(pool.k_buffers[0][loc], case.k) and torch.equal(pool.v_buffers[0][loc], case.v)
+    torch.testing.assert_close(got, run(TorchNativeBackend(), case), rtol=1e-5, atol=1e-5)
+
+
+def test_random_batches_match_reference():
+    """Random mixes of decodes, short extends over cached prefixes and fresh prompts."""
+    rng = random.Random(7)
+    for seed in range(6):
+        specs = [(rng.choice([0, rng.randint(1, 150)]), rng.choice([1, 1, 1, rng.randint(2, 12), rng.randint(13, 80)]))
+                 for _ in range(rng.randint(1, 12))]
+        case = make_case(specs, 3, 64, torch.float32, seed=seed, heads=9, max_context=256, capacity=3000)
+        expected = reference(case)
+        got = run(bound(CpuBackend(paged_attention), case), case)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"{specs}: {m}")
+
+
+def test_other_dtypes_and_head_dims_take_the_torch_path():
+    """bf16 KV or a head_dim the kernel lacks: the backend is torch_native, with its tolerance."""
+    for dtype, head_dim, tol in ((torch.bfloat16, 64, 1e-2), (torch.float32, 24, 1e-5)):
+        case = make_case(MIXED, 2, head_dim, dtype)
+        expected = reference(case)
+        backend = bound(CpuBackend(paged_attention), case)
+        assert not backend.uses_kernel
+        torch.testing.assert_close(run(backend, case).double(), expected, rtol=tol, atol=tol)
+
+
+def test_kernel_checks_its_inputs():
+    case = make_case(DECODE, 2, 64, torch.float32)
+    pool, table = case.batch.kv_pool, case.batch.req_to_token.req_to_token
+    q = case.q.contiguous()
+    ok = torch.tensor([[case.batch.req_rows[0], 0, 1, 1]])
+    paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
+    bad_rows = {
+        "table row": [[table.shape[0], 0, 1, 1]],
+        "past the table": [[0, 0, 1, table.shape[1] + 1]],
+        "more queries than keys": [[0, 0, 3, 2]],
+        "past the queries": [[0, len(q), 1, 1]],
+    }
+    for what, rows in bad_rows.items():
+        with pytest.raises(RuntimeError, match="out of range"):
+            paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], table, torch.tensor(rows), 0.125)
+    with pytest.raises(RuntimeError, match="float32"):
+        paged_attention(q.double(), pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
+    with pytest.raises(RuntimeError, match="head_dim 48"):
+        k48 = torch.zeros(pool.k_buffers[0].shape[0], 2, 48)
+        paged_attention(torch.zeros(len(q), 4, 48), k48, k48, table, ok, 0.125)
+    with pytest.raises(RuntimeError, match="multiple of kv heads"):
+        paged_attention(torch.zeros(len(q), 3, 64), pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
+
+
+# ---------------------------------------------------------------------------- end to end
+
+VOCAB = 200
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tiny_models import save_tiny_engine_dir
+
+    return save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-llama-cpu"), VOCAB)
+
+
+def test_engine_greedy_tokens_equal_hf(tiny_dir):
+    """Through the engine (prefill chunks longer than the kernel takes, radix-cache prefix
+    hits, mixed steps): greedy tokens equal HF transformers' generate."""
+    import sgl
+
+    path, hf = tiny_dir
+    rng = random.Random(0)
+    shared = [rng.randrange(1, VOCAB) for _ in range(30)]
+    batch = [shared + [rng.randrange(1, VOCAB) for _ in range(n)] for n in (5, 90, 1)]
+    batch += [[rng.randrange(1, VOCAB) for _ in range(n)] for n in (3, 120)]
+    params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+    with sgl.Engine(model_path=str(path), max_total_tokens=4096, chunked_prefill_size=100) as engine:
+        assert engine.get_server_info()["attention_backend"] == "cpu"
+        engine.generate(input_ids=batch[:1], sampling_params=params)  # the shared prefix is cached
+        outs = engine.generate(input_ids=batch, sampling_params=params)
+    for ids, out in zip(batch, outs):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert out["output_ids"] == want[0, len(ids):].tolist()
