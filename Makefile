@@ -41,6 +41,7 @@ bench: setup
 	$(PY) benchmarks/bench_json.py
 	$(PY) benchmarks/bench_programs.py
 	$(PY) benchmarks/bench_serving.py
+	$(PY) benchmarks/bench_cpu_attention.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
