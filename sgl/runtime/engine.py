@@ -60,7 +60,7 @@ def _on_fresh_thread(fn: Any) -> None:
         except BaseException as e:  # re-raised on the caller's thread
             error.append(e)
 
-    t = threading.Thread(target=run, name="sgl-engine-init")
+    t = threading.Thread(target=run, name="sgl-engine-init", daemon=True)  # Ctrl-C can still exit
     t.start()
     t.join()
     if error:

@@ -71,7 +71,7 @@ def _auto_candidates(device: str | torch.device, dtype: torch.dtype | None) -> l
     """Backends `auto` tries, best first: flashinfer, then triton (CUDA only); cpu (CPU, float32);
     then torch_native."""
     out: list[tuple[str, Callable[[], AttentionBackend]]] = []
-    if not _is_cuda(device) and dtype in (None, torch.float32):
+    if torch.device(device).type == "cpu" and dtype in (None, torch.float32):
         out.append(("cpu", _make_cpu))
     if _is_cuda(device):
         # flashinfer's kernels take fp16/bf16 only; a float32 engine goes to triton or torch.
@@ -108,8 +108,9 @@ def create_attention_backend(
     if name == "torch_native":
         return _make_torch_native()
     if name == "cpu":
-        if _is_cuda(device):
-            raise ValueError("attention_backend='cpu' runs on the CPU; on CUDA use 'auto', 'triton' or 'flashinfer'")
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"attention_backend='cpu' runs on the CPU (device is {str(device)!r}); "
+                             "use 'auto', or 'triton' / 'flashinfer' on CUDA")
         if dtype is not None and dtype != torch.float32:
             raise ValueError(f"attention_backend='cpu' supports a float32 KV cache, not {dtype}; "
                              "use dtype='float32', or attention_backend='torch_native'")
@@ -147,6 +148,8 @@ def create_attention_backend(
 
 def backend_name(backend: AttentionBackend) -> str:
     """Short name of a backend instance, for server info and benchmark reports."""
+    if getattr(backend, "uses_kernel", True) is False:  # CpuBackend on a dtype/head_dim its kernel lacks
+        return "torch_native"
     return {
         "CpuBackend": "cpu",
         "TorchNativeBackend": "torch_native",

@@ -19,21 +19,30 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace {
 
-typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32), aligned(4)));
-typedef float v4 __attribute__((vector_size(16), aligned(4)));
+// aligned(4): loads from any float address; may_alias: they read float buffers.
+typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
+typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
+typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
 
 inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
 inline void store16(float* p, v16 x) { *reinterpret_cast<v16*>(p) = x; }
 
+// Sum of the 16 lanes as a tree of half-width adds (memcpy of a vector half compiles to a
+// register extract; no __builtin_shufflevector, which GCC has only from version 12).
 inline float hsum(v16 x) {
-  v8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
-         __builtin_shufflevector(x, x, 8, 9, 10, 11, 12, 13, 14, 15);
-  v4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  v8 lo, hi;
+  std::memcpy(&lo, &x, sizeof lo);
+  std::memcpy(&hi, reinterpret_cast<const char*>(&x) + sizeof lo, sizeof hi);
+  const v8 a = lo + hi;
+  v4 l4, h4;
+  std::memcpy(&l4, &a, sizeof l4);
+  std::memcpy(&h4, reinterpret_cast<const char*>(&a) + sizeof l4, sizeof h4);
+  const v4 b = l4 + h4;
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
@@ -88,6 +97,7 @@ using RowHeadFn = void (*)(const float*, const float*, const float*, float*, con
 
 RowHeadFn pick(int64_t D) {
   switch (D) {
+    case 16: return attend_row_head<1>;
     case 32: return attend_row_head<2>;
     case 64: return attend_row_head<4>;
     case 96: return attend_row_head<6>;
@@ -106,25 +116,33 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
   TORCH_CHECK(q.is_contiguous() && k_buf.is_contiguous() && v_buf.is_contiguous() && table.is_contiguous() &&
                   rows.is_contiguous(), "paged_attention takes contiguous tensors");
   TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4, "rows must be [B, 4]");
+  TORCH_CHECK(table.dim() == 2, "table must be [table rows, max context]");
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
   TORCH_CHECK(k_buf.sizes() == v_buf.sizes() && k_buf.size(2) == D, "k_buf and v_buf must be [slots, kv_heads, ", D, "]");
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "query heads (", H, ") must be a multiple of kv heads (", KVH, ")");
   RowHeadFn fn = pick(D);
-  TORCH_CHECK(fn != nullptr, "head_dim ", D, " is not supported (32, 64, 96, 128 or 256)");
-  const int64_t B = rows.size(0), R = table.size(0), C = table.size(1);
+  TORCH_CHECK(fn != nullptr, "head_dim ", D, " is not supported (16, 32, 64, 96, 128 or 256)");
+  const int64_t B = rows.size(0), R = table.size(0), C = table.size(1), S = k_buf.size(0);
   const int64_t* rp = rows.data_ptr<int64_t>();
+  const int64_t* tp = table.data_ptr<int64_t>();
+  // Every index is checked before any thread reads through it: a bad row or slot is an
+  // error, never a stray read. (Rows must also not share query tokens: the engine's never do.)
   int64_t max_len = 0;
   for (int64_t b = 0; b < B; ++b) {
     const int64_t* r = rp + 4 * b;
     TORCH_CHECK(r[0] >= 0 && r[0] < R && r[2] >= 1 && r[2] <= r[3] && r[3] <= C && r[1] >= 0 && r[1] + r[2] <= T,
                 "rows[", b, "] = (", r[0], ", ", r[1], ", ", r[2], ", ", r[3], ") is out of range");
+    const int64_t* slots = tp + r[0] * C;
+    for (int64_t j = 0; j < r[3]; ++j) {
+      TORCH_CHECK(slots[j] >= 0 && slots[j] < S, "rows[", b, "]: slot ", slots[j], " at position ", j,
+                  " is outside the KV pool (", S, " slots)");
+    }
     max_len = std::max(max_len, r[3]);
   }
   at::Tensor out = at::empty_like(q);
   const float* qp = q.data_ptr<float>();
   const float* kp = k_buf.data_ptr<float>();
   const float* vp = v_buf.data_ptr<float>();
-  const int64_t* tp = table.data_ptr<int64_t>();
   float* op = out.data_ptr<float>();
   const Shape s{H, KVH, H / KVH};
   const float sc = static_cast<float>(scale);
