@@ -11,7 +11,7 @@
 // slots are table[table row, 0 .. L). q and out: [T, H, D]; k_buf, v_buf: [S, KVH, D].
 //
 // Loops use GCC vector extensions (16 floats), so the compiler emits AVX-512 or AVX2 as the
-// machine allows; head_dim must be a multiple of 16 (checked).
+// machine allows; head_dim is 16, 32, 64, 96, 128 or 256 (checked).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -80,7 +80,7 @@ void attend_row_head(const float* q, const float* k_buf, const float* v_buf, flo
       }
       // out = softmax . V, accumulated in registers
       v16 o[NV];
-      for (int c = 0; c < NV; ++c) o[c] = v16{} ;
+      for (int c = 0; c < NV; ++c) o[c] = v16{};
       for (int64_t j = 0; j < n; ++j) {
         const float* vr = v_buf + (slots[j] * s.KVH + h) * D;
         const float p = scores[j];
