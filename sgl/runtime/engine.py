@@ -49,8 +49,8 @@ def _on_fresh_thread(fn: Any) -> None:
     Loading the weights and allocating the KV pool run parallel torch ops. On the caller's
     thread they would give it a lasting OpenMP thread pool; with the scheduler thread's own
     pool, libgomp then sees more threads than cores and stops spinning between parallel
-    regions, so every op of every step pays a thread wake-up (measured on 2 cores: 3-5x
-    slower elementwise ops in the scheduler thread). A thread's pool is freed when it exits.
+    regions, so every op of every step pays a thread wake-up (measured on 2 cores: small
+    parallel ops 5-16x slower in the scheduler thread). A thread's pool is freed when it exits.
     """
     error: list[BaseException] = []
 
