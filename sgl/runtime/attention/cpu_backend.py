@@ -21,7 +21,7 @@ import torch
 
 from sgl.runtime.attention.base import ForwardBatch
 from sgl.runtime.attention.cpu_kernel import SUPPORTED_HEAD_DIMS
-from sgl.runtime.attention.torch_native import TorchNativeBackend, _causal_mask, _ExtendRow, attend_extend_row
+from sgl.runtime.attention.torch_native import TorchNativeBackend, _ExtendRow, attend_extend_row, pool_extend_row
 
 # Rows with more new tokens than this go to SDPA (the kernel's cost grows with queries x keys
 # without the blocking a matrix multiply gets).
@@ -58,12 +58,10 @@ class CpuBackend(TorchNativeBackend):
         extends: list[_ExtendRow] = []
         first = 0
         for prow, prefix, ext in zip(batch.req_rows, batch.prefix_lens, batch.extend_lens):
-            seq = prefix + ext
             if ext <= KERNEL_MAX_EXTEND:
-                rows.append([prow, first, ext, seq])
+                rows.append([prow, first, ext, prefix + ext])
             else:
-                extends.append(_ExtendRow(first, first + ext, seq, _causal_mask(prefix, seq, table.device),
-                                          slots=table[prow, :seq] if prefix > 0 else None))
+                extends.append(pool_extend_row(table, prow, prefix, ext, first))
             first += ext
         batch.metadata = _KernelMetadata(torch.tensor(rows, dtype=torch.int64) if rows else None, extends)
 

@@ -101,6 +101,13 @@ def _causal_mask(prefix: int, seq: int, device) -> torch.Tensor | None:
     return torch.arange(seq, device=device).unsqueeze(0) <= q_pos
 
 
+def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first: int) -> _ExtendRow:
+    """A multi-token row whose context is read from the pool (or, with no prefix, is its own k/v)."""
+    seq = prefix + ext
+    return _ExtendRow(first, first + ext, seq, _causal_mask(prefix, seq, table.device),
+                      slots=table[prow, :seq] if prefix > 0 else None)
+
+
 def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor,
                       ke: torch.Tensor | None = None, ve: torch.Tensor | None = None) -> None:
     """One SDPA call for a multi-token row, written into out[tok_start:tok_end]. Its context
@@ -147,12 +154,7 @@ class TorchNativeBackend(AttentionBackend):
 
     def _plan_from_pool(self, rows: list, num_tokens: int, table: torch.Tensor, device) -> _Metadata:
         decodes = [r for r in rows if r[3] == 1]
-        extends = [
-            _ExtendRow(first, first + ext, prefix + ext, _causal_mask(prefix, prefix + ext, device),
-                       slots=table[prow, : prefix + ext] if prefix > 0 else None)
-            for prow, _, prefix, ext, first in rows
-            if ext > 1
-        ]
+        extends = [pool_extend_row(table, prow, prefix, ext, first) for prow, _, prefix, ext, first in rows if ext > 1]
         decode = None
         if decodes:
             lens = torch.tensor([prefix + 1 for _, _, prefix, _, _ in decodes], device=device)
@@ -231,8 +233,7 @@ class TorchNativeBackend(AttentionBackend):
         for prow, _, prefix, ext, first in rows:
             seq = prefix + ext
             if ext > MIRRORED_EXTEND_MAX:
-                extends.append(_ExtendRow(first, first + ext, seq, _causal_mask(prefix, seq, device),
-                                          slots=table[prow, :seq] if prefix > 0 else None))
+                extends.append(pool_extend_row(table, prow, prefix, ext, first))
                 continue
             r = next(placed)
             have = m.lens[r]
