@@ -168,7 +168,7 @@ def main() -> None:
         out: dict = {}
         for _ in range(args.repeats):
             for name in runs:
-                engine.scheduler.config.enable_jump_forward = name == "jump-forward on"
+                engine.config.disable_jump_forward = name != "jump-forward on"
                 if one_at_a_time:
                     engine.flush_cache()
                     steps = engine.get_server_info()["forward_steps"]
@@ -181,7 +181,7 @@ def main() -> None:
                 runs[name].append(seconds)
                 out[name] = {"forward_steps": steps, "valid": validate(outs), "texts": [o["text"] for o in outs],
                              "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs)}
-        engine.scheduler.config.enable_jump_forward = True
+        engine.config.disable_jump_forward = False
         for name, times in runs.items():
             out[name].update(seconds=min(times), all_seconds=times)
         on, off = out["jump-forward on"], out["jump-forward off"]

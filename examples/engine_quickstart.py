@@ -12,20 +12,19 @@ def main() -> None:
         out = engine.generate("The capital of France is", {"max_new_tokens": 12, "temperature": 0})
         print(repr(out["text"]), out["meta_info"]["finish_reason"])
 
-        # Chat prompts rendered with the model's own template. They share the system prompt:
-        # once the first request has cached it, later ones skip it (cached prompt tokens > 0).
+        # Chat messages, rendered by the engine with the model's own template. They share the
+        # system prompt: once the first request has cached it, later ones skip it.
         questions = ["What is 2 + 2?", "Name a primary colour.", "What is the opposite of hot?"]
-        prompts = [
-            engine.tokenizer.apply_chat_template(
-                [{"role": "system", "content": "Answer in a few words."}, {"role": "user", "content": q}],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for q in questions
-        ]
-        for q, p in zip(questions, prompts):
-            o = engine.generate(p, {"max_new_tokens": 24, "temperature": 0})
+        for q in questions:
+            messages = [{"role": "system", "content": "Answer in a few words."}, {"role": "user", "content": q}]
+            o = engine.generate(messages=messages, sampling_params={"max_new_tokens": 24, "temperature": 0})
             print(f"{q} -> {o['text'].strip()!r} (cached prompt tokens: {o['meta_info']['cached_tokens']})")
+
+        # Three seeded samples of one prompt, streamed together: chunks carry their sample's index.
+        texts = ["", "", ""]
+        for chunk in engine.generate("A name for a cat:", {"max_new_tokens": 8, "n": 3, "seed": 1}, stream=True):
+            texts[chunk["index"]] += chunk["text"]
+        print("samples:", [t.strip() for t in texts])
 
         # Streaming, with a stop string.
         print("stream:", end=" ", flush=True)

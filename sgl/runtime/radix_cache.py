@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
+from sgl.runtime.prefix_cache import PrefixCache, SlotPool
+
 __all__ = ["TreeNode", "RadixCache"]
-
-
-class _SlotSink(Protocol):
-    def free(self, slots: torch.Tensor) -> None: ...
 
 
 def _empty_slots() -> torch.Tensor:
@@ -85,12 +83,11 @@ class TreeNode:
         )
 
 
-class RadixCache:
+class RadixCache(PrefixCache):
     """Prefix cache over token ids whose values are KV-pool slot ids."""
 
-    def __init__(self, pool: _SlotSink, disable: bool = False) -> None:
+    def __init__(self, pool: SlotPool) -> None:
         self.pool = pool
-        self.disable = disable
         self._clock = itertools.count(1)
         self.reset()
 
@@ -123,8 +120,6 @@ class RadixCache:
         A match ending inside an edge splits that edge so the caller can lock precisely the
         matched prefix and nothing beyond it.
         """
-        if self.disable:
-            return _empty_slots(), self.root
         ids = token_ids if isinstance(token_ids, list) else list(token_ids)
         now = next(self._clock)
         node = self.root
@@ -156,8 +151,6 @@ class RadixCache:
         caller still owns `slots[:returned]` and must free whichever of those are its own
         duplicates of the tree's slots.
         """
-        if self.disable:
-            return 0
         ids = token_ids if isinstance(token_ids, list) else list(token_ids)
         if int(slots.numel()) != len(ids):
             raise ValueError(f"insert: {len(ids)} token ids but {int(slots.numel())} slots")
@@ -181,6 +174,22 @@ class RadixCache:
             node = child
             pos += n
         return pos
+
+    def cache_unfinished(self, token_ids: list[int], slots: torch.Tensor, prefix_len: int,
+                         node: TreeNode) -> tuple[torch.Tensor, TreeNode]:
+        already = self.insert(token_ids, slots)
+        if already > prefix_len:  # another request cached these meanwhile: ours are duplicates
+            self.pool.free(slots[prefix_len:already].clone())
+        new_slots, new_node = self.match_prefix(token_ids)
+        self.inc_lock_ref(new_node)
+        self.dec_lock_ref(node)
+        return new_slots, new_node
+
+    def cache_finished(self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: TreeNode) -> None:
+        already = self.insert(token_ids, slots)
+        if already > prefix_len:
+            self.pool.free(slots[prefix_len:already])
+        self.dec_lock_ref(node)
 
     def _split(self, node: TreeNode, at: int) -> TreeNode:
         """Cut `node`'s edge after `at` tokens; return the new upper node (the old one becomes its child).
@@ -263,7 +272,7 @@ class RadixCache:
         Returns the number of slots actually freed (may exceed `num_tokens` because whole
         nodes go, or fall short when too much is locked).
         """
-        if self.disable or num_tokens <= 0:
+        if num_tokens <= 0:
             return 0
         tie = itertools.count()
         heap = [
@@ -303,7 +312,7 @@ class RadixCache:
         """Indented dump of the tree with per-node length, lock_ref and time stamp."""
         lines = [
             f"RadixCache(total={self.total_size()}, evictable={self._evictable_size}, "
-            f"protected={self._protected_size}, disable={self.disable})"
+            f"protected={self._protected_size})"
         ]
         stack: list[tuple[TreeNode, int]] = [(c, 1) for c in reversed(list(self.root.children.values()))]
         while stack:

@@ -1,115 +1,28 @@
-"""The dataclasses that cross the boundary between callers and the scheduler thread.
-
-Callers build a `GenerateRequest` (already tokenized and validated) and receive
-`ReqEvent`s through a `ResultSink`; the scheduler owns the mutable `Req` state.
-"""
+"""`Req`: the scheduler's record of one request. It holds the caller's `GenerateRequest`
+by reference and adds only what the scheduler changes: KV state, outputs, decoding state.
+Only the scheduler thread touches it."""
 
 from __future__ import annotations
 
-import asyncio
-import queue
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from sgl.runtime.messages import FinishReason, GenerateRequest, LogprobOptions, RequestStats
 from sgl.runtime.sampling import SamplingParams
 
 
-@dataclass
-class GenerateRequest:
-    rid: str
-    input_ids: list[int]
-    sampling_params: SamplingParams
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    stream: bool = False
-    return_text_in_logprobs: bool = False
-    parent_rid: str | None = None  # the caller's rid when this is one of n > 1 samples
-    grammar: Any = None  # compiled constraint (regex / json_schema / ebnf), see sgl.constrained
-    session_id: str | None = None  # the open session this request is a turn of (sgl.runtime.session)
-
-
-@dataclass
-class ReqEvent:
-    """One step's news for one request: new text and ids; `meta_info` and `finished` at the end."""
-
-    rid: str
-    text: str
-    output_ids: list[int]
-    finished: bool = False
-    meta_info: dict[str, Any] | None = None
-    error: BaseException | None = None
-    # Logprob entries added in this step (only when return_logprob).
-    output_token_logprobs: list[tuple] = field(default_factory=list)
-    output_top_logprobs: list[list[tuple] | None] = field(default_factory=list)
-
-
-class ResultSink(Protocol):
-    def put(self, event: ReqEvent) -> None: ...
-
-
-class QueueSink:
-    """Delivers events to a thread blocked on `get`."""
-
-    def __init__(self) -> None:
-        self.queue: queue.Queue[ReqEvent] = queue.Queue()
-
-    def put(self, event: ReqEvent) -> None:
-        self.queue.put(event)
-
-    def get(self, timeout: float | None = None) -> ReqEvent:
-        return self.queue.get(timeout=timeout)
-
-
-class AsyncSink:
-    """Delivers events into an asyncio queue owned by the caller's event loop."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.queue: asyncio.Queue[ReqEvent] = asyncio.Queue()
-
-    def put(self, event: ReqEvent) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
-        except RuntimeError:  # the caller's loop is gone; nobody is listening
-            pass
-
-
-def finish_stop(matched: int | str | None) -> dict[str, Any]:
-    return {"type": "stop", "matched": matched}
-
-
-def finish_length(length: int) -> dict[str, Any]:
-    return {"type": "length", "length": length}
-
-
-def finish_abort(message: str) -> dict[str, Any]:
-    return {"type": "abort", "message": message}
-
-
-@dataclass
+@dataclass(eq=False)  # identity semantics: requests are compared and removed by object
 class Req:
-    """Scheduler-side state of one request. Only the scheduler thread touches it."""
-
-    rid: str
-    origin_input_ids: list[int]
-    sampling_params: SamplingParams
-    sink: ResultSink
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    top_logprobs_num: int = 0
-    stream: bool = False
-    return_text_in_logprobs: bool = False
-    parent_rid: str | None = None
-    session_id: str | None = None
+    request: GenerateRequest
+    origin_input_ids: list[int]  # the prompt the model sees (a session turn: history + new input)
     created_at: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)
     # KV state. `kv_len` tokens of `fill_ids` have K/V in the pool at row `pool_row`;
-    # the first `prefix_len` of them belong to the radix tree (locked at `last_node`).
+    # the first `prefix_len` of them belong to the prefix cache (locked at `last_node`).
     pool_row: int | None = None
     kv_len: int = 0
     prefix_len: int = 0
@@ -118,8 +31,7 @@ class Req:
     num_retractions: int = 0
 
     generator: torch.Generator | None = None
-    grammar: Any = None  # compiled constraint (sgl.constrained Grammar) or None
-    matcher: Any = None  # its per-request matcher
+    matcher: Any = None  # the constraint's per-request matcher (sgl.constrained)
     detokenizer: Any = None
     stop_matcher: Any = None
     text: str = ""
@@ -127,7 +39,7 @@ class Req:
     # output_ids, sent to the caller with the first sampled token.
     unsent_forced_ids: list[int] = field(default_factory=list)
     unsent_forced_text: str = ""
-    finished_reason: dict[str, Any] | None = None
+    finish: FinishReason | None = None
     first_token_at: float | None = None
 
     input_logprobs_done: bool = False
@@ -136,6 +48,32 @@ class Req:
     output_token_logprobs: list[tuple] = field(default_factory=list)
     output_top_logprobs: list[list[tuple] | None] = field(default_factory=list)
 
+    # ---- the caller's request, read through
+    @property
+    def rid(self) -> str:
+        return self.request.rid
+
+    @property
+    def parent_rid(self) -> str | None:
+        return self.request.parent_rid
+
+    @property
+    def sampling_params(self) -> SamplingParams:
+        return self.request.sampling_params
+
+    @property
+    def logprobs(self) -> LogprobOptions:
+        return self.request.logprobs
+
+    @property
+    def stream(self) -> bool:
+        return self.request.stream
+
+    @property
+    def session_id(self) -> str | None:
+        return self.request.session.id if self.request.session is not None else None
+
+    # ---- derived
     @property
     def fill_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
@@ -148,3 +86,14 @@ class Req:
     def pending_tokens(self) -> int:
         """Tokens without K/V yet: 1 for a plain decode, more after a jump-forward."""
         return self.seq_len - self.kv_len
+
+    def stats(self, now: float | None = None) -> RequestStats:
+        now = time.monotonic() if now is None else now
+        return RequestStats(
+            prompt_tokens=len(self.origin_input_ids),
+            completion_tokens=len(self.output_ids),
+            cached_tokens=self.cached_tokens or 0,
+            e2e_latency=now - self.created_at,
+            ttft=None if self.first_token_at is None else self.first_token_at - self.created_at,
+            num_retractions=self.num_retractions,
+        )

@@ -76,7 +76,7 @@ def _type_name(v: Any) -> str:
 class SamplingParams:
     """Per-request sampling settings; names and defaults follow SGLang's `sampling_params`."""
 
-    max_new_tokens: int = 128
+    max_new_tokens: int | None = 128  # None: as many as fit in the context and the KV pool
     min_new_tokens: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
@@ -137,7 +137,8 @@ class SamplingParams:
 
     def validate(self, vocab_size: int | None = None) -> "SamplingParams":
         """Check types and ranges, normalizing in place (stop -> list, top_k 0 -> -1,
-        logit_bias keys -> int). Raises InvalidRequestError naming the bad field. Idempotent."""
+        logit_bias keys -> int). Raises InvalidRequestError naming the bad field. Idempotent.
+        (Long but flat: one independent check per field, in declaration order.)"""
         self._check_types_and_normalize()
 
         if not self.temperature >= 0:
@@ -170,7 +171,7 @@ class SamplingParams:
                 f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty:g}",
                 param="repetition_penalty",
             )
-        if self.max_new_tokens < 0:
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise InvalidRequestError(
                 f"max_new_tokens must be >= 0, got {self.max_new_tokens}",
                 param="max_new_tokens",
@@ -180,7 +181,7 @@ class SamplingParams:
                 f"min_new_tokens must be >= 0, got {self.min_new_tokens}",
                 param="min_new_tokens",
             )
-        if self.min_new_tokens > self.max_new_tokens:
+        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
             raise InvalidRequestError(
                 f"min_new_tokens must be <= max_new_tokens ({self.max_new_tokens}), "
                 f"got {self.min_new_tokens}",
@@ -209,9 +210,12 @@ class SamplingParams:
         return self
 
     def _check_types_and_normalize(self) -> None:
-        """Reject wrong JSON types early, so range checks never compare a str with an int."""
+        """Reject wrong JSON types early, so range checks never compare a str with an int.
+        (Long but flat: one type check per field.)"""
         for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
             value = getattr(self, name)
+            if value is None and name == "max_new_tokens":  # as many as fit (the engine resolves it)
+                continue
             if not _is_int(value):
                 raise InvalidRequestError(
                     f"{name} must be an integer, got {_type_name(value)} {value!r}", param=name
@@ -401,7 +405,9 @@ class SamplingBatch:
         vocab_size: int,
         eos_token_ids: Sequence[int],
     ) -> "SamplingBatch":
-        """Gather the batch's params into tensors; ids outside [0, vocab_size) are ignored."""
+        """Gather the batch's params into tensors; ids outside [0, vocab_size) are ignored.
+        (Long but flat: one pass over the rows, then one tensor per parameter, so every
+        per-row tensor the sampler reads is built in this one place.)"""
         device = torch.device(device)
         V = vocab_size
         eos = sorted({int(t) for t in eos_token_ids if 0 <= int(t) < V})
@@ -496,7 +502,8 @@ def sample(
     top_logprobs_num: list[int] | None = None,
     allowed_mask: torch.Tensor | None = None,
 ) -> SampleOutput:
-    """Pick one token per row; see the module docstring for the processing order."""
+    """Pick one token per row; see the module docstring for the processing order (one step
+    per stage of that order, kept in one function so the order reads top to bottom)."""
     if logits.dim() != 2 or logits.shape[0] != batch.size or logits.shape[1] != batch.vocab_size:
         raise ValueError(
             f"logits must be [{batch.size}, {batch.vocab_size}], got {tuple(logits.shape)}"

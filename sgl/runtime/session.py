@@ -8,15 +8,13 @@ tree until the session closes or sits idle past its timeout, so the next turn re
 nothing even while other traffic evicts the cache. A request with no `rid` starts from
 its own input and still gets its KV pinned: that is how program states use sessions.
 
-Two threads meet here. Callers open and close sessions and resolve a request's history
-while building it (so the full prompt is validated like any other); the scheduler thread
-records finished turns and owns the radix locks. The registry is therefore guarded by a
-lock, and the radix locks live only in `SessionLocks`, which only the scheduler touches.
+Only the scheduler thread touches sessions: callers open and close them with messages
+(runtime/messages.py), and a turn's history is prepended when the scheduler receives the
+request, which it then checks for fit like any other prompt.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -91,12 +89,11 @@ class Session:
 
 
 class SessionRegistry:
-    """The open sessions and their finished turns; safe to call from any thread."""
+    """The open sessions and their finished turns (scheduler thread only)."""
 
     def __init__(self, context_len: int) -> None:
         self.context_len = context_len
         self._sessions: dict[str, Session] = {}
-        self._lock = threading.Lock()
 
     def open(self, capacity_tokens: int | None = None, session_id: str | None = None,
              timeout: float | None = None) -> str:
@@ -114,87 +111,79 @@ class SessionRegistry:
         if capacity_tokens is not None and capacity_tokens > self.context_len:
             raise InvalidRequestError(
                 f"capacity_tokens {capacity_tokens} exceeds the context length {self.context_len}", "capacity_tokens")
-        with self._lock:
-            if sid in self._sessions:
-                raise InvalidRequestError(f"session {sid!r} is already open; close it or pick another id", "session_id")
-            self._sessions[sid] = Session(sid, capacity_tokens, float(timeout or DEFAULT_SESSION_TIMEOUT))
+        if sid in self._sessions:
+            raise InvalidRequestError(f"session {sid!r} is already open; close it or pick another id", "session_id")
+        self._sessions[sid] = Session(sid, capacity_tokens, float(timeout or DEFAULT_SESSION_TIMEOUT))
         return sid
 
     def close(self, sid: str) -> bool:
         """Forget the session; False if no such session is open. The scheduler then aborts its
-        unfinished turns and drops its radix locks (`Scheduler.close_session`)."""
-        with self._lock:
-            return self._sessions.pop(sid, None) is not None
+        unfinished turns and drops its radix locks."""
+        return self._sessions.pop(sid, None) is not None
 
     def resolve(self, params: SessionParams, new_ids: list[int], max_new_tokens: int,
                 bos_token_id: int | None) -> list[int]:
         """The full prompt of a request in a session: the continued turn's tokens + `new_ids`."""
-        with self._lock:
-            s = self._sessions.get(params.id)
-            if s is None:
+        s = self._sessions.get(params.id)
+        if s is None:
+            raise InvalidRequestError(
+                f"no open session {params.id!r} (closed, timed out, or never opened); call /open_session",
+                "session_params.id")
+        s.last_used = time.monotonic()
+        history: list[int] = []
+        if params.rid is not None:
+            turn = s.turns.get(params.rid)
+            if turn is None:
                 raise InvalidRequestError(
-                    f"no open session {params.id!r} (closed, timed out, or never opened); call /open_session",
-                    "session_params.id")
-            s.last_used = time.monotonic()
-            history: list[int] = []
-            if params.rid is not None:
-                turn = s.turns.get(params.rid)
-                if turn is None:
-                    raise InvalidRequestError(
-                        f"session {params.id!r} has no finished request {params.rid!r}; a request can be continued "
-                        "once it has finished", "session_params.rid")
-                history = list(turn.prompt_ids) if params.drop_previous_output else turn.prompt_ids + turn.output_ids
-                if new_ids and bos_token_id is not None and new_ids[0] == bos_token_id:
-                    new_ids = new_ids[1:]  # the history already starts with it
-            if params.offset is not None:
-                if abs(params.offset) > len(history):
-                    raise InvalidRequestError(
-                        f"session_params.offset {params.offset} is outside the history of {len(history)} tokens",
-                        "session_params.offset")
-                history = history[: params.offset]
-            ids = history + new_ids
-            if s.capacity is not None and len(ids) + max_new_tokens > s.capacity:
+                    f"session {params.id!r} has no finished request {params.rid!r}; a request can be continued "
+                    "once it has finished", "session_params.rid")
+            history = list(turn.prompt_ids) if params.drop_previous_output else turn.prompt_ids + turn.output_ids
+            if new_ids and bos_token_id is not None and new_ids[0] == bos_token_id:
+                new_ids = new_ids[1:]  # the history already starts with it
+        if params.offset is not None:
+            if abs(params.offset) > len(history):
                 raise InvalidRequestError(
-                    f"session {params.id!r} was opened with capacity_tokens {s.capacity}; this turn needs "
-                    f"{len(ids)} tokens of history and input + max_new_tokens {max_new_tokens}; lower max_new_tokens "
-                    "or open the session with a larger capacity_tokens", "max_new_tokens")
-            return ids
+                    f"session_params.offset {params.offset} is outside the history of {len(history)} tokens",
+                    "session_params.offset")
+            history = history[: params.offset]
+        ids = history + new_ids
+        if s.capacity is not None and len(ids) + max_new_tokens > s.capacity:
+            raise InvalidRequestError(
+                f"session {params.id!r} was opened with capacity_tokens {s.capacity}; this turn needs "
+                f"{len(ids)} tokens of history and input + max_new_tokens {max_new_tokens}; lower max_new_tokens "
+                "or open the session with a larger capacity_tokens", "max_new_tokens")
+        return ids
 
     def record(self, sid: str, rid: str, prompt_ids: list[int], output_ids: list[int]) -> bool:
         """A turn finished: keep its tokens for continuation. False if the session is gone."""
-        with self._lock:
-            s = self._sessions.get(sid)
-            if s is None:
-                return False
-            s.turns[rid] = _Turn(list(prompt_ids), list(output_ids))
-            s.last_used = time.monotonic()
-            return True
+        s = self._sessions.get(sid)
+        if s is None:
+            return False
+        s.turns[rid] = _Turn(list(prompt_ids), list(output_ids))
+        s.last_used = time.monotonic()
+        return True
 
     def expire(self, busy: set[str], now: float | None = None) -> list[str]:
         """Close sessions idle past their timeout; returns their ids. A session with a turn
         queued or running (`busy`) is in use, not idle."""
         now = time.monotonic() if now is None else now
-        with self._lock:
-            for sid in busy:
-                if sid in self._sessions:
-                    self._sessions[sid].last_used = now
-            gone = [sid for sid, s in self._sessions.items() if now - s.last_used > s.timeout]
-            for sid in gone:
-                del self._sessions[sid]
+        for sid in busy:
+            if sid in self._sessions:
+                self._sessions[sid].last_used = now
+        gone = [sid for sid, s in self._sessions.items() if now - s.last_used > s.timeout]
+        for sid in gone:
+            del self._sessions[sid]
         return gone
 
     def last_used(self, sid: str) -> float:
-        with self._lock:
-            s = self._sessions.get(sid)
-            return s.last_used if s is not None else 0.0
+        s = self._sessions.get(sid)
+        return s.last_used if s is not None else 0.0
 
     def __contains__(self, sid: str) -> bool:
-        with self._lock:
-            return sid in self._sessions
+        return sid in self._sessions
 
     def __len__(self) -> int:
-        with self._lock:
-            return len(self._sessions)
+        return len(self._sessions)
 
 
 class SessionLocks:
@@ -206,7 +195,7 @@ class SessionLocks:
 
     def pin(self, sid: str, token_ids: list[int]) -> None:
         """Lock the cached prefix of `token_ids` (a finished turn, just inserted into the tree)."""
-        if self.tree.disable:
+        if not self.tree.shares_prefixes:
             return
         _, node = self.tree.match_prefix(token_ids)
         if node is self.tree.root:

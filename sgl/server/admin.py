@@ -56,7 +56,7 @@ async def get_model_info(request: Request) -> JSONBody:
         "vocab_size": engine.model_config.vocab_size,
         "context_length": engine.context_len,
         "eos_token_ids": list(engine.eos_token_ids),
-        "bos_token_id": getattr(engine.tokenizer, "bos_token_id", None),
+        "bos_token_id": state.bos_token_id,
         "chat_roles": {"prefix": tmpl.prefix, "suffix": tmpl.suffix, "default_system": tmpl.default_system},
         "supports_sessions": True,
     })

@@ -1,8 +1,10 @@
 """`create_app(engine, served_model_name, api_key=None)`: the FastAPI app around an engine.
 
 The app does not own the engine (tests and `sgl.launch_server` share or shut it down
-themselves). All generation goes through `engine.async_generate` or a worker thread, so
-the event loop never blocks on the model.
+themselves). Handlers call the engine directly: all generation goes through
+`engine.async_generate` or a worker thread, so the event loop never blocks on the model,
+and the engine does all the runtime work (chat templates, tokenizing, validation, n > 1
+and its seeds, aborting abandoned streams). Metrics are fed by the engine's finish events.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from sgl.lang.chat_template import ChatTemplate
 from sgl.server import admin, extract, native, openai_api, sessions
 from sgl.server.auth import APIKeyMiddleware
 from sgl.server.errors import install_error_handlers
-from sgl.server.metrics import MeteredEngine, Metrics
+from sgl.server.metrics import Metrics
 from sgl.server.state import ServerState
 
 DESCRIPTION = """Serves an sgl engine: the native `/generate` (the engine's result dicts, as JSON or
@@ -32,18 +34,17 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None) 
     from sgl import __version__
 
     metrics = Metrics(served_model_name)
-    metered = MeteredEngine(engine, metrics)
-    info = engine.get_server_info()
+    engine.add_finish_listener(metrics.record_event)
     state = ServerState(
-        engine=metered,
+        engine=engine,
         served_model_name=served_model_name,
         metrics=metrics,
         chat_template=ChatTemplate.from_hf_tokenizer(engine.tokenizer),
         model_path=str(engine.model_path),
         context_len=int(engine.context_len),
-        kv_capacity=int(info["max_total_tokens"]),
         created=int(time.time()),
-        extract_backend=EngineBackend(metered),
+        bos_token_id=getattr(engine.tokenizer, "bos_token_id", None),
+        extract_backend=EngineBackend(engine),
     )
     app = FastAPI(title="sgl", version=__version__, description=DESCRIPTION)
     app.state.sgl = state

@@ -3,8 +3,8 @@
 The program is an ordinary `@function` (system instructions with the schema, the user's
 text or conversation, and one `gen` constrained by the schema), executed through the
 in-process `EngineBackend`, so the endpoint is exactly what a user's program would do. A
-client that disconnects stops the program: its session is closed, which aborts the
-generation and frees its KV.
+client that disconnects stops the program (see `_CancellableBackend`): no generation starts
+after that, and the running one is aborted, which frees its KV.
 Constrained decoding guarantees the output parses and matches the schema unless it was
 cut by the token limit, which is answered with 422.
 """
@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
+import uuid
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -23,12 +25,15 @@ from sgl.lang import assistant, function, gen, system, user
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.interpreter import ProgramError
 from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.request_builder import constraint_of
+from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
 from sgl.server.protocol import ErrorResponse, ExtractRequest, ExtractResponse
 from sgl.server.state import ServerState, get_state
 from sgl.server.streaming import client_gone, until_disconnected
 
+logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["extraction"])
 
 DEFAULT_INSTRUCTIONS = (
@@ -61,16 +66,28 @@ def _invalid_cause(exc: BaseException) -> InvalidRequestError | None:
 
 
 class _CancellableBackend(EngineBackend):
-    """The extraction program's backend for one request: it remembers the sessions the
-    program opens, so `cancel()` (the client left) closes them, which aborts the program's
-    generation in the engine and frees its KV; later calls fail at once."""
+    """The extraction program's backend for one request. `cancel()` (the client left) stops
+    the program: no generation starts after it, and what is already in the engine is
+    aborted, which frees its KV.
+
+    A generation first compiles its constraint (the slow part of building a request; the
+    engine caches the result, so its own compile is then a lookup), then checks for
+    cancellation and submits. `cancel()` aborts the generations submitted so far by id and
+    closes the program's sessions, which aborts their turns in the engine and makes the
+    scheduler reject a turn submitted after the close; either way nothing a cancelled
+    program submitted runs to its end."""
 
     def __init__(self, shared: EngineBackend) -> None:
         super().__init__(shared.engine)
         self._template = shared.chat_template()
         self._sessions: list[str] = []
+        self._inflight: set[str] = set()  # rids of generations submitted and not yet returned
         self._cancelled = False
         self._cancel_lock = threading.Lock()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled
 
     def open_session(self) -> str | None:
         sid = super().open_session()
@@ -84,20 +101,60 @@ class _CancellableBackend(EngineBackend):
             raise _Cancelled()
         return sid
 
-    def generate(self, *args: Any, **kwargs: Any) -> tuple[str, dict[str, Any]]:
-        if self._cancelled:
-            raise _Cancelled()
-        return super().generate(*args, **kwargs)
+    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
+                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+        self._compile_first(sampling)
+        rid = uuid.uuid4().hex
+        with self._cancel_lock:  # cancel() either sees this rid, or this sees the cancellation
+            if self._cancelled:
+                raise _Cancelled()
+            self._inflight.add(rid)
+        try:
+            out = self.engine.generate(text, sampling, rid=rid, session_params={"id": session} if session is not None else None,
+                                       **logprobs)
+        finally:
+            with self._cancel_lock:
+                self._inflight.discard(rid)
+        return out["text"], out["meta_info"]
+
+    def generate_stream(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("extraction programs are not streamed")
+
+    def _compile_first(self, sampling: dict[str, Any]) -> None:
+        """Compile the constraint into the engine's cache; a bad one is left for the engine
+        to report (its failures are cached too)."""
+        try:
+            constraint = constraint_of(SamplingParams.from_dict(sampling))
+            if constraint is not None:
+                self.engine.grammar_compiler.compile(*constraint)
+        except Exception:
+            pass
 
     def shutdown(self) -> None:
         pass  # the engine is the server's, not this request's
 
-    def cancel(self) -> None:
+    def cancel(self, wait: bool = True) -> None:
+        """Stop the program. `wait=False` (on the event loop) closes its sessions on a
+        thread instead of waiting for the scheduler's answer; nothing can start meanwhile."""
         with self._cancel_lock:
             self._cancelled = True
             sessions, self._sessions = self._sessions, []
+            rids = list(self._inflight)
+        for rid in rids:
+            self.engine.abort(rid)  # a message: does not wait
+        if not sessions:
+            return
+        if wait:
+            self._close(sessions)
+        else:
+            threading.Thread(target=self._close, args=(sessions,), name="sgl-extract-cancel", daemon=True).start()
+
+    def _close(self, sessions: list[str]) -> None:
         for sid in sessions:
-            self.engine.close_session(sid)
+            try:
+                self.engine.close_session(sid)
+            except Exception:  # the engine is shutting down: the session goes with it
+                logger.warning("could not close session %s of a cancelled extraction", sid, exc_info=True)
 
 
 class _Cancelled(RuntimeError):
@@ -119,6 +176,8 @@ def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]]
         )
         prog.sync()
     except ProgramError as e:
+        if isinstance(backend, _CancellableBackend) and backend.cancelled:
+            raise _Cancelled() from e  # whatever it failed with, it failed because the client left
         cause = _invalid_cause(e)
         if cause is not None:
             raise from_invalid_request(cause, {**_RENAME, "prompt": "messages" if req.text is None else "text"}) from e
@@ -147,7 +206,7 @@ async def extract(req: ExtractRequest, request: Request) -> Response:
         out = await until_disconnected(request, asyncio.to_thread(_run, state, req, messages, backend))
     finally:
         if out is None:  # the client left (or this handler was cancelled): stop the program, free its KV
-            backend.cancel()
+            backend.cancel(wait=False)
     if out is None:
         return client_gone()
     text, meta = out

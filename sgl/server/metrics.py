@@ -1,9 +1,10 @@
 """Prometheus metrics, written in the text exposition format (no client library).
 
 Names follow SGLang's with the prefix `sgl:` (SGLang's `sglang:`), so its dashboards port.
-Per-request numbers (tokens, TTFT, latency) come from each finished result's `meta_info`:
-`MeteredEngine` wraps the engine the server uses, so every path that generates (native,
-OpenAI, extraction programs, health checks) is counted once. Gauges (running / waiting
+Per-request numbers (tokens, TTFT, latency) come from the engine's finish events:
+`create_app` registers `Metrics.record_event` with `engine.add_finish_listener`, so every
+request the engine finishes (native, OpenAI, extraction programs, health checks, and
+aborted ones, also when their client is gone) is counted once. Gauges (running / waiting
 requests, KV pool usage) are read from `engine.get_server_info()` at scrape time.
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from typing import Any, AsyncIterator, Iterable, Iterator
+from typing import Any, Iterable
+
+from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.messages import ReqEvent
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
 TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
@@ -71,24 +75,29 @@ class Metrics:
         self.tpot = Histogram(TPOT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
 
-    def record(self, meta: dict[str, Any], aborted: bool = False) -> None:
-        """Count one finished (or abandoned) request from its meta_info."""
-        reason = meta.get("finish_reason") or {}
-        aborted = aborted or reason.get("type") == "abort"
-        completion = int(meta.get("completion_tokens") or 0)
-        ttft, e2e = meta.get("ttft"), meta.get("e2e_latency")
+    def record_event(self, event: ReqEvent) -> None:
+        """Count one finished request (a finish listener: runs on the scheduler thread).
+
+        A request the scheduler rejected as invalid (e.g. a turn of a closed session) is a
+        400 to its caller, like every request rejected before it reached the scheduler: it
+        is not counted."""
+        if isinstance(event.error, InvalidRequestError):
+            return
+        s = event.stats
+        aborted = event.finish is None or event.finish.is_abort
+        completion = int(s.completion_tokens or 0)
         with self._lock:
             self.num_requests += 1
             self.num_aborted += int(aborted)
-            self.prompt_tokens += int(meta.get("prompt_tokens") or 0)
+            self.prompt_tokens += int(s.prompt_tokens or 0)
             self.generation_tokens += completion
-            self.cached_tokens += int(meta.get("cached_tokens") or 0)
-            if ttft is not None:
-                self.ttft.observe(float(ttft))
-            if e2e is not None and not aborted:
-                self.e2e.observe(float(e2e))
-                if ttft is not None and completion > 1:
-                    self.tpot.observe((float(e2e) - float(ttft)) / (completion - 1))
+            self.cached_tokens += int(s.cached_tokens or 0)
+            if s.ttft is not None:
+                self.ttft.observe(float(s.ttft))
+            if s.e2e_latency is not None and not aborted:
+                self.e2e.observe(float(s.e2e_latency))
+                if s.ttft is not None and completion > 1:
+                    self.tpot.observe((float(s.e2e_latency) - float(s.ttft)) / (completion - 1))
 
     def render(self, server_info: dict[str, Any]) -> str:
         """The exposition text: scrape-time gauges from `server_info`, then the counters."""
@@ -131,59 +140,3 @@ class Metrics:
                 lines.extend((f"# HELP sgl:{name} {help_}", f"# TYPE sgl:{name} histogram"))
                 lines.extend(hist.lines(f"sgl:{name}", lab))
         return "\n".join(lines) + "\n"
-
-
-class MeteredEngine:
-    """The engine, with every finished result recorded in `metrics`. Everything else is
-    delegated, so it can stand in for the engine anywhere (e.g. under an EngineBackend)."""
-
-    def __init__(self, engine: Any, metrics: Metrics) -> None:
-        self._engine = engine
-        self.metrics = metrics
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
-
-    def _record_result(self, out: Any) -> None:
-        for item in out if isinstance(out, list) else [out]:
-            self.metrics.record(item.get("meta_info") or {})
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:
-        out = self._engine.generate(*args, **kwargs)
-        if kwargs.get("stream"):
-            return self._watch_stream(out)
-        self._record_result(out)
-        return out
-
-    async def async_generate(self, *args: Any, **kwargs: Any) -> Any:
-        out = await self._engine.async_generate(*args, **kwargs)
-        if kwargs.get("stream"):
-            return self._awatch_stream(out)
-        self._record_result(out)
-        return out
-
-    def _watch_stream(self, chunks: Iterator[dict]) -> Iterator[dict]:
-        last: dict[str, Any] = {}
-        done = False
-        try:
-            for chunk in chunks:
-                last = chunk.get("meta_info") or last
-                done = last.get("finish_reason") is not None
-                yield chunk
-        finally:
-            if not done:
-                chunks.close()  # type: ignore[attr-defined]
-            self.metrics.record(last, aborted=not done)
-
-    async def _awatch_stream(self, chunks: AsyncIterator[dict]) -> AsyncIterator[dict]:
-        last: dict[str, Any] = {}
-        done = False
-        try:
-            async for chunk in chunks:
-                last = chunk.get("meta_info") or last
-                done = last.get("finish_reason") is not None
-                yield chunk
-        finally:
-            if not done:
-                await chunks.aclose()  # type: ignore[attr-defined]
-            self.metrics.record(last, aborted=not done)

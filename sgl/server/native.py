@@ -26,7 +26,9 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
 
     With `stream: true` the response is server-sent events `data: {...}`, each the engine's
     chunk with the *cumulative* `text` and `output_ids` so far (as SGLang's /generate), then
-    `data: [DONE]`.
+    `data: [DONE]`. A batch or n > 1 streams too: the chunks of all its requests interleave,
+    each with `index`, the request's place in the flattened (prompt, sample) list (prompt k's
+    sample i is k * n + i); each request's last chunk has meta_info.finish_reason.
     """
     state = get_state(request)
     if (req.text is None) == (req.input_ids is None):
@@ -43,20 +45,34 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
         out = await until_disconnected(
             request, state.engine.async_generate(req.text, req.sampling_params, rid=req.rid, **kwargs))
         return client_gone() if out is None else JSONBody(out)
-    if isinstance(req.text, list) or (req.input_ids and isinstance(req.input_ids[0], list)):
-        raise APIError(400, "stream: true takes one prompt (not a batch)", "stream")
-    rid = req.rid if req.rid is not None else uuid.uuid4().hex
+    rid = req.rid if req.rid is not None else _new_rids(req)
     chunks = await state.engine.async_generate(req.text, req.sampling_params, rid=rid, stream=True, **kwargs)
-    return sse_response(request, _cumulative(chunks), lambda: state.engine.abort(rid))
+    rids = rid if isinstance(rid, list) else [rid]
+    return sse_response(request, _cumulative(chunks), lambda: [state.engine.abort(r) for r in rids])
+
+
+def _new_rids(req: GenerateReqInput) -> str | list[str]:
+    """Request ids the handler knows, so an abandoned stream can be aborted by id even before
+    it started (n > 1 samples are aborted with their prompt's id)."""
+    batch = req.text if isinstance(req.text, list) else req.input_ids if req.input_ids and isinstance(
+        req.input_ids[0], list) else None
+    return uuid.uuid4().hex if batch is None else [uuid.uuid4().hex for _ in batch]
 
 
 async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
-    text, ids = "", []
+    """The engine's chunks (text and ids since the request's previous chunk) as SSE events
+    with each request's text and ids so far; several requests' chunks keep their "index"."""
+    texts: dict[Any, str] = {}
+    ids: dict[Any, list[int]] = {}
     try:
         async for chunk in chunks:
-            text += chunk["text"]
-            ids.extend(chunk["output_ids"])
-            yield sse({"text": text, "output_ids": list(ids), "meta_info": chunk["meta_info"]})
+            i = chunk.get("index")
+            texts[i] = texts.get(i, "") + chunk["text"]
+            ids.setdefault(i, []).extend(chunk["output_ids"])
+            out: dict[str, Any] = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": chunk["meta_info"]}
+            if i is not None:
+                out["index"] = i
+            yield sse(out)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
 

@@ -1,10 +1,13 @@
 """OpenAI-compatible endpoints: /v1/chat/completions, /v1/completions, /v1/models.
 
-Requests become engine calls: chat messages are rendered with the model's own chat
-template (add_generation_prompt=True) and tokenized as the engine tokenizes any prompt;
-OpenAI names map to engine sampling names (max_tokens -> max_new_tokens,
-response_format -> json_object / json_schema, ...). An engine error names the engine's
-field; it is renamed to the field the client sent.
+Each request is one engine call: chat passes its `messages` (the engine renders them with
+the model's chat template), completions pass their prompts as they are (text or token
+ids), and `n`, its seeds and streaming of several choices are the engine's. OpenAI names
+map to engine sampling names (max_tokens -> max_new_tokens, response_format ->
+json_object / json_schema, ...); an unset max_tokens is max_new_tokens=None, "as many as
+fit". An engine error names the engine's field; it is renamed to the field the client sent.
+Chat and text completions share one builder of choices and usage (whole and streamed),
+told what differs: a message or text, and the logprob format.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -32,7 +36,7 @@ from sgl.server.protocol import (
     OpenAISamplingFields,
 )
 from sgl.server.state import ServerState, get_state
-from sgl.server.streaming import client_gone, merge_streams, sse, sse_response, until_disconnected
+from sgl.server.streaming import client_gone, sse, sse_response, until_disconnected
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -75,9 +79,9 @@ _PASSTHROUGH = {
 
 
 def _sampling(req: OpenAISamplingFields, max_tokens: int | None, response_format: Any) -> dict[str, Any]:
-    sp: dict[str, Any] = {"n": req.n}
-    if max_tokens is not None:
-        sp["max_new_tokens"] = max_tokens
+    """The engine's sampling params. max_tokens None: max_new_tokens None, which the engine
+    reads as "as many as fit in the context (and the KV pool, shared by the n samples)"."""
+    sp: dict[str, Any] = {"n": req.n, "max_new_tokens": max_tokens}
     for theirs, ours in _PASSTHROUGH.items():
         value = getattr(req, theirs)
         if value is not None:
@@ -103,9 +107,9 @@ def _finish(meta: dict[str, Any]) -> tuple[str | None, Any]:
     return kind, reason.get("matched") if kind == "stop" else None
 
 
-def _usage(outs: list[dict], n: int) -> dict[str, Any]:
-    """Prompt (and cached) tokens once per prompt; completion tokens of every sample."""
-    metas = [o["meta_info"] for o in outs]
+def _usage(metas: list[dict], n: int) -> dict[str, Any]:
+    """Prompt (and cached) tokens once per prompt; completion tokens of every sample. `metas`
+    are in the engine's order: prompt k's sample i at k * n + i."""
     firsts = metas[::n]
     prompt = sum(m.get("prompt_tokens", 0) for m in firsts)
     completion = sum(m.get("completion_tokens", 0) for m in metas)
@@ -117,44 +121,103 @@ def _usage(outs: list[dict], n: int) -> dict[str, Any]:
     }
 
 
-def _seeded(sp: dict[str, Any], i: int) -> dict[str, Any]:
-    """Sample i of n as its own n == 1 request, seeded as the engine seeds sample i."""
-    one = {**sp, "n": 1}
-    if sp.get("seed") is not None:
-        one["seed"] = sp["seed"] + i
-    return one
+@dataclass
+class _Choices:
+    """How one endpoint's engine results become OpenAI choices, whole or streamed. Chat and
+    text completions differ only in what is given here."""
+
+    object: str  # the response's `object`
+    chunk_object: str  # a streamed event's `object`
+    chat: bool  # the text goes in `message` / `delta` (chat) or in `text` (completions)
+    n: int  # samples per prompt: choice k * n + i is prompt k's sample i
+    # meta_info -> the choice's logprobs; None: not asked for (awaited: it may decode off the loop)
+    logprobs: Callable[[dict[str, Any]], Awaitable[Any]] | None = None
+    leads: list[str] = field(default_factory=list)  # text before each prompt's choices (completions' echo)
+
+    def lead(self, index: int) -> str:
+        return self.leads[index // self.n] if self.leads else ""
+
+    def whole(self, index: int, text: str) -> dict[str, Any]:
+        if self.chat:
+            return {"message": {"role": "assistant", "content": text}}
+        return {"text": self.lead(index) + text}
+
+    def piece(self, index: int, text: str, first: bool) -> dict[str, Any]:
+        """A streamed choice's new text; empty when there is nothing new to send."""
+        if self.chat:
+            if first:  # the first event of a choice carries the role (and its text, even if empty)
+                return {"delta": {"role": "assistant", "content": text}}
+            return {"delta": {"content": text}} if text else {}
+        text = self.lead(index) + text if first else text
+        return {"text": text} if text else {}
+
+    async def choice_logprobs(self, meta: dict[str, Any]) -> Any:
+        return await self.logprobs(meta) if self.logprobs is not None else None
+
+    async def response(self, head: dict[str, Any], outs: list[dict]) -> dict[str, Any]:
+        choices = []
+        for index, out in enumerate(outs):
+            meta = out["meta_info"]
+            reason, matched = _finish(meta)
+            choices.append({"index": index, **self.whole(index, out["text"]),
+                            "logprobs": await self.choice_logprobs(meta), "finish_reason": reason,
+                            "matched_stop": matched})
+        return {**head, "object": self.object, "choices": choices,
+                "usage": _usage([o["meta_info"] for o in outs], self.n), "system_fingerprint": None}
+
+    async def events(self, head: dict[str, Any], chunks: AsyncIterator[dict], include_usage: bool
+                     ) -> AsyncIterator[str]:
+        """The engine's chunks (one call: all choices interleaved, each with its "index") as
+        SSE events of one choice each; then the usage event if asked for."""
+        base: dict[str, Any] = {**head, "object": self.chunk_object}
+        if include_usage:
+            base["usage"] = None
+        started: set[int] = set()
+        finals: dict[int, dict] = {}
+        try:
+            async for chunk in chunks:
+                index = chunk.get("index", 0)  # a single request's chunks have no index
+                meta = chunk["meta_info"]
+                reason, matched = _finish(meta)
+                piece = self.piece(index, chunk["text"], index not in started)
+                started.add(index)
+                if not piece and reason is None:
+                    continue
+                if not piece:
+                    piece = {"delta": {}} if self.chat else {"text": ""}
+                choice: dict[str, Any] = {"index": index, **piece, "logprobs": None, "finish_reason": reason}
+                if reason is not None:
+                    finals[index] = meta
+                    choice["matched_stop"] = matched
+                    choice["logprobs"] = await self.choice_logprobs(meta)  # every entry comes with the last chunk
+                yield sse({**base, "choices": [choice]})
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+        if include_usage:
+            yield sse({**base, "choices": [], "usage": _usage([finals[i] for i in sorted(finals)], self.n)})
 
 
-async def _open_streams(state: ServerState, id_lists: list[list[int]], params: list[dict[str, Any]],
-                        rid: str, logprob_kwargs: dict[str, Any]) -> tuple[list[AsyncIterator[dict]], list[str]]:
-    """One engine stream per (prompt, sample): the engine streams only n == 1 requests."""
-    streams: list[AsyncIterator[dict]] = []
-    rids: list[str] = []
-    total = sum(p["n"] for p in params)
+async def _complete(request: Request, state: ServerState, choices: _Choices, cid: str, rid: str | list[str],
+                    stream: bool, include_usage: bool, rename: dict[str, str], **engine_kwargs: Any) -> Response:
+    """One engine call for the whole request (every prompt and sample), answered whole or streamed."""
+    head = {"id": cid, "created": int(time.time()), "model": state.served_model_name}
+    engine = state.engine
     try:
-        for ids, sp in zip(id_lists, params):
-            for i in range(sp["n"]):
-                sub_rid = rid if total == 1 else f"{rid}-{len(rids)}"
-                streams.append(await _engine_stream(state, ids, _seeded(sp, i), sub_rid, logprob_kwargs))
-                rids.append(sub_rid)
-    except BaseException:
-        for r in rids:  # the streams opened so far are not iterated yet: abort them by id
-            state.engine.abort(r)
-        raise
-    return streams, rids
+        if stream:
+            chunks = await engine.async_generate(rid=rid, stream=True, **engine_kwargs)
+            rids = rid if isinstance(rid, list) else [rid]  # an abandoned stream is aborted by id, even unstarted
+            return sse_response(request, choices.events(head, chunks, include_usage),
+                                lambda: [engine.abort(r) for r in rids])
+        out = await until_disconnected(request, engine.async_generate(rid=rid, **engine_kwargs))
+    except InvalidRequestError as e:
+        raise from_invalid_request(e, rename) from e
+    if out is None:
+        return client_gone()
+    return JSONBody(await choices.response(head, out if isinstance(out, list) else [out]))
 
 
-async def _engine_stream(state: ServerState, ids: list[int], sp: dict[str, Any], rid: str,
-                         logprob_kwargs: dict[str, Any]) -> AsyncIterator[dict]:
-    return await state.engine.async_generate(input_ids=ids, sampling_params=sp, stream=True, rid=rid,
-                                             **logprob_kwargs)
-
-
-def _abort_all(state: ServerState, rids: list[str]):
-    def abort() -> None:
-        for r in rids:
-            state.engine.abort(r)
-    return abort
+def _include_usage(req: OpenAISamplingFields) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
 
 
 # ---------------------------------------------------------------------------- /v1/models
@@ -179,19 +242,9 @@ def _message_text(m: ChatMessage) -> str:
     return "\n".join(part.text for part in m.content)
 
 
-def render_chat(state: ServerState, messages: list[ChatMessage]) -> str:
-    """The prompt text: the model's chat template applied with add_generation_prompt=True."""
-    msgs = [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)} for m in messages]
-    tokenizer = state.engine.tokenizer
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # a template that rejects this conversation (e.g. role order)
-            raise APIError(400, f"the model's chat template rejected the messages: {e}", "messages") from e
-    tmpl = state.chat_template  # no template: `Role: content` lines
-    text = "".join(tmpl.role_prefix(m["role"], i == 0) + m["content"] + tmpl.role_suffix(m["role"])
-                   for i, m in enumerate(msgs) if m["role"] in ("system", "user", "assistant"))
-    return text + tmpl.role_prefix("assistant", not msgs)
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
+    """The conversation as the engine takes it: developer is system; content parts joined."""
+    return [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)} for m in messages]
 
 
 def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +259,10 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
     return {"content": content}
 
 
+async def _achat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
+    return _chat_logprobs(meta)
+
+
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (also streamed as `chat.completion.chunk` events)."""
@@ -215,90 +272,28 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
         raise APIError(400, "tool calling is not supported by this server", "tools")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    engine = state.engine
-
-    def prepare() -> list[int]:
-        return engine.encode(render_chat(state, req.messages))
-
-    ids = await asyncio.to_thread(prepare)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    if max_tokens is None:
-        max_tokens = state.default_max_tokens(len(ids), req.n)
-    sp = _sampling(req, max_tokens, req.response_format)
-    lp_kwargs = {"return_logprob": req.logprobs, "top_logprobs_num": req.top_logprobs or 0,
-                 "return_text_in_logprobs": True}
+    choices = _Choices("chat.completion", "chat.completion.chunk", chat=True, n=req.n,
+                       logprobs=_achat_logprobs if req.logprobs else None)
     cid = f"chatcmpl-{uuid.uuid4().hex}"
-    rid = req.rid or cid
-    created = int(time.time())
-    try:
-        if req.stream:
-            streams, rids = await _open_streams(state, [ids], [sp], rid, lp_kwargs)
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            events = _chat_events(streams, cid, created, state.served_model_name, req.logprobs, include_usage, req.n)
-            return sse_response(request, events, _abort_all(state, rids))
-        out = await until_disconnected(
-            request, engine.async_generate(input_ids=ids, sampling_params=sp, rid=rid, **lp_kwargs))
-    except InvalidRequestError as e:
-        raise from_invalid_request(e, _RENAME_CHAT) from e
-    if out is None:
-        return client_gone()
-    outs = out if isinstance(out, list) else [out]
-    choices = []
-    for i, o in enumerate(outs):
-        reason, matched = _finish(o["meta_info"])
-        choices.append({
-            "index": i,
-            "message": {"role": "assistant", "content": o["text"]},
-            "logprobs": _chat_logprobs(o["meta_info"]) if req.logprobs else None,
-            "finish_reason": reason,
-            "matched_stop": matched,
-        })
-    return JSONBody({"id": cid, "object": "chat.completion", "created": created, "model": state.served_model_name,
-                     "choices": choices, "usage": _usage(outs, req.n), "system_fingerprint": None})
-
-
-async def _chat_events(streams: list[AsyncIterator[dict]], cid: str, created: int, model: str, logprobs: bool,
-                       include_usage: bool, n: int) -> AsyncIterator[str]:
-    base: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model}
-    if include_usage:
-        base["usage"] = None
-    started: set[int] = set()
-    finals: dict[int, dict] = {}
-    async for i, chunk in merge_streams(streams):
-        meta = chunk["meta_info"]
-        reason, matched = _finish(meta)
-        delta: dict[str, Any] = {}
-        if i not in started:
-            started.add(i)
-            delta["role"] = "assistant"
-            delta["content"] = chunk["text"]
-        elif chunk["text"]:
-            delta["content"] = chunk["text"]
-        if not delta and reason is None:
-            continue
-        choice: dict[str, Any] = {"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}
-        if reason is not None:
-            finals[i] = {"meta_info": meta}
-            choice["matched_stop"] = matched
-            if logprobs:  # per-token logprobs arrive with the last chunk
-                choice["logprobs"] = _chat_logprobs(meta)
-        yield sse({**base, "choices": [choice]})
-    if include_usage:
-        outs = [finals[i] for i in sorted(finals)]
-        yield sse({**base, "choices": [], "usage": _usage(outs, n)})
+    return await _complete(
+        request, state, choices, cid, req.rid or cid, req.stream,
+        _include_usage(req), _RENAME_CHAT, messages=chat_messages(req.messages),
+        sampling_params=_sampling(req, max_tokens, req.response_format), return_logprob=req.logprobs,
+        top_logprobs_num=req.top_logprobs or 0, return_text_in_logprobs=True)
 
 
 # ---------------------------------------------------------------------------- completions
 
 
-def _completion_logprobs(meta: dict[str, Any], echo: bool, top_k: int, decode: Any) -> dict[str, Any]:
+def _completion_logprobs(meta: dict[str, Any], echo: bool, top_k: int, texts: dict[int, str]) -> dict[str, Any]:
+    """OpenAI's legacy logprobs; `texts` has the text of the tokens whose entry lacks it."""
     entries = list(meta.get("output_token_logprobs") or [])
     tops = list(meta.get("output_top_logprobs") or [None] * len(entries))
     if echo:
         entries = list(meta.get("input_token_logprobs") or []) + entries
         tops = list(meta.get("input_top_logprobs") or [None] * (len(entries) - len(tops))) + tops
-    # The first prompt token has no logprob and comes without its text.
-    tokens = [text if text is not None else decode([tid]) for _lp, tid, text in entries]
+    tokens = [text if text is not None else texts[tid] for _lp, tid, text in entries]
     offsets, pos = [], 0
     for t in tokens:
         offsets.append(pos)
@@ -310,6 +305,18 @@ def _completion_logprobs(meta: dict[str, Any], echo: bool, top_k: int, decode: A
             "text_offset": offsets}
 
 
+def _completion_logprobs_for(engine: Any, echo: bool, top_k: int) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    async def logprobs(meta: dict[str, Any]) -> dict[str, Any]:
+        # The first prompt token has no logprob and comes without its text: decoded off the loop.
+        entries = (meta.get("input_token_logprobs") or []) if echo else []
+        missing = sorted({tid for _lp, tid, text in [*entries, *(meta.get("output_token_logprobs") or [])]
+                          if text is None})
+        texts = await asyncio.to_thread(lambda: {t: engine.decode([t]) for t in missing}) if missing else {}
+        return _completion_logprobs(meta, echo, top_k, texts)
+
+    return logprobs
+
+
 @router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
 async def completions(req: CompletionRequest, request: Request) -> Response:
     """OpenAI text completions: a prompt (text or token ids) or a batch of them, `n` each."""
@@ -317,99 +324,28 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
     state.check_model(req.model)
     engine = state.engine
     prompt = req.prompt
-    if isinstance(prompt, str):
-        texts: list[str] | None = [prompt]
-    elif prompt and isinstance(prompt[0], str):
-        texts = list(prompt)  # type: ignore[arg-type]
-    else:
-        texts = None
     if not prompt:
         raise APIError(400, "prompt is empty", "prompt")
-
-    def prepare() -> tuple[list[list[int]], list[str]]:
-        if texts is not None:
-            return [engine.encode(t) for t in texts], texts
-        id_lists = [list(prompt)] if isinstance(prompt[0], int) else [list(x) for x in prompt]  # type: ignore
-        vocab = engine.model_config.vocab_size
-        for ids in id_lists:
-            if not ids or any(not 0 <= t < vocab for t in ids):
-                raise APIError(400, f"prompt token ids must be integers in [0, {vocab}) and non-empty", "prompt")
-        shown = [engine.tokenizer.decode(ids) for ids in id_lists] if req.echo else [""] * len(id_lists)
-        return id_lists, shown
-
-    id_lists, prompt_texts = await asyncio.to_thread(prepare)
-    max_tokens = req.max_tokens
-    params = [
-        _sampling(req, max_tokens if max_tokens is not None else state.default_max_tokens(len(ids), req.n),
-                  req.response_format)
-        for ids in id_lists
-    ]
+    texts = isinstance(prompt, str) or isinstance(prompt[0], str)
+    batch = not isinstance(prompt, str) and not isinstance(prompt[0], int)
+    count = len(prompt) if batch else 1
+    leads: list[str] = []
+    if req.echo:  # the prompt's text before each choice: as sent, or the token ids decoded
+        if texts:
+            leads = list(prompt) if batch else [prompt]  # type: ignore[list-item]
+        else:
+            id_lists = list(prompt) if batch else [prompt]
+            leads = await asyncio.to_thread(lambda: [engine.decode(list(ids)) for ids in id_lists])
     want_lp = req.logprobs is not None
     lp_kwargs: dict[str, Any] = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,
                                  "return_text_in_logprobs": True}
     if want_lp and req.echo:
         lp_kwargs["logprob_start_len"] = 0
+    choices = _Choices("text_completion", "text_completion", chat=False, n=req.n, leads=leads,
+                       logprobs=_completion_logprobs_for(engine, req.echo, req.logprobs or 0) if want_lp else None)
     cid = f"cmpl-{uuid.uuid4().hex}"
     rid = req.rid or cid
-    created = int(time.time())
-    n = req.n
-    try:
-        if req.stream:
-            streams, rids = await _open_streams(state, id_lists, params, rid, lp_kwargs)
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            echoes = [prompt_texts[k // n] if req.echo else "" for k in range(len(streams))]
-            events = _completion_events(streams, cid, created, state.served_model_name, req.logprobs, req.echo,
-                                        echoes, include_usage, n, engine.tokenizer.decode)
-            return sse_response(request, events, _abort_all(state, rids))
-        batch = id_lists if len(id_lists) > 1 else id_lists[0]
-        rids: Any = rid if len(id_lists) == 1 else [f"{rid}-p{k}" for k in range(len(id_lists))]
-        out = await until_disconnected(request, engine.async_generate(
-            input_ids=batch, sampling_params=params if len(params) > 1 else params[0], rid=rids, **lp_kwargs))
-    except InvalidRequestError as e:
-        raise from_invalid_request(e, _RENAME_COMPLETION) from e
-    if out is None:
-        return client_gone()
-    outs = out if isinstance(out, list) else [out]
-    choices = []
-    for k, o in enumerate(outs):
-        reason, matched = _finish(o["meta_info"])
-        lead = prompt_texts[k // n] if req.echo else ""
-        choices.append({
-            "index": k,
-            "text": lead + o["text"],
-            "logprobs": _completion_logprobs(o["meta_info"], req.echo, req.logprobs or 0,
-                                             engine.tokenizer.decode) if want_lp else None,
-            "finish_reason": reason,
-            "matched_stop": matched,
-        })
-    return JSONBody({"id": cid, "object": "text_completion", "created": created, "model": state.served_model_name,
-                     "choices": choices, "usage": _usage(outs, n), "system_fingerprint": None})
-
-
-async def _completion_events(streams: list[AsyncIterator[dict]], cid: str, created: int, model: str,
-                             logprobs: int | None, echo: bool, echoes: list[str], include_usage: bool, n: int,
-                             decode: Any) -> AsyncIterator[str]:
-    base: dict[str, Any] = {"id": cid, "object": "text_completion", "created": created, "model": model}
-    if include_usage:
-        base["usage"] = None
-    started: set[int] = set()
-    finals: dict[int, dict] = {}
-    async for i, chunk in merge_streams(streams):
-        meta = chunk["meta_info"]
-        reason, matched = _finish(meta)
-        text = chunk["text"]
-        if i not in started:
-            started.add(i)
-            text = echoes[i] + text
-        if not text and reason is None:
-            continue
-        choice: dict[str, Any] = {"index": i, "text": text, "logprobs": None, "finish_reason": reason}
-        if reason is not None:
-            finals[i] = {"meta_info": meta}
-            choice["matched_stop"] = matched
-            if logprobs is not None:
-                choice["logprobs"] = _completion_logprobs(meta, echo, logprobs, decode)
-        yield sse({**base, "choices": [choice]})
-    if include_usage:
-        outs = [finals[i] for i in sorted(finals)]
-        yield sse({**base, "choices": [], "usage": _usage(outs, n)})
+    return await _complete(
+        request, state, choices, cid, rid if count == 1 else [f"{rid}-p{k}" for k in range(count)], req.stream,
+        _include_usage(req), _RENAME_COMPLETION, **({"prompt": prompt} if texts else {"input_ids": prompt}),
+        sampling_params=_sampling(req, req.max_tokens, req.response_format), **lp_kwargs)

@@ -76,7 +76,8 @@ class GenerateReqInput(_Strict):
     sampling_params: Union[dict[str, Any], list[dict[str, Any]], None] = Field(
         None, description="Engine sampling parameters (max_new_tokens, temperature, stop, regex, json_schema, ...); "
         "one dict for all prompts or one per prompt.")
-    stream: bool = Field(False, description="Server-sent events with cumulative text (one prompt, n == 1).")
+    stream: bool = Field(False, description="Server-sent events with cumulative text; a batch or n > 1 "
+                         "interleaves its requests' chunks, each with `index` (prompt k, sample i: k * n + i).")
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0

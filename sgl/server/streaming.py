@@ -1,10 +1,11 @@
-"""Server-sent events, client disconnects, and merging several engine streams.
+"""Server-sent events and client disconnects.
 
 A client that goes away must not leave its request decoding. A stream's body generator
 checks for a disconnect between events, and whether it ends by disconnect, cancellation
 (Starlette cancels the response task when the client leaves) or garbage collection, its
-`finally` aborts the requests synchronously and closes the engine iterators, whose own
-`finally` frees their KV. A non-streamed generation is watched by `until_disconnected`,
+`finally` aborts the requests synchronously by id (also when the body never started, so
+the engine's iterator never ran) and closes the engine iterator, whose own `finally`
+aborts whatever of its call is still running. A non-streamed generation is watched by `until_disconnected`,
 which cancels it (the engine aborts a cancelled `async_generate`) if the client leaves.
 """
 
@@ -106,39 +107,3 @@ def sse_response(request: Request, events: AsyncIterator[str], on_abandon: Calla
 
     response = _SSEResponse(body(), on_abandon)
     return response
-
-
-async def merge_streams(streams: list[AsyncIterator[dict]]) -> AsyncIterator[tuple[int, dict]]:
-    """Chunks of several streams as they arrive, tagged with the stream's index."""
-    if len(streams) == 1:
-        try:
-            async for chunk in streams[0]:
-                yield 0, chunk
-        finally:
-            await streams[0].aclose()  # type: ignore[attr-defined]
-        return
-    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
-    end = object()
-
-    async def pump(i: int, stream: AsyncIterator[dict]) -> None:
-        try:
-            async for chunk in stream:
-                queue.put_nowait((i, chunk))
-            queue.put_nowait((i, end))
-        except Exception as exc:
-            queue.put_nowait((i, exc))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, item = await queue.get()
-            if item is end:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:  # a cancelled pump's stream frees its request in its own finally
-            t.cancel()

@@ -8,7 +8,7 @@ import torch
 
 import sgl
 import sgl.runtime.attention as attn
-import sgl.runtime.scheduler as scheduler_mod
+import sgl.runtime.model_runner as runner_mod
 from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts, sharpen
 from graph_test_backend import DenseDecodeBackend
 
@@ -25,7 +25,7 @@ TOLERANCES = {"float32": (1e-2, 1e-2), "bfloat16": (0.5, 0.5)}
 )
 def test_graph_replay_matches_eager(backend, dtype, monkeypatch):
     if backend == "dense_test":
-        monkeypatch.setattr(scheduler_mod, "create_attention_backend", lambda name, device, dtype=None: DenseDecodeBackend())
+        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: DenseDecodeBackend())
         name = "torch_native"
     elif backend == "triton" and not attn.triton_available():
         pytest.skip("the triton backend is not installed")

@@ -94,7 +94,31 @@ def test_generate_stream_is_cumulative(url, engine):
         assert b["text"].startswith(a["text"])
         assert b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
         assert a["meta_info"]["finish_reason"] is None
+    assert all("index" not in c for c in chunks)  # one request: SGLang's chunk shape
     same_result(chunks[-1], want)
+
+
+def test_generate_stream_of_a_batch_with_n_samples(url, engine):
+    """A batch of 2 prompts x n=2 seeded samples streams as one interleaved SSE stream: each
+    chunk names its request by index (prompt k, sample i: k * 2 + i) and carries that
+    request's cumulative text; each request's last chunk is its non-streamed answer."""
+    prompts = ["1, 2, 3,", "The capital of France is"]
+    sp = {"max_new_tokens": 8, "temperature": 0.8, "seed": 5, "n": 2}
+    wants = engine.generate(prompts, sp)
+    assert len(wants) == 4
+    with post(url, "/generate", {"text": prompts, "sampling_params": sp, "stream": True}, stream=True) as resp:
+        assert resp.status_code == 200, resp.text
+        events = list(sse_events(resp))
+    assert events[-1] == "[DONE]"
+    by_index: dict[int, list[dict]] = {}
+    for c in events[:-1]:
+        by_index.setdefault(c["index"], []).append(c)
+    assert sorted(by_index) == [0, 1, 2, 3]
+    for i, chunks in by_index.items():
+        for a, b in zip(chunks, chunks[1:]):
+            assert b["text"].startswith(a["text"]) and b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
+            assert a["meta_info"]["finish_reason"] is None
+        same_result(chunks[-1], wants[i])
 
 
 def test_tokenize(url, engine):
@@ -284,6 +308,24 @@ def test_completions_equal_engine(url, engine):
     assert len(choice["logprobs"]["tokens"]) == len(ids) + 4
     assert choice["logprobs"]["token_logprobs"][0] is None  # the first prompt token has no logprob
     assert "".join(choice["logprobs"]["tokens"]) == choice["text"]
+
+
+def test_unset_max_tokens_is_as_many_as_fit(tiny_engine):
+    """No max_tokens: the engine fills what is left of the KV pool (400 tokens here), shared
+    by the n samples; the server computes nothing about it."""
+    with ServerThread(create_app(tiny_engine, MODEL)) as small_url:
+        prompt = [100 + (i % 50) for i in range(380)]
+        room = tiny_engine.get_server_info()["max_total_tokens"] - 1 - len(prompt)
+        body = {"prompt": prompt, "temperature": 0, "ignore_eos": True, "n": 2}
+        resp = post(small_url, "/v1/completions", body).json()
+        assert [c["finish_reason"] for c in resp["choices"]] == ["length", "length"], resp
+        assert resp["usage"]["completion_tokens"] == 2 * (room // 2)
+        msgs = [{"role": "user", "content": "Count: " + "1 2 3 " * 40}]
+        resp = post(small_url, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "ignore_eos": True}).json()
+        used = resp["usage"]["prompt_tokens"]
+        assert resp["choices"][0]["finish_reason"] == "length", resp
+        assert resp["usage"]["completion_tokens"] == tiny_engine.get_server_info()["max_total_tokens"] - 1 - used
+        assert wait_until(lambda: kv_whole(small_url), timeout=60)
 
 
 def test_completions_stream(url):

@@ -4,6 +4,8 @@ flashinfer / triton is faked, so these run on any machine."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -11,7 +13,7 @@ import sgl.runtime.attention as attn
 from graph_test_backend import DenseDecodeBackend
 from sgl.runtime.attention import create_attention_backend, supports_cuda_graph
 from sgl.runtime.attention.torch_native import TorchNativeBackend
-from sgl.runtime.engine import EngineConfig, cuda_graph_max_bs
+from sgl.runtime.config import EngineConfig, cuda_graph_max_bs
 
 
 class FakeFlashInfer(TorchNativeBackend):
@@ -40,11 +42,16 @@ def installed(monkeypatch):
 
         monkeypatch.setattr(attn, "_module_available", available)
 
-    monkeypatch.setattr(attn, "_make_flashinfer", FakeFlashInfer)
-    monkeypatch.setattr(attn, "_make_triton", FakeTriton)
-    monkeypatch.setattr(attn, "_make_cpu", FakeCpu)
+    fake_factory(monkeypatch, "flashinfer", FakeFlashInfer)
+    fake_factory(monkeypatch, "triton", FakeTriton)
+    fake_factory(monkeypatch, "cpu", FakeCpu)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     return set_
+
+
+def fake_factory(monkeypatch, name: str, make) -> None:
+    """Register `make` as the factory of backend `name` (its check stays)."""
+    monkeypatch.setitem(attn.REGISTRY, name, dataclasses.replace(attn.REGISTRY[name], make=make))
 
 
 @pytest.mark.parametrize(
@@ -75,7 +82,7 @@ def test_auto_falls_back_when_an_installed_backend_fails_to_load(installed, monk
     def broken():
         raise ImportError("libcudart.so.12: cannot open shared object file")
 
-    monkeypatch.setattr(attn, "_make_flashinfer", broken)
+    fake_factory(monkeypatch, "flashinfer", broken)
     assert type(create_attention_backend("auto", "cuda", torch.bfloat16)) is FakeTriton
 
 
@@ -86,7 +93,7 @@ def _no_compiler():
 def test_auto_on_cpu_falls_back_when_the_kernel_cannot_be_built(installed, monkeypatch, caplog):
     installed(set())
 
-    monkeypatch.setattr(attn, "_make_cpu", _no_compiler)
+    fake_factory(monkeypatch, "cpu", _no_compiler)
     assert type(create_attention_backend("auto", "cpu", torch.float32)) is TorchNativeBackend
     assert "g++ not found" in caplog.text
 
@@ -99,7 +106,7 @@ def test_cpu_backend_needs_the_cpu_float32_and_a_build(installed, monkeypatch):
     with pytest.raises(ValueError, match="float32 KV cache.*torch_native"):
         create_attention_backend("cpu", "cpu", torch.bfloat16)
 
-    monkeypatch.setattr(attn, "_make_cpu", _no_compiler)
+    fake_factory(monkeypatch, "cpu", _no_compiler)
     with pytest.raises(ValueError, match="g\\+\\+ not found; use attention_backend='torch_native'"):
         create_attention_backend("cpu", "cpu")
 

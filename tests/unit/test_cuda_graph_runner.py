@@ -13,8 +13,7 @@ import random
 import pytest
 
 import sgl
-import sgl.runtime.engine as engine_mod
-import sgl.runtime.scheduler as scheduler_mod
+import sgl.runtime.model_runner as runner_mod
 from graph_test_backend import DenseDecodeBackend
 from sgl.runtime.cuda_graph import DecodeInputs, capture_batch_sizes, padded_batch_size
 from sgl.runtime.model.dummy import byte_level_tokenizer
@@ -94,13 +93,13 @@ def test_decode_through_the_runner_matches_eager(dummy_dir, monkeypatch):
         assert plain.get_server_info()["cuda_graph_steps"] == 0
 
     backend = DenseDecodeBackend()
-    monkeypatch.setattr(engine_mod, "cuda_graph_max_bs", lambda cfg, device: 8)
-    monkeypatch.setattr(scheduler_mod, "create_attention_backend", lambda name, device, dtype=None: backend)
+    monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: 8)
+    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: backend)
     with _engine(dummy_dir) as graphed:
         got = _greedy(graphed, prompts, new_tokens)
         info = graphed.get_server_info()
         # the padding row is reserved on top of the running limit
-        assert graphed.scheduler.req_to_token.size == graphed.config.max_running_requests + 1
+        assert graphed.scheduler.kv.req_to_token.size == graphed.config.max_running_requests + 1
     assert got == expected
     assert info["cuda_graph_batch_sizes"] == [1, 2, 4, 8]
     assert info["cuda_graph_steps"] > 0
@@ -118,8 +117,8 @@ def test_steps_beyond_the_graph_limit_and_extends_run_eagerly(dummy_dir, monkeyp
     with _engine(dummy_dir) as plain:
         expected = _greedy(plain, prompts, new_tokens)
     backend = DenseDecodeBackend()
-    monkeypatch.setattr(engine_mod, "cuda_graph_max_bs", lambda cfg, device: 4)
-    monkeypatch.setattr(scheduler_mod, "create_attention_backend", lambda name, device, dtype=None: backend)
+    monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: 4)
+    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: backend)
     with _engine(dummy_dir) as graphed:
         assert _greedy(graphed, prompts, new_tokens) == expected
         info = graphed.get_server_info()

@@ -168,17 +168,25 @@ def test_session_errors_name_the_field(tiny_dir):
         assert info(engine)["session_locked_tokens"] == 0
 
 
-def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir):
+def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir, monkeypatch):
     import threading
 
     path, _ = tiny_dir
     with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
         sid, other = engine.open_session(), engine.open_session()
         results: dict = {}
-        # Hold the scheduler thread, so both turns are still queued when the session closes.
-        release = threading.Event()
-        holder = threading.Thread(target=engine.scheduler.call, args=(lambda: release.wait(30),))
-        holder.start()
+        # Hold the scheduler in its next step, so the close arrives while both turns are unfinished:
+        # it is drained right after that one step (one token each, of 100).
+        gate, entered = threading.Event(), threading.Event()
+        real_step = engine.scheduler.step
+
+        def gated_step() -> bool:
+            if engine.scheduler.batches.waiting and not gate.is_set():
+                entered.set()
+                gate.wait(60)
+            return real_step()
+
+        monkeypatch.setattr(engine.scheduler, "step", gated_step)
 
         def run(name: str, session: str) -> None:
             results[name] = gen(engine, ids(10, 60), 100, id=session)
@@ -186,44 +194,68 @@ def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir):
         threads = [threading.Thread(target=run, args=("closed", sid)), threading.Thread(target=run, args=("kept", other))]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 30
-        while engine.scheduler.inbox.qsize() < 2 and time.monotonic() < deadline:
+        assert entered.wait(60)
+        deadline = time.monotonic() + 60  # both turns reached the scheduler (queued or still in its inbox)
+        while len(engine.scheduler.batches.waiting) + engine.scheduler.inbox.qsize() < 2:
+            assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert engine.close_session(sid)
-        release.set()
-        for t in threads + [holder]:
+        queued = engine.scheduler.inbox.qsize()
+        closer = threading.Thread(target=lambda: results.__setitem__("close", engine.close_session(sid)))
+        closer.start()
+        while engine.scheduler.inbox.qsize() == queued:  # the close is in the inbox, behind the turns
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        gate.set()
+        for t in threads + [closer]:
             t.join(timeout=60)
+        assert results["close"] is True
         assert results["closed"]["meta_info"]["finish_reason"]["type"] == "abort"
         assert results["kept"]["meta_info"]["finish_reason"]["type"] == "length"
         assert engine.close_session(other)
         assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0
 
 
-def test_a_turn_submitted_after_its_session_closed_is_aborted(tiny_dir, monkeypatch):
+def test_a_turn_submitted_after_its_session_closed_is_refused(tiny_dir, monkeypatch):
+    """The session closes between the caller building the turn and the scheduler receiving it:
+    the turn never runs and fails like any request naming a closed session."""
+    from sgl.runtime.messages import SubmitRequest
+
     path, _ = tiny_dir
     with sgl.Engine(model_path=str(path), max_total_tokens=1024) as engine:
         sid = engine.open_session()
-        submit = engine.scheduler.submit
+        send = engine._send
 
-        def close_first(request, sink):  # the session closes between resolving and submitting
-            engine.close_session(sid)
-            submit(request, sink)
+        def close_first(msg):
+            if isinstance(msg, SubmitRequest):
+                assert engine.close_session(sid)
+            send(msg)
 
-        monkeypatch.setattr(engine.scheduler, "submit", close_first)
-        out = gen(engine, ids(10, 70), 20, id=sid)
-        assert out["meta_info"]["finish_reason"]["type"] == "abort"
+        monkeypatch.setattr(engine, "_send", close_first)
+        with pytest.raises(InvalidRequestError, match="no open session") as e:
+            gen(engine, ids(10, 70), 20, id=sid)
+        assert e.value.param == "session_params.id"
+        monkeypatch.undo()
         assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0
 
 
-def test_a_program_outlives_its_session(tiny_dir):
+def test_a_program_outlives_its_session(tiny_dir, monkeypatch):
     """A state whose session timed out (the program sat idle) runs on without it."""
     path, _ = tiny_dir
     with sgl.Engine(model_path=str(path), max_total_tokens=1024) as engine:
+        opened: list[str] = []
+        open_session = engine.open_session
+
+        def recording_open(*args, **kwargs):
+            opened.append(open_session(*args, **kwargs))
+            return opened[-1]
+
+        monkeypatch.setattr(engine, "open_session", recording_open)
+
         @sgl.function
         def two_gens(s):
             s += "the quick" + sgl.gen("a", max_tokens=3, temperature=0)
             s["a"]
-            for sid in list(engine.sessions._sessions):  # as if it had timed out
+            for sid in opened:  # as if it had timed out
                 engine.close_session(sid)
             s += " brown" + sgl.gen("b", max_tokens=3, temperature=0)
 

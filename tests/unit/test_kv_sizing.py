@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import sgl
-import sgl.runtime.engine as engine_mod
-from sgl.runtime.engine import CUDA_FIXED_HEADROOM_BYTES, activation_headroom_bytes, kv_pool_tokens
+import sgl.runtime.memory_plan as engine_mod
+from sgl.runtime.memory_plan import CUDA_FIXED_HEADROOM_BYTES, activation_headroom_bytes, kv_pool_tokens
 from sgl.runtime.memory import TokenToKVPool
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.dummy import NAMED_SHAPES, byte_level_tokenizer
@@ -50,10 +50,10 @@ def tiny_dir(tmp_path):
 
 
 def test_engine_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
-    monkeypatch.setattr(engine_mod, "_available_memory_bytes", lambda device: 64 << 20)
+    monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: 64 << 20)
     with sgl.Engine(model_path=str(tiny_dir), load_format="dummy", mem_fraction_static=0.5) as engine:
         plan = engine.get_server_info()["memory_plan"]
-        capacity = engine.scheduler.kv_pool.capacity
+        capacity = engine.scheduler.kv.pool.capacity
     per_token = 2 * 2 * 2 * 16 * 4  # K/V x 2 layers x 2 KV heads x 16 dims x float32
     assert plan["kv_bytes_per_token"] == per_token
     assert plan["free_bytes_after_weights"] == 64 << 20 and plan["mem_fraction_static"] == 0.5
@@ -62,12 +62,12 @@ def test_engine_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
 
 
 def test_engine_cpu_pool_is_capped(tiny_dir, monkeypatch):
-    monkeypatch.setattr(engine_mod, "_available_memory_bytes", lambda device: 1 << 40)
+    monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: 1 << 40)
     with sgl.Engine(model_path=str(tiny_dir), load_format="dummy") as engine:
-        assert engine.scheduler.kv_pool.capacity == 1 << 17
+        assert engine.scheduler.kv.pool.capacity == 1 << 17
 
 
 def test_explicit_max_total_tokens_wins(tiny_dir, monkeypatch):
-    monkeypatch.setattr(engine_mod, "_available_memory_bytes", lambda device: pytest.fail("free memory was read"))
+    monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: pytest.fail("free memory was read"))
     with sgl.Engine(model_path=str(tiny_dir), load_format="dummy", max_total_tokens=3000) as engine:
-        assert engine.scheduler.kv_pool.capacity == 3000
+        assert engine.scheduler.kv.pool.capacity == 3000

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from sgl.runtime.memory import TokenToKVPool
+from sgl.runtime.prefix_cache import NoPrefixCache
 from sgl.runtime.radix_cache import RadixCache, TreeNode
 
 
@@ -371,19 +372,38 @@ def test_flush_refuses_while_locked_then_frees_everything() -> None:
     assert cache.flush() is True  # empty flush is fine
 
 
-def test_disabled_cache_stores_nothing() -> None:
+def test_no_prefix_cache_stores_nothing_and_frees_finished_kv() -> None:
     pool = SpyPool(8)
-    cache = RadixCache(pool, disable=True)
+    cache = NoPrefixCache(pool)
     s = alloc(pool, 3)
-    assert cache.insert([1, 2, 3], s) == 0
     slots, node = cache.match_prefix([1, 2, 3])
     assert slots.numel() == 0 and slots.dtype == torch.int64 and node is cache.root
-    cache.inc_lock_ref(node)
-    cache.dec_lock_ref(node)
+    kept, node2 = cache.cache_unfinished([1, 2, 3], s, 0, node)  # a chunk boundary: the request keeps its slots
+    assert kept is s and node2 is node and pool.freed == []
     assert cache.evict(10) == 0
     assert cache.total_size() == 0 and cache.evictable_size() == 0 and cache.protected_size() == 0
+    cache.cache_finished([1, 2, 3], s, 0, node)  # finished: nothing is kept, the slots go back
+    assert sorted(pool.freed) == sorted(s.tolist()) and pool.available_size() == 8
     assert cache.flush() is True
-    assert pool.freed == [] and pool.available_size() == 5  # the caller still owns its slots
+    assert cache.match_prefix([1, 2, 3])[0].numel() == 0
+
+
+def test_radix_cache_finished_and_unfinished_hand_over() -> None:
+    """cache_unfinished re-locks the longer prefix and frees duplicates; cache_finished unlocks."""
+    pool = SpyPool(16)
+    cache = RadixCache(pool)
+    a = alloc(pool, 4)
+    cache.insert([1, 2, 3, 4], a)
+    prefix, node = cache.match_prefix([1, 2, 9])
+    cache.inc_lock_ref(node)
+    mine = torch.cat([prefix, alloc(pool, 3)])  # [1, 2] cached, [9, 8, 7] computed by this request
+    slots, node2 = cache.cache_unfinished([1, 2, 9, 8, 7], mine, 2, node)
+    assert slots.tolist() == mine.tolist() and cache.protected_size() == 5 and pool.freed == []
+    dup = alloc(pool, 4)  # a second request computed [1, 2, 3, 4] again: its copies are freed
+    cache.cache_finished([1, 2, 3, 4], dup, 0, cache.root)
+    assert sorted(pool.freed) == sorted(dup.tolist())
+    cache.cache_finished([1, 2, 9, 8, 7], slots, 5, node2)
+    assert cache.protected_size() == 0 and cache.total_size() == 7
 
 
 def test_scheduler_flow_two_requests_sharing_a_prefix() -> None:

@@ -176,18 +176,17 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
     `graph_max_bs` > 0 sends decode steps through the CUDA-graph runner (on CPU it runs the
     same static buffers and hooks without capturing)."""
     import sgl
-    import sgl.runtime.engine as engine_mod
-    import sgl.runtime.scheduler as scheduler
+    import sgl.runtime.model_runner as runner_mod
 
     if backend_factory is not None:
-        monkeypatch.setattr(scheduler, "create_attention_backend", lambda name, device, dtype=None: backend_factory())
+        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: backend_factory())
     if graph_max_bs:
-        monkeypatch.setattr(engine_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
+        monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     results = []
     with sgl.Engine(model_path=str(path), max_total_tokens=2048, chunked_prefill_size=16,
                     attention_backend="auto" if backend_factory else "torch_native") as engine:
-        assert isinstance(engine.scheduler.attn_backend, TritonBackend) == (backend_factory is not None)
+        assert isinstance(engine.scheduler.runner.attn_backend, TritonBackend) == (backend_factory is not None)
         for batch in prompts_in_order:
             for out in engine.generate(input_ids=batch, sampling_params=params):
                 results.append((out["output_ids"], out["meta_info"]["cached_tokens"]))

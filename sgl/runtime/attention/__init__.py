@@ -1,8 +1,12 @@
 """Attention backends behind one interface (`base.AttentionBackend`), and the choice among them.
 
-Backends that need GPU packages (flashinfer, triton) are imported only when chosen, so the
-CPU install never needs them. The `cpu` backend's kernel is compiled on first use; where
-that fails (no C++ compiler), `auto` falls back to torch_native with a warning.
+Each backend is registered once (`register`): its name, a factory, and a check that says why
+it cannot run on a device and KV dtype, naming the fix. Naming a backend runs its check;
+`auto` walks a preference order for the device and takes the first that passes and loads.
+Factories import their module, so GPU packages (flashinfer, triton) are imported only when
+chosen and the CPU install never needs them. The `cpu` backend's kernel is compiled on
+first use; where that fails (no C++ compiler), `auto` falls back to torch_native with a
+warning.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -38,10 +43,42 @@ def triton_available() -> bool:
     return _module_available("triton") and _module_available("sgl.runtime.attention.triton_backend")
 
 
+@dataclass(frozen=True)
+class RegisteredBackend:
+    name: str
+    make: Callable[[], AttentionBackend]
+    # Why the backend cannot run on (device, KV dtype; None: not yet known), naming the fix; None: it can.
+    check: Callable[[torch.device, torch.dtype | None], str | None]
+
+
+REGISTRY: dict[str, RegisteredBackend] = {}
+
+
+def register(name: str, make: Callable[[], AttentionBackend],
+             check: Callable[[torch.device, torch.dtype | None], str | None]) -> None:
+    REGISTRY[name] = RegisteredBackend(name, make, check)
+
+
+def auto_order(device: torch.device) -> tuple[str, ...]:
+    """The backends `auto` tries on this device, best first (each still has to pass its check)."""
+    if device.type == "cpu":
+        return ("cpu", "torch_native")
+    if device.type == "cuda":
+        return ("flashinfer", "triton", "torch_native")
+    return ("torch_native",)
+
+
+# ---------------------------------------------------------------------------- the backends
+
+
 def _make_torch_native() -> AttentionBackend:
     from sgl.runtime.attention.torch_native import TorchNativeBackend
 
     return TorchNativeBackend()
+
+
+def _check_torch_native(device: torch.device, dtype: torch.dtype | None) -> str | None:
+    return None  # runs wherever torch does
 
 
 def _make_cpu() -> AttentionBackend:
@@ -51,10 +88,32 @@ def _make_cpu() -> AttentionBackend:
     return CpuBackend(load_paged_attention())
 
 
+def _check_cpu(device: torch.device, dtype: torch.dtype | None) -> str | None:
+    if device.type != "cpu":
+        return (f"attention_backend='cpu' runs on the CPU (device is {str(device)!r}); "
+                "use 'auto', or 'triton' / 'flashinfer' on CUDA")
+    if dtype is not None and dtype != torch.float32:
+        return (f"attention_backend='cpu' supports a float32 KV cache, not {dtype}; "
+                "use dtype='float32', or attention_backend='torch_native'")
+    return None
+
+
 def _make_triton() -> AttentionBackend:
     from sgl.runtime.attention.triton_backend import TritonBackend
 
     return TritonBackend()
+
+
+def _check_triton(device: torch.device, dtype: torch.dtype | None) -> str | None:
+    if not _module_available("triton"):
+        return f"attention_backend='triton' needs the triton package: {CUDA_EXTRA_HINT}"
+    if not _module_available("sgl.runtime.attention.triton_backend"):
+        return "attention_backend='triton' is not available in this build of sgl (no triton_backend module)"
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return (f"attention_backend='triton' needs a CUDA device (device is {str(device)!r}); use "
+                "attention_backend='torch_native' on CPU, or set TRITON_INTERPRET=1 to run the Triton "
+                "kernels in Triton's interpreter (slow; for tests)")
+    return None
 
 
 def _make_flashinfer() -> AttentionBackend:
@@ -63,24 +122,40 @@ def _make_flashinfer() -> AttentionBackend:
     return FlashInferBackend()
 
 
-def _is_cuda(device: str | torch.device) -> bool:
-    return torch.device(device).type == "cuda"
+def _check_flashinfer(device: torch.device, dtype: torch.dtype | None) -> str | None:
+    if not flashinfer_available():
+        return f"attention_backend='flashinfer' needs the flashinfer package: {CUDA_EXTRA_HINT}"
+    if device.type != "cuda":
+        return (f"attention_backend='flashinfer' needs a CUDA device (device is {str(device)!r}); "
+                "use attention_backend='torch_native' on CPU")
+    if dtype is not None and dtype not in (torch.float16, torch.bfloat16):  # no float32 kernels
+        return (f"attention_backend='flashinfer' supports float16 and bfloat16 KV caches, not {dtype}; "
+                "use dtype='bfloat16', or attention_backend='triton' or 'torch_native'")
+    return None
 
 
-def _auto_candidates(device: str | torch.device, dtype: torch.dtype | None) -> list[tuple[str, Callable[[], AttentionBackend]]]:
-    """Backends `auto` tries, best first: flashinfer, then triton (CUDA only); cpu (CPU, float32);
-    then torch_native."""
-    out: list[tuple[str, Callable[[], AttentionBackend]]] = []
-    if torch.device(device).type == "cpu" and dtype in (None, torch.float32):
-        out.append(("cpu", _make_cpu))
-    if _is_cuda(device):
-        # flashinfer's kernels take fp16/bf16 only; a float32 engine goes to triton or torch.
-        if flashinfer_available() and dtype in (None, torch.float16, torch.bfloat16):
-            out.append(("flashinfer", _make_flashinfer))
-        if triton_available():
-            out.append(("triton", _make_triton))
-    out.append(("torch_native", _make_torch_native))
-    return out
+register("cpu", _make_cpu, _check_cpu)
+register("torch_native", _make_torch_native, _check_torch_native)
+register("triton", _make_triton, _check_triton)
+register("flashinfer", _make_flashinfer, _check_flashinfer)
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def _auto(device: torch.device, dtype: torch.dtype | None) -> AttentionBackend:
+    candidates = [REGISTRY[n] for n in auto_order(device) if REGISTRY[n].check(device, dtype) is None]
+    for i, entry in enumerate(candidates):
+        try:
+            backend = entry.make()
+        except (ImportError, OSError, RuntimeError) as e:  # installed but broken (e.g. a CUDA mismatch)
+            if i == len(candidates) - 1:
+                raise
+            logger.warning("attention backend %s failed to load (%s); trying the next one", entry.name, e)
+            continue
+        logger.info("attention backend: %s", entry.name)
+        return backend
+    raise ValueError(f"no attention backend can run on {device} with {dtype}")  # torch_native always can
 
 
 def create_attention_backend(
@@ -93,69 +168,22 @@ def create_attention_backend(
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}; got {name!r}")
+    device = torch.device(device)
     if name == "auto":
-        candidates = _auto_candidates(device, dtype)
-        for i, (cand, make) in enumerate(candidates):
-            try:
-                backend = make()
-            except (ImportError, OSError, RuntimeError) as e:  # installed but broken (e.g. a CUDA mismatch)
-                if i == len(candidates) - 1:
-                    raise
-                logger.warning("attention backend %s failed to load (%s); trying the next one", cand, e)
-                continue
-            logger.info("attention backend: %s", cand)
-            return backend
-    if name == "torch_native":
-        return _make_torch_native()
-    if name == "cpu":
-        if torch.device(device).type != "cpu":
-            raise ValueError(f"attention_backend='cpu' runs on the CPU (device is {str(device)!r}); "
-                             "use 'auto', or 'triton' / 'flashinfer' on CUDA")
-        if dtype is not None and dtype != torch.float32:
-            raise ValueError(f"attention_backend='cpu' supports a float32 KV cache, not {dtype}; "
-                             "use dtype='float32', or attention_backend='torch_native'")
-        try:
-            return _make_cpu()
-        except RuntimeError as e:
-            raise ValueError(f"{e}; use attention_backend='torch_native'") from e
-    if name == "triton":
-        if not _module_available("triton"):
-            raise ValueError(f"attention_backend='triton' needs the triton package: {CUDA_EXTRA_HINT}")
-        if not _module_available("sgl.runtime.attention.triton_backend"):
-            raise ValueError("attention_backend='triton' is not available in this build of sgl (no triton_backend module)")
-        if not _is_cuda(device) and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError(
-                f"attention_backend='triton' needs a CUDA device (device is {str(device)!r}); use "
-                "attention_backend='torch_native' on CPU, or set TRITON_INTERPRET=1 to run the Triton "
-                "kernels in Triton's interpreter (slow; for tests)"
-            )
-        return _make_triton()
-    # flashinfer
-    if not flashinfer_available():
-        raise ValueError(f"attention_backend='flashinfer' needs the flashinfer package: {CUDA_EXTRA_HINT}")
-    if not _is_cuda(device):
-        raise ValueError(
-            f"attention_backend='flashinfer' needs a CUDA device (device is {str(device)!r}); "
-            "use attention_backend='torch_native' on CPU"
-        )
-    if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(
-            f"attention_backend='flashinfer' supports float16 and bfloat16 KV caches, not {dtype}; "
-            "use dtype='bfloat16', or attention_backend='triton' or 'torch_native'"
-        )
-    return _make_flashinfer()
+        return _auto(device, dtype)
+    entry = REGISTRY[name]
+    reason = entry.check(device, dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    try:
+        return entry.make()
+    except RuntimeError as e:  # e.g. the CPU kernel could not be built
+        raise ValueError(f"{e}; use attention_backend='torch_native'") from e
 
 
 def backend_name(backend: AttentionBackend) -> str:
     """Short name of a backend instance, for server info and benchmark reports."""
-    if getattr(backend, "uses_kernel", True) is False:  # CpuBackend on a dtype/head_dim its kernel lacks
-        return "torch_native"
-    return {
-        "CpuBackend": "cpu",
-        "TorchNativeBackend": "torch_native",
-        "TritonBackend": "triton",
-        "FlashInferBackend": "flashinfer",
-    }.get(type(backend).__name__, type(backend).__name__)
+    return backend.name
 
 
 __all__ = [
@@ -163,9 +191,13 @@ __all__ = [
     "AttentionBackend",
     "CudaGraphHooks",
     "ForwardBatch",
+    "REGISTRY",
+    "RegisteredBackend",
+    "auto_order",
     "backend_name",
     "create_attention_backend",
     "flashinfer_available",
+    "register",
     "supports_cuda_graph",
     "triton_available",
 ]

@@ -46,6 +46,18 @@ class ForwardBatch:
 class AttentionBackend(ABC):
     """Computes causal attention for a ForwardBatch over the paged KV pool."""
 
+    # Short name for server info and reports: the registered backends' registry names.
+    name: str = "custom"
+
+    def reserved_memory_bytes(
+        self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
+    ) -> int:
+        """The most memory this backend may keep allocated beyond a KV pool of this shape
+        (state held across steps, such as torch_native's decode mirror), for the memory plan.
+        Per-step temporaries, which scale with the batch like activations, are not counted.
+        Called before `bind`; the default holds nothing."""
+        return 0
+
     def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool, num_qo_heads: int) -> None:
         """Called once by the scheduler before any step, with the pools and the model's query
         head count. Backends that plan ahead of `forward` (flashinfer; CUDA-graph hooks, which

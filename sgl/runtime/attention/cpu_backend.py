@@ -5,11 +5,13 @@ prompts), each reading its context from the KV pool by slot.
 Against TorchNativeBackend (torch SDPA over a dense mirror of the contexts), a step costs
 what its real (query, key) pairs cost: a batch mixing single-token rows with a few
 multi-token rows no longer pads every row to the longest query, a batch of short prompts
-no longer makes one SDPA call per row, and there is no mirror to keep up to date. Longer
-rows (prefill chunks) still go to SDPA, whose matrix-multiply kernels suit them better.
+no longer makes one SDPA call per row, and there is no mirror to keep up to date (nothing
+is held beyond the pool). Longer rows (prefill chunks) still go to SDPA over the pool, by
+torch_native's row routine, whose matrix-multiply kernels suit them better.
 
-The kernel takes float32 and head_dim in SUPPORTED_HEAD_DIMS; for anything else this
-backend behaves exactly like TorchNativeBackend.
+The kernel takes float32 and head_dim in SUPPORTED_HEAD_DIMS. `CpuBackend` (the `cpu`
+backend) decides in `bind`, from the pool, between `CpuKernelBackend` and an inner
+TorchNativeBackend, which then runs every step exactly as `torch_native` would.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from sgl.runtime.attention.base import ForwardBatch
+from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.attention.cpu_kernel import SUPPORTED_HEAD_DIMS
 from sgl.runtime.attention.torch_native import TorchNativeBackend, _ExtendRow, attend_extend_row, pool_extend_row
 
@@ -28,31 +30,27 @@ from sgl.runtime.attention.torch_native import TorchNativeBackend, _ExtendRow, a
 KERNEL_MAX_EXTEND = 64
 
 
+def kernel_supports(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the kernel runs on a (CPU) pool of this dtype and head_dim."""
+    return dtype == torch.float32 and head_dim in SUPPORTED_HEAD_DIMS
+
+
 @dataclass
 class _KernelMetadata:
     rows: torch.Tensor | None  # [B, 4] int64: (table row, first token, new tokens, context length)
     extends: list[_ExtendRow]  # the longer rows, each one SDPA call
 
 
-class CpuBackend(TorchNativeBackend):
+class CpuKernelBackend(AttentionBackend):
+    """The kernel for rows with <= KERNEL_MAX_EXTEND new tokens, SDPA over the pool for the
+    rest. Only for a float32 CPU pool with a supported head_dim (`kernel_supports`)."""
+
+    name = "cpu"
+
     def __init__(self, op: Callable) -> None:
-        super().__init__()
         self._op = op
-        self._use_kernel = False
-
-    def bind(self, kv_pool, req_to_token, num_qo_heads: int) -> None:
-        super().bind(kv_pool, req_to_token, num_qo_heads)
-        self._use_kernel = (
-            kv_pool.device.type == "cpu" and kv_pool.dtype == torch.float32 and kv_pool.head_dim in SUPPORTED_HEAD_DIMS
-        )
-
-    @property
-    def uses_kernel(self) -> bool:
-        return self._use_kernel
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
-        if not self._use_kernel:
-            return super().init_forward_metadata(batch)
         table = batch.req_to_token.req_to_token
         rows: list[list[int]] = []
         extends: list[_ExtendRow] = []
@@ -66,8 +64,6 @@ class CpuBackend(TorchNativeBackend):
         batch.metadata = _KernelMetadata(torch.tensor(rows, dtype=torch.int64) if rows else None, extends)
 
     def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
-        if not self._use_kernel:
-            return super().forward(q, k, v, layer_id, scaling, batch)
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
@@ -80,3 +76,43 @@ class CpuBackend(TorchNativeBackend):
         for ext in md.extends:
             attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out)
         return out
+
+
+class CpuBackend(AttentionBackend):
+    """The `cpu` backend: `CpuKernelBackend` where the pool suits the kernel, else an inner
+    TorchNativeBackend; `bind` chooses, and every step goes to the chosen one."""
+
+    def __init__(self, op: Callable) -> None:
+        self._kernel = CpuKernelBackend(op)
+        self._torch = TorchNativeBackend()
+        self._impl: AttentionBackend = self._kernel  # until bind has seen the pool
+
+    @property
+    def name(self) -> str:
+        return self._impl.name  # "cpu", or "torch_native" on a pool the kernel cannot take
+
+    @property
+    def uses_kernel(self) -> bool:
+        return self._impl is self._kernel
+
+    def _choose(self, dtype: torch.dtype, head_dim: int) -> AttentionBackend:
+        return self._kernel if kernel_supports(dtype, head_dim) else self._torch
+
+    def reserved_memory_bytes(
+        self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
+    ) -> int:
+        """0 where the kernel will run (it holds nothing beyond the pool); else torch_native's."""
+        return self._choose(dtype, head_dim).reserved_memory_bytes(
+            max_total_tokens, num_kv_heads, head_dim, num_layers, dtype
+        )
+
+    def bind(self, kv_pool, req_to_token, num_qo_heads: int) -> None:
+        on_cpu = kv_pool.device.type == "cpu"
+        self._impl = self._choose(kv_pool.dtype, kv_pool.head_dim) if on_cpu else self._torch
+        self._impl.bind(kv_pool, req_to_token, num_qo_heads)
+
+    def init_forward_metadata(self, batch: ForwardBatch) -> None:
+        self._impl.init_forward_metadata(batch)
+
+    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
+        return self._impl.forward(q, k, v, layer_id, scaling, batch)

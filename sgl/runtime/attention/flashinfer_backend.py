@@ -54,6 +54,8 @@ class _Plan:
 
 
 class FlashInferBackend(AttentionBackend):
+    name = "flashinfer"
+
     def __init__(self) -> None:
         import flashinfer  # ImportError here: create_attention_backend reports it
 

@@ -72,6 +72,8 @@ class TritonBackend(AttentionBackend):
     program runs in Python and small tiles keep the tests quick.
     """
 
+    name = "triton"
+
     def __init__(
         self, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS, block_m: int | None = None, block_n: int | None = None
     ) -> None:

@@ -1,0 +1,96 @@
+"""Engine options (`EngineConfig`, what the user sets) and what the scheduler runs with
+(`SchedulerConfig`: the same options, by reference, plus the values resolved at start-up)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
+LOAD_FORMATS = ("auto", "dummy")
+
+
+@dataclass
+class EngineConfig:
+    """Engine options. Defaults suit a CPU; CUDA gets bf16 and memory-sized pools."""
+
+    model_path: str = "default"
+    tokenizer_path: str | None = None
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    device: str = "auto"  # auto | cpu | cuda
+    max_total_tokens: int | None = None  # KV pool capacity; default from free memory
+    mem_fraction_static: float | None = None  # share of free memory for the KV pool
+    max_running_requests: int = 256
+    chunked_prefill_size: int | None = 2048  # None or <= 0 disables chunking
+    max_prefill_tokens: int = 16384
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    disable_jump_forward: bool = False  # constrained decoding: emit forced text token by token
+    attention_backend: str = "auto"  # auto | cpu | torch_native | triton | flashinfer
+    context_length: int | None = None
+    random_seed: int | None = None
+    load_format: str = "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)
+    cuda_graph_max_bs: int = 160  # decode steps of up to this many requests replay CUDA graphs
+    disable_cuda_graph: bool = False
+
+    def validate(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens < 16:
+            raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
+        if self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        from sgl.runtime.attention import ATTENTION_BACKENDS
+
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if self.cuda_graph_max_bs < 1:
+            raise ValueError(
+                f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use disable_cuda_graph=True to turn graphs off"
+            )
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, device: torch.device) -> torch.dtype:
+        name = self.dtype if self.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+        return getattr(torch, name)
+
+    @property
+    def chunk_size(self) -> int | None:
+        """The prefill chunk in tokens; None: chunking off."""
+        return self.chunked_prefill_size if self.chunked_prefill_size and self.chunked_prefill_size > 0 else None
+
+
+def cuda_graph_max_bs(cfg: EngineConfig, device: torch.device) -> int:
+    """The largest decode batch replayed from a CUDA graph; 0 turns graphs off (not CUDA, or disabled)."""
+    if device.type != "cuda" or cfg.disable_cuda_graph:
+        return 0
+    return min(cfg.cuda_graph_max_bs, cfg.max_running_requests)
+
+
+@dataclass
+class SchedulerConfig:
+    """What the scheduler thread runs with. `engine` is the user's `EngineConfig` itself (read,
+    never copied field by field); the rest is resolved once the model is loaded."""
+
+    engine: EngineConfig
+    max_total_tokens: int
+    max_context_len: int
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def cuda_graph_max_bs(self) -> int:
+        return cuda_graph_max_bs(self.engine, self.device)

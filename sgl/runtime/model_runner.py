@@ -1,0 +1,151 @@
+"""One forward step: batch -> model (eager, or a replayed CUDA graph) -> logits -> tokens.
+
+This is the seam where the model's execution lives: the attention backend, the CUDA-graph
+runner, the logits and the batched sampler. A compiled or quantized forward plugs in here;
+nothing above it knows how the hidden states were computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from sgl.runtime.attention import ForwardBatch, create_attention_backend, supports_cuda_graph
+from sgl.runtime.config import EngineConfig, cuda_graph_max_bs
+from sgl.runtime.cuda_graph import CudaGraphRunner, DecodeInputs
+from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
+from sgl.runtime.request import Req
+from sgl.runtime.sampling import SamplingBatch, sample
+
+
+@dataclass
+class StepInput:
+    """The flat token list of one step: per request, `extend_len` new tokens on `kv_len` cached."""
+
+    reqs: list[Req]
+    extend_lens: list[int]
+
+
+@dataclass
+class Sampled:
+    token_ids: list[int]  # -1: no token was allowed (constraint dead end)
+    logprobs: list[float] | None  # only when some request asked for logprobs
+    top_logprobs: list[list[tuple[int, float]] | None]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
+        self.model = model
+        self.device = device
+        self.vocab_size = model.config.vocab_size
+        self.attn_backend = create_attention_backend(cfg.attention_backend, str(device), dtype)
+        max_bs = cuda_graph_max_bs(cfg, device)
+        self.graph_max_bs = max_bs if max_bs > 0 and supports_cuda_graph(self.attn_backend) else 0
+        self.graph_runner: CudaGraphRunner | None = None
+        self.cuda_graph_steps = 0
+
+    @property
+    def padding_rows(self) -> int:
+        """Table rows the runner keeps for itself: CUDA graphs pad with a row of zeros."""
+        return 1 if self.graph_max_bs else 0
+
+    def backend_reserved_bytes(self, max_total_tokens: int, dtype: torch.dtype) -> int:
+        """What the attention backend may allocate beyond a pool of this size (memory plan)."""
+        mc = self.model.config
+        return self.attn_backend.reserved_memory_bytes(max_total_tokens, mc.num_key_value_heads, mc.head_dim,
+                                                       mc.num_hidden_layers, dtype)
+
+    def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool) -> None:
+        """Attach the KV memory; captures the CUDA graphs (when used) on it."""
+        self.kv_pool, self.req_to_token = kv_pool, req_to_token
+        self.attn_backend.bind(kv_pool, req_to_token, self.model.config.num_attention_heads)
+        if self.graph_max_bs:
+            padding_row = req_to_token.alloc()  # never freed, never written: stays zeros
+            self.graph_runner = CudaGraphRunner(
+                self.model, self.attn_backend, kv_pool, req_to_token, self.graph_max_bs, padding_row
+            )
+
+    # ------------------------------------------------------------------ forward
+
+    def forward(self, step: StepInput, slots: torch.Tensor) -> torch.Tensor:
+        """Hidden states [T, hidden] of the step's tokens; their K/V is written to `slots`."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        for r, ext in zip(step.reqs, step.extend_lens):
+            if ext == 1 and r.output_ids and r.kv_len == r.seq_len - 1:
+                input_ids.append(r.output_ids[-1])
+            else:
+                input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + ext])
+            positions.extend(range(r.kv_len, r.kv_len + ext))
+        rows = [r.pool_row for r in step.reqs]
+        runner = self.graph_runner
+        if runner is not None and runner.can_run(len(rows)) and all(e == 1 for e in step.extend_lens):
+            self.cuda_graph_steps += 1  # pure decode: replay the captured forward
+            return runner.replay(DecodeInputs(input_ids, positions, slots.tolist(), rows,
+                                              [r.kv_len + 1 for r in step.reqs]))
+        batch = ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
+            out_cache_loc=slots.to(self.device),
+            req_rows=rows,
+            prefix_lens=[r.kv_len for r in step.reqs],
+            extend_lens=list(step.extend_lens),
+            kv_pool=self.kv_pool,
+            req_to_token=self.req_to_token,
+            attn_backend=self.attn_backend,
+            row_epochs=[self.req_to_token.epochs[row] for row in rows],
+        )
+        self.attn_backend.init_forward_metadata(batch)
+        with torch.inference_mode():
+            return self.model(batch.input_ids, batch.positions, batch)
+
+    def logits(self, hidden: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        return self.model.compute_logits(hidden[torch.tensor(list(rows), device=hidden.device)])
+
+    # ------------------------------------------------------------------ tokens
+
+    def sample(self, hidden: torch.Tensor, reqs: list[Req], rows: list[int], eos_token_ids: list[int]) -> Sampled:
+        """One token per request from its row of `hidden`, under its constraint and params."""
+        logits = self.logits(hidden, rows)
+        allowed = self._grammar_mask(reqs, logits.device)
+        sbatch = SamplingBatch.build([r.sampling_params for r in reqs], logits.device, self.vocab_size, eos_token_ids)
+        need_prompt = bool(sbatch.repetition_rows)
+        out = sample(
+            logits,
+            sbatch,
+            output_ids=[r.output_ids for r in reqs],
+            prompt_ids=[r.origin_input_ids for r in reqs] if need_prompt else [[] for _ in reqs],
+            generators=[r.generator for r in reqs],
+            top_logprobs_num=[r.logprobs.top_n if r.logprobs.enabled else 0 for r in reqs],
+            allowed_mask=allowed,
+        )
+        logprobs = out.logprobs.tolist() if any(r.logprobs.enabled for r in reqs) else None
+        return Sampled(out.token_ids.tolist(), logprobs, out.top_logprobs)
+
+    def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
+        """One bool [B, V] mask for the batch from the constrained rows' matchers (None if none)."""
+        if all(r.matcher is None for r in reqs):
+            return None
+        from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
+
+        bits = allocate_bitmask(len(reqs), self.vocab_size)
+        for i, r in enumerate(reqs):
+            if r.matcher is None:
+                bits[i] = -1  # every bit set: unconstrained
+            else:
+                r.matcher.fill_mask(bits[i])
+        return bitmask_to_bool(bits, self.vocab_size).to(device)
+
+    def score(self, hidden: torch.Tensor, rows: list[int], token_ids: list[int],
+              top_n: int) -> tuple[list[float], list[list[float]] | None, list[list[int]] | None]:
+        """Log-probabilities of `token_ids` at `rows` (prompt logprobs), and the top `top_n`."""
+        logp = torch.log_softmax(self.logits(hidden, rows), dim=-1)
+        ids = torch.tensor(token_ids, device=logp.device)
+        chosen = logp.gather(1, ids.unsqueeze(1)).squeeze(1).tolist()
+        top_n = min(top_n, logp.shape[-1])
+        if top_n <= 0:
+            return chosen, None, None
+        vals, idx = logp.topk(top_n, dim=-1)
+        return chosen, vals.tolist(), idx.tolist()

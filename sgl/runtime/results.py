@@ -1,0 +1,138 @@
+"""Caller-side delivery of what the scheduler emits.
+
+The scheduler calls `ResultRouter.deliver` with each `ReqEvent` or `Reply`; the router hands
+it to the sink registered for that request id (or the waiter of that reply id) and tells
+the finish listeners (e.g. server metrics) about every finished request, including those
+whose caller has gone. Sinks are thread-safe queues, so the scheduler thread never runs a
+caller's code beyond putting into them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable, Protocol
+
+from sgl.runtime.messages import FinishReason, ReqEvent, Reply, RequestStats, SchedulerOutput
+
+logger = logging.getLogger(__name__)
+
+
+class ResultSink(Protocol):
+    def put(self, event: ReqEvent) -> None: ...
+
+
+class QueueSink:
+    """Delivers events to a thread blocked on `get`."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[ReqEvent] = queue.Queue()
+
+    def put(self, event: ReqEvent) -> None:
+        self.queue.put(event)
+
+    def get(self, timeout: float | None = None) -> ReqEvent:
+        return self.queue.get(timeout=timeout)
+
+
+class AsyncSink:
+    """Delivers events into an asyncio queue owned by the caller's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[ReqEvent] = asyncio.Queue()
+
+    def put(self, event: ReqEvent) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the caller's loop is gone; nobody is listening
+            pass
+
+    async def get(self) -> ReqEvent:
+        return await self.queue.get()
+
+
+class ResultRouter:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sinks: dict[str, ResultSink] = {}
+        self._replies: dict[str, Future] = {}
+        self._finish_listeners: list[Callable[[ReqEvent], None]] = []
+
+    def register(self, rids: list[str], sink: ResultSink) -> None:
+        with self._lock:
+            for rid in rids:
+                self._sinks[rid] = sink
+
+    def unregister(self, rids: list[str]) -> None:
+        with self._lock:
+            for rid in rids:
+                self._sinks.pop(rid, None)
+
+    def expect_reply(self, reply_id: str) -> Future:
+        fut: Future = Future()
+        with self._lock:
+            self._replies[reply_id] = fut
+        return fut
+
+    def add_finish_listener(self, fn: Callable[[ReqEvent], None]) -> None:
+        with self._lock:
+            self._finish_listeners.append(fn)
+
+    def deliver(self, out: SchedulerOutput) -> None:
+        if isinstance(out, Reply):
+            with self._lock:
+                fut = self._replies.pop(out.reply_id, None)
+            if fut is not None:
+                fut.set_exception(out.error) if out.error is not None else fut.set_result(out.value)
+            return
+        with self._lock:
+            sink = self._sinks.pop(out.rid, None) if out.finished else self._sinks.get(out.rid)
+            listeners = list(self._finish_listeners) if out.finished else []
+        if sink is not None:
+            sink.put(out)
+        for fn in listeners:
+            try:
+                fn(out)
+            except Exception:  # a listener's bug must not reach the scheduler loop
+                logger.exception("finish listener failed")
+
+    def fail_waiters(self, error: BaseException) -> None:
+        """The scheduler is gone: no reply or event will come; wake everyone still waiting."""
+        with self._lock:
+            replies, self._replies = self._replies, {}
+            sinks, self._sinks = self._sinks, {}
+        for fut in replies.values():
+            fut.set_exception(error)
+        for rid, sink in sinks.items():
+            sink.put(ReqEvent(rid, "", [], RequestStats(0, 0, 0, 0.0), FinishReason.abort(str(error)), error))
+
+
+def event_to_dict(event: ReqEvent, index: int | None = None) -> dict[str, Any]:
+    """The public result shape: {"text", "output_ids", "meta_info"} (+ "index" in multi-streams)."""
+    s = event.stats
+    meta: dict[str, Any] = {
+        "id": event.rid,
+        "prompt_tokens": s.prompt_tokens,
+        "completion_tokens": s.completion_tokens,
+        "cached_tokens": s.cached_tokens,
+        "finish_reason": event.finish.to_dict() if event.finish is not None else None,
+        "e2e_latency": s.e2e_latency,
+    }
+    if s.ttft is not None:
+        meta["ttft"] = s.ttft
+    if s.num_retractions:
+        meta["num_retractions"] = s.num_retractions
+    if event.input_token_logprobs is not None:  # the last event of a request that asked for logprobs
+        meta["input_token_logprobs"] = event.input_token_logprobs
+        meta["output_token_logprobs"] = event.output_token_logprobs
+        if event.input_top_logprobs is not None:  # top_logprobs_num > 0
+            meta["input_top_logprobs"] = event.input_top_logprobs
+            meta["output_top_logprobs"] = event.output_top_logprobs
+    out: dict[str, Any] = {"text": event.text, "output_ids": event.output_ids, "meta_info": meta}
+    if index is not None:
+        out["index"] = index
+    return out
