@@ -1,11 +1,12 @@
-"""Constraint text -> compiled Grammar, cached, optionally off the scheduler thread.
+"""Constraint text -> compiled Grammar, cached.
 
 Compiling a JSON schema against a 49k vocabulary takes a few hundred milliseconds,
 which would stall every running request if the scheduler loop did it inline. The
-engine calls :meth:`GrammarCompiler.compile_async` when a request arrives and polls
-the future; identical constraints (the common case: one schema, many requests) hit
-an LRU cache and come back as an already-completed future. Failures are cached too,
-so a client resubmitting a bad schema costs nothing.
+engine calls :meth:`GrammarCompiler.compile` on the caller's thread while it builds the
+request (`async_generate` runs that in a worker thread), so the scheduler only ever
+receives compiled grammars. Identical constraints (the common case: one schema, many
+requests) hit an LRU cache. Failures are cached too, so a client resubmitting a bad
+schema costs nothing. `compile_async` offers the same as a future.
 """
 
 from __future__ import annotations
