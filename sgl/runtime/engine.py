@@ -138,9 +138,9 @@ class _Call:
 class Engine:
     """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens": 8})`.
 
-    `tokenizer` is the callers' copy (the scheduler thread has its own); the engine's own
-    uses of it hold one lock, so concurrent callers are safe through `encode`, `decode`
-    and `render_messages`.
+    `tokenizer` is the callers' copy (the scheduler thread has its own); the engine's uses of
+    its encoder and decoder hold one lock, so concurrent callers are safe through `encode`,
+    `decode` and `render_messages` (which renders the template without the encoder).
     """
 
     def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
@@ -204,9 +204,10 @@ class Engine:
 
     def render_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """A conversation as prompt text, with the model's chat template (see runtime/chat.py)."""
-        msgs = validate_messages(messages)
-        with self._tokenizer_lock:
-            return render_messages(self.tokenizer, msgs, add_generation_prompt)
+        # Rendering is Jinja over the messages (tokenize=False): it reads the tokenizer's
+        # template and special tokens but never its (not thread-safe) Rust encoder, so it
+        # needs no lock, and concurrent requests do not queue behind each other's render.
+        return render_messages(self.tokenizer, validate_messages(messages), add_generation_prompt)
 
     # ------------------------------------------------------------------ request building
 
