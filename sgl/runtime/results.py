@@ -89,9 +89,14 @@ class ResultRouter:
             if fut is not None:
                 fut.set_exception(out.error) if out.error is not None else fut.set_result(out.value)
             return
+        if not out.finished:  # the hot path (a streamed token): one dict read, atomic under the GIL
+            sink = self._sinks.get(out.rid)
+            if sink is not None:
+                sink.put(out)
+            return
         with self._lock:
-            sink = self._sinks.pop(out.rid, None) if out.finished else self._sinks.get(out.rid)
-            listeners = list(self._finish_listeners) if out.finished else []
+            sink = self._sinks.pop(out.rid, None)
+            listeners = list(self._finish_listeners)
         if sink is not None:
             sink.put(out)
         for fn in listeners:
