@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator, Iterator
 import torch
 
 from sgl.runtime.chat import render_messages, validate_messages
-from sgl.runtime.config import EngineConfig
+from sgl.runtime.config import EngineConfig, SchedulerConfig
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.messages import (
     AbortRequest,
@@ -185,8 +185,6 @@ class Engine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         self.eos_token_ids = sorted(eos)
-        from sgl.runtime.config import SchedulerConfig
-
         sched_cfg = SchedulerConfig(cfg, self.memory_plan["max_total_tokens"], self.context_len, self.device,
                                     self.dtype)
         self.scheduler = Scheduler(sched_cfg, runner, copy.deepcopy(self.tokenizer), self.eos_token_ids,
