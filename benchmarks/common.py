@@ -91,9 +91,10 @@ def print_table(title: str, rows: list[tuple], headers: tuple) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
 
 
-def write_result(name: str, data: dict[str, Any]) -> Path:
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def write_result(name: str, data: dict[str, Any], path: Path | None = None) -> Path:
+    """Write ``benchmarks/results/<name>.json`` (or ``path``, e.g. a smoke test's --out)."""
+    path = Path(path) if path is not None else RESULTS_DIR / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     data = {"benchmark": name, "machine": machine_info(), **data}
     path.write_text(json.dumps(data, indent=2))
     print(f"\nwrote {path}")

@@ -7,6 +7,11 @@ request (`async_generate` runs that in a worker thread), so the scheduler only e
 receives compiled grammars. Identical constraints (the common case: one schema, many
 requests) hit an LRU cache. Failures are cached too, so a client resubmitting a bad
 schema costs nothing. `compile_async` offers the same as a future.
+
+Compiling is bounded: the JSON-schema translation has a budget (`json_schema`), and with
+``isolate=True`` (the engine's setting) the regex automaton is built in a child process
+capped in memory and time (`isolation.IndexBuilder`), so no constraint a client sends can
+exhaust the server's memory or stall it.
 """
 
 from __future__ import annotations
@@ -29,8 +34,19 @@ KINDS = ("regex", "json_schema", "json_object", "ebnf")
 class GrammarCompiler:
     """Compiles regex / JSON-schema / EBNF constraints for one vocabulary."""
 
-    def __init__(self, vocab: TokenVocabulary, cache_size: int = 64, max_workers: int = 1) -> None:
+    def __init__(self, vocab: TokenVocabulary, cache_size: int = 64, max_workers: int = 1, *, isolate: bool = False,
+                 compile_timeout_s: float | None = None, compile_memory_bytes: int | None = None) -> None:
         self.vocab = vocab
+        self._builder: Any = None
+        if isolate:
+            from sgl.constrained import isolation
+            from sgl.constrained.regex import index_vocab
+
+            ivocab = index_vocab(vocab)
+            self._builder = isolation.IndexBuilder(
+                ivocab.by_bytes, vocab.vocab_size + 1,
+                timeout_s=compile_timeout_s or isolation.DEFAULT_COMPILE_TIMEOUT_S,
+                memory_bytes=compile_memory_bytes or isolation.DEFAULT_COMPILE_MEMORY_BYTES)
         self.cache_size = max(0, int(cache_size))
         self.max_workers = max(1, int(max_workers))
         self._lock = threading.Lock()
@@ -86,11 +102,13 @@ class GrammarCompiler:
             self._cache.clear()
 
     def shutdown(self, wait: bool = True) -> None:
-        """Stop the worker threads (pending compiles finish when ``wait``)."""
+        """Stop the worker threads (pending compiles finish when ``wait``) and the index builder."""
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=wait)
+        if self._builder is not None:
+            self._builder.close()
 
     # -- internals -------------------------------------------------------------------
 
@@ -152,9 +170,9 @@ class GrammarCompiler:
             if rx is None:
                 raise GrammarError("regex matches no string at all", "regex")
             check_size(rx, "regex", "the regex")
-            return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex")
+            return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex", builder=self._builder)
         from sgl.constrained.json_schema import json_schema_to_rx
 
         rx = json_schema_to_rx(json.loads(normalized))
         check_size(rx, "json_schema", "the JSON schema")
-        return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema")
+        return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema", builder=self._builder)

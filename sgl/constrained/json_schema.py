@@ -19,8 +19,10 @@ Output shape (stricter than JSON, by design)
   ``additionalProperties`` allows them), except for a schema with no
   ``properties`` whose ``additionalProperties`` is a schema: then any string keys map
   to that schema (``minProperties``/``maxProperties`` apply).
-* **Strings** use raw characters plus the short escapes ``\" \\ \/ \b \f \n \r \t``;
-  no ``\uXXXX`` escapes, no raw control characters and no U+007F-U+009F.
+* **Strings** use raw characters plus the short escapes ``\" \\ \/ \b \f \n \r \t``,
+  and, in strings without ``pattern`` or ``format``, ``\uXXXX`` escapes (astral characters
+  as surrogate pairs: ``json.dumps``'s default ASCII spelling); no raw control characters
+  and no U+007F-U+009F.
 * **Numbers**: ``-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?``; integers without
   fraction or exponent; bounded numbers without exponent.
 * **Free-form values** (``{}``, ``true``, an object with no properties, an array
@@ -28,32 +30,39 @@ Output shape (stricter than JSON, by design)
 * **Recursive** ``$ref``\ s expand at most ``max_recursion_depth`` (3) times; deeper
   branches are dropped (so a required recursive field makes the schema an error).
 
-Supported: ``type`` (string or list), ``enum``, ``const``, ``properties``,
-``required``, ``additionalProperties``, ``unevaluatedProperties: false``, ``items``
-(schema, or list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``,
-``maxItems``, ``uniqueItems`` (false, or with ``maxItems <= 1``), ``minLength``,
-``maxLength``, ``pattern`` (Python/ASCII regex syntax, search semantics; not combined
-with the length keywords), ``format`` (date, time, date-time, uuid, ipv4, email),
-``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum`` (any for integers;
-integer-valued for numbers), ``multipleOf: 1`` on integers, ``minProperties`` /
-``maxProperties`` (map-form objects, or when trivially satisfied), ``anyOf``,
-``oneOf`` (when its branches are provably disjoint), ``allOf`` (when its parts
-constrain different keywords), ``$ref`` to ``#...`` with ``$defs``/``definitions``.
-Annotations (``title``, ``description``, ``default``, ``examples``, ``$schema``,
-``$id``, ``$comment``, ``deprecated``, ``readOnly``, ``writeOnly``, ...) are ignored.
+Keywords. Only validation keywords count: every other key (``title``, ``$comment``,
+``x-kubernetes-...``, ``readonly``, a misspelling) is an annotation, which JSON Schema says
+has no effect on validity, so it is ignored; so is a ``format`` the drafts do not define.
+Supported: ``type`` (string or list), ``enum``, ``const``, ``properties``, ``required``,
+``additionalProperties``, ``unevaluatedProperties: false``, ``patternProperties`` (on
+objects without declared properties; keys matching no pattern are not generated; several
+patterns must be provably disjoint), ``propertyNames`` (string keywords),
+``dependentRequired`` and array-form ``dependencies``, ``minProperties`` /
+``maxProperties`` (over the declared properties, or map-form objects), ``items`` (schema, or
+list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``, ``maxItems``,
+``uniqueItems`` (false, or with ``maxItems <= 1``), ``minLength``, ``maxLength``,
+``pattern`` (Python/ASCII regex syntax, search semantics; not combined with the length
+keywords), ``format`` (date, time, date-time, uuid, ipv4, ipv6, email, hostname, uri,
+uri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum`` (any for
+integers; integer-valued for numbers), ``multipleOf: 1`` on integers, ``not`` over
+``type``, ``const`` and ``enum`` (strings, booleans, null), ``anyOf``, ``oneOf`` (when its
+branches are provably disjoint), ``allOf`` (parts constraining different keywords;
+``properties``, ``required`` and ``type`` of several parts merge), ``$ref`` to ``#...``
+with ``$defs``/``definitions``.
 
-Rejected (GrammarError naming the keyword): ``patternProperties``, ``propertyNames``,
-``dependentRequired``, ``dependentSchemas``, ``dependencies``, ``if``/``then``/``else``,
-``not``, ``contains``/``minContains``/``maxContains``, ``multipleOf`` (other than 1 on
-integers), ``uniqueItems: true`` (unless ``maxItems <= 1``), ``unevaluatedItems``,
-non-integer bounds on ``number``, bounds of 1e30 or more, other ``format`` values,
-remote ``$ref``, and any unknown keyword (``nullable`` included: it is OpenAPI, not
-JSON Schema; write ``"type": ["string", "null"]``).
+Rejected (GrammarError naming the keyword): ``dependentSchemas`` and schema-form
+``dependencies``, ``if``/``then``/``else``, ``not`` over other keywords,
+``contains``/``minContains``/``maxContains``, ``multipleOf`` (other than 1 on integers),
+``uniqueItems: true`` (unless ``maxItems <= 1``), ``unevaluatedItems``, non-integer bounds on
+``number``, bounds of 1e30 or more, the drafts' formats not listed above (``regex``,
+``iri``, ``duration``, ...), remote ``$ref``.
 
 Size: recursion, free-form values and leading optional properties multiply the
 automaton (k optional properties before the first required one cost k*k/2 copies of
 their values); the regex module's :data:`~sgl.constrained.regex.MAX_POSITIONS`
-limit applies to the result.
+limit applies to the result. Translation itself is budgeted
+(:data:`MAX_TRANSLATION_CHARS` of regex text, :data:`MAX_CONVERT_CALLS` subschemas), so a
+schema whose references multiply cannot exhaust memory before the size check.
 """
 
 from __future__ import annotations
@@ -95,7 +104,16 @@ def json_char(cs: CharSet) -> Rx | None:
     return rx_alt(*alts)
 
 
-_STR_CHAR = json_char(CharSet.full())
+_HEX_CS = CharSet.of("0123456789abcdefABCDEF")
+_HEX1 = rx_set(_HEX_CS)
+# \uXXXX spells any character, astral ones as a surrogate pair (json.dumps's default ASCII output).
+_U_ESCAPE = rx_alt(
+    rx_cat(rx_lit("\\u"), rx_set(_HEX_CS - CharSet.of("dD")), rx_rep(_HEX1, 3, 3)),
+    rx_cat(rx_lit("\\u"), rx_set(CharSet.of("dD")), rx_set(CharSet.of("01234567")), rx_rep(_HEX1, 2, 2)),
+    rx_cat(rx_lit("\\u"), rx_set(CharSet.of("dD")), rx_set(CharSet.of("89abAB")), rx_rep(_HEX1, 2, 2),
+           rx_lit("\\u"), rx_set(CharSet.of("dD")), rx_set(CharSet.of("cdefCDEF")), rx_rep(_HEX1, 2, 2)),
+)
+_STR_CHAR = rx_alt(json_char(CharSet.full()), _U_ESCAPE)  # one character of an unconstrained string
 _STRING = rx_cat(_QUOTE, rx_rep(_STR_CHAR, 0, None), _QUOTE)
 _UINT = rx_alt(rx_lit("0"), rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None)))
 _INTEGER = rx_cat(rx_rep(rx_lit("-"), 0, 1), _UINT)
@@ -107,39 +125,43 @@ _NULL = rx_lit("null")
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
-_ANNOTATIONS = frozenset(
-    {
-        "title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-        "readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$vocabulary", "contentMediaType",
-        "contentEncoding", "$defs", "definitions",
-    }
-)  # fmt: skip
 _UNSUPPORTED = {
-    "patternProperties": "property-name patterns cannot be enforced by this regex translation",
-    "propertyNames": "property-name constraints are not supported",
-    "dependentRequired": "conditional requirements are not supported",
     "dependentSchemas": "conditional schemas are not supported",
-    "dependencies": "conditional requirements are not supported",
     "if": "conditional schemas (if/then/else) are not supported",
     "then": "conditional schemas (if/then/else) are not supported",
     "else": "conditional schemas (if/then/else) are not supported",
-    "not": "negated schemas are not supported",
     "contains": "array 'contains' constraints are not supported",
     "minContains": "array 'contains' constraints are not supported",
     "maxContains": "array 'contains' constraints are not supported",
     "unevaluatedItems": "unevaluatedItems is not supported",
-    "contentSchema": "contentSchema is not supported",
     "$dynamicRef": "dynamic references are not supported",
     "$recursiveRef": "recursive references ($recursiveRef) are not supported; use $ref",
 }
-_OBJECT_KW = {"properties", "required", "additionalProperties", "unevaluatedProperties", "minProperties", "maxProperties"}
+_OBJECT_KW = {
+    "properties", "required", "additionalProperties", "unevaluatedProperties", "minProperties", "maxProperties",
+    "patternProperties", "propertyNames", "dependentRequired", "dependencies",
+}  # fmt: skip
 _ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
 _STRING_KW = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
-_COMBINATORS = {"anyOf", "oneOf", "allOf", "$ref"}
+_COMBINATORS = {"anyOf", "oneOf", "allOf", "$ref", "not"}
 _SUPPORTED = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | {"type", "enum", "const"}
+_VALIDATION = _SUPPORTED | set(_UNSUPPORTED)  # every validation keyword of drafts 4 to 2020-12
+# The formats the drafts define; any other `format` value is an annotation (no effect).
+_SPEC_FORMATS = frozenset(
+    {
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
+        "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
+        "relative-json-pointer", "regex",
+    }
+)  # fmt: skip
+MAX_TRANSLATION_CHARS = 4_000_000  # regex text built while translating one schema (the compile budget) ...
+MAX_CONVERT_CALLS = 200_000  # ... and subschemas expanded
 # Keywords that read each other inside one schema object: allOf may not split them.
-_COUPLED = ({"properties", "additionalProperties", "unevaluatedProperties"}, {"items", "prefixItems", "additionalItems"})
+_COUPLED = (
+    {"properties", "additionalProperties", "unevaluatedProperties", "patternProperties"},
+    {"items", "prefixItems", "additionalItems"},
+)
 
 
 def load_schema(spec: str | dict | bool) -> dict | bool:
@@ -155,6 +177,20 @@ def load_schema(spec: str | dict | bool) -> dict | bool:
     if not isinstance(schema, (dict, bool)):
         raise GrammarError("json_schema must be a JSON object (or true/false)", PARAM)
     return schema
+
+
+def validation_keywords(schema: dict) -> dict:
+    """The keywords of ``schema`` that constrain instances.
+
+    JSON Schema treats every other keyword as an annotation with no effect on validity
+    (``title``, ``$comment``, ``x-kubernetes-...``, ``readonly``, misspellings), so
+    ignoring it is exactly honouring it. A ``format`` the drafts do not define is an
+    annotation too.
+    """
+    out = {k: v for k, v in schema.items() if k in _VALIDATION}
+    if "format" in out and out["format"] not in _SPEC_FORMATS:
+        del out["format"]
+    return out
 
 
 def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 3) -> str:
@@ -311,9 +347,52 @@ _TIME = _lit_seq(
     rx_rep(_lit_seq(".", rx_rep(_D, 1, 6)), 0, 1),
     rx_alt(rx_lit("Z"), _lit_seq(rx_set(CharSet.of("+-")), _HOUR, ":", _MINSEC)),
 )  # fmt: skip
-_HEX = rx_set(CharSet.of("0123456789abcdefABCDEF"))
+_HEX = _HEX1
 _OCTET = integer_range(0, 255)
+_ALNUM = CharSet([(0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A)])
+_PCT = _lit_seq("%", _HEX1, _HEX1)
+_UNRESERVED_SUB = _ALNUM | CharSet.of("-._~!$&'()*+,;=")  # RFC 3986 unreserved / sub-delims
+_REG_NAME = rx_rep(rx_alt(rx_set(_UNRESERVED_SUB), _PCT), 0, None)
+_PCHAR = rx_alt(rx_set(_UNRESERVED_SUB | CharSet.of(":@")), _PCT)
+_PCHAR_NC = rx_alt(rx_set(_UNRESERVED_SUB | CharSet.of("@")), _PCT)  # no ':' (a relative path's first segment)
+_SEGMENTS = rx_rep(_lit_seq("/", rx_rep(_PCHAR, 0, None)), 0, None)
+_QUERY_FRAG = _lit_seq(
+    rx_rep(_lit_seq("?", rx_rep(rx_alt(_PCHAR, rx_set(CharSet.of("/?"))), 0, None)), 0, 1),
+    rx_rep(_lit_seq("#", rx_rep(rx_alt(_PCHAR, rx_set(CharSet.of("/?"))), 0, None)), 0, 1),
+)
+# Authority without userinfo or IP literals (stricter than RFC 3986, still valid): host[:port].
+_AUTHORITY_PATH = _lit_seq("//", _REG_NAME, rx_rep(_lit_seq(":", rx_rep(_D, 0, None)), 0, 1), _SEGMENTS)
+_ABSOLUTE_PATH = _lit_seq("/", rx_rep(_lit_seq(rx_rep(_PCHAR, 1, None), _SEGMENTS), 0, 1))
+_SCHEME = _lit_seq(rx_set(CharSet([(0x41, 0x5A), (0x61, 0x7A)])), rx_rep(rx_set(_ALNUM | CharSet.of("+-.")), 0, None))
+_URI = _lit_seq(_SCHEME, ":", rx_alt(_AUTHORITY_PATH, _ABSOLUTE_PATH, _lit_seq(rx_rep(_PCHAR, 1, None), _SEGMENTS),
+                                     rx_lit("")), _QUERY_FRAG)
+_RELATIVE_REF = _lit_seq(
+    rx_alt(_AUTHORITY_PATH, _ABSOLUTE_PATH, _lit_seq(rx_rep(_PCHAR_NC, 1, None), _SEGMENTS), rx_lit("")), _QUERY_FRAG
+)
+_LABEL = _lit_seq(rx_set(_ALNUM), rx_rep(_lit_seq(rx_rep(rx_set(_ALNUM | CharSet.of("-")), 0, 61), rx_set(_ALNUM)), 0, 1))
+_HOSTNAME = _lit_seq(_LABEL, rx_rep(_lit_seq(".", _LABEL), 0, 3))  # <= 4 labels of <= 63: under 253 characters
+_H16 = rx_rep(_HEX1, 1, 4)
+
+
+def _ipv6() -> Rx | None:
+    """RFC 4291 text forms without an embedded IPv4 tail: 8 groups, or "::" for a run of zeros."""
+    def groups(n: int) -> Rx | None:  # exactly n >= 1 groups
+        return _lit_seq(_H16, rx_rep(_lit_seq(":", _H16), n - 1, n - 1))
+
+    forms = [groups(8)]
+    for before in range(0, 8):
+        head = rx_lit("") if before == 0 else groups(before)
+        room = 7 - before  # groups after "::" (it stands for at least one)
+        tail = rx_rep(_lit_seq(_H16, rx_rep(_lit_seq(":", _H16), 0, room - 1)), 0, 1) if room else rx_lit("")
+        forms.append(_lit_seq(head, "::", tail))
+    return rx_alt(*forms)
+
+
 _FORMATS: dict[str, Rx | None] = {
+    "uri": _URI,
+    "uri-reference": rx_alt(_URI, _RELATIVE_REF),
+    "hostname": _HOSTNAME,
+    "ipv6": _ipv6(),
     "date": _DATE,
     "time": _TIME,
     "date-time": _lit_seq(_DATE, "T", _TIME),
@@ -365,6 +444,10 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _type_list(t: Any) -> list:
+    return [t] if isinstance(t, str) else list(t) if isinstance(t, list) else []
+
+
 def _has_type(value: Any, t: str) -> bool:
     if t == "null":
         return value is None
@@ -388,6 +471,27 @@ def _free_value(depth: int) -> Rx | None:
         return rx_alt(*scalars)
     inner = _free_value(depth - 1)
     return rx_alt(*scalars, _map_object(inner, 0, None), _array_of([], inner, 0, None))
+
+
+def _string_not_in(values: list[str]) -> Rx | None:
+    """The body of a JSON string whose decoded value is none of ``values`` (a trie, complemented)."""
+    trie: dict = {}
+    for v in values:
+        node = trie
+        for ch in v:
+            node = node.setdefault(ch, {})
+        node[""] = {}  # end marker
+    anything = rx_rep(_STR_CHAR, 0, None)
+
+    def body(node: dict) -> Rx | None:
+        children = [c for c in node if c]
+        others = json_char(CharSet.full() - CharSet.of("".join(children)))
+        # Leaving the trie by a raw character only: a \\u escape could spell a child's character.
+        parts = [rx_lit("") if "" not in node else None, rx_cat(others, anything)]
+        parts += [rx_cat(json_char(CharSet.of(c)), body(node[c])) for c in children]
+        return rx_alt(*parts)
+
+    return body(trie)
 
 
 def _map_object(value: Rx | None, lo: int, hi: int | None) -> Rx | None:
@@ -440,6 +544,8 @@ class _Converter:
         self.root = root
         self.max_depth = max_recursion_depth
         self.ref_stack: list[str] = []
+        self.calls = 0  # subschemas converted, and ...
+        self.chars = 0  # ... regex text produced: both bounded (the compile budget)
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -486,7 +592,11 @@ class _Converter:
     # -- the walk --------------------------------------------------------------------
 
     def convert(self, schema: Any, where: str) -> Rx | None:
-        if schema is True or (isinstance(schema, dict) and not set(schema) - _ANNOTATIONS):
+        if isinstance(schema, dict):
+            schema = validation_keywords(schema)
+            if not schema:
+                schema = True
+        if schema is True:
             return _free_value(FREE_DEPTH)
         if schema is False:
             return None
@@ -495,8 +605,26 @@ class _Converter:
         for key in schema:
             if key in _UNSUPPORTED:
                 raise self.fail(where, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
-            if key not in _SUPPORTED and key not in _ANNOTATIONS:
-                raise self.fail(where, f"unknown keyword '{key}' (it cannot be enforced)")
+        self.calls += 1
+        if self.calls > MAX_CONVERT_CALLS:
+            raise self.too_large(f"more than {MAX_CONVERT_CALLS} subschema expansions")
+        rx = self.convert_checked(schema, where)
+        if rx is not None:
+            self.chars += len(rx.text)
+            if self.chars > MAX_TRANSLATION_CHARS:
+                raise self.too_large(f"more than {MAX_TRANSLATION_CHARS} characters of regex")
+        return rx
+
+    def too_large(self, what: str) -> GrammarError:
+        return GrammarError(
+            f"json_schema is too large to compile: translating it took {what} (the compile budget); "
+            "deep or wide $ref recursion is the usual cause: reduce it, or constrain fewer fields",
+            PARAM,
+        )
+
+    def convert_checked(self, schema: dict, where: str) -> Rx | None:
+        if "not" in schema:
+            return self.convert_not(schema, where)
         if "$ref" in schema:
             return self.convert_ref(schema, where)
         if "allOf" in schema:
@@ -508,8 +636,68 @@ class _Converter:
             return self.convert_enum(schema, where)
         return rx_alt(*(self.convert_type(t, schema, where) for t in self.types(schema, where)))
 
+    def convert_not(self, schema: dict, where: str) -> Rx | None:
+        """``not`` over types, consts and enums: the rest of the schema minus those."""
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        neg = schema["not"]
+        neg = validation_keywords(neg) if isinstance(neg, dict) else neg
+        if neg is False:
+            return self.convert(rest or True, where)
+        if neg is True or neg == {}:
+            return None
+        if not isinstance(neg, dict):
+            raise self.fail(where, "not must be a schema")
+        if set(neg) == {"type"}:
+            excluded = set(self.types(neg, f"{where}/not"))
+            if "number" in excluded:
+                excluded.add("integer")
+            kept = [t for t in self.types(rest, where) if t not in excluded]
+            if "integer" in excluded and "number" in kept:
+                raise self.fail(where, "not: excluding integers from numbers (non-integral numbers only) is not supported")
+            return self.convert({**rest, "type": kept}, where) if kept else None
+        if set(neg) <= {"enum", "const", "type"} and ("enum" in neg or "const" in neg):
+            values = neg["enum"] if "enum" in neg else [neg["const"]]
+            if not isinstance(values, list):
+                raise self.fail(f"{where}/not", "enum must be a list")
+            if "type" in neg:
+                types = self.types(neg, f"{where}/not")
+                values = [v for v in values if any(_has_type(v, t) for t in types)]
+            return self.convert_excluding(rest, values, where)
+        raise self.fail(
+            where, "not is supported over type, const and enum only (e.g. {\"not\": {\"enum\": [\"a\"]}}); "
+            f"this one uses {sorted(neg)}"
+        )
+
+    def convert_excluding(self, schema: dict, values: list, where: str) -> Rx | None:
+        """``schema`` minus a finite set of values: strings, booleans and null can be excluded."""
+        if "enum" in schema or "const" in schema:
+            allowed = schema["enum"] if "enum" in schema else [schema["const"]]
+            if not isinstance(allowed, list):
+                raise self.fail(where, "enum must be a list")
+            kept = [a for a in allowed if not any(_json_equal(a, v) for v in values)]
+            rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
+            return self.convert({**rest, "enum": kept}, where)
+        if any(isinstance(v, (dict, list)) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
+            raise self.fail(where, "not: excluding numbers, objects or arrays is not supported (strings, booleans and "
+                            "null are)")
+        strings = [v for v in values if isinstance(v, str)]
+        parts = []
+        for t in self.types(schema, where):
+            if t == "string" and strings:
+                if set(schema) & _STRING_KW:
+                    raise self.fail(where, "not: excluding strings from a string with pattern/format/length is not "
+                                    "supported")
+                parts.append(rx_cat(_QUOTE, _string_not_in(strings), _QUOTE))
+            elif t == "boolean":
+                parts.append(rx_alt(*(rx_lit(b) for b in ("true", "false") if not any(v is (b == "true") for v in values))))
+            elif t == "null":
+                parts.append(None if None in values else _NULL)
+            else:
+                parts.append(self.convert_type(t, schema, where))
+        return rx_alt(*parts)
+
     def convert_ref(self, schema: dict, where: str) -> Rx | None:
-        if set(schema) - _ANNOTATIONS - {"$ref"}:  # siblings of $ref apply too (2019-09+)
+        if set(schema) - {"$ref"}:  # siblings of $ref apply too (2019-09+)
             return self.convert_merged(schema, where)
         ref = schema["$ref"]
         target, key = self.resolve(ref, where)
@@ -539,7 +727,7 @@ class _Converter:
             return [schema]
         if depth > 32:
             raise self.fail(where, "allOf/$ref nesting is too deep (a reference cycle?)")
-        own = {k: v for k, v in schema.items() if k not in ("allOf", "$ref") and k not in _ANNOTATIONS}
+        own = {k: v for k, v in validation_keywords(schema).items() if k not in ("allOf", "$ref")}
         out: list[Any] = [own] if own else []
         if "$ref" in schema:
             target, key = self.resolve(schema["$ref"], where)
@@ -557,7 +745,7 @@ class _Converter:
         """A conjunction (allOf, or $ref with siblings) as one schema, when its parts
         constrain different keywords (equal values and `required` lists also merge)."""
         merged: dict[str, Any] = {}
-        origin: dict[str, int] = {}
+        origin: dict[str, set[int]] = {}
         for i, part in enumerate(self.conjuncts(schema, where, refs)):
             if part is True:
                 continue
@@ -569,9 +757,24 @@ class _Converter:
                 if k in _UNSUPPORTED:
                     raise self.fail(where, f"keyword '{k}' is not supported: {_UNSUPPORTED[k]}")
                 if k not in merged:
-                    merged[k], origin[k] = v, i
-                elif k == "required" and isinstance(v, list) and isinstance(merged[k], list):
+                    merged[k], origin[k] = v, {i}
+                    continue
+                origin[k].add(i)
+                if k == "required" and isinstance(v, list) and isinstance(merged[k], list):
                     merged[k] = list(dict.fromkeys(merged[k] + v))
+                elif k == "properties" and isinstance(v, dict) and isinstance(merged[k], dict):
+                    # Both apply to a present property: one map, shared names as allOf.
+                    both = dict(merged[k])
+                    for name, sub in v.items():
+                        both[name] = {"allOf": [both[name], sub]} if name in both and both[name] != sub else sub
+                    merged[k] = both
+                elif k == "type":
+                    kept = [t for t in _type_list(merged[k]) if t in _type_list(v)
+                            or (t == "integer" and "number" in _type_list(v))]
+                    kept += [t for t in _type_list(v) if t == "integer" and "number" in _type_list(merged[k])]
+                    if not kept:
+                        return False
+                    merged[k] = list(dict.fromkeys(kept))
                 elif merged[k] != v:
                     raise self.fail(
                         where,
@@ -579,9 +782,10 @@ class _Converter:
                         "constrain different keywords can be combined",
                     )
         for group in _COUPLED:
-            if len({origin[k] for k in group if k in origin}) > 1:
+            present = group & set(origin)
+            if len(present) > 1 and len(set().union(*(origin[k] for k in present))) > 1:
                 raise self.fail(
-                    where, f"allOf: keywords {sorted(group & set(origin))} come from different parts and interact"
+                    where, f"allOf: keywords {sorted(present)} come from different parts and interact"
                 )
         return merged
 
@@ -589,7 +793,7 @@ class _Converter:
         branches = schema[comb]
         if not isinstance(branches, list) or not branches:
             raise self.fail(where, f"{comb} must be a non-empty list of schemas")
-        siblings = {k: v for k, v in schema.items() if k != comb and k not in _ANNOTATIONS}
+        siblings = {k: v for k, v in schema.items() if k != comb}
         if siblings:
             # Distribute the siblings into each branch (A and (B or C) = (A and B) or (A and C)).
             branches = [{"allOf": [siblings, b]} for b in branches]  # type: ignore[list-item]
@@ -628,7 +832,7 @@ class _Converter:
                 values = [v for v in values if _json_equal(v, schema["const"])]
         else:
             values = [schema["const"]]
-        extra = [k for k in schema if k not in _ANNOTATIONS and k not in ("enum", "const", "type")]
+        extra = [k for k in schema if k not in ("enum", "const", "type")]
         if extra:
             raise self.fail(where, f"{extra[0]} together with enum/const is not supported; list only valid values")
         if "type" in schema:
@@ -769,53 +973,153 @@ class _Converter:
             raise self.fail(where, "unevaluatedProperties with a schema is not supported (true/false are)")
         lo = self.count(schema, "minProperties", where) or 0
         hi = self.count(schema, "maxProperties", where)
+        patterns = schema.get("patternProperties") or {}
+        if not isinstance(patterns, dict):
+            raise self.fail(where, "patternProperties must be an object of pattern -> schema")
+        key_schema = schema.get("propertyNames", True)
+        deps = self.dependencies(schema, where)
         names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
-        if not names and extra is not False and unevaluated is not False:
-            # No declared properties: a map of string keys to the additionalProperties schema.
-            value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else _free_value(FREE_DEPTH - 1)
-            return _map_object(value, lo, hi)
+        if key_schema is not True and names:
+            names = [n for n in names if self.name_allowed(n, key_schema, where)]
+            if set(required) - set(names):
+                return None  # a required name that propertyNames forbids
+        if not names:
+            if extra is False or unevaluated is False:
+                extra = False
+            return self.convert_map(patterns, extra, key_schema, deps, lo, hi, where)
+        if patterns:
+            raise self.fail(where, "patternProperties together with properties/required is not supported; "
+                            "declare the properties, or use patternProperties alone")
         req = set(required)
-        if lo > len(req & set(names)) and lo > 0:
-            if lo > len(names):
-                raise self.fail(where, "minProperties exceeds the number of properties that may be generated")
-            raise self.fail(where, "minProperties larger than the number of required properties is not supported")
-        if hi is not None and hi < len(names):
-            raise self.fail(where, "maxProperties smaller than the number of declared properties is not supported")
         closed = extra is False or unevaluated is False
-        members: list[tuple[Rx | None, bool]] = []
+        members: list[tuple[str, Rx, bool]] = []
         for name in names:
             if name not in props and closed:
                 return None  # required, but additional properties are forbidden
             sub = props.get(name, extra)
             value = self.convert(sub, f"{where}/properties/{name}")
-            member = None if value is None else rx_cat(rx_lit(json.dumps(name, ensure_ascii=False)), _COLON, value)
-            if member is None and name in req:
-                return None
-            if member is not None:
-                members.append((member, name in req))
-        return rx_cat(rx_lit("{"), _members(members), rx_lit("}"))
+            if value is None:
+                if name in req:
+                    return None
+                continue
+            members.append((name, rx_cat(rx_lit(json.dumps(name, ensure_ascii=False)), _COLON, value), name in req))
+        if hi is not None and hi < len(req):
+            return None
+        if lo > len(members):
+            raise self.fail(where, "minProperties exceeds the number of properties that may be generated "
+                            "(only declared properties are generated)")
+        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps), rx_lit("}"))
+
+    def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
+                    where: str) -> Rx | None:
+        """An object without declared properties: keys from patternProperties (or any key
+        propertyNames allows), values from their schemas."""
+        if deps:
+            raise self.fail(where, "dependentRequired/dependencies on an object without declared properties is not "
+                            "supported; declare the properties")
+        if key_schema is False:
+            return rx_lit("{}") if lo == 0 else None
+        if patterns:
+            if key_schema is not True:
+                raise self.fail(where, "patternProperties together with propertyNames is not supported")
+            keys = [(self.pattern_key(p, f"{where}/patternProperties"), sub) for p, sub in patterns.items()]
+            if len(keys) > 1:
+                self.check_disjoint([k for k, _ in keys if k is not None], f"{where}/patternProperties")
+            # Keys matching no pattern fall to additionalProperties: not generated (stricter, still valid).
+            member = rx_alt(*(rx_cat(k, _COLON, self.convert(sub, f"{where}/patternProperties/{i}"))
+                              for i, (k, sub) in enumerate(keys)))
+            return _array_like("{", "}", [], member, lo, hi)
+        if extra is False:
+            return rx_lit("{}") if lo == 0 else None
+        key = _STRING if key_schema is True else self.convert_key(key_schema, where)
+        value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else _free_value(FREE_DEPTH - 1)
+        return _array_like("{", "}", [], rx_cat(key, _COLON, value), lo, hi)
+
+    def pattern_key(self, pattern: str, where: str) -> Rx | None:
+        return self.convert_string({"pattern": pattern}, where)
+
+    def convert_key(self, key_schema: Any, where: str) -> Rx | None:
+        """propertyNames as the regex of a quoted key (a string schema)."""
+        ks = validation_keywords(key_schema) if isinstance(key_schema, dict) else key_schema
+        if not isinstance(ks, dict) or set(ks) - (_STRING_KW | {"type", "enum", "const"}):
+            raise self.fail(where, "propertyNames is supported with string keywords (pattern, minLength, maxLength, "
+                            "format, enum, const) only")
+        if "type" in ks and "string" not in _type_list(ks["type"]):
+            return None  # keys are strings: no key satisfies it
+        return self.convert({**ks, "type": "string"}, f"{where}/propertyNames")
+
+    def name_allowed(self, name: str, key_schema: Any, where: str) -> bool:
+        """Does a declared property name satisfy propertyNames? (decided on the regex)"""
+        if key_schema is False:
+            return False
+        key = self.convert_key(key_schema, where)
+        if key is None:
+            return False
+        import re
+
+        return re.fullmatch(key.text, json.dumps(name, ensure_ascii=False)) is not None
+
+    def dependencies(self, schema: dict, where: str) -> dict[str, list[str]]:
+        """dependentRequired, and the array form of draft 4-7 dependencies: name -> names it requires."""
+        out: dict[str, list[str]] = {}
+        for key in ("dependentRequired", "dependencies"):
+            spec = schema.get(key)
+            if spec is None:
+                continue
+            if not isinstance(spec, dict):
+                raise self.fail(where, f"{key} must be an object")
+            for name, needs in spec.items():
+                if isinstance(needs, dict) or isinstance(needs, bool):
+                    if needs is True or needs == {}:
+                        continue
+                    raise self.fail(where, f"{key}: schema dependencies ({name!r} -> a schema) are not supported; "
+                                    "list required property names instead")
+                if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+                    raise self.fail(where, f"{key}[{name!r}] must be a list of property names")
+                out[name] = list(dict.fromkeys(out.get(name, []) + [n for n in needs if n != name]))
+        return {k: v for k, v in out.items() if v}
 
 
-def _members(members: list[tuple[Rx | None, bool]]) -> Rx | None:
-    """Members in order, optional ones skippable, commas only between written members."""
+MAX_DEPENDENT_NAMES = 10  # properties in dependentRequired: the member automaton tracks which were written
+
+
+def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = None,
+             deps: dict[str, list[str]] | None = None) -> Rx | None:
+    """Members in order, optional ones skippable, commas only between written members;
+    between ``lo`` and ``hi`` of them written, and each written name of ``deps`` with
+    the names it requires written too."""
+    deps = deps or {}
+    relevant = sorted({n for k, v in deps.items() for n in [k, *v]} & {m[0] for m in members})
+    if len(relevant) > MAX_DEPENDENT_NAMES:
+        raise GrammarError(f"json_schema: dependentRequired involves {len(relevant)} properties; at most "
+                           f"{MAX_DEPENDENT_NAMES} are supported", PARAM)
     n = len(members)
-    memo: dict[tuple[int, bool], Rx | None] = {}
+    cap = max(lo, hi or 0)  # counts past this are all alike
+    memo: dict[tuple, Rx | None] = {}
 
-    def build(i: int, first: bool) -> Rx | None:
-        key = (i, first)
+    def done(count: int, written: frozenset) -> Rx | None:
+        if count < lo or any(k in written and not set(v) <= written for k, v in deps.items()):
+            return None
+        return rx_lit("")
+
+    def build(i: int, first: bool, count: int, written: frozenset) -> Rx | None:
+        key = (i, first, count, written)
         if key in memo:
             return memo[key]
         if i == n:
-            out: Rx | None = rx_lit("")
-        elif first:  # nothing written yet: member i starts the list, or is skipped
-            member, is_required = members[i]
-            written = rx_cat(member, build(i + 1, False))
-            out = written if is_required else rx_alt(written, build(i + 1, True))
-        else:  # the tail is shared, so the regex stays quadratic, not exponential
-            member, is_required = members[i]
-            head = rx_cat(_SEP, member)
-            out = rx_cat(head if is_required else rx_rep(head, 0, 1), build(i + 1, False))
+            out = done(count, written)
+        else:
+            name, member, is_required = members[i]
+            take: Rx | None = None
+            if hi is None or count < hi:
+                w = written | {name} if name in relevant else written
+                take = rx_cat(rx_lit("") if first else _SEP, member, build(i + 1, False, min(count + 1, cap), w))
+            skip = None if is_required else build(i + 1, first, count, written)
+            if not first and take is not None and skip is not None and take.text == rx_cat(_SEP, member, skip).text:
+                out = rx_cat(rx_rep(rx_cat(_SEP, member), 0, 1), skip)  # the tail is shared: quadratic, not exponential
+            else:
+                out = rx_alt(take, skip)
         memo[key] = out
         return out
 
-    return build(0, True)
+    return build(0, True, 0, frozenset())

@@ -55,6 +55,7 @@ from sgl.constrained.errors import GrammarError
 from sgl.constrained.jump_forward import ByteJumpForward, single_byte_tokens, split_complete_utf8
 
 if TYPE_CHECKING:
+    from sgl.constrained.isolation import IndexBuilder
     from sgl.constrained.vocab import TokenVocabulary
 
 try:  # Python >= 3.11
@@ -513,6 +514,7 @@ _DONE = -1  # automaton state after EOS
 @dataclass(frozen=True)
 class _IndexVocab:
     vocabulary: object  # outlines_core.Vocabulary
+    by_bytes: dict[bytes, list[int]]  # what it was built from (an isolated builder rebuilds it)
     mark_id: int  # private id of the start marker (>= vocab_size: never in a mask)
     byte_tokens: dict[int, int]  # byte -> id of a token that is exactly that byte
     orphan_tokens: dict[int, list[int]]  # first byte -> tokens, for bytes without a single-byte token
@@ -522,7 +524,7 @@ _IVOCAB_CACHE: "weakref.WeakKeyDictionary[TokenVocabulary, _IndexVocab]" = weakr
 _IVOCAB_LOCK = threading.Lock()
 
 
-def _index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
+def index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
     """outlines-core's Vocabulary for ``vocab`` (built once per vocabulary)."""
     with _IVOCAB_LOCK:
         hit = _IVOCAB_CACHE.get(vocab)
@@ -539,7 +541,7 @@ def _index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
         by_bytes.setdefault(_MARK, []).append(mark_id)
         singles, orphans = single_byte_tokens(texts)
         # outlines wants an EOS id of its own; give it a private one it never reports to us.
-        ivocab = _IndexVocab(Vocabulary(vocab.vocab_size + 1, by_bytes), mark_id, singles, orphans)
+        ivocab = _IndexVocab(Vocabulary(vocab.vocab_size + 1, by_bytes), by_bytes, mark_id, singles, orphans)
         _IVOCAB_CACHE[vocab] = ivocab
         return ivocab
 
@@ -547,17 +549,23 @@ def _index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
 class RegexGrammar:
     """A regex compiled against one vocabulary: immutable, shared by all its requests."""
 
-    def __init__(self, kind: str, spec: str, regex: str, vocab: "TokenVocabulary", *, param: str = "regex") -> None:
+    def __init__(self, kind: str, spec: str, regex: str, vocab: "TokenVocabulary", *, param: str = "regex",
+                 builder: "IndexBuilder | None" = None) -> None:
+        """``builder``: build the index in its capped child process (the engine's choice);
+        None builds it here, unbounded (tests, trusted constraints)."""
         from outlines_core import Index
 
         self.kind = kind
         self.spec = spec
         self.regex = regex  # canonical form (what the automata were built from)
         self.vocab = vocab
-        ivocab = _index_vocab(vocab)
+        ivocab = index_vocab(vocab)
         self._ivocab = ivocab
+        pattern = f"\\x02(?:{regex})\\z"
         try:
-            self._index = Index(f"\\x02(?:{regex})\\z", ivocab.vocabulary)
+            self._index = builder.build(pattern, param) if builder is not None else Index(pattern, ivocab.vocabulary)
+        except GrammarError:
+            raise
         except ValueError as exc:
             msg = str(exc)
             if "incompatible" in msg:

@@ -27,6 +27,9 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding: emit forced text token by token
+    # Compiling a constraint runs in a child process under these limits (a 400 past them).
+    constraint_compile_timeout: float = 30.0  # seconds
+    constraint_compile_memory_gb: float = 4.0
     attention_backend: str = "auto"  # auto | cpu | torch_native | triton | flashinfer
     context_length: int | None = None
     random_seed: int | None = None
@@ -53,6 +56,10 @@ class EngineConfig:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        if not self.constraint_compile_timeout > 0:
+            raise ValueError(f"constraint_compile_timeout must be > 0 seconds, got {self.constraint_compile_timeout}")
+        if not self.constraint_compile_memory_gb >= 0.5:
+            raise ValueError(f"constraint_compile_memory_gb must be >= 0.5, got {self.constraint_compile_memory_gb}")
         if self.cuda_graph_max_bs < 1:
             raise ValueError(
                 f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use disable_cuda_graph=True to turn graphs off"

@@ -256,7 +256,10 @@ class Engine:
                 with self._tokenizer_lock:
                     vocab = TokenVocabulary.from_tokenizer(
                         self.tokenizer, vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
-                self._grammar_compiler = GrammarCompiler(vocab)
+                cfg = self.config
+                self._grammar_compiler = GrammarCompiler(
+                    vocab, isolate=True, compile_timeout_s=cfg.constraint_compile_timeout,
+                    compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30))
             return self._grammar_compiler
 
     # ------------------------------------------------------------------ generate
@@ -445,6 +448,8 @@ class Engine:
             self._send(Shutdown())
             self.scheduler.join(timeout=30)
             self._router.fail_waiters(RuntimeError("the engine is shut down"))
+            if self._grammar_compiler is not None:
+                self._grammar_compiler.shutdown(wait=False)
 
     def __enter__(self) -> "Engine":
         return self

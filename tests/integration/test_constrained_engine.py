@@ -170,7 +170,7 @@ def test_n_samples_and_stop_strings_with_constraints(engines):
     [
         ({"regex": "(unclosed"}, "regex"),
         ({"json_schema": "{not json"}, "json_schema"),
-        ({"json_schema": {"type": "object", "patternProperties": {"a": {}}}}, "json_schema"),
+        ({"json_schema": {"type": "array", "contains": {"type": "integer"}}}, "json_schema"),
         ({"ebnf": "root ::= missing_rule"}, "ebnf"),
         ({"regex": "a", "json_schema": {"type": "string"}}, None),
     ],
@@ -182,6 +182,18 @@ def test_bad_constraints_rejected_at_submit(engines, params, param):
     if param:
         assert e.value.param == param
     assert engine.generate("Hi", {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_constraint_over_the_compile_limit_is_a_bad_request_and_the_engine_serves_on():
+    with sgl.Engine(model_path="default", max_total_tokens=2000, constraint_compile_timeout=1.0) as engine:
+        with pytest.raises(sgl.InvalidRequestError, match="compile time limit") as e:
+            engine.generate("x", {"regex": "(a|b)*a(a|b){24}", "max_new_tokens": 4})
+        assert e.value.param == "regex"
+        out = engine.generate("Pick:", {"regex": "(yes|no)", "max_new_tokens": 4, "temperature": 0})
+        assert out["text"] in ("yes", "no")
+        assert engine.flush_cache()
+        info = engine.get_server_info()
+        assert info["available_kv_tokens"] == info["max_total_tokens"]
 
 
 def test_no_kv_leak_after_constrained_requests(engines):

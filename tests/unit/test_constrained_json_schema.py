@@ -315,7 +315,12 @@ def test_string_escapes_and_lengths() -> None:
     assert not _matches(schema, "a")
     assert not _matches(schema, "abcd")
     rx = json_schema_to_regex({"type": "string"})
-    assert not re.fullmatch(rx, '"\x01"') and not re.fullmatch(rx, '"\\u0041"')  # documented: no \u, no controls
+    assert not re.fullmatch(rx, '"\x01"')  # documented: no raw control characters
+    # json.dumps's default (ASCII) spelling: \uXXXX escapes, astral characters as surrogate pairs, each one character
+    for text in ("é中😀", "\x01a", "aé"):
+        assert re.fullmatch(json_schema_to_regex(schema), json.dumps(text)) is not None
+    assert not re.fullmatch(json_schema_to_regex(schema), json.dumps("é中😀a"))  # 4 characters
+    assert not re.fullmatch(rx, '"\\ud800"') and not re.fullmatch(rx, '"\\udc00\\ud800"')  # lone surrogates
 
 
 def test_pattern_is_search_and_json_escaped() -> None:
@@ -374,8 +379,14 @@ def test_combinators() -> None:
     assert _matches(tagged, {"kind": "b", "y": "q"})
     merged = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]}
     assert _matches(merged, {"a": 1}) and not _matches(merged, {})
-    with pytest.raises(GrammarError, match="allOf"):
+    with pytest.raises(GrammarError, match="no value can satisfy"):  # the types intersect to nothing
         json_schema_to_regex({"allOf": [{"type": "string"}, {"type": "integer"}]})
+    narrowed = {"allOf": [{"type": ["object", "null"]}, {"type": "object"}]}
+    assert _matches(narrowed, {}) and not _matches(narrowed, None)
+    assert _matches({"allOf": [{"type": "number"}, {"type": "integer"}]}, 3)
+    assert not _matches({"allOf": [{"type": "number"}, {"type": "integer"}]}, 3.5)
+    two_maps = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"a": {"minimum": 2}, "b": {}}}]}
+    assert _matches(two_maps, {"a": 2, "b": 1}) and not _matches(two_maps, {"a": 1})
     with pytest.raises(GrammarError, match="interact"):
         json_schema_to_regex({"allOf": [{"properties": {"a": {}}}, {"additionalProperties": False}]})
     distributed = {"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}, {"maxProperties": 5}]}
@@ -431,21 +442,20 @@ def test_formats_validate(fmt: str) -> None:
 @pytest.mark.parametrize(
     "schema,keyword",
     [
-        ({"type": "object", "patternProperties": {"^x": {}}}, "patternProperties"),
-        ({"type": "object", "propertyNames": {"maxLength": 3}}, "propertyNames"),
+        ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}, "patternProperties"),
+        ({"type": "object", "propertyNames": {"anyOf": [{"pattern": "a"}]}}, "propertyNames"),
         ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
-        ({"not": {"type": "string"}}, "not"),
+        ({"not": {"type": "string", "pattern": "a"}}, "not"),
+        ({"type": "number", "not": {"const": 3}}, "not"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
         ({"type": "number", "minimum": 0.5}, "minimum"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
-        ({"type": "string", "format": "hostname"}, "hostname"),
-        ({"type": "string", "frobnicate": 1}, "frobnicate"),
-        ({"type": "object", "properties": {"a": {"type": "string", "minLenght": 2}}}, "minLenght"),
+        ({"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}}, "dependencies"),
+        ({"type": "string", "format": "regex"}, "regex"),
         ({"type": "object", "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties"),
-        ({"type": "object", "properties": {"a": {}}, "maxProperties": 0}, "maxProperties"),
-        ({"type": "object", "properties": {"a": {}}, "minProperties": 1}, "minProperties"),
+        ({"type": "object", "properties": {"a": {}}, "minProperties": 2}, "minProperties"),
         ({"type": "strin"}, "strin"),
     ],
 )
@@ -464,6 +474,11 @@ def test_bad_json_and_annotations() -> None:
     annotated = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "x", "title": "T", "description": "d",
                  "examples": [1], "default": 1, "$comment": "c", "deprecated": False, "type": "integer"}  # fmt: skip
     assert _matches(annotated, 5)
+    # Unknown keywords are annotations (JSON Schema: no effect on validity), misspellings included.
+    unknown = {"type": "object", "properties": {"a": {"type": "string", "minLenght": 2, "x-kubernetes-kind": "k"}},
+               "readonly": True, "id": "urn:x", "links": [{"rel": "self"}]}  # fmt: skip
+    assert _matches(unknown, {"a": "q"}) and not _matches(unknown, {"a": 1})
+    assert _matches({"type": "string", "format": "chickenbutt"}, "anything")  # not a format of the drafts
     # A schema given as text compiles to the same (cached) grammar as the dict
     comp = make_compiler("byte_level")
     assert comp.compile("json_schema", json.dumps(PERSON)) is comp.compile("json_schema", PERSON)
@@ -484,3 +499,96 @@ def test_forced_keys_after_brace() -> None:
     assert m.forced_text() == ""  # more digits or "}"
     assert m.accept_text("}")
     assert m.is_done() and allowed_set(m, vocab) == set(vocab.eos_token_ids)
+
+
+# ---------------------------------------------------------------------------
+# Keywords of real-world schemas: patternProperties, propertyNames, dependentRequired,
+# min/maxProperties over declared properties, not, and the uri/hostname/ipv6 formats
+# ---------------------------------------------------------------------------
+
+
+def _hostname_ok(s: str) -> bool:  # RFC 1123, the reference for `format: hostname`
+    labels = s.split(".")
+    return len(s) <= 253 and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", lab) for lab in labels)
+
+
+def _uri_ok(s: str, reference: bool) -> bool:  # RFC 3986 appendix B split + character rules
+    m = re.fullmatch(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(//[^/?#]*)?([^?#]*)(\?[^#]*)?(#.*)?", s)
+    allowed = r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?#%\[\]]*"
+    if not m or not re.fullmatch(allowed, s) or re.search(r"%(?![0-9A-Fa-f]{2})", s):
+        return False
+    if m.group(1) is None and not reference:
+        return False
+    if m.group(2) and not re.fullmatch(r"//([^@]*@)?[^:]*(:[0-9]*)?", m.group(2)):
+        return False
+    return not (m.group(1) is None and ":" in m.group(3).split("/")[0])  # a relative path's first segment has no ':'
+
+
+EXTRA_CHECKS = {"hostname": _hostname_ok, "uri": lambda s: _uri_ok(s, False), "uri-reference": lambda s: _uri_ok(s, True)}
+
+KEYWORD_CASES = [  # (schema, must accept, must reject)
+    ({"type": "object", "patternProperties": {"^x_[a-z]+$": {"type": "integer"}}, "additionalProperties": False},
+     [{"x_ab": 1}, {}, {"x_a": 1, "x_b": 2}], [{"x_ab": "s"}, {"y": 1}, {"x_": 1}]),
+    ({"type": "object", "patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}}, "maxProperties": 2},
+     [{"a1": 1, "b": "s"}], [{"a": "s"}, {"a": 1, "b": "s", "a2": 3}]),
+    ({"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "additionalProperties": {"type": "boolean"}},
+     [{"abc": True}, {}], [{"abcd": True}, {"A": True}, {"ab": 1}]),
+    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
+      "dependentRequired": {"a": ["b"]}}, [{"b": 1}, {"a": 1, "b": 2}, {}], [{"a": 1}, {"a": 1, "c": 2}]),
+    ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"c": ["a"]}},
+     [{"a": 1, "c": 2}, {"b": 1}], [{"b": 1, "c": 2}]),
+    ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2, "maxProperties": 2},
+     [{"a": 1, "c": 2}, {"b": 1, "c": 2}], [{"a": 1}, {"a": 1, "b": 2, "c": 3}, {}]),
+    ({"not": {"type": "string"}}, [1, None, {"a": 1}, [True]], ["s"]),
+    ({"type": "string", "not": {"enum": ["red", "green"]}}, ["blue", "re", "redd", "", "gree"], ["red", "green"]),
+    ({"enum": ["a", "b", "c"], "not": {"const": "b"}}, ["a", "c"], ["b"]),
+    ({"type": ["boolean", "null"], "not": {"const": True}}, [False, None], [True]),
+    ({"type": "string", "format": "ipv6"}, ["::1", "fe80::1", "1:2:3:4:5:6:7:8", "::"],
+     ["1:2:3:4:5:6:7:8:9", "::g", "1.2.3.4", "1:::2"]),
+    ({"type": "string", "format": "hostname"}, ["example.com", "a-b.c", "x"], ["-a.com", "a..b", "a_b", ""]),
+    ({"type": "string", "format": "uri"}, ["https://example.com/a?b=1#f", "urn:isbn:0451450523", "mailto:x@y.z"],
+     ["example.com", "/relative", "http://a b", "1http://x"]),
+    ({"type": "string", "format": "uri-reference"}, ["/relative/path?q", "../x", "https://a.b", ""],
+     ["a b", "%zz", "a:b:c d"]),
+]
+
+
+def _oracle_valid(schema: dict, inst) -> bool:
+    if not jsonschema.Draft202012Validator(schema, format_checker=FORMATS).is_valid(inst):
+        return False
+    check = EXTRA_CHECKS.get(schema.get("format", ""))
+    return check is None or check(inst)
+
+
+@pytest.mark.parametrize("schema,accept,reject", KEYWORD_CASES)
+def test_real_world_keywords_exact_on_examples(schema: dict, accept: list, reject: list) -> None:
+    for inst in accept:
+        assert _oracle_valid(schema, inst), inst  # the case list itself is right
+        assert _matches(schema, inst), inst
+    for inst in reject:
+        assert not _matches(schema, inst), inst
+
+
+@pytest.mark.parametrize("schema,accept,reject", KEYWORD_CASES)
+def test_real_world_keywords_samples_validate(schema: dict, accept: list, reject: list) -> None:
+    for inst in sample_instances(schema, "byte_level", 12):
+        assert _oracle_valid(schema, inst), inst
+
+
+def test_string_exclusion_covers_escaped_spellings() -> None:
+    rx = json_schema_to_regex({"type": "string", "not": {"enum": ["red", "a/b"]}})
+    for spelled in ['"red"', '"r\\u0065d"', '"\\u0072ed"', '"a\\/b"', '"a/b"']:
+        assert re.fullmatch(rx, spelled) is None, spelled
+    assert re.fullmatch(rx, '"réd"') and re.fullmatch(rx, '"a\\\\b"') and re.fullmatch(rx, '"reé\\u00e9"')
+    # Stricter, by design: a value may leave the excluded words' trie by a raw character only.
+    assert re.fullmatch(rx, '"r\\u00e9d"') is None
+
+
+def test_translation_budget_refuses_exponential_schemas() -> None:
+    # Each level references the previous one four times: 4**12 expansions if inlined.
+    defs = {"d0": {"type": "integer"}}
+    for i in range(1, 13):
+        defs[f"d{i}"] = {"type": "object", "properties": {k: {"$ref": f"#/$defs/d{i - 1}"} for k in "abcd"}}
+    with pytest.raises(GrammarError, match="too large") as info:
+        json_schema_to_regex({"$defs": defs, "$ref": "#/$defs/d12"})
+    assert info.value.param == "json_schema"

@@ -1,0 +1,60 @@
+"""Constraint compilation is bounded: the automaton is built in a child process capped in
+memory and time; past a limit the request gets a GrammarError naming it, and the compiler
+keeps working."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_constrained_support import allowed_set, make_vocab
+
+from sgl.constrained import GrammarCompiler, GrammarError
+
+EXPLOSIVE = "(a|b)*a(a|b){24}"  # its DFA has 2**25 states
+
+
+@pytest.fixture(scope="module")
+def vocab():
+    return make_vocab("byte_level")
+
+
+def test_isolated_masks_equal_in_process_masks(vocab) -> None:
+    isolated = GrammarCompiler(vocab, isolate=True)
+    local = GrammarCompiler(vocab)
+    rng = random.Random(0)
+    try:
+        for pattern in ("[a-z]+@[a-z]+\\.(com|org)", "(ab|cd){2,4}x?", "[0-9]{1,3}(\\.[0-9]{1,3}){3}"):
+            a, b = isolated.compile("regex", pattern).matcher(), local.compile("regex", pattern).matcher()
+            for _ in range(12):
+                allowed = allowed_set(a, vocab)
+                assert allowed == allowed_set(b, vocab)
+                choices = sorted(t for t in allowed if t not in vocab.eos_token_ids)
+                if not choices:
+                    break
+                tid = rng.choice(choices)
+                assert a.accept(tid) and b.accept(tid)
+    finally:
+        isolated.shutdown()
+
+
+def test_time_limit_gives_a_grammar_error_and_the_compiler_recovers(vocab) -> None:
+    comp = GrammarCompiler(vocab, isolate=True, compile_timeout_s=1.0)
+    try:
+        with pytest.raises(GrammarError, match="longer than 1 s") as info:
+            comp.compile("regex", EXPLOSIVE)
+        assert info.value.param == "regex"
+        assert comp.compile("regex", "x[0-9]{3}").matcher().accept_text("x123")  # a fresh child
+    finally:
+        comp.shutdown()
+
+
+def test_memory_limit_gives_a_grammar_error_and_the_compiler_recovers(vocab) -> None:
+    comp = GrammarCompiler(vocab, isolate=True, compile_timeout_s=600, compile_memory_bytes=300 << 20)
+    try:
+        with pytest.raises(GrammarError, match="compile memory limit") as info:
+            comp.compile("json_schema", {"type": "string", "pattern": f"^{EXPLOSIVE}$"})
+        assert info.value.param == "json_schema"
+        assert comp.compile("regex", "y+").matcher().accept_text("yy")
+    finally:
+        comp.shutdown()
