@@ -49,7 +49,7 @@ class SglEngine:
         from sgl.constrained import GrammarCompiler, TokenVocabulary, allocate_bitmask
 
         self.vocab = TokenVocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size)
-        self.compiler = GrammarCompiler(self.vocab, cache_size=0)
+        self.compiler = GrammarCompiler(self.vocab, cache_size=0, isolate=True)  # as the engine compiles
         self.row = allocate_bitmask(1, vocab_size)[0]
         self.eos = self.vocab.eos_token_ids[0]
 

@@ -22,13 +22,16 @@ from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from sgl.constrained.errors import GrammarError
+from sgl.constrained.errors import ConstraintTooLarge, GrammarError
 from sgl.constrained.matcher import Grammar
 from sgl.constrained.vocab import TokenVocabulary
 
 __all__ = ["GrammarCompiler", "KINDS"]
 
 KINDS = ("regex", "json_schema", "json_object", "ebnf")
+# A JSON schema's regex automaton gets this long to build before the grammar route is taken
+# (with an isolated builder; in process there is no limit).
+REGEX_ROUTE_TIMEOUT_S = 1.0
 
 
 class GrammarCompiler:
@@ -171,8 +174,33 @@ class GrammarCompiler:
                 raise GrammarError("regex matches no string at all", "regex")
             check_size(rx, "regex", "the regex")
             return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex", builder=self._builder)
-        from sgl.constrained.json_schema import json_schema_to_rx
+        return self._build_json_schema(normalized)
 
-        rx = json_schema_to_rx(json.loads(normalized))
-        check_size(rx, "json_schema", "the JSON schema")
-        return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema", builder=self._builder)
+    def _build_json_schema(self, normalized: str) -> Grammar:
+        """The regex route (precomputed masks: the fastest to decode) when its automaton is
+        small; else the grammar route (rules, masks computed lazily: compiles in
+        milliseconds whatever the schema's size)."""
+        from sgl.constrained.json_schema import json_schema_to_rx
+        from sgl.constrained.regex import RegexGrammar, check_size
+
+        schema = json.loads(normalized)
+        try:
+            rx = json_schema_to_rx(schema)
+            check_size(rx, "json_schema", "the JSON schema")
+            return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema",
+                                builder=self._builder, build_timeout_s=REGEX_ROUTE_TIMEOUT_S)
+        except ConstraintTooLarge as too_large:
+            try:
+                return self._json_schema_grammar(schema, normalized)
+            except GrammarError as exc:
+                raise GrammarError(f"{too_large.message}; as a grammar: {exc.message}", "json_schema") from None
+
+    def _json_schema_grammar(self, schema: Any, normalized: str) -> Grammar:
+        from sgl.constrained import ebnf
+        from sgl.constrained.json_schema import json_schema_to_rules
+
+        rules = json_schema_to_rules(schema)
+        try:
+            return ebnf.EbnfGrammar(normalized, self.vocab, rules=rules, kind="json_schema")
+        except GrammarError as exc:
+            raise GrammarError(exc.message.replace("EBNF grammar: 'root'", "the schema"), "json_schema") from None

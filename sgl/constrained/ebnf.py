@@ -97,10 +97,13 @@ class EbnfGrammar:
 
     kind = "ebnf"
 
-    def __init__(self, spec: str, vocab: "TokenVocabulary") -> None:
+    def __init__(self, spec: str, vocab: "TokenVocabulary", rules: dict | None = None, kind: str = "ebnf") -> None:
+        """``rules``: an already built AST (e.g. a JSON schema's, with ``kind`` "json_schema")
+        instead of parsing ``spec``."""
         self.spec = spec
+        self.kind = kind
         self.vocab = vocab
-        self._net = build_network(parse_grammar(spec))
+        self._net = build_network(rules if rules is not None else parse_grammar(spec))
         self._byte_class, self._class_rep = byte_classes(self._net)
         self._trie = vocab_trie(vocab)
         self._node_class = self._byte_class[self._trie.byte]
@@ -149,8 +152,9 @@ class EbnfMatcher:
 
     # -- the contract ----------------------------------------------------------------
 
-    def fill_mask(self, row: "torch.Tensor") -> None:
-        """Set the bit of every allowed token id in `row` (int32 words, zeroed by the caller)."""
+    def fill_mask(self, row: "torch.Tensor", budget: int | None = None) -> None:
+        """Set the bit of every allowed token id in `row` (int32 words, zeroed by the caller).
+        ``budget`` is not used: grammars do not yet know their distances to acceptance."""
         import torch
 
         with self._g._lock:

@@ -8,7 +8,7 @@ as far as the scheduler loop. Subclassing ValueError keeps it inside the project
 
 from __future__ import annotations
 
-__all__ = ["GrammarError"]
+__all__ = ["GrammarError", "ConstraintTooLarge"]
 
 
 class GrammarError(ValueError):
@@ -25,3 +25,8 @@ class GrammarError(ValueError):
 
     def __reduce__(self):  # keep ``param`` across pickling (process pools, futures)
         return (type(self), (self.message, self.param))
+
+
+class ConstraintTooLarge(GrammarError):
+    """A constraint past a size, time or memory limit of one compilation route (the regex
+    automaton); the compiler may try another route (a grammar) before giving up."""

@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import Any
 
-from sgl.constrained.errors import GrammarError
+from sgl.constrained.errors import ConstraintTooLarge
 
 __all__ = ["IndexBuilder", "DEFAULT_COMPILE_TIMEOUT_S", "DEFAULT_COMPILE_MEMORY_BYTES"]
 
@@ -81,18 +81,20 @@ class IndexBuilder:
         self._lock = threading.Lock()
         self._proc: Any = None  # the child (subprocess.Popen), started on first use
 
-    def build(self, pattern: str, param: str) -> Any:
-        """The index of ``pattern``; GrammarError (naming ``param``) when a limit is hit.
-        ValueError: outlines-core refused the pattern (the caller words that error)."""
+    def build(self, pattern: str, param: str, timeout_s: float | None = None) -> Any:
+        """The index of ``pattern``; ConstraintTooLarge (naming ``param``) when a limit is
+        hit (``timeout_s`` may lower the time limit). ValueError: outlines-core refused the
+        pattern (the caller words that error)."""
+        limit = self.timeout_s if timeout_s is None else min(timeout_s, self.timeout_s)
         with self._lock:
             self._ensure_started()
             try:
                 self._send(pattern)
-                reply = self._recv(self.timeout_s)
+                reply = self._recv(limit)
             except TimeoutError:
                 self._stop()
-                raise GrammarError(
-                    f"{param}: compiling the constraint took longer than {self.timeout_s:g} s (the compile time "
+                raise ConstraintTooLarge(
+                    f"{param}: compiling the constraint took longer than {limit:g} s (the compile time "
                     "limit); its automaton is too large: simplify it (fewer nested repetitions or alternatives)", param
                 ) from None
             except _ChildGone:  # the child died: the allocator aborted it for memory
@@ -111,8 +113,8 @@ class IndexBuilder:
 
     # -- internals -------------------------------------------------------------------
 
-    def _memory_error(self, param: str, what: str) -> GrammarError:
-        return GrammarError(
+    def _memory_error(self, param: str, what: str) -> ConstraintTooLarge:
+        return ConstraintTooLarge(
             f"{param}: compiling the constraint needs more than {self.memory_bytes / 2**30:.3g} GB (the compile memory "
             f"limit; {what}); its automaton is too large: simplify it (fewer nested repetitions or alternatives)", param)
 

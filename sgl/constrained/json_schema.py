@@ -71,17 +71,17 @@ import json
 import math
 from typing import Any
 
-from sgl.constrained.errors import GrammarError
-from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_rep, rx_set, translate_regex
+from sgl.constrained.errors import ConstraintTooLarge, GrammarError
+from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_ref, rx_rep, rx_set, translate_regex
 
-__all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rx", "load_schema"]
+__all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rules", "json_schema_to_rx", "load_schema"]
 
 PARAM = "json_schema"
-WS = "[ ]?"  # the only whitespace: after ':' and ','
+WS = " ?"  # the only whitespace: after ':' and ','
 FREE_DEPTH = 2  # container nesting allowed in free-form values
 _ONEOF_PROOF_LIMIT = 400  # positions; interegular is pure Python
 
-_WS = Rx(WS, size=1)
+_WS = rx_rep(rx_lit(" "), 0, 1)  # WS
 _SEP = rx_cat(rx_lit(","), _WS)
 _COLON = rx_cat(rx_lit(":"), _WS)
 _DIGIT = rx_set(CharSet([(0x30, 0x39)]))
@@ -209,6 +209,61 @@ def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3) 
             PARAM,
         )
     return rx
+
+
+_VALUE_RULE = "json_value"  # grammar mode: any JSON value, in our spelling
+
+
+def json_schema_to_rules(spec: str | dict | bool, *, max_recursion_depth: int = 3) -> dict:
+    """The schema as EBNF rules (``ebnf_parse.RuleDef`` by name, ``root`` first): the
+    route for schemas whose regex is too large. ``$ref`` targets become rules, so
+    recursion needs no expansion and repeated references cost one copy; free values are
+    the recursive JSON rule (no depth limit). Same keywords, same output shape."""
+    from sgl.constrained import ebnf_parse as ast
+
+    schema = load_schema(spec)
+    conv = _Converter(schema, max_recursion_depth, grammar=True)
+    rx = conv.convert(schema, "#")
+    if rx is None:
+        raise GrammarError("json_schema: no value can satisfy this schema", PARAM)
+    bodies: dict[str, Rx | None] = {"root": rx, **conv.rules}
+    if any(r is not None and _mentions(r.node, _VALUE_RULE) for r in bodies.values()):
+        bodies.update(_value_rules())
+    rules = {}
+    for name, body in bodies.items():
+        # A rule with no member (a contradiction, or a recursion cut) can never finish: the
+        # network trims it, and what needs it.
+        node = body.node if body is not None else ast.Seq((ast.Lit("x"), ast.Ref(name, 0, 0)))
+        rules[name] = ast.RuleDef(name, node, 0, 0)
+    return rules
+
+
+def _mentions(node: Any, name: str) -> bool:
+    from sgl.constrained import ebnf_parse as ast
+
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Ref):
+            if n.name == name:
+                return True
+        elif isinstance(n, ast.Seq):
+            stack.extend(n.items)
+        elif isinstance(n, ast.Alt):
+            stack.extend(n.options)
+        elif isinstance(n, ast.Repeat):
+            stack.append(n.item)
+    return False
+
+
+def _value_rules() -> dict[str, Rx | None]:
+    value = rx_ref(_VALUE_RULE)
+    member = rx_cat(_STRING, _COLON, value)
+    return {
+        _VALUE_RULE: rx_alt(_STRING, _NUMBER, _BOOLEAN, _NULL, rx_ref("json_object"), rx_ref("json_array")),
+        "json_object": _array_like("{", "}", [], member, 0, None),
+        "json_array": _array_like("[", "]", [], value, 0, None),
+    }
 
 
 # ---------------------------------------------------------------------------
@@ -540,10 +595,15 @@ def _array_like(open_: str, close: str, prefix: list[Rx | None], rest: Rx | None
 
 
 class _Converter:
-    def __init__(self, root: dict | bool, max_recursion_depth: int) -> None:
+    def __init__(self, root: dict | bool, max_recursion_depth: int, grammar: bool = False) -> None:
         self.root = root
         self.max_depth = max_recursion_depth
         self.ref_stack: list[str] = []
+        # Grammar mode: a $ref is a rule (recursion without expansion) and a free value the
+        # recursive JSON rule; the result's `node` is then read, not its regex `text`.
+        self.grammar = grammar
+        self.rule_of: dict[str, str] = {}  # $ref -> rule name
+        self.rules: dict[str, Rx | None] = {}
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
 
@@ -597,7 +657,7 @@ class _Converter:
             if not schema:
                 schema = True
         if schema is True:
-            return _free_value(FREE_DEPTH)
+            return self.free(FREE_DEPTH)
         if schema is False:
             return None
         if not isinstance(schema, dict):
@@ -616,7 +676,7 @@ class _Converter:
         return rx
 
     def too_large(self, what: str) -> GrammarError:
-        return GrammarError(
+        return ConstraintTooLarge(
             f"json_schema is too large to compile: translating it took {what} (the compile budget); "
             "deep or wide $ref recursion is the usual cause: reduce it, or constrain fewer fields",
             PARAM,
@@ -696,11 +756,24 @@ class _Converter:
                 parts.append(self.convert_type(t, schema, where))
         return rx_alt(*parts)
 
+    def free(self, depth: int) -> Rx | None:
+        """Any JSON value (``depth`` containers deep; unbounded in grammar mode)."""
+        if self.grammar:
+            return rx_ref(_VALUE_RULE)
+        return _free_value(depth)
+
     def convert_ref(self, schema: dict, where: str) -> Rx | None:
         if set(schema) - {"$ref"}:  # siblings of $ref apply too (2019-09+)
             return self.convert_merged(schema, where)
         ref = schema["$ref"]
         target, key = self.resolve(ref, where)
+        if self.grammar:
+            name = self.rule_of.get(key)
+            if name is None:
+                name = self.rule_of[key] = f"ref{len(self.rule_of)}"
+                self.rules[name] = None  # a reference back to it while it is built is recursion
+                self.rules[name] = self.convert(target, f"{where} -> {ref}")
+            return rx_ref(name)
         if self.ref_stack.count(key) >= self.max_depth:
             return None  # recursion cut: this branch is dropped
         self.ref_stack.append(key)
@@ -806,6 +879,9 @@ class _Converter:
         """oneOf = anyOf only if no value matches two branches; prove it on the automata."""
         if len(rxs) < 2:
             return
+        if any(r.ref for r in rxs):
+            raise self.fail(where, "oneOf: its branches use recursive references and cannot be proven exclusive; "
+                            "use anyOf if overlaps are fine")
         if sum(r.size for r in rxs) > _ONEOF_PROOF_LIMIT:
             raise self.fail(where, "oneOf: its branches are too large to prove exclusive; use anyOf if overlaps are fine")
         try:
@@ -955,7 +1031,7 @@ class _Converter:
                 prefix, rest = prefix[:i], False
                 break
         if rest is True:
-            rest_rx = _free_value(FREE_DEPTH - 1)
+            rest_rx = self.free(FREE_DEPTH - 1)
         else:
             rest_rx = None if rest is False else self.convert(rest, f"{where}/items")
         return _array_of(prefix, rest_rx, lo, hi)
@@ -1032,7 +1108,7 @@ class _Converter:
         if extra is False:
             return rx_lit("{}") if lo == 0 else None
         key = _STRING if key_schema is True else self.convert_key(key_schema, where)
-        value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else _free_value(FREE_DEPTH - 1)
+        value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else self.free(FREE_DEPTH - 1)
         return _array_like("{", "}", [], rx_cat(key, _COLON, value), lo, hi)
 
     def pattern_key(self, pattern: str, where: str) -> Rx | None:

@@ -47,6 +47,7 @@ class ByteJumpForward:
         # state -> (byte, next state) when exactly one byte may follow, else None
         self._succ: dict[int, tuple[int, int] | None] = {}
         self._forced: dict[int, bytes] = {}
+        self.distance: dict[int, int] = {}  # state -> fewest bytes to acceptance (explore fills it)
 
     def _outs(self, state: int) -> list[tuple[int, int]]:
         nxt = self._next
@@ -69,21 +70,38 @@ class ByteJumpForward:
         return single
 
     def explore(self, start: int) -> set[int]:
-        """Visit every state reachable from ``start`` and precompute its successor.
+        """Visit every state reachable from ``start``, precompute its successor and its
+        distance to acceptance (:attr:`distance`).
 
         Returns the states; run at compile time so the scheduler never pays.
         """
         seen = {start}
         stack = [start]
+        preds: dict[int, list[int]] = {}
         while stack:
             state = stack.pop()
             outs = self._outs(state)
             self._successor(state, outs)
             for _, n in outs:
+                preds.setdefault(n, []).append(state)
                 if n not in seen:
                     seen.add(n)
                     stack.append(n)
+        self.distance = _distances([s for s in seen if self._is_final(s)], preds)
         return seen
+
+    def shortest_completion(self, state: int) -> tuple[bytes, int] | None:
+        """The shortest bytes from ``state`` to an accepting state, and that state (None:
+        no completion by single-byte tokens). Follows :attr:`distance` down by one each byte."""
+        d = self.distance.get(state)
+        if d is None:
+            return None
+        out = bytearray()
+        while d > 0:
+            b, state = next((b, n) for b, n in self._outs(state) if self.distance.get(n) == d - 1)
+            out.append(b)
+            d -= 1
+        return bytes(out), state
 
     def forced_bytes(self, state: int) -> bytes:
         """The forced byte chain from ``state`` (possibly ending inside a character)."""
@@ -110,6 +128,23 @@ class ByteJumpForward:
     def forced_text(self, state: int) -> str:
         """The forced string from ``state``, whole characters only."""
         return split_complete_utf8(self.forced_bytes(state))[0]
+
+
+def _distances(finals: list[int], preds: dict[int, list[int]]) -> dict[int, int]:
+    """Fewest bytes from each state to an accepting one (a BFS backwards from the accepting
+    states); states that reach one only through bytes without a single-byte token are absent.
+    With a single-byte token for every such byte, it bounds the tokens a completion needs."""
+    dist = {s: 0 for s in finals}
+    frontier = list(finals)
+    while frontier:
+        nxt = []
+        for s in frontier:
+            for p in preds.get(s, ()):
+                if p not in dist:
+                    dist[p] = dist[s] + 1
+                    nxt.append(p)
+        frontier = nxt
+    return dist
 
 
 def single_byte_tokens(token_bytes: Iterable[tuple[int, bytes]]) -> tuple[dict[int, int], dict[int, list[int]]]:

@@ -25,11 +25,14 @@ __all__ = ["Grammar", "Matcher", "allocate_bitmask", "bitmask_to_bool", "apply_b
 class Matcher(Protocol):
     """Per-request constraint state."""
 
-    def fill_mask(self, row: torch.Tensor) -> None:
+    def fill_mask(self, row: torch.Tensor, budget: int | None = None) -> None:
         """Set bit (id % 32) of word (id // 32) of ``row`` for every allowed id.
 
         ``row`` is zeroed by the caller. EOS ids are allowed exactly in accepting
-        states; tokens without bytes (specials) never are.
+        states; tokens without bytes (specials) never are. ``budget`` (tokens left,
+        this one included): a matcher that knows its distances to acceptance allows
+        only tokens after which a complete member still fits, when one does; others
+        may ignore it.
         """
 
     def accept(self, token_id: int) -> bool:

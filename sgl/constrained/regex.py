@@ -42,16 +42,18 @@ that says so, instead of taking seconds and gigabytes.
 
 from __future__ import annotations
 
+import functools
 import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
 
-from sgl.constrained.errors import GrammarError
+from sgl.constrained import ebnf_parse as _ast
+from sgl.constrained.errors import ConstraintTooLarge, GrammarError
 from sgl.constrained.jump_forward import ByteJumpForward, single_byte_tokens, split_complete_utf8
 
 if TYPE_CHECKING:
@@ -77,6 +79,7 @@ __all__ = [
     "rx_alt",
     "rx_cat",
     "rx_lit",
+    "rx_ref",
     "rx_rep",
     "rx_set",
 ]
@@ -198,9 +201,16 @@ class Rx:
     atom: bool = False
     alt: bool = False
     size: int = 0  # character positions on the longest path, bounded repeats unrolled
+    node: Any = None  # the same language as an EBNF AST expression (``ebnf_parse``), for grammars
+    ref: bool = False  # contains a rule reference: grammar-only, ``text`` is not a usable regex
 
 
-EMPTY = Rx("")  # matches only ""
+EMPTY = Rx("", node=_ast.Lit(""))  # matches only ""
+
+
+def rx_ref(name: str) -> Rx:
+    """A reference to grammar rule ``name`` (grammars only: no regex can say it)."""
+    return Rx(f"\x00{name}\x00", atom=True, node=_ast.Ref(name, 0, 0), ref=True)
 
 
 def _escape_char(c: str) -> str:
@@ -222,7 +232,7 @@ def rx_lit(s: str) -> Rx:
     """A literal string."""
     if not s:
         return EMPTY
-    return Rx("".join(_escape_char(c) for c in s), atom=len(s) == 1, size=len(s))
+    return Rx("".join(_escape_char(c) for c in s), atom=len(s) == 1, size=len(s), node=_ast.Lit(s))
 
 
 _RESERVED = CharSet.of("\x02")  # the start marker (see the module docstring)
@@ -257,10 +267,11 @@ def rx_set(cs: CharSet) -> Rx | None:
                 parts.append(f"{a}-{_escape_char(chr(hi))}")
         return "".join(parts)
 
+    node = _ast.CharSet(cs.ranges)
     comp = cs.complement()
     if comp and len(comp.ranges) < len(cs.ranges):
-        return Rx(f"[^{body(comp.ranges)}]", atom=True, size=1)
-    return Rx(f"[{body(cs.ranges)}]", atom=True, size=1)
+        return Rx(f"[^{body(comp.ranges)}]", atom=True, size=1, node=node)
+    return Rx(f"[{body(cs.ranges)}]", atom=True, size=1, node=node)
 
 
 def rx_cat(*parts: Rx | None) -> Rx | None:
@@ -272,7 +283,8 @@ def rx_cat(*parts: Rx | None) -> Rx | None:
         return EMPTY
     if len(real) == 1:
         return real[0]
-    return Rx("".join(f"(?:{p.text})" if p.alt else p.text for p in real), size=sum(p.size for p in real))
+    return Rx("".join(f"(?:{p.text})" if p.alt else p.text for p in real), size=sum(p.size for p in real),
+              node=_ast.Seq(tuple(p.node for p in real)), ref=any(p.ref for p in real))
 
 
 def rx_alt(*parts: Rx | None) -> Rx | None:
@@ -291,7 +303,8 @@ def rx_alt(*parts: Rx | None) -> Rx | None:
     if len(seen) == 1:
         body = next(iter(seen.values()))
     else:
-        body = Rx("|".join(seen), alt=True, size=max(p.size for p in seen.values()))
+        body = Rx("|".join(seen), alt=True, size=max(p.size for p in seen.values()),
+                  node=_ast.Alt(tuple(p.node for p in seen.values())), ref=any(p.ref for p in seen.values()))
     if has_empty:
         return rx_rep(body, 0, 1)
     return body
@@ -320,7 +333,8 @@ def rx_rep(p: Rx | None, lo: int, hi: int | None) -> Rx | None:
         q = f"{{{lo}}}"
     else:
         q = f"{{{lo},{hi}}}"
-    return Rx(g + q, atom=False, size=p.size * (max(lo, 1) if hi is None else hi))
+    return Rx(g + q, atom=False, size=p.size * (max(lo, 1) if hi is None else hi), node=_ast.Repeat(p.node, lo, hi),
+              ref=p.ref)
 
 
 # ---------------------------------------------------------------------------
@@ -499,7 +513,7 @@ EAGER_MASK_STATES = 4096  # grammars up to this many states get all masks at com
 def check_size(rx: Rx, param: str, what: str) -> None:
     """Reject constraints whose automaton would be too big to build quickly."""
     if rx.size > MAX_POSITIONS:
-        raise GrammarError(
+        raise ConstraintTooLarge(
             f"{what} is too large to compile: {rx.size} character positions on its longest path after "
             f"expanding bounded repetitions (the limit is {MAX_POSITIONS}); lower the repetition bounds "
             "(maxLength, maxItems, {m,n})",
@@ -511,13 +525,23 @@ _MARK = b"\x02"  # start marker fed through a private token id (see the module d
 _DONE = -1  # automaton state after EOS
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _IndexVocab:
+    """outlines-core's view of a vocabulary, with the facts jump-forward and budgets use."""
+
     vocabulary: object  # outlines_core.Vocabulary
     by_bytes: dict[bytes, list[int]]  # what it was built from (an isolated builder rebuilds it)
     mark_id: int  # private id of the start marker (>= vocab_size: never in a mask)
     byte_tokens: dict[int, int]  # byte -> id of a token that is exactly that byte
     orphan_tokens: dict[int, list[int]]  # first byte -> tokens, for bytes without a single-byte token
+
+    @property
+    def token_set(self) -> set[bytes]:
+        return self.by_bytes.keys()  # type: ignore[return-value]
+
+    @functools.cached_property
+    def max_token_len(self) -> int:
+        return max((len(b) for b in self.by_bytes), default=1)
 
 
 _IVOCAB_CACHE: "weakref.WeakKeyDictionary[TokenVocabulary, _IndexVocab]" = weakref.WeakKeyDictionary()
@@ -550,9 +574,10 @@ class RegexGrammar:
     """A regex compiled against one vocabulary: immutable, shared by all its requests."""
 
     def __init__(self, kind: str, spec: str, regex: str, vocab: "TokenVocabulary", *, param: str = "regex",
-                 builder: "IndexBuilder | None" = None) -> None:
-        """``builder``: build the index in its capped child process (the engine's choice);
-        None builds it here, unbounded (tests, trusted constraints)."""
+                 builder: "IndexBuilder | None" = None, build_timeout_s: float | None = None) -> None:
+        """``builder``: build the index in its capped child process (the engine's choice;
+        ``build_timeout_s`` lowers its time limit); None builds it here, unbounded (tests,
+        trusted constraints)."""
         from outlines_core import Index
 
         self.kind = kind
@@ -563,7 +588,10 @@ class RegexGrammar:
         self._ivocab = ivocab
         pattern = f"\\x02(?:{regex})\\z"
         try:
-            self._index = builder.build(pattern, param) if builder is not None else Index(pattern, ivocab.vocabulary)
+            if builder is not None:
+                self._index = builder.build(pattern, param, timeout_s=build_timeout_s)
+            else:
+                self._index = Index(pattern, ivocab.vocabulary)
         except GrammarError:
             raise
         except ValueError as exc:
@@ -593,6 +621,10 @@ class RegexGrammar:
         # every state a request can be in.
         self._states = frozenset(self.jump.explore(self._start))
         self.num_states = len(self._states)
+        dist = self.jump.distance
+        self._need_max = max(dist.values(), default=0) + 1  # tokens a completion can need, at most
+        self._budget_masks: dict[tuple[int, int], torch.Tensor | None] = {}
+        self._needs: dict[int, float] = {}
         if self.num_states <= EAGER_MASK_STATES:
             self.warm()  # ~0.1 ms a state, here in the compiler's thread rather than mid-decode
 
@@ -617,6 +649,48 @@ class RegexGrammar:
             self._mask(state)
         return self._has_text[state]
 
+    def _need(self, state: int) -> float:
+        """Tokens that finish the text from ``state``, at most: the shortest completing
+        bytes covered greedily by the longest vocabulary tokens (each one a valid step,
+        being a piece of a valid text), then EOS unless the match is then complete."""
+        hit = self._needs.get(state)
+        if hit is not None:
+            return hit
+        path = self.jump.shortest_completion(state)
+        if path is None:
+            need = float("inf")
+        else:
+            data, final = path
+            need = _cover(data, self._ivocab.token_set, self._ivocab.max_token_len) + (1 if self._can_continue(final) else 0)
+        self._needs[state] = need
+        return need
+
+    def budget_mask(self, state: int, remaining: int) -> torch.Tensor | None:
+        """The mask of tokens after which a completion still fits in ``remaining - 1``
+        tokens; None when every allowed token does, or when none does (no completion
+        fits at all: the plain mask applies and the output may be cut)."""
+        if remaining - 1 >= self._need_max:
+            return None
+        key = (state, remaining)
+        if key in self._budget_masks:
+            return self._budget_masks[key]
+        ids = np.asarray(self._index.get_allowed_tokens(state), dtype=np.int64)
+        ids = ids[ids < self.vocab.vocab_size]
+        nxt = self._index.get_next_state
+        keep = [t for t in ids.tolist() if self._need(nxt(state, t)) <= remaining - 1]
+        out: torch.Tensor | None = None
+        if keep or state in self._finals:
+            bits = np.zeros(self._num_words * 32, dtype=bool)
+            bits[np.asarray(keep, dtype=np.int64)] = True
+            if state in self._finals:
+                bits[self._eos_list] = True
+            packed = torch.from_numpy(_pack(bits))
+            out = None if torch.equal(packed, self._mask(state)) else packed
+        if len(self._budget_masks) >= 8192:
+            self._budget_masks.clear()
+        self._budget_masks[key] = out
+        return out
+
     def warm(self) -> None:
         """Compute every state's mask now (e.g. in a worker thread) instead of on first use."""
         for state in self._states:
@@ -627,6 +701,20 @@ class RegexGrammar:
 
     def __repr__(self) -> str:
         return f"RegexGrammar(kind={self.kind!r}, regex={self.regex[:60]!r})"
+
+
+def _cover(data: bytes, tokens: "set[bytes] | frozenset[bytes]", longest: int) -> int:
+    """Tokens in a greedy longest-match cover of ``data`` (bytes without any token: inf)."""
+    i, n = 0, 0
+    while i < len(data):
+        for k in range(min(longest, len(data) - i), 0, -1):
+            if data[i : i + k] in tokens:
+                i += k
+                n += 1
+                break
+        else:
+            return float("inf")  # type: ignore[return-value]
+    return n
 
 
 def _pack(bits: np.ndarray) -> np.ndarray:
@@ -648,10 +736,16 @@ class RegexMatcher:
 
     # -- the contract -----------------------------------------------------------------
 
-    def fill_mask(self, row: torch.Tensor) -> None:
-        """OR the allowed-token bits into ``row`` (int32 words, zeroed by the caller)."""
+    def fill_mask(self, row: torch.Tensor, budget: int | None = None) -> None:
+        """OR the allowed-token bits into ``row`` (int32 words, zeroed by the caller).
+        ``budget``: tokens left to generate, this one included; only tokens after which a
+        complete match still fits are allowed (when one fits at all)."""
         state = self._hist[-1][0]
-        src = self._g._eos_mask if state == _DONE else self._g._mask(state)
+        src = self._g._eos_mask if state == _DONE else None
+        if src is None and budget is not None:
+            src = self._g.budget_mask(state, budget)
+        if src is None:
+            src = self._g._eos_mask if state == _DONE else self._g._mask(state)
         if row.device != src.device:
             src = src.to(row.device, non_blocking=True)
         row.bitwise_or_(src)

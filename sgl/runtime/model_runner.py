@@ -135,7 +135,8 @@ class ModelRunner:
             if r.matcher is None:
                 bits[i] = -1  # every bit set: unconstrained
             else:
-                r.matcher.fill_mask(bits[i])
+                sp = r.sampling_params  # budget: the tokens left, this one included
+                r.matcher.fill_mask(bits[i], sp.max_new_tokens - len(r.output_ids) if sp.budget_aware else None)
         return bitmask_to_bool(bits, self.vocab_size).to(device)
 
     def score(self, hidden: torch.Tensor, rows: list[int], token_ids: list[int],

@@ -98,6 +98,9 @@ class SamplingParams:
     json_schema: str | dict | None = None
     ebnf: str | None = None
     json_object: bool = False  # reserved for constrained decoding; stored only
+    # Constrained: near max_new_tokens, allow only tokens after which a complete member of
+    # the language still fits (regex and JSON-schema constraints compiled as automata).
+    budget_aware: bool = True
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -241,6 +244,7 @@ class SamplingParams:
             "spaces_between_special_tokens",
             "no_stop_trim",
             "json_object",
+            "budget_aware",
         ):
             value = getattr(self, name)
             if not isinstance(value, bool):

@@ -55,6 +55,7 @@ _RENAME_COMPLETION = {**_RENAME_COMMON, "input_ids": "prompt", "top_logprobs_num
 
 # OpenAI name -> engine name, for the values passed through as they are
 _PASSTHROUGH = {
+    "budget_aware": "budget_aware",
     "temperature": "temperature",
     "top_p": "top_p",
     "stop": "stop",

@@ -187,6 +187,8 @@ class OpenAISamplingFields(_StrictLenient):
     no_stop_trim: bool | None = None
     regex: str | None = None
     ebnf: str | None = None
+    budget_aware: bool | None = Field(
+        None, description="Constrained output: finish a complete member within max_tokens when one fits (default true).")
     rid: str | None = None
 
 

@@ -224,3 +224,33 @@ def test_text_forced_from_the_start_is_prefilled_with_the_prompt(engines):
     assert [t for c in chunks for t in c["output_ids"]] == out["output_ids"]
     off = engines["off"].generate(prompt, params)
     assert off["text"].startswith(forced)
+
+
+BUDGET_LANGUAGES = [  # (constraint, the shortest member, a check of a complete output)
+    ({"regex": "[a-z]+@[a-z]+\\.(com|org)"}, "a@a.com", lambda t: re.fullmatch("[a-z]+@[a-z]+\\.(com|org)", t)),
+    ({"regex": "(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*="}, "0=", lambda t: re.fullmatch("(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*=", t)),
+    ({"json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
+      "items": {"type": "string"}}}, "required": ["name", "tags"], "additionalProperties": False}},
+     '{"name":"","tags":[]}', lambda t: isinstance(json.loads(t)["tags"], list)),
+]  # fmt: skip
+
+
+def _complete(check, text: str) -> bool:
+    try:
+        return bool(check(text))
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+@pytest.mark.parametrize("constraint,shortest,check", BUDGET_LANGUAGES)
+def test_budget_aware_outputs_are_complete_at_1_2x_the_shortest(engines, constraint, shortest, check):
+    engine = engines["on"]
+    n_short = len(engine.tokenizer(shortest, add_special_tokens=False).input_ids) + 1  # + EOS
+    budget = max(n_short + 1, round(1.2 * n_short))
+    prompt = chat(engine, "Write one long example. Be verbose.")
+    params = {**constraint, "temperature": 1.0, "max_new_tokens": budget, "n": 16, "seed": 7}
+    aware = engine.generate(prompt, params)
+    assert all(_complete(check, o["text"]) for o in aware), [o["text"] for o in aware]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in aware)
+    plain = engine.generate(prompt, {**params, "budget_aware": False})
+    assert any(not _complete(check, o["text"]) for o in plain)  # without it, outputs get cut

@@ -109,7 +109,7 @@ def test_invalid_constraints(url):
     assert_error(post(url, "/generate", {"text": "x", "sampling_params": {"regex": "(["}}), 400, "regex")
     assert_error(post(url, "/v1/chat/completions", {"messages": MSGS, "regex": "a{2,1}"}), 400, "regex")
     assert_error(post(url, "/v1/chat/completions", {"messages": MSGS, "ebnf": "root ::= root"}), 400, "ebnf")
-    bad_schema = {"type": "object", "not": {"type": "string"}}
+    bad_schema = {"type": "array", "contains": {"type": "string"}}
     rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": bad_schema}}
     assert_error(post(url, "/v1/chat/completions", {"messages": MSGS, "response_format": rf}), 400,
                  "response_format")

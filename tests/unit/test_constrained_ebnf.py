@@ -155,7 +155,8 @@ def _iterate(item: set[bytes], lo: int, hi, n: int):
         yield k, cur
         if hi is not None and k == hi:
             return
-        seen |= cur
+        if k >= lo:  # only powers that count: a string of a lower power may still be new up here
+            seen |= cur
         cur = _concat(cur, item, n)
         k += 1
         if k > lo and cur <= seen:  # every later power is made of strings already seen
@@ -906,3 +907,12 @@ def test_tables_are_rebuilt_when_they_grow_and_matchers_survive(monkeypatch):
     assert allowed_ids(m, vocab) == expected
     assert allowed_ids(other, vocab) == expected
     assert grammar.matcher().forced_text() == ""
+
+
+def test_repetition_through_recursion_is_exact():
+    """Found by the random grammars: "aaa" is a sentence (three "a" root, each root empty),
+    which the oracle once missed by stopping a repetition on strings of lower powers."""
+    gbnf = 'root ::= r2\nr2 ::= (("a" root){2,})*'
+    oracle = {"root": R("r2"), "r2": REP(REP(S(L("a"), R("root")), 2), 0)}
+    assert b"aaa" in oracle_sets(oracle, 8)[0]
+    check_exact(gbnf, oracle, RANDOM_VOCAB, text_len=5, walks=5, seed=0)

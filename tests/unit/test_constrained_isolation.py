@@ -53,8 +53,22 @@ def test_memory_limit_gives_a_grammar_error_and_the_compiler_recovers(vocab) -> 
     comp = GrammarCompiler(vocab, isolate=True, compile_timeout_s=600, compile_memory_bytes=300 << 20)
     try:
         with pytest.raises(GrammarError, match="compile memory limit") as info:
-            comp.compile("json_schema", {"type": "string", "pattern": f"^{EXPLOSIVE}$"})
-        assert info.value.param == "json_schema"
+            comp.compile("regex", EXPLOSIVE)
+        assert info.value.param == "regex"
         assert comp.compile("regex", "y+").matcher().accept_text("yy")
+    finally:
+        comp.shutdown()
+
+
+def test_a_json_schema_over_the_regex_limits_takes_the_grammar_route(vocab) -> None:
+    from sgl.constrained.ebnf import EbnfGrammar
+
+    comp = GrammarCompiler(vocab, isolate=True)
+    try:
+        g = comp.compile("json_schema", {"type": "string", "pattern": f"^{EXPLOSIVE}$"})
+        assert isinstance(g, EbnfGrammar) and g.kind == "json_schema"
+        m = g.matcher()
+        assert m.accept_text('"' + "b" * 5 + "a" + "ab" * 12 + '"') and m.is_accepting()
+        assert not g.matcher().accept_text('"' + "a" + "b" * 25 + '"')  # its 'a' is not 25th from the end
     finally:
         comp.shutdown()

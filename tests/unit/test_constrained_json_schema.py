@@ -407,12 +407,23 @@ def test_optional_members_every_subset_in_order() -> None:
     assert len(json_schema_to_regex(many)) < 20_000
 
 
-def test_size_limit() -> None:
-    with pytest.raises(GrammarError, match="too large") as info:
-        make_compiler("byte_level").compile("json_schema", {"type": "string", "maxLength": 5000})
-    assert info.value.param == "json_schema"
-    with pytest.raises(GrammarError, match="too large"):
-        make_compiler("byte_level").compile("json_schema", {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100})
+def test_size_limit_of_the_regex_route_sends_the_schema_to_the_grammar_route() -> None:
+    from sgl.constrained.ebnf import EbnfGrammar
+    from sgl.constrained.errors import ConstraintTooLarge
+    from sgl.constrained.json_schema import json_schema_to_rx
+    from sgl.constrained.regex import check_size
+
+    for schema in ({"type": "string", "maxLength": 5000},
+                   {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100}):
+        with pytest.raises(ConstraintTooLarge, match="too large") as info:
+            check_size(json_schema_to_rx(schema), "json_schema", "the JSON schema")
+        assert info.value.param == "json_schema"
+    assert isinstance(make_compiler("byte_level").compile("json_schema", {"type": "string", "maxLength": 5000}),
+                      EbnfGrammar)
+    # 100 x 100 bounded characters: past the grammar's state limit too (repetitions are expanded)
+    with pytest.raises(GrammarError, match="as a grammar"):
+        make_compiler("byte_level").compile(
+            "json_schema", {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100})
 
 
 def test_free_form_and_maps() -> None:

@@ -1,0 +1,83 @@
+"""Budget-aware completion: with `budget` (tokens left) the mask admits only tokens after
+which a complete member still fits, so random walks that always stop at the budget end in
+the language; without it the same walks get cut. The shortest completion is found by brute
+force over the vocabulary (a BFS over tokens), independently of the matcher's own estimate."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from test_constrained_support import make_compiler, make_vocab
+
+from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
+
+LANGUAGES = [
+    ("regex", "[a-z]+@[a-z]+\\.(com|org)"),
+    ("regex", "(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*="),
+    ("json_schema", {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
+     "items": {"type": "string"}}, "kind": {"enum": ["internationalization", "x"]}},
+     "required": ["name", "tags", "kind"], "additionalProperties": False}),
+]  # fmt: skip
+
+
+def allowed(matcher, vocab, budget=None) -> set[int]:
+    row = allocate_bitmask(1, vocab.vocab_size)[0]
+    matcher.fill_mask(row, budget)
+    return set(bitmask_to_bool(row, vocab.vocab_size).nonzero().flatten().tolist())
+
+
+def shortest_tokens(grammar, vocab) -> int:
+    """Fewest tokens (EOS included, unless the match ends by itself) to a complete member."""
+    eos = set(vocab.eos_token_ids)
+    frontier, seen, depth = [grammar.matcher()], set(), 0
+    while frontier:
+        nxt = []
+        for m in frontier:
+            if m.is_done():
+                return depth
+            if m.is_accepting():
+                return depth + 1
+            for t in allowed(m, vocab) - eos:
+                c = m.copy()
+                assert c.accept(t)
+                if c.state not in seen:
+                    seen.add(c.state)
+                    nxt.append(c)
+        frontier, depth = nxt, depth + 1
+    raise AssertionError("no completion")
+
+
+def walk(grammar, vocab, budget: int, aware: bool, rng: random.Random) -> bool:
+    """Random allowed tokens (EOS when allowed, sometimes) until done or `budget` tokens."""
+    m, eos = grammar.matcher(), set(vocab.eos_token_ids)
+    for step in range(budget):
+        a = allowed(m, vocab, budget - step if aware else None)
+        if a & eos and (rng.random() < 0.3 or not a - eos):
+            return m.accept(min(a & eos))
+        assert m.accept(rng.choice(sorted(a - eos)))
+        if m.is_done():
+            return True
+    return False  # cut by the budget
+
+
+@pytest.mark.parametrize("kind,spec", LANGUAGES)
+def test_walks_within_budget_always_complete(kind, spec) -> None:
+    vocab, grammar = make_vocab("byte_level"), make_compiler("byte_level").compile(kind, spec)
+    shortest = shortest_tokens(grammar, vocab)
+    budget = max(shortest + 1, int(1.2 * shortest))
+    rng = random.Random(0)
+    assert all(walk(grammar, vocab, budget, True, rng) for _ in range(60))
+    # The same walks without the budget feature get cut: the test can fail.
+    assert not all(walk(grammar, vocab, budget, False, rng) for _ in range(60))
+
+
+@pytest.mark.parametrize("kind,spec", LANGUAGES)
+def test_budget_never_adds_tokens_and_is_plain_when_roomy_or_hopeless(kind, spec) -> None:
+    vocab, grammar = make_vocab("byte_level"), make_compiler("byte_level").compile(kind, spec)
+    m = grammar.matcher()
+    plain = allowed(m, vocab)
+    for budget in range(1, 80):
+        assert allowed(m, vocab, budget) <= plain
+    assert allowed(m, vocab, 10_000) == plain
+    assert allowed(m, vocab, 1) == plain  # nothing fits in one token: the plain mask (a cut is reported)
