@@ -81,7 +81,7 @@ class LlguidanceEngine:
         self.eos = self.tok.eos_token
 
     def compile(self, schema: Any) -> Any:
-        grammar = self.ll.LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults={"whitespace_flexible": True})
+        grammar = self.ll.LLMatcher.grammar_from_json_schema(json.dumps(schema))  # defaults, as MaskBench ran it
         is_error, messages = self.ll.LLMatcher.validate_grammar_with_warnings(grammar, self.tok)
         if is_error:
             raise ValueError("; ".join(messages))

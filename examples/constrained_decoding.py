@@ -19,6 +19,8 @@ SCHEMA = {
     "additionalProperties": False,
 }
 
+EMAIL = r"[a-z]+@[a-z]+\.(com|org)"
+
 GRAMMAR = r"""
 root ::= "[" item ("," item)* "]"
 item ::= "\"" [a-z]+ "\""
@@ -35,6 +37,14 @@ def main() -> None:
         out = engine.generate(chat(engine, "Describe Paris as JSON."),
                               {"json_schema": SCHEMA, "temperature": 0, "max_new_tokens": 96})
         print("json_schema:", json.loads(out["text"]))
+
+        # Budget-aware completion (on by default): sampled freely, yet the e-mail address is
+        # complete within 8 tokens; with budget_aware=False some of these get cut.
+        params = {"regex": EMAIL, "temperature": 1.0, "max_new_tokens": 8, "n": 4, "seed": 1}
+        outs = engine.generate(chat(engine, "Invent a very long e-mail address."), params)
+        print("budget:", json.dumps([o["text"] for o in outs]))
+        outs = engine.generate(chat(engine, "Invent a very long e-mail address."), {**params, "budget_aware": False})
+        print("no budget:", json.dumps([o["text"] for o in outs]))
 
         out = engine.generate(chat(engine, "What time is lunch?"),
                               {"regex": r"([01][0-9]|2[0-3]):[0-5][0-9]", "temperature": 0, "max_new_tokens": 8})

@@ -41,3 +41,5 @@ def test_constrained_decoding_example_outputs_are_in_their_languages():
     items = lines["ebnf"].split(" {")[0]
     assert re.fullmatch(r'\["[a-z]+"(,"[a-z]+")*\]', items) and json.loads(items)
     assert "city" in lines["json_schema"]
+    email = r"[a-z]+@[a-z]+\.(com|org)"  # the example's, written out: 8 tokens, sampled, yet complete
+    assert all(re.fullmatch(email, t) for t in json.loads(lines["budget"]))
