@@ -22,6 +22,8 @@ caller's stack and are memoized per state, so they are shared by every request.
 
 from __future__ import annotations
 
+import functools
+
 from sgl.constrained.ebnf_parse import Alt, CharSet, Expr, Lit, Ref, Repeat, RuleDef, Seq
 from sgl.constrained.errors import GrammarError
 
@@ -56,11 +58,17 @@ def _split_same_length(lo: int, hi: int, out: list) -> None:
     out.append(tuple(zip(a, b)))
 
 
-def utf8_sequences(ranges) -> list[tuple[tuple[int, int], ...]]:
+@functools.lru_cache(maxsize=4096)
+def utf8_sequences(ranges: tuple[tuple[int, int], ...]) -> tuple[tuple[tuple[int, int], ...], ...]:
     """Byte-range sequences matching exactly the UTF-8 encodings of the code points in `ranges`.
 
-    Surrogates (U+D800..U+DFFF) are not characters and match nothing.
+    Surrogates (U+D800..U+DFFF) are not characters and match nothing. Cached: a generated
+    grammar (a JSON schema's) repeats the same classes thousands of times.
     """
+    return tuple(_utf8_sequences(ranges))
+
+
+def _utf8_sequences(ranges) -> list[tuple[tuple[int, int], ...]]:
     out: list = []
     for lo, hi in ranges:
         for blo, bhi in _UTF8_BOUNDS:

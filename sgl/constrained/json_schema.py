@@ -20,9 +20,9 @@ Output shape (stricter than JSON, by design)
   ``properties`` whose ``additionalProperties`` is a schema: then any string keys map
   to that schema (``minProperties``/``maxProperties`` apply).
 * **Strings** use raw characters plus the short escapes ``\" \\ \/ \b \f \n \r \t``,
-  and, in strings without ``pattern`` or ``format``, ``\uXXXX`` escapes (astral characters
-  as surrogate pairs: ``json.dumps``'s default ASCII spelling); no raw control characters
-  and no U+007F-U+009F.
+  and, in strings without ``pattern``, ``format`` or ``maxLength`` (``minLength`` up to 16),
+  ``\uXXXX`` escapes (astral characters as surrogate pairs: ``json.dumps``'s default ASCII
+  spelling); no raw control characters and no U+007F-U+009F.
 * **Numbers**: ``-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?``; integers without
   fraction or exponent; bounded numbers without exponent.
 * **Free-form values** (``{}``, ``true``, an object with no properties, an array
@@ -113,7 +113,11 @@ _U_ESCAPE = rx_alt(
     rx_cat(rx_lit("\\u"), rx_set(CharSet.of("dD")), rx_set(CharSet.of("89abAB")), rx_rep(_HEX1, 2, 2),
            rx_lit("\\u"), rx_set(CharSet.of("dD")), rx_set(CharSet.of("cdefCDEF")), rx_rep(_HEX1, 2, 2)),
 )
-_STR_CHAR = rx_alt(json_char(CharSet.full()), _U_ESCAPE)  # one character of an unconstrained string
+_RAW_CHAR = json_char(CharSet.full())
+_STR_CHAR = rx_alt(_RAW_CHAR, _U_ESCAPE)  # one character of an unconstrained string
+# Bounded lengths count characters without \u escapes: a surrogate pair is 12 positions, so
+# with escapes `maxLength: 200` would take 2400 of the automaton's positions.
+_ESCAPES_UP_TO = 16
 _STRING = rx_cat(_QUOTE, rx_rep(_STR_CHAR, 0, None), _QUOTE)
 _UINT = rx_alt(rx_lit("0"), rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None)))
 _INTEGER = rx_cat(rx_rep(rx_lit("-"), 0, 1), _UINT)
@@ -121,6 +125,7 @@ _FRACTION = rx_cat(rx_lit("."), rx_rep(_DIGIT, 1, None))
 _EXPONENT = rx_cat(rx_set(CharSet.of("eE")), rx_rep(rx_set(CharSet.of("+-")), 0, 1), rx_rep(_DIGIT, 1, None))
 _NUMBER = rx_cat(_INTEGER, rx_rep(_FRACTION, 0, 1), rx_rep(_EXPONENT, 0, 1))
 _BOOLEAN = rx_alt(rx_lit("true"), rx_lit("false"))
+_SHARED = {"json_string": _STRING, "json_number": _NUMBER, "json_integer": _INTEGER}  # grammar rules when used
 _NULL = rx_lit("null")
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -229,6 +234,7 @@ def json_schema_to_rules(spec: str | dict | bool, *, max_recursion_depth: int = 
     bodies: dict[str, Rx | None] = {"root": rx, **conv.rules}
     if any(r is not None and _mentions(r.node, _VALUE_RULE) for r in bodies.values()):
         bodies.update(_value_rules())
+    bodies.update(_shared_rules(bodies))
     rules = {}
     for name, body in bodies.items():
         # A rule with no member (a contradiction, or a recursion cut) can never finish: the
@@ -254,6 +260,11 @@ def _mentions(node: Any, name: str) -> bool:
         elif isinstance(n, ast.Repeat):
             stack.append(n.item)
     return False
+
+
+def _shared_rules(bodies: dict[str, Rx | None]) -> dict[str, Rx | None]:
+    return {name: rx for name, rx in _SHARED.items() if any(b is not None and _mentions(b.node, name)
+                                                            for b in bodies.values())}
 
 
 def _value_rules() -> dict[str, Rx | None]:
@@ -756,6 +767,14 @@ class _Converter:
                 parts.append(self.convert_type(t, schema, where))
         return rx_alt(*parts)
 
+    def shared(self, name: str) -> Rx:
+        """A common piece (``json_string``, ...): inline in a regex; in a grammar one rule
+        that every use calls (its regex text kept, for oneOf proofs), not a copy per use."""
+        rx = _SHARED[name]
+        if not self.grammar:
+            return rx
+        return Rx(rx.text, atom=rx.atom, alt=rx.alt, size=rx.size, node=rx_ref(name).node)
+
     def free(self, depth: int) -> Rx | None:
         """Any JSON value (``depth`` containers deep; unbounded in grammar mode)."""
         if self.grammar:
@@ -875,26 +894,27 @@ class _Converter:
             self.check_disjoint([r for r in rxs if r is not None], where)
         return rx_alt(*rxs)
 
-    def check_disjoint(self, rxs: list[Rx], where: str) -> None:
-        """oneOf = anyOf only if no value matches two branches; prove it on the automata."""
+    def check_disjoint(self, rxs: list[Rx], where: str, what: str = "oneOf") -> None:
+        """oneOf = anyOf only if no value matches two branches (and several patternProperties
+        apply one schema each only if no key matches two): prove it on the automata."""
         if len(rxs) < 2:
             return
         if any(r.ref for r in rxs):
-            raise self.fail(where, "oneOf: its branches use recursive references and cannot be proven exclusive; "
+            raise self.fail(where, f"{what}: its branches use recursive references and cannot be proven exclusive; "
                             "use anyOf if overlaps are fine")
         if sum(r.size for r in rxs) > _ONEOF_PROOF_LIMIT:
-            raise self.fail(where, "oneOf: its branches are too large to prove exclusive; use anyOf if overlaps are fine")
+            raise self.fail(where, f"{what}: its branches are too large to prove exclusive; use anyOf if overlaps are fine")
         try:
             import interegular
 
             fsms = [interegular.parse_pattern(r.text).to_fsm() for r in rxs]
         except Exception:
-            raise self.fail(where, "oneOf: cannot prove its branches exclusive; use anyOf if overlaps are fine") from None
+            raise self.fail(where, f"{what}: cannot prove its branches exclusive; use anyOf if overlaps are fine") from None
         for i in range(len(fsms)):
             for j in range(i + 1, len(fsms)):
                 if not fsms[i].isdisjoint(fsms[j]):
                     raise self.fail(
-                        where, f"oneOf: branches {i} and {j} can match the same value, and exclusivity cannot be "
+                        where, f"{what}: branches {i} and {j} can match the same value, and exclusivity cannot be "
                         "enforced; use anyOf, or make the branches distinct (e.g. a const tag)"
                     )
 
@@ -967,7 +987,10 @@ class _Converter:
             if body is None:
                 return None
             return rx_cat(_QUOTE, rx_lit("") if start else anything, body, rx_lit("") if end else anything, _QUOTE)
-        return rx_cat(_QUOTE, rx_rep(_STR_CHAR, lo, hi), _QUOTE)
+        char = _STR_CHAR if hi is None and lo <= _ESCAPES_UP_TO else _RAW_CHAR
+        if lo == 0 and hi is None:
+            return self.shared("json_string")
+        return rx_cat(_QUOTE, rx_rep(char, lo, hi), _QUOTE)
 
     def convert_number(self, t: str, schema: dict, where: str) -> Rx | None:
         mult = schema.get("multipleOf")
@@ -993,9 +1016,9 @@ class _Converter:
         if t == "integer":
             ilo = None if lo is None else (math.floor(lo) + 1 if lo_excl else math.ceil(lo))
             ihi = None if hi is None else (math.ceil(hi) - 1 if hi_excl else math.floor(hi))
-            return _INTEGER if ilo is None and ihi is None else integer_range(ilo, ihi)
+            return self.shared("json_integer") if ilo is None and ihi is None else integer_range(ilo, ihi)
         if lo is None and hi is None:
-            return _NUMBER
+            return self.shared("json_number")
         for key, v in (("minimum", lo), ("maximum", hi)):
             if v is not None and not float(v).is_integer():
                 raise self.fail(
@@ -1100,7 +1123,8 @@ class _Converter:
                 raise self.fail(where, "patternProperties together with propertyNames is not supported")
             keys = [(self.pattern_key(p, f"{where}/patternProperties"), sub) for p, sub in patterns.items()]
             if len(keys) > 1:
-                self.check_disjoint([k for k, _ in keys if k is not None], f"{where}/patternProperties")
+                self.check_disjoint([k for k, _ in keys if k is not None], f"{where}/patternProperties",
+                                    "patternProperties")
             # Keys matching no pattern fall to additionalProperties: not generated (stricter, still valid).
             member = rx_alt(*(rx_cat(k, _COLON, self.convert(sub, f"{where}/patternProperties/{i}"))
                               for i, (k, sub) in enumerate(keys)))
