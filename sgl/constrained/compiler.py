@@ -178,8 +178,10 @@ class GrammarCompiler:
 
     def _build_json_schema(self, normalized: str) -> Grammar:
         """The regex route (precomputed masks: the fastest to decode) when its automaton is
-        small; else the grammar route (rules, masks computed lazily: compiles in
-        milliseconds whatever the schema's size)."""
+        small; else the grammar route (rules, masks computed lazily; no token automaton is
+        built, so it compiles in well under a second unless long bounded repetitions make
+        a big network, which the grammar's state limit caps). The grammar is built in this
+        process, bounded by that limit, not in the capped child."""
         from sgl.constrained.json_schema import json_schema_to_rx
         from sgl.constrained.regex import RegexGrammar, check_size
 
