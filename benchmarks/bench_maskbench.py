@@ -289,7 +289,9 @@ def main() -> None:
     for e in engines:
         if e not in ENGINES:
             raise SystemExit(f"--engines: unknown engine {e!r} (choose from {', '.join(ENGINES)})")
-    engines = [e for e in engines if available(e) or print(f"skipping {e}: not installed")]
+    for e in [e for e in engines if not available(e)]:
+        print(f"skipping {e}: not installed")
+        engines.remove(e)
 
     per_schema: dict[str, dict[str, Any]] = {Path(f).stem: {} for f in files}
     summary: dict[str, Any] = {}

@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from sgl.constrained.errors import ConstraintTooLarge, GrammarError
@@ -269,11 +270,10 @@ def _shared_rules(bodies: dict[str, Rx | None]) -> dict[str, Rx | None]:
 
 def _value_rules() -> dict[str, Rx | None]:
     value = rx_ref(_VALUE_RULE)
-    member = rx_cat(_STRING, _COLON, value)
     return {
         _VALUE_RULE: rx_alt(_STRING, _NUMBER, _BOOLEAN, _NULL, rx_ref("json_object"), rx_ref("json_array")),
-        "json_object": _array_like("{", "}", [], member, 0, None),
-        "json_array": _array_like("[", "]", [], value, 0, None),
+        "json_object": _map_object(value, 0, None),
+        "json_array": _array_of([], value, 0, None),
     }
 
 
@@ -560,9 +560,13 @@ def _string_not_in(values: list[str]) -> Rx | None:
     return body(trie)
 
 
-def _map_object(value: Rx | None, lo: int, hi: int | None) -> Rx | None:
-    """``{}``-style objects with any string keys mapping to ``value``, ``lo..hi`` members."""
-    member = rx_cat(_STRING, _COLON, value)
+def _map_object(value: Rx | None, lo: int, hi: int | None, key: Rx | None = _STRING) -> Rx | None:
+    """``{}``-style objects with ``key`` strings (any, by default) mapping to ``value``, ``lo..hi`` members."""
+    return _map_of(rx_cat(key, _COLON, value), lo, hi)
+
+
+def _map_of(member: Rx | None, lo: int, hi: int | None) -> Rx | None:
+    """Objects of ``lo..hi`` comma-separated members."""
     return _array_like("{", "}", [], member, lo, hi)
 
 
@@ -1128,12 +1132,12 @@ class _Converter:
             # Keys matching no pattern fall to additionalProperties: not generated (stricter, still valid).
             member = rx_alt(*(rx_cat(k, _COLON, self.convert(sub, f"{where}/patternProperties/{i}"))
                               for i, (k, sub) in enumerate(keys)))
-            return _array_like("{", "}", [], member, lo, hi)
+            return _map_of(member, lo, hi)
         if extra is False:
             return rx_lit("{}") if lo == 0 else None
         key = _STRING if key_schema is True else self.convert_key(key_schema, where)
         value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else self.free(FREE_DEPTH - 1)
-        return _array_like("{", "}", [], rx_cat(key, _COLON, value), lo, hi)
+        return _map_object(value, lo, hi, key)
 
     def pattern_key(self, pattern: str, where: str) -> Rx | None:
         return self.convert_string({"pattern": pattern}, where)
@@ -1155,8 +1159,6 @@ class _Converter:
         key = self.convert_key(key_schema, where)
         if key is None:
             return False
-        import re
-
         return re.fullmatch(key.text, json.dumps(name, ensure_ascii=False)) is not None
 
     def dependencies(self, schema: dict, where: str) -> dict[str, list[str]]:

@@ -625,21 +625,29 @@ class RegexGrammar:
         self._need_max = max(dist.values(), default=0) + 1  # tokens a completion can need, at most
         self._budget_masks: dict[tuple[int, int], torch.Tensor | None] = {}
         self._needs: dict[int, float] = {}
+        self._next_need_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         if self.num_states <= EAGER_MASK_STATES:
             self.warm()  # ~0.1 ms a state, here in the compiler's thread rather than mid-decode
 
     # -- per-state facts, computed on first use ------------------------------------
 
+    def _allowed_ids(self, state: int) -> np.ndarray:
+        ids = np.asarray(self._index.get_allowed_tokens(state), dtype=np.int64)
+        return ids[ids < self.vocab.vocab_size]
+
+    def _packed(self, state: int, ids: np.ndarray) -> torch.Tensor:
+        """The mask allowing ``ids`` (and EOS where ``state`` accepts)."""
+        bits = np.zeros(self._num_words * 32, dtype=bool)
+        bits[ids] = True
+        if state in self._finals:
+            bits[self._eos_list] = True
+        return torch.from_numpy(_pack(bits))
+
     def _mask(self, state: int) -> torch.Tensor:
         m = self._masks.get(state)
         if m is None:
-            ids = np.asarray(self._index.get_allowed_tokens(state), dtype=np.int64)
-            ids = ids[ids < self.vocab.vocab_size]
-            bits = np.zeros(self._num_words * 32, dtype=bool)
-            bits[ids] = True
-            if state in self._finals:
-                bits[self._eos_list] = True
-            m = torch.from_numpy(_pack(bits))
+            ids = self._allowed_ids(state)
+            m = self._packed(state, ids)
             self._has_text[state] = bool(ids.size)
             self._masks[state] = m
         return m
@@ -674,22 +682,29 @@ class RegexGrammar:
         key = (state, remaining)
         if key in self._budget_masks:
             return self._budget_masks[key]
-        ids = np.asarray(self._index.get_allowed_tokens(state), dtype=np.int64)
-        ids = ids[ids < self.vocab.vocab_size]
-        nxt = self._index.get_next_state
-        keep = [t for t in ids.tolist() if self._need(nxt(state, t)) <= remaining - 1]
+        ids, needs = self._next_needs(state)
+        keep = ids[needs <= remaining - 1]
         out: torch.Tensor | None = None
-        if keep or state in self._finals:
-            bits = np.zeros(self._num_words * 32, dtype=bool)
-            bits[np.asarray(keep, dtype=np.int64)] = True
-            if state in self._finals:
-                bits[self._eos_list] = True
-            packed = torch.from_numpy(_pack(bits))
-            out = None if torch.equal(packed, self._mask(state)) else packed
+        if keep.size or state in self._finals:
+            packed = self._packed(state, keep)
+            out = None if keep.size == ids.size else packed
         if len(self._budget_masks) >= 8192:
             self._budget_masks.clear()
         self._budget_masks[key] = out
         return out
+
+    def _next_needs(self, state: int) -> tuple[np.ndarray, np.ndarray]:
+        """The allowed ids of ``state`` and the need of the state each leads to (once per state:
+        every budget below the roomy one reuses them)."""
+        hit = self._next_need_cache.get(state)
+        if hit is None:
+            ids = self._allowed_ids(state)
+            nxt = self._index.get_next_state
+            hit = (ids.astype(np.int32), np.array([self._need(nxt(state, t)) for t in ids.tolist()], dtype=np.float32))
+            if len(self._next_need_cache) >= 128:  # up to 8 bytes a token each: bounded
+                self._next_need_cache.clear()
+            self._next_need_cache[state] = hit
+        return hit
 
     def warm(self) -> None:
         """Compute every state's mask now (e.g. in a worker thread) instead of on first use."""
