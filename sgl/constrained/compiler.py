@@ -29,7 +29,7 @@ from sgl.constrained.vocab import TokenVocabulary
 __all__ = ["GrammarCompiler", "KINDS"]
 
 KINDS = ("regex", "json_schema", "json_object", "ebnf")
-# A JSON schema's regex automaton gets this long to build before the grammar route is taken
+# A JSON schema's regex automaton gets this much CPU time to build before the grammar route is taken
 # (with an isolated builder; in process there is no limit).
 REGEX_ROUTE_TIMEOUT_S = 1.0
 

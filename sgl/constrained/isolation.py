@@ -4,7 +4,8 @@ A regex's DFA can be exponential in the pattern (``(a|b)*a(a|b){20}``), and outl
 builds it in Rust, where no budget can be checked and where running out of memory aborts
 the process. One such constraint, sent by one client, must not take the server down. So
 the engine builds indexes in a child process whose address space is capped
-(``RLIMIT_AS``) and which is killed when it runs past the time limit: the request gets a
+(``RLIMIT_AS``) and which is killed when it runs past the time limit (CPU seconds, so
+that a busy machine does not change the outcome; wall time is capped at 3x): the request gets a
 GrammarError naming the limit (a 400), the server keeps serving, and the next compile
 starts a fresh child. The parent's memory is untouched, since the child's work never
 enters it; only the finished, pickled index does (and its size is capped too).
@@ -22,6 +23,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 from sgl.constrained.errors import ConstraintTooLarge
@@ -31,6 +33,9 @@ __all__ = ["IndexBuilder", "DEFAULT_COMPILE_TIMEOUT_S", "DEFAULT_COMPILE_MEMORY_
 DEFAULT_COMPILE_TIMEOUT_S = 30.0
 DEFAULT_COMPILE_MEMORY_BYTES = 4 << 30
 _START_TIMEOUT_S = 120.0  # the child imports outlines-core and builds the vocabulary once
+_POLL_S = 0.02  # how often a compile's CPU time is read
+_WALL_FACTOR = 3  # a compile is stopped after this many times its limit in wall time, whatever its CPU
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # The child is `python -c` with this source: it imports nothing of ours (no torch, and no
 # re-run of the user's main module, as multiprocessing's spawn would do). Messages both
@@ -94,7 +99,7 @@ class IndexBuilder:
             except TimeoutError:
                 self._stop()
                 raise ConstraintTooLarge(
-                    f"{param}: compiling the constraint took longer than {limit:g} s (the compile time "
+                    f"{param}: compiling the constraint took longer than {limit:g} s of CPU (the compile time "
                     "limit); its automaton is too large: simplify it (fewer nested repetitions or alternatives)", param
                 ) from None
             except _ChildGone:  # the child died: the allocator aborted it for memory
@@ -127,14 +132,32 @@ class IndexBuilder:
             raise _ChildGone() from None
 
     def _recv(self, timeout: float) -> Any:
+        """The child's next reply; TimeoutError once it has spent ``timeout`` seconds of CPU
+        on it. CPU, not wall time: on a busy machine the same constraint must take the same
+        route (wall time is capped too, at ``_WALL_FACTOR`` times the limit)."""
         fd = self._proc.stdout.fileno()
-        if not select.select([fd], [], [], timeout)[0]:
-            raise TimeoutError
+        start, cpu0 = time.monotonic(), self._child_cpu()
+        while not select.select([fd], [], [], min(_POLL_S, timeout))[0]:
+            cpu, wall = self._child_cpu(), time.monotonic() - start
+            if cpu is None or cpu0 is None:  # no /proc: wall time is all there is
+                if wall > timeout:
+                    raise TimeoutError
+            elif cpu - cpu0 > timeout or wall > _WALL_FACTOR * timeout:
+                raise TimeoutError
         head = self._proc.stdout.read(8)
         if len(head) < 8:
             raise _ChildGone()
         data = self._proc.stdout.read(struct.unpack(">Q", head)[0])
         return pickle.loads(data)
+
+    def _child_cpu(self) -> float | None:
+        """Seconds of CPU the child has used (user + system), from /proc; None elsewhere."""
+        try:
+            with open(f"/proc/{self._proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            return None
 
     def _ensure_started(self) -> None:
         if self._proc is not None and self._proc.poll() is None:

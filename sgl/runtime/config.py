@@ -28,7 +28,7 @@ class EngineConfig:
     disable_radix_cache: bool = False
     disable_jump_forward: bool = False  # constrained decoding: emit forced text token by token
     # Compiling a constraint runs in a child process under these limits (a 400 past them).
-    constraint_compile_timeout: float = 30.0  # seconds
+    constraint_compile_timeout: float = 30.0  # CPU seconds (3x in wall time)
     constraint_compile_memory_gb: float = 4.0
     attention_backend: str = "auto"  # auto | cpu | torch_native | triton | flashinfer
     context_length: int | None = None

@@ -34,7 +34,7 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--disable-radix-cache": ("disable_radix_cache", dict(action="store_true")),
     "--disable-jump-forward": ("disable_jump_forward", dict(action="store_true")),
     "--constraint-compile-timeout": ("constraint_compile_timeout", dict(
-        type=float, default=30.0, help="seconds a regex/JSON-schema constraint may take to compile (a 400 past it)")),
+        type=float, default=30.0, help="CPU seconds a regex/JSON-schema constraint may take to compile, 3x in wall time (a 400 past it)")),
     "--constraint-compile-memory-gb": ("constraint_compile_memory_gb", dict(
         type=float, default=4.0, help="memory cap of the process that compiles constraints")),
     "--attention-backend": ("attention_backend", dict(
