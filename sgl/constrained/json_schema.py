@@ -41,18 +41,24 @@ patterns must be provably disjoint), ``propertyNames`` (string keywords),
 ``maxProperties`` (over the declared properties, or map-form objects), ``items`` (schema, or
 list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``, ``maxItems``,
 ``uniqueItems`` (false, or with ``maxItems <= 1``), ``minLength``, ``maxLength``,
-``pattern`` (Python/ASCII regex syntax, search semantics; not combined with the length
-keywords), ``format`` (date, time, date-time, uuid, ipv4, ipv6, email, hostname, uri,
-uri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/``exclusiveMaximum`` (any for
-integers; integer-valued for numbers), ``multipleOf: 1`` on integers, ``not`` over
+``pattern`` (Python/ASCII regex syntax, search semantics; with the length keywords when
+anchored and of one variable-length run of single characters plus short optional parts,
+e.g. ``^[a-z]+$``, ``^https?://.+$``), ``format`` (date, time, date-time, uuid, ipv4, ipv6,
+email, hostname, uri, uri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/
+``exclusiveMaximum`` (any for integers; integer-valued for numbers), ``multipleOf`` in
+decimal arithmetic (powers of ten like 0.01 on numbers: at most that many decimals;
+integer steps that divide 1000, or any step over a range with few multiples), ``not`` over
 ``type``, ``const`` and ``enum`` (strings, booleans, null), ``anyOf``, ``oneOf`` (when its
 branches are provably disjoint), ``allOf`` (parts constraining different keywords;
 ``properties``, ``required`` and ``type`` of several parts merge), ``$ref`` to ``#...``
-with ``$defs``/``definitions``.
+with ``$defs``/``definitions``. An ``enum``/``const`` (own, or from an ``allOf`` part or
+``$ref`` target) next to any other keywords is decided value by value with the reference
+validator (``jsonschema``; see :mod:`~sgl.constrained.schema_values`): exact whatever the
+keywords, ``not``/``if``/``uniqueItems`` included.
 
 Rejected (GrammarError naming the keyword): ``dependentSchemas`` and schema-form
 ``dependencies``, ``if``/``then``/``else``, ``not`` over other keywords,
-``contains``/``minContains``/``maxContains``, ``multipleOf`` (other than 1 on integers),
+``contains``/``minContains``/``maxContains``, other ``multipleOf`` steps (0.25, 7 unbounded),
 ``uniqueItems: true`` (unless ``maxItems <= 1``), ``unevaluatedItems``, non-integer bounds on
 ``number``, bounds of 1e30 or more, the drafts' formats not listed above (``regex``,
 ``iri``, ``duration``, ...), remote ``$ref``.
@@ -74,6 +80,7 @@ from typing import Any
 
 from sgl.constrained.errors import ConstraintTooLarge, GrammarError
 from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_ref, rx_rep, rx_set, translate_regex
+from sgl.constrained.schema_values import ValueFilter
 
 __all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rules", "json_schema_to_rx", "load_schema"]
 
@@ -81,6 +88,7 @@ PARAM = "json_schema"
 WS = " ?"  # the only whitespace: after ':' and ','
 FREE_DEPTH = 2  # container nesting allowed in free-form values
 _ONEOF_PROOF_LIMIT = 400  # positions; interegular is pure Python
+_SHARE_TEXT = 16384  # grammar mode: a repeated piece with more regex text than this becomes a rule
 
 _WS = rx_rep(rx_lit(" "), 0, 1)  # WS
 _SEP = rx_cat(rx_lit(","), _WS)
@@ -126,7 +134,9 @@ _FRACTION = rx_cat(rx_lit("."), rx_rep(_DIGIT, 1, None))
 _EXPONENT = rx_cat(rx_set(CharSet.of("eE")), rx_rep(rx_set(CharSet.of("+-")), 0, 1), rx_rep(_DIGIT, 1, None))
 _NUMBER = rx_cat(_INTEGER, rx_rep(_FRACTION, 0, 1), rx_rep(_EXPONENT, 0, 1))
 _BOOLEAN = rx_alt(rx_lit("true"), rx_lit("false"))
-_SHARED = {"json_string": _STRING, "json_number": _NUMBER, "json_integer": _INTEGER}  # grammar rules when used
+_CHARS = rx_rep(_STR_CHAR, 0, None)  # the inside of an unconstrained string
+_SHARED = {"json_string": _STRING, "json_number": _NUMBER, "json_integer": _INTEGER,
+           "json_chars": _CHARS}  # grammar rules when used
 _NULL = rx_lit("null")
 
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
@@ -217,6 +227,7 @@ def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3) 
     return rx
 
 
+_UNDECIDED = object()  # convert_listed: no enum/const to decide by value
 _VALUE_RULE = "json_value"  # grammar mode: any JSON value, in our spelling
 
 
@@ -345,34 +356,49 @@ def integer_range(lo: int | None, hi: int | None) -> Rx | None:
 _FRAC_ANY = rx_rep(_FRACTION, 0, 1)
 _FRAC_ZERO = rx_rep(rx_cat(rx_lit("."), rx_rep(rx_lit("0"), 1, None)), 0, 1)
 _FRAC_NONZERO = rx_cat(rx_lit("."), rx_rep(_DIGIT, 0, None), _DIGIT19, rx_rep(_DIGIT, 0, None))
+_ZEROS = rx_rep(rx_lit("0"), 0, None)
 
 
-def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool) -> Rx | None:
-    """Decimals ``y >= 0`` (no sign, no exponent) with ``lo <(=) y <(=) hi``, integer bounds."""
+def _fractions(places: int | None) -> tuple[Rx | None, Rx | None]:
+    """(any fraction, a non-zero fraction) with at most ``places`` significant decimals
+    (trailing zeros are free: 1.50 is a multiple of 0.01); None: unlimited."""
+    if places is None:
+        return _FRAC_ANY, _FRAC_NONZERO
+    if places == 0:
+        return _FRAC_ZERO, None
+    any_ = rx_rep(rx_cat(rx_lit("."), rx_rep(_DIGIT, 1, places), _ZEROS), 0, 1)
+    return any_, rx_cat(rx_lit("."), rx_rep(_DIGIT, 0, places - 1), _DIGIT19, _ZEROS)
+
+
+def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool, places: int | None = None) -> Rx | None:
+    """Decimals ``y >= 0`` (no sign, no exponent) with ``lo <(=) y <(=) hi``, integer bounds,
+    at most ``places`` significant decimals."""
+    frac_any, frac_nonzero = _fractions(places)
     parts: list[Rx | None] = []
     n_lo = lo + 1 if lo_excl else lo
     n_hi = None if hi is None else hi - 1
     # Integer part strictly inside the bounds: any fraction.
     if n_hi is None or n_lo <= n_hi:
-        parts.append(rx_cat(_uint_range(n_lo, n_hi), _FRAC_ANY))
+        parts.append(rx_cat(_uint_range(n_lo, n_hi), frac_any))
     # y = lo + f with f > 0, when y must exceed lo.
     if lo_excl and (hi is None or lo < hi):
-        parts.append(rx_cat(_uint_range(lo, lo), _FRAC_NONZERO))
+        parts.append(rx_cat(_uint_range(lo, lo), frac_nonzero))
     # y == hi exactly, when hi is allowed.
     if hi is not None and not hi_excl and (hi > lo if lo_excl else hi >= lo):
         parts.append(rx_cat(_uint_range(hi, hi), _FRAC_ZERO))
     return rx_alt(*parts)
 
 
-def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -> Rx | None:
-    """JSON numbers between integer bounds (either may be None), without exponents."""
+def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool, places: int | None = None) -> Rx | None:
+    """JSON numbers between integer bounds (either may be None), without exponents, with at
+    most ``places`` significant decimals (None: any)."""
     parts: list[Rx | None] = []
     # x >= 0
     if hi is None or hi > 0 or (hi == 0 and not hi_excl):
         if lo is None or lo < 0:
-            parts.append(_magnitude(0, False, hi, hi_excl))
+            parts.append(_magnitude(0, False, hi, hi_excl, places))
         else:
-            parts.append(_magnitude(lo, lo_excl, hi, hi_excl))
+            parts.append(_magnitude(lo, lo_excl, hi, hi_excl, places))
     # x < 0, written -y with y > 0
     if lo is None or lo < 0:
         if hi is None or hi >= 0:
@@ -380,10 +406,37 @@ def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool) -
         else:
             ylo, ylo_excl = -hi, hi_excl
         yhi, yhi_excl = (None, False) if lo is None else (-lo, lo_excl)
-        mag = _magnitude(ylo, ylo_excl, yhi, yhi_excl)
+        mag = _magnitude(ylo, ylo_excl, yhi, yhi_excl, places)
         if mag is not None:
             parts.append(rx_cat(rx_lit("-"), mag))
     return rx_alt(*parts)
+
+
+MAX_LISTED_MULTIPLES = 1024  # multipleOf over a bounded range: the multiples are listed up to this many
+
+
+def integer_multiples(step: int, lo: int | None, hi: int | None) -> Rx | str:
+    """Integers in ``[lo, hi]`` divisible by ``step`` > 1, or a message saying why not:
+    listed when the range holds few; else, when ``step`` divides 1000, by their last
+    digits (any sign, or one sign when the bound is 0)."""
+    if lo is not None and hi is not None:
+        first, last = -(-lo // step) * step, (hi // step) * step
+        if first > last:
+            return rx_alt()
+        if (last - first) // step < MAX_LISTED_MULTIPLES:
+            return rx_alt(*(rx_lit(str(v)) for v in range(first, last + 1, step)))
+    places = next((j for j in (1, 2, 3) if 10**j % step == 0), None)
+    if places is None:
+        return f"multipleOf {step} on a range with more than {MAX_LISTED_MULTIPLES} multiples (only divisors of 1000 are)"
+    nonneg = lo is not None and -step < lo <= 0 and hi is None
+    nonpos = hi is not None and 0 <= hi < step and lo is None
+    if (lo is not None or hi is not None) and not (nonneg or nonpos):
+        return f"multipleOf {step} with bounds other than 0 on a range with more than {MAX_LISTED_MULTIPLES} multiples"
+    suffix = rx_alt(*(rx_lit(f"{v:0{places}d}") for v in range(0, 10**places, step)))
+    positive = rx_alt(*(rx_lit(str(v)) for v in range(step, 10**places, step)),
+                      rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None), suffix))
+    negative = rx_cat(rx_lit("-"), positive)  # never "-0"
+    return rx_alt(rx_lit("0"), None if nonpos else positive, None if nonneg else negative)
 
 
 def _lit_seq(*items: Rx | str | None) -> Rx | None:
@@ -539,15 +592,15 @@ def _free_value(depth: int) -> Rx | None:
     return rx_alt(*scalars, _map_object(inner, 0, None), _array_of([], inner, 0, None))
 
 
-def _string_not_in(values: list[str]) -> Rx | None:
-    """The body of a JSON string whose decoded value is none of ``values`` (a trie, complemented)."""
+def _string_not_in(values: list[str], anything: Rx = _CHARS) -> Rx | None:
+    """The body of a JSON string whose decoded value is none of ``values`` (a trie,
+    complemented; ``anything``, the rest once off the trie, may be a shared rule)."""
     trie: dict = {}
     for v in values:
         node = trie
         for ch in v:
             node = node.setdefault(ch, {})
         node[""] = {}  # end marker
-    anything = rx_rep(_STR_CHAR, 0, None)
 
     def body(node: dict) -> Rx | None:
         children = [c for c in node if c]
@@ -621,6 +674,7 @@ class _Converter:
         self.rules: dict[str, Rx | None] = {}
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
+        self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -677,6 +731,10 @@ class _Converter:
             return None
         if not isinstance(schema, dict):
             raise self.fail(where, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+        if set(schema) - {"enum", "const", "type"}:
+            listed = self.convert_listed(schema, where)
+            if listed is not _UNDECIDED:
+                return listed
         for key in schema:
             if key in _UNSUPPORTED:
                 raise self.fail(where, f"keyword '{key}' is not supported: {_UNSUPPORTED[key]}")
@@ -689,6 +747,29 @@ class _Converter:
             if self.chars > MAX_TRANSLATION_CHARS:
                 raise self.too_large(f"more than {MAX_TRANSLATION_CHARS} characters of regex")
         return rx
+
+    def convert_listed(self, schema: dict, where: str) -> Any:
+        """A schema whose conjuncts (own keywords, allOf parts, $ref targets) include an
+        enum/const is the listed values it accepts, whatever the other keywords are: each
+        value is checked by the reference validator. ``_UNDECIDED`` when there is no list
+        or the validator cannot decide (then the keywords are translated as usual)."""
+        if not {"enum", "const", "allOf", "$ref"} & set(schema):
+            return _UNDECIDED
+        try:
+            parts = self.conjuncts(schema, where, [])
+        except GrammarError:
+            return _UNDECIDED
+        for part in parts:
+            if isinstance(part, dict) and ("enum" in part or "const" in part):
+                values = part["enum"] if "enum" in part else [part["const"]]
+                if not isinstance(values, list):
+                    return _UNDECIDED  # the usual path names the error
+                kept = self.values.keep(schema, values)
+                if kept is None:
+                    return _UNDECIDED
+                self.calls += 1
+                return rx_alt(*(_value_literal(v, where) for v in kept))
+        return _UNDECIDED
 
     def too_large(self, what: str) -> GrammarError:
         return ConstraintTooLarge(
@@ -762,7 +843,7 @@ class _Converter:
                 if set(schema) & _STRING_KW:
                     raise self.fail(where, "not: excluding strings from a string with pattern/format/length is not "
                                     "supported")
-                parts.append(rx_cat(_QUOTE, _string_not_in(strings), _QUOTE))
+                parts.append(rx_cat(_QUOTE, _string_not_in(strings, self.shared("json_chars")), _QUOTE))
             elif t == "boolean":
                 parts.append(rx_alt(*(rx_lit(b) for b in ("true", "false") if not any(v is (b == "true") for v in values))))
             elif t == "null":
@@ -778,6 +859,16 @@ class _Converter:
         if not self.grammar:
             return rx
         return Rx(rx.text, atom=rx.atom, alt=rx.alt, size=rx.size, node=rx_ref(name).node)
+
+    def share(self, rx: Rx | None) -> Rx | None:
+        """Grammar mode: a large piece used in several places (the rest of an object after
+        a member) as one rule, so the grammar holds one copy, not one per use. Only pieces
+        too large for a oneOf proof anyway lose their regex text."""
+        if not self.grammar or rx is None or (rx.size <= _ONEOF_PROOF_LIMIT and len(rx.text) <= _SHARE_TEXT):
+            return rx
+        name = f"part{len(self.rules)}"
+        self.rules[name] = rx
+        return Rx(f"\x00{name}\x00", atom=True, size=rx.size, node=rx_ref(name).node, ref=True)
 
     def free(self, depth: int) -> Rx | None:
         """Any JSON value (``depth`` containers deep; unbounded in grammar mode)."""
@@ -984,9 +1075,9 @@ class _Converter:
                 raise self.fail(where, "format cannot be combined with pattern/minLength/maxLength")
             return rx_cat(_QUOTE, _FORMATS[fmt], _QUOTE)
         if pattern is not None:
-            if "minLength" in schema or "maxLength" in schema:
-                raise self.fail(where, "pattern cannot be combined with minLength/maxLength; put the length in the pattern")
-            body, start, end = translate_regex(pattern, param=PARAM, emit=json_char, search=True, what=f"json_schema at {where}: pattern")
+            length = (lo, hi) if "minLength" in schema or "maxLength" in schema else None
+            body, start, end = translate_regex(pattern, param=PARAM, emit=json_char, search=True,
+                                               what=f"json_schema at {where}: pattern", length=length)
             anything = rx_rep(_STR_CHAR, 0, None)
             if body is None:
                 return None
@@ -997,10 +1088,9 @@ class _Converter:
         return rx_cat(_QUOTE, rx_rep(char, lo, hi), _QUOTE)
 
     def convert_number(self, t: str, schema: dict, where: str) -> Rx | None:
-        mult = schema.get("multipleOf")
-        if mult is not None:
-            if not (t == "integer" and mult == 1 and not isinstance(mult, bool)):
-                raise self.fail(where, "keyword 'multipleOf' is not supported (only multipleOf: 1 on integers)")
+        step, places = self.multiple_of(t, schema, where)
+        if step == 1 and places == 0:
+            t = "integer" if t == "integer" else "integral"
         lo = self.number(schema, "minimum", where)
         hi = self.number(schema, "maximum", where)
         lo_excl = hi_excl = False
@@ -1017,11 +1107,17 @@ class _Converter:
             v = self.number(schema, "exclusiveMaximum", where)
             if hi is None or v <= hi:  # type: ignore[operator]
                 hi, hi_excl = v, True
-        if t == "integer":
+        if t in ("integer", "integral") or places == 0:
             ilo = None if lo is None else (math.floor(lo) + 1 if lo_excl else math.ceil(lo))
             ihi = None if hi is None else (math.ceil(hi) - 1 if hi_excl else math.floor(hi))
-            return self.shared("json_integer") if ilo is None and ihi is None else integer_range(ilo, ihi)
-        if lo is None and hi is None:
+            if step > 1:
+                ints = integer_multiples(step, ilo, ihi)
+                if isinstance(ints, str):
+                    raise self.fail(where, ints)
+            else:
+                ints = self.shared("json_integer") if ilo is None and ihi is None else integer_range(ilo, ihi)
+            return ints if t == "integer" else rx_cat(ints, _FRAC_ZERO)  # a number: 5.0 is integral
+        if lo is None and hi is None and places is None:
             return self.shared("json_number")
         for key, v in (("minimum", lo), ("maximum", hi)):
             if v is not None and not float(v).is_integer():
@@ -1030,8 +1126,30 @@ class _Converter:
                     "integer-valued bounds are"
                 )
         return number_range(
-            None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl
+            None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl, places
         )
+
+    def multiple_of(self, t: str, schema: dict, where: str) -> tuple[int, int | None]:
+        """multipleOf as ``step * 10**-places`` (decimal arithmetic, as the drafts define it:
+        0.07 is a multiple of 0.01). (1, None): none. Steps of one significant digit block:
+        integers (any divisor of 1000, or few multiples in range) and 10**-k."""
+        mult = schema.get("multipleOf")
+        if mult is None:
+            return 1, None
+        if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not math.isfinite(mult) or mult <= 0:
+            raise self.fail(where, "multipleOf must be a number greater than 0")
+        from decimal import Decimal
+
+        sign, digits, exp = Decimal(repr(mult)).normalize().as_tuple()
+        step = int("".join(map(str, digits)))
+        if exp >= 0:
+            return step * 10**exp, 0
+        if t == "integer":  # n * 10**-exp divisible by step
+            return step // math.gcd(step, 10**-exp), 0
+        if step != 1:
+            raise self.fail(where, f"multipleOf {mult} is not supported: a fractional step must be a power of ten "
+                            "(0.1, 0.01, ...), or the step an integer")
+        return 1, -exp
 
     def convert_array(self, schema: dict, where: str) -> Rx | None:
         lo = self.count(schema, "minItems", where) or 0
@@ -1111,7 +1229,7 @@ class _Converter:
         if lo > len(members):
             raise self.fail(where, "minProperties exceeds the number of properties that may be generated "
                             "(only declared properties are generated)")
-        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps), rx_lit("}"))
+        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share), rx_lit("}"))
 
     def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
                     where: str) -> Rx | None:
@@ -1186,10 +1304,11 @@ MAX_DEPENDENT_NAMES = 10  # properties in dependentRequired: the member automato
 
 
 def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = None,
-             deps: dict[str, list[str]] | None = None) -> Rx | None:
+             deps: dict[str, list[str]] | None = None, share: Any = None) -> Rx | None:
     """Members in order, optional ones skippable, commas only between written members;
     between ``lo`` and ``hi`` of them written, and each written name of ``deps`` with
-    the names it requires written too."""
+    the names it requires written too. ``share`` turns a continuation used twice into one
+    rule (grammar mode)."""
     deps = deps or {}
     relevant = sorted({n for k, v in deps.items() for n in [k, *v]} & {m[0] for m in members})
     if len(relevant) > MAX_DEPENDENT_NAMES:
@@ -1221,6 +1340,8 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
                 out = rx_cat(rx_rep(rx_cat(_SEP, member), 0, 1), skip)  # the tail is shared: quadratic, not exponential
             else:
                 out = rx_alt(take, skip)
+        if share is not None and i > 0:
+            out = share(out)
         memo[key] = out
         return out
 

@@ -375,7 +375,8 @@ class _Ctx:
 
 
 def translate_regex(
-    pattern: str, *, param: str = "regex", emit: CharEmitter | None = None, search: bool = False, what: str = "regex"
+    pattern: str, *, param: str = "regex", emit: CharEmitter | None = None, search: bool = False, what: str = "regex",
+    length: tuple[int, int | None] | None = None,
 ) -> tuple[Rx | None, bool, bool]:
     """Parse a Python-syntax regex and re-emit it in canonical syntax.
 
@@ -383,6 +384,8 @@ def translate_regex(
     characters the way they appear inside a JSON string). Returns
     ``(rx, anchored_start, anchored_end)``; the anchor flags matter only for
     ``search=True`` (JSON Schema patterns, which match anywhere unless anchored).
+    ``length`` (min, max characters) intersects the language with those lengths, for
+    the patterns :func:`_fold_length` can rewrite; others raise GrammarError.
     """
     if not isinstance(pattern, str):
         raise GrammarError(f"{what} must be a string, got {type(pattern).__name__}", param)
@@ -397,6 +400,8 @@ def translate_regex(
         raise GrammarError(f"{what}: the LOCALE flag is not supported", param)
     ctx = _Ctx(emit=emit or rx_set, param=param, what=what, search=search)
     items = list(parsed)
+    if search and len(items) == 1 and items[0][0] is _OP.SUBPATTERN and not (items[0][1][1] | items[0][1][2]):
+        items = list(items[0][1][3])  # "(^...$)": the group changes nothing
     start = end = False
     if search:
         if items and items[0][0] is _OP.AT and items[0][1] in _START_ANCHORS:
@@ -404,10 +409,78 @@ def translate_regex(
         if items and items[-1][0] is _OP.AT and items[-1][1] in _END_ANCHORS:
             items, end = items[:-1], True
     try:
-        rx = _seq(ctx, items, flags, head=not search, tail=not search)
+        if length is None:
+            rx = _seq(ctx, items, flags, head=not search, tail=not search)
+        else:
+            if search and not (start and end):
+                raise GrammarError(f"{what}: a length bound (minLength/maxLength) needs the pattern anchored "
+                                  "at both ends (^...$)", param)
+            variants = _fold_length(parsed.state, items, *length)
+            if variants is None:
+                raise GrammarError(
+                    f"{what}: cannot combine this pattern with minLength/maxLength (supported: one variable-length "
+                    "run of single characters, plus short optional parts); put the length in the pattern", param)
+            rx = rx_alt(*(_seq(ctx, v, flags, head=not search, tail=not search) for v in variants))
     except RecursionError:
         raise GrammarError(f"{what} is nested too deeply", param) from None
     return rx, start, end
+
+
+_FOLD_VARIANTS = 64  # length fold: combinations of the short variable parts' lengths
+
+
+def _fold_length(state: Any, items: list, lo: int, hi: int | None) -> list[list] | None:
+    """The sequence ``items`` restricted to lengths ``lo..hi``, as a few sequences of
+    which each has at most one variable-length part, a repeat of one character: fixing
+    the counts of the other (short) variable repeats, its bounds absorb the rest. None
+    when the pattern has another shape. Exact: it rewrites the language, never guesses."""
+    widths = [_sre_p.SubPattern(state, [it]).getwidth() for it in items]
+    wmin, wmax = sum(w[0] for w in widths), sum(w[1] for w in widths)
+    if wmin >= lo and (hi is None or (wmax < _OP.MAXREPEAT and wmax <= hi)):
+        return [items]  # the bounds cannot bind
+    variable = [i for i, w in enumerate(widths) if w[0] != w[1]]
+    wide = [i for i in variable if _char_repeat(state, items[i]) and (widths[i][1] - widths[i][0] > 8)]
+    if len(wide) > 1:
+        return None
+    if not wide:  # all short: the widest single-character repeat absorbs
+        wide = [i for i in variable if _char_repeat(state, items[i])][-1:]
+        if not wide:
+            return None
+    w = wide[0]
+    short = [i for i in variable if i != w]
+    choices: list[list[int]] = []
+    for i in short:
+        op, (rlo, rhi, sub) = items[i]
+        if op not in (_OP.MAX_REPEAT, _OP.MIN_REPEAT) or rhi - rlo > 8:
+            return None
+        sw = _sre_p.SubPattern(state, list(sub)).getwidth()
+        if sw[0] != sw[1]:
+            return None
+        choices.append(list(range(rlo, rhi + 1)))
+    combos = [[]]
+    for c in choices:
+        combos = [x + [n] for x in combos for n in c]
+        if len(combos) > _FOLD_VARIANTS:
+            return None
+    op, (rlo, rhi, sub) = items[w]
+    variants = []
+    for combo in combos:
+        seq = list(items)
+        for i, n in zip(short, combo):
+            seq[i] = (items[i][0], (n, n, items[i][1][2]))
+        fixed = sum(_sre_p.SubPattern(state, [it]).getwidth()[0] for j, it in enumerate(seq) if j != w)
+        new_lo = max(rlo, lo - fixed)
+        new_hi = rhi if hi is None else min(rhi, hi - fixed)
+        if new_lo <= new_hi:
+            seq[w] = (op, (new_lo, new_hi, sub))
+            variants.append(seq)
+    return variants
+
+
+def _char_repeat(state: Any, item: tuple) -> bool:
+    """A repeat of something exactly one character wide."""
+    op, av = item
+    return op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT) and _sre_p.SubPattern(state, list(av[2])).getwidth() == (1, 1)
 
 
 def normalize_regex(pattern: str, *, param: str = "regex") -> Rx | None:

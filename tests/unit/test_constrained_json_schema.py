@@ -350,8 +350,9 @@ def test_enum_const_and_type_lists() -> None:
     assert _matches({"const": {"k": "v"}}, {"k": "v"})
     assert _matches({"type": ["string", "null"]}, None)
     assert _matches({"type": ["integer", "number"]}, 1.5)
-    with pytest.raises(GrammarError, match="minLength together with enum"):
-        json_schema_to_regex({"enum": ["a"], "minLength": 1})
+    # Other keywords next to an enum filter its values (decided by the reference validator).
+    assert _matches({"enum": ["a", "abc", 7], "minLength": 2}, "abc") and _matches({"enum": ["a", 7], "minLength": 2}, 7)
+    assert not _matches({"enum": ["a", "abc"], "minLength": 2}, "a")
 
 
 def test_refs_defs_and_recursion() -> None:
@@ -600,3 +601,110 @@ def test_translation_budget_refuses_exponential_schemas() -> None:
     with pytest.raises(GrammarError, match="too large") as info:
         json_schema_to_regex({"$defs": defs, "$ref": "#/$defs/d12"})
     assert info.value.param == "json_schema"
+
+
+# ---------------------------------------------------------------------------
+# multipleOf (decimal arithmetic), pattern with length bounds, enum/const decided per value
+# ---------------------------------------------------------------------------
+
+
+def _decimal_strings() -> list[str]:
+    out = []
+    for i in (0, 1, 2, 5, 7, 8, 10, 15, 16, 24, 25, 40, 99, 100, 125, 1000, 1016, 2032, 4096, 123456):
+        for frac in ("", ".0", ".00", ".5", ".05", ".07", ".10", ".123", ".250", ".001"):
+            out += [f"{i}{frac}", f"-{i}{frac}"]
+    return out + ["1e2", "00", "01", "-", ".5"]
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "number", "multipleOf": 0.01},
+        {"type": "number", "multipleOf": 0.1, "minimum": 0, "maximum": 100},
+        {"type": "number", "multipleOf": 1, "exclusiveMinimum": -5},
+        {"type": "number", "multipleOf": 8},
+        {"type": "integer", "multipleOf": 16, "minimum": -2032, "maximum": 2031},
+        {"type": "integer", "multipleOf": 25},
+        {"type": "integer", "multipleOf": 5, "minimum": 0},
+        {"type": "integer", "multipleOf": 40, "maximum": 0},
+        {"type": "integer", "multipleOf": 2.5},
+        {"type": "integer", "multipleOf": 0.01, "maximum": 100},
+    ],
+)
+def test_multiple_of_is_exact_in_decimal(schema: dict) -> None:
+    from decimal import Decimal
+
+    pat = re.compile(json_schema_to_regex(schema))
+    step = Decimal(repr(schema["multipleOf"]))
+    bounds = {"minimum": Decimal.__ge__, "maximum": Decimal.__le__, "exclusiveMinimum": Decimal.__gt__}
+    for s in _decimal_strings():
+        spelled = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", s) is not None and not re.fullmatch(r"-0(\.0*)?", s)
+        if schema["type"] == "integer":
+            spelled = spelled and "." not in s
+        v = Decimal(s) if spelled else Decimal(0)
+        want = spelled and v % step == 0 and all(op(v, Decimal(repr(schema[k]))) for k, op in bounds.items() if k in schema)
+        assert (pat.fullmatch(s) is not None) == want, (schema, s)
+
+
+@pytest.mark.parametrize(
+    "pattern,lo,hi",
+    [
+        ("(^[a-z_.()-]+$)", None, 6),
+        ("^[0-9a-z][0-9a-z._-]{0,8}[0-9a-z]$", 2, 64),  # the bounds cannot bind
+        ("^https?://.+$", 9, 12),
+        ("^[a-c]{2,4}-?[0-9]+$", 4, 7),
+        ("^ab*c$", 3, 3),
+    ],
+)
+def test_pattern_with_length_bounds_is_exact(pattern: str, lo: int | None, hi: int | None) -> None:
+    schema: dict = {"type": "string", "pattern": pattern, **({} if lo is None else {"minLength": lo}), "maxLength": hi}
+    pat = re.compile(json_schema_to_regex(schema))
+    rng = random.Random(7)
+    alphabet = "abcxz_.()-09htps:/A"
+    cands = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(6000)]
+    cands += ["http://" + "a" * k for k in range(8)] + ["https://" + "b" * k for k in range(8)]
+    cands += ["a" * k for k in range(10)] + ["ab" + "c" * k + "-1" for k in range(6)] + ["ab" * k + "12" for k in range(4)]
+    cands += ["a" + "b" * k + "c" for k in range(4)]
+    valid = 0
+    for c in cands:
+        want = re.search(pattern, c) is not None and (lo is None or len(c) >= lo) and len(c) <= hi
+        valid += want
+        assert (pat.fullmatch(json.dumps(c)) is not None) == want, (pattern, c)
+    assert valid > 0
+
+
+@pytest.mark.parametrize(
+    "schema,message",
+    [
+        ({"type": "string", "pattern": "^(\\d+\\.\\d+.*)$", "maxLength": 8}, "minLength/maxLength"),
+        ({"type": "string", "pattern": "a+", "maxLength": 3}, "anchored"),
+        ({"type": "number", "multipleOf": 0.25}, "power of ten"),
+        ({"type": "integer", "multipleOf": 7}, "multipleOf 7"),
+        ({"type": "number", "multipleOf": 0}, "greater than 0"),
+    ],
+)
+def test_unsupported_shapes_say_why(schema: dict, message: str) -> None:
+    with pytest.raises(GrammarError, match=re.escape(message)):
+        json_schema_to_regex(schema)
+
+
+LISTED_CASES = [  # an enum/const next to keywords the translator cannot express: each value decided
+    ({"enum": [1, 2, 3, 4, 6], "not": {"multipleOf": 2}}, [1, 3], [2, 4, 6, 5]),
+    ({"allOf": [{"enum": [[1, 2], [1, 1], [], "x"]}, {"type": "array", "uniqueItems": True, "minItems": 1}]},
+     [[1, 2]], [[1, 1], [], "x"]),
+    ({"enum": ["x", "y", "zz"], "if": {"const": "x"}, "then": False, "else": {"maxLength": 1}}, ["y"], ["x", "zz"]),
+    ({"$defs": {"small": {"maximum": 10}}, "allOf": [{"$ref": "#/$defs/small"}, {"enum": [5, 50, "s"]}]},
+     [5, "s"], [50]),
+    ({"allOf": [{"enum": [{"foo": "baz"}, {"foo": "baz", "bar": 1}]},
+                {"not": {"not": {"properties": {"bar": {"type": "integer"}}, "required": ["bar"]}}}]},
+     [{"foo": "baz", "bar": 1}], [{"foo": "baz"}]),
+]
+
+
+@pytest.mark.parametrize("schema,accept,reject", LISTED_CASES)
+def test_enum_next_to_any_keyword_is_decided_per_value(schema: dict, accept: list, reject: list) -> None:
+    for inst in accept:
+        assert jsonschema.Draft202012Validator(schema).is_valid(inst), inst  # the case list itself is right
+        assert _matches(schema, inst), inst
+    for inst in reject:
+        assert not _matches(schema, inst), inst
