@@ -17,7 +17,8 @@ The schemas are not shipped. Point `--data` at a checkout's `maskbench/data` fol
     .venv/bin/python benchmarks/bench_maskbench.py --data /tmp/jsb/maskbench/data --sample 300 --seed 1
     .venv/bin/python benchmarks/bench_maskbench.py --data DIR --engines sgl,llguidance,xgrammar
 
-Engines: `sgl` (ours), `llguidance` and `xgrammar` (each when installed; xgrammar in
+Engines: the `grammar_backend`s, each through sgl's Grammar/Matcher contract as the engine
+runs it: `sgl` (ours), `llguidance` and `xgrammar` (each when installed; xgrammar in
 compliant mode, `strict_mode=False`, as the issue measured it). Results go to
 `benchmarks/results/maskbench.json` (or `--out`), with each schema's outcome per engine.
 """
@@ -44,12 +45,16 @@ ENGINES = ("sgl", "llguidance", "xgrammar")
 # ---------------------------------------------------------------------------- engines (in the worker)
 
 
-class SglEngine:
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
+class BackendEngine:
+    """One grammar_backend through sgl's Grammar/Matcher contract: what a user of that
+    backend gets (sgl's compiler as the engine runs it: isolated, no cache)."""
+
+    def __init__(self, name: str, tokenizer: Any, vocab_size: int) -> None:
         from sgl.constrained import GrammarCompiler, TokenVocabulary, allocate_bitmask
 
         self.vocab = TokenVocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size)
-        self.compiler = GrammarCompiler(self.vocab, cache_size=0, isolate=True)  # as the engine compiles
+        self.compiler = GrammarCompiler(self.vocab, cache_size=0, isolate=name == "sgl", backend=name,
+                                        tokenizer=tokenizer)
         self.row = allocate_bitmask(1, vocab_size)[0]
         self.eos = self.vocab.eos_token_ids[0]
 
@@ -66,63 +71,6 @@ class SglEngine:
 
     def accept(self, m: Any, token: int) -> bool:
         return m.accept(token)
-
-
-class LlguidanceEngine:
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        import llguidance
-        import llguidance.hf
-        import llguidance.torch
-
-        self.ll = llguidance
-        self.tok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab_size)
-        self.mask = llguidance.torch.allocate_token_bitmask(1, vocab_size)
-        self.fill = llguidance.torch.fill_next_token_bitmask
-        self.eos = self.tok.eos_token
-
-    def compile(self, schema: Any) -> Any:
-        grammar = self.ll.LLMatcher.grammar_from_json_schema(json.dumps(schema))  # defaults, as MaskBench ran it
-        is_error, messages = self.ll.LLMatcher.validate_grammar_with_warnings(grammar, self.tok)
-        if is_error:
-            raise ValueError("; ".join(messages))
-        return grammar
-
-    def start(self, grammar: Any) -> Any:
-        m = self.ll.LLMatcher(self.tok, grammar, log_level=0)
-        if m.is_error():
-            raise ValueError(m.get_error())
-        return m
-
-    def mask_allows(self, m: Any, token: int) -> bool:
-        self.fill(m, self.mask, 0)
-        return bool((int(self.mask[0, token // 32]) >> (token % 32)) & 1)
-
-    def accept(self, m: Any, token: int) -> bool:
-        return bool(m.consume_token(token)) and not m.is_error()
-
-
-class XgrammarEngine:
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        import xgrammar as xgr
-
-        self.xgr = xgr
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self.mask = xgr.allocate_token_bitmask(1, vocab_size)
-        self.eos = info.stop_token_ids[0]
-
-    def compile(self, schema: Any) -> Any:
-        return self.compiler.compile_json_schema(json.dumps(schema), strict_mode=False)
-
-    def start(self, grammar: Any) -> Any:
-        return self.xgr.GrammarMatcher(grammar)
-
-    def mask_allows(self, m: Any, token: int) -> bool:
-        m.fill_next_token_bitmask(self.mask)
-        return bool((int(self.mask[0, token // 32]) >> (token % 32)) & 1)
-
-    def accept(self, m: Any, token: int) -> bool:
-        return bool(m.accept_token(token))
 
 
 def load_tokenizer() -> tuple[Any, int]:
@@ -177,7 +125,7 @@ def worker(name: str, memory_gb: float, conn: Any) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     tokenizer, vocab_size = load_tokenizer()
-    engine = {"sgl": SglEngine, "llguidance": LlguidanceEngine, "xgrammar": XgrammarEngine}[name](tokenizer, vocab_size)
+    engine = BackendEngine(name, tokenizer, vocab_size)
     conn.send("ready")
     while True:
         path = conn.recv()

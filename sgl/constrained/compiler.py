@@ -35,13 +35,21 @@ REGEX_ROUTE_TIMEOUT_S = 1.0
 
 
 class GrammarCompiler:
-    """Compiles regex / JSON-schema / EBNF constraints for one vocabulary."""
+    """Compiles regex / JSON-schema / EBNF constraints for one vocabulary; ``backend``
+    "llguidance" or "xgrammar" hands every compile to that engine (see ``backends``)."""
 
     def __init__(self, vocab: TokenVocabulary, cache_size: int = 64, max_workers: int = 1, *, isolate: bool = False,
-                 compile_timeout_s: float | None = None, compile_memory_bytes: int | None = None) -> None:
+                 compile_timeout_s: float | None = None, compile_memory_bytes: int | None = None,
+                 backend: str = "sgl", tokenizer: Any = None) -> None:
         self.vocab = vocab
+        self.backend = backend
         self._builder: Any = None
-        if isolate:
+        self._external: Any = None
+        if backend != "sgl":  # llguidance / xgrammar: they compile everything, in process
+            from sgl.constrained.backends import make_backend
+
+            self._external = make_backend(backend, vocab, tokenizer)
+        elif isolate:
             from sgl.constrained import isolation
             from sgl.constrained.regex import index_vocab
 
@@ -160,6 +168,8 @@ class GrammarCompiler:
                     self._cache.popitem(last=False)
 
     def _build(self, kind: str, normalized: str, spec: Any) -> Grammar:
+        if self._external is not None:
+            return self._external.build(kind, normalized)
         if kind in ("ebnf", "json_object"):
             from sgl.constrained import ebnf  # written separately; imported only when used
 

@@ -563,6 +563,14 @@ def _json_equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
+def _listed(schema: dict) -> list | None:
+    """The values an enum/const allows (both: the common ones), or None."""
+    if "enum" in schema and isinstance(schema["enum"], list):
+        values = schema["enum"]
+        return [v for v in values if _json_equal(v, schema["const"])] if "const" in schema else list(values)
+    return [schema["const"]] if "const" in schema else None
+
+
 def _type_list(t: Any) -> list:
     return [t] if isinstance(t, str) else list(t) if isinstance(t, list) else []
 
@@ -986,12 +994,29 @@ class _Converter:
             branches = [{"allOf": [siblings, b]} for b in branches]  # type: ignore[list-item]
         rxs = [self.convert(b, f"{where}/{comb}/{i}") for i, b in enumerate(branches)]
         if comb == "oneOf":
-            self.check_disjoint([r for r in rxs if r is not None], where)
+            kept = [i for i, r in enumerate(rxs) if r is not None]
+            self.check_disjoint([rxs[i] for i in kept], where, schemas=[branches[i] for i in kept])  # type: ignore[misc]
         return rx_alt(*rxs)
 
-    def check_disjoint(self, rxs: list[Rx], where: str, what: str = "oneOf") -> None:
+    def check_disjoint(self, rxs: list[Rx], where: str, what: str = "oneOf", schemas: list | None = None) -> None:
         """oneOf = anyOf only if no value matches two branches (and several patternProperties
-        apply one schema each only if no key matches two): prove it on the automata."""
+        apply one schema each only if no key matches two). Pairs are proven cheaply first
+        (different first characters; a required property with disjoint values; a required
+        property the other closed object cannot have), the rest on the automata."""
+        unproven = {
+            k for i in range(len(rxs)) for j in range(i + 1, len(rxs))
+            if schemas is None or not self.disjoint_schemas(schemas[i], schemas[j], where)
+            for k in (i, j)
+        }
+        if schemas is not None:
+            # The automata compare what we generate; that decides only where we generate all a
+            # branch accepts (else a value of one branch could be accepted, not generated, by another).
+            narrow = [i for i in sorted(unproven) if not self.exact(schemas[i], where)]
+            if narrow:
+                raise self.fail(where, f"{what}: cannot prove branch {narrow[0]} exclusive of the others: it accepts "
+                                "more than is generated (an open object, a free value, an inferred type); use anyOf, "
+                                "or give the branches distinct const tags or types")
+        rxs = [rxs[i] for i in sorted(unproven)]
         if len(rxs) < 2:
             return
         if any(r.ref for r in rxs):
@@ -1012,6 +1037,87 @@ class _Converter:
                         where, f"{what}: branches {i} and {j} can match the same value, and exclusivity cannot be "
                         "enforced; use anyOf, or make the branches distinct (e.g. a const tag)"
                     )
+
+    def plain(self, schema: Any, where: str) -> Any:
+        """A schema with its $ref/allOf conjunction merged (for proofs), or None."""
+        if not isinstance(schema, dict):
+            return schema
+        try:
+            merged = self.merge_all_of(schema, where, []) if {"$ref", "allOf"} & set(schema) else schema
+        except GrammarError:
+            return None
+        return validation_keywords(merged) if isinstance(merged, dict) else merged
+
+    def exact(self, schema: Any, where: str, depth: int = 0) -> bool:
+        """Do we generate every value ``schema`` accepts (up to spelling)? Conservatively:
+        listed values, or an explicit type whose objects are closed, with no free values,
+        inferred types or depth cuts anywhere inside."""
+        s = self.plain(schema, where)
+        if s is False or (isinstance(s, dict) and _listed(s) is not None):
+            return True
+        if not isinstance(s, dict) or "type" not in s or depth > 6 or {"not", "patternProperties", "propertyNames"} & set(s):
+            return False
+        for comb in ("anyOf", "oneOf"):
+            if comb in s:
+                rest = {k: v for k, v in s.items() if k != comb}
+                return isinstance(s[comb], list) and all(
+                    self.exact({"allOf": [rest, b]}, where, depth + 1) for b in s[comb])
+        types = _type_list(s["type"])
+        if "object" in types:
+            closed = s.get("additionalProperties") is False or s.get("unevaluatedProperties") is False
+            props = s.get("properties") or {}
+            if not closed or not isinstance(props, dict) or not all(self.exact(v, where, depth + 1) for v in props.values()):
+                return False
+        if "array" in types:
+            items = s.get("prefixItems", s.get("items"))
+            parts = items if isinstance(items, list) else [items]
+            tail = s.get("items") if "prefixItems" in s else s.get("additionalItems", True) if isinstance(items, list) else None
+            if tail is not None and tail is not False:
+                parts = [*parts, tail]
+            if not all(p is not None and self.exact(p, where, depth + 1) for p in parts):
+                return False
+        return True
+
+    def disjoint_schemas(self, a: Any, b: Any, where: str, depth: int = 0) -> bool:
+        """No value we generate for ``a`` is valid for ``b`` and vice versa, proven from the
+        keywords: listed values that differ, types that differ, or two objects told apart
+        by a required property (values disjoint, or absent from the other closed object)."""
+        a, b = self.plain(a, where), self.plain(b, where)
+        if a is False or b is False:
+            return True
+        if not isinstance(a, dict) or not isinstance(b, dict) or depth > 4:
+            return False
+        va, vb = _listed(a), _listed(b)
+        if va is not None and vb is not None:
+            return not any(_json_equal(x, y) for x in va for y in vb)
+        for listed, other in ((va, b), (vb, a)):
+            if listed is not None and self.values.keep(other, listed) == []:
+                return True  # no listed value is valid for the other: we generate nothing both accept
+        try:  # the types we generate, and the types each accepts (all, unless stated)
+            ga, gb = set(self.types(a, where)), set(self.types(b, where))
+            ta = set(self.types({"type": a["type"]}, where)) if "type" in a else set(_TYPES)
+            tb = set(self.types({"type": b["type"]}, where)) if "type" in b else set(_TYPES)
+        except GrammarError:
+            return False
+        for t in (ga, gb, ta, tb):
+            if "number" in t:
+                t.add("integer")
+        if not ga & tb and not gb & ta:
+            return True
+        if ga != {"object"} or gb != {"object"}:
+            return False
+        for x, y in ((a, b), (b, a)):
+            props_x, props_y = x.get("properties") or {}, y.get("properties") or {}
+            for name in x.get("required") or []:
+                if not isinstance(name, str):
+                    continue
+                closed_y = y.get("additionalProperties") is False or y.get("unevaluatedProperties") is False
+                if closed_y and name not in props_y and not y.get("patternProperties"):
+                    return True
+                if name in (y.get("required") or []) and name in props_x and name in props_y:
+                    if self.disjoint_schemas(props_x[name], props_y[name], where, depth + 1):
+                        return True
+        return False
 
     def convert_enum(self, schema: dict, where: str) -> Rx | None:
         values: list[Any]

@@ -30,6 +30,7 @@ class EngineConfig:
     # Compiling a constraint runs in a child process under these limits (a 400 past them).
     constraint_compile_timeout: float = 30.0  # CPU seconds (3x in wall time)
     constraint_compile_memory_gb: float = 4.0
+    grammar_backend: str = "sgl"  # sgl | llguidance | xgrammar (when installed): who compiles constraints
     attention_backend: str = "auto"  # auto | cpu | torch_native | triton | flashinfer
     context_length: int | None = None
     random_seed: int | None = None
@@ -60,6 +61,13 @@ class EngineConfig:
             raise ValueError(f"constraint_compile_timeout must be > 0 seconds, got {self.constraint_compile_timeout}")
         if not self.constraint_compile_memory_gb >= 0.5:
             raise ValueError(f"constraint_compile_memory_gb must be >= 0.5, got {self.constraint_compile_memory_gb}")
+        from sgl.constrained.backends import BACKENDS, available_backends
+
+        if self.grammar_backend not in BACKENDS:
+            raise ValueError(f"grammar_backend must be one of {BACKENDS}, got {self.grammar_backend!r}")
+        if self.grammar_backend not in available_backends():
+            raise ValueError(f"grammar_backend {self.grammar_backend!r} is not installed: pip install "
+                             f"{self.grammar_backend} (available: {available_backends()})")
         if self.cuda_graph_max_bs < 1:
             raise ValueError(
                 f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use disable_cuda_graph=True to turn graphs off"

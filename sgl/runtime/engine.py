@@ -259,7 +259,8 @@ class Engine:
                 cfg = self.config
                 self._grammar_compiler = GrammarCompiler(
                     vocab, isolate=True, compile_timeout_s=cfg.constraint_compile_timeout,
-                    compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30))
+                    compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30), backend=cfg.grammar_backend,
+                    tokenizer=self.tokenizer)
             return self._grammar_compiler
 
     # ------------------------------------------------------------------ generate
@@ -432,6 +433,7 @@ class Engine:
             "disable_radix_cache": cfg.disable_radix_cache,
             "max_running_requests": cfg.max_running_requests,
             "load_format": cfg.load_format,
+            "grammar_backend": cfg.grammar_backend,
             "memory_plan": dict(self.memory_plan),
         })
         return info

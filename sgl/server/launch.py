@@ -37,6 +37,10 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         type=float, default=30.0, help="CPU seconds a regex/JSON-schema constraint may take to compile, 3x in wall time (a 400 past it)")),
     "--constraint-compile-memory-gb": ("constraint_compile_memory_gb", dict(
         type=float, default=4.0, help="memory cap of the process that compiles constraints")),
+    "--grammar-backend": ("grammar_backend", dict(
+        default="sgl", choices=["sgl", "llguidance", "xgrammar"],
+        help="who compiles regex/JSON-schema/EBNF constraints: sgl (exact, budget-aware), or llguidance / "
+             "xgrammar when installed")),
     "--attention-backend": ("attention_backend", dict(
         default="auto", choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
         help="auto: flashinfer, else triton on CUDA when installed; on CPU (float32) our C++ kernel "

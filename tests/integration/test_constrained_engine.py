@@ -196,6 +196,33 @@ def test_constraint_over_the_compile_limit_is_a_bad_request_and_the_engine_serve
         assert info["available_kv_tokens"] == info["max_total_tokens"]
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_external_grammar_backends_constrain_and_jump_forward(backend):
+    pytest.importorskip(backend)
+    with sgl.Engine(model_path="default", max_total_tokens=4000, grammar_backend=backend) as engine:
+        assert engine.get_server_info()["grammar_backend"] == backend
+        outs = engine.generate(  # greedy: xgrammar's bounded strings admit control characters (see the unit tests)
+            [chat(engine, f"Describe user number {i} as JSON.") for i in range(3)],
+            {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96})
+        for o in outs:
+            assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+            jsonschema.validate(json.loads(o["text"]), PERSON)
+        before = engine.get_server_info()["forward_steps"]
+        one = engine.generate(chat(engine, "Describe an admin user as JSON."),
+                              {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96})
+        steps = engine.get_server_info()["forward_steps"] - before
+        # One request alone takes a step per sampled token (plus prefill): forced keys take none.
+        assert steps < one["meta_info"]["completion_tokens"], (steps, one)
+        out = engine.generate(chat(engine, "Pick a colour."), {"regex": "(red|green|blue)!", "max_new_tokens": 8})
+        assert re.fullmatch("(red|green|blue)!", out["text"]), out["text"]
+        with pytest.raises(sgl.InvalidRequestError) as e:
+            engine.generate("x", {"regex": "(unclosed", "max_new_tokens": 4})
+        assert e.value.param == "regex"
+        assert engine.flush_cache()
+        info = engine.get_server_info()
+        assert info["available_kv_tokens"] == info["max_total_tokens"]
+
+
 def test_no_kv_leak_after_constrained_requests(engines):
     for engine in engines.values():
         assert engine.flush_cache()
