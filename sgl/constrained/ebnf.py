@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sgl.constrained.ebnf_automaton import build_network
+from sgl.constrained.ebnf_completion import Completions
 from sgl.constrained.ebnf_parse import parse_grammar
 from sgl.constrained.ebnf_runtime import DEAD, Tables, byte_classes, vocab_trie
 from sgl.constrained.errors import GrammarError
@@ -109,7 +110,11 @@ class EbnfGrammar:
         self._node_class = self._byte_class[self._trie.byte]
         self._eos = frozenset(int(i) for i in vocab.eos_token_ids)
         self._lock = threading.RLock()
-        self._tables = Tables(self._net, self._byte_class, self._class_rep)
+        # Budget-aware masks need every state's shortest completion: ~4 us a state, so only
+        # for networks up to COMPLETIONS_MAX_STATES (larger ones decode without budgets).
+        self._completions = (Completions(self._net, _greedy_cover(vocab))
+                             if self._net.n_states <= COMPLETIONS_MAX_STATES else None)
+        self._tables = self._new_tables()
         self._initial = self._tables.initial()
         self._tables.mask(self._initial, self._trie, self._node_class)  # warm: every request needs it
         eos_bits = np.zeros(self._trie.n_words * 32, dtype=bool)
@@ -123,9 +128,14 @@ class EbnfGrammar:
     def _current_tables(self) -> Tables:
         """The live tables, replaced by fresh ones when they have grown past their bounds."""
         if self._tables.too_big():
-            self._tables = Tables(self._net, self._byte_class, self._class_rep)
+            self._tables = self._new_tables()
             self._initial = self._tables.initial()
         return self._tables
+
+    def _new_tables(self) -> Tables:
+        tables = Tables(self._net, self._byte_class, self._class_rep)
+        tables.completions = self._completions
+        return tables
 
     def __repr__(self) -> str:
         return f"EbnfGrammar({len(self._net.rule_names)} rules, {self._net.n_states} states)"
@@ -154,7 +164,8 @@ class EbnfMatcher:
 
     def fill_mask(self, row: "torch.Tensor", budget: int | None = None) -> None:
         """Set the bit of every allowed token id in `row` (int32 words, zeroed by the caller).
-        ``budget`` is not used: grammars do not yet know their distances to acceptance."""
+        With ``budget`` (tokens left, this one included), only tokens after which a
+        completion still fits, when one does (distances in ``ebnf_completion``)."""
         import torch
 
         with self._g._lock:
@@ -163,7 +174,11 @@ class EbnfMatcher:
             if cur == _DONE:
                 words = self._g._eos_words
             else:
-                words = tables.mask(cur, self._g._trie, self._g._node_class)
+                g = self._g
+                words = (None if budget is None or tables.completions is None
+                         else tables.budget_mask(cur, budget, g._trie, g._node_class))
+                if words is None:
+                    words = tables.mask(cur, g._trie, g._node_class)
         src = torch.from_numpy(words)
         if row.device != src.device:
             src = src.to(row.device)
@@ -256,6 +271,37 @@ class EbnfMatcher:
     @property
     def num_accepted(self) -> int:
         return len(self._hist) - 1
+
+    @property
+    def state(self) -> int:
+        """The parse state id (in the current tables; _DONE after EOS): equal ids, equal futures."""
+        with self._g._lock:
+            self._sync()
+            return self._hist[-1]
+
+
+COMPLETIONS_MAX_STATES = 100_000
+
+
+def _greedy_cover(vocab: "TokenVocabulary"):
+    """Tokens in a greedy longest-match cover of some bytes (a real tokenization: an upper
+    bound of the fewest tokens that spell them; inf if a byte has no token)."""
+    eos = set(vocab.eos_token_ids)
+    tokens = frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos)
+    longest = max((len(t) for t in tokens), default=1)
+
+    def cover(data: bytes) -> float:
+        i, n = 0, 0
+        while i < len(data):
+            for k in range(min(longest, len(data) - i), 0, -1):
+                if data[i : i + k] in tokens:
+                    i, n = i + k, n + 1
+                    break
+            else:
+                return float("inf")
+        return float(n)
+
+    return cover
 
 
 def compile_ebnf(spec: str, vocab: "TokenVocabulary") -> EbnfGrammar:

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from sgl.constrained.ebnf_automaton import Network
+from sgl.constrained.ebnf_completion import INF, Completions
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +141,12 @@ class Tables:
         self.masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self.forced: dict[int, str] = {}
         self.overflowed = False
+        # Budget-aware masks: tokens each parse state needs to finish, the most any allowed
+        # token leads to (a budget above it changes nothing), the tokens of each stack's frames.
+        self.completions: Completions | None = None
+        self.needs: dict[int, float] = {}
+        self.max_need_after: dict[int, float] = {}
+        self.stack_tokens: dict[int, float] = {0: 0.0}
 
     def too_big(self) -> bool:
         return len(self.dstates) > MAX_DSTATES or len(self.stack_ret) > MAX_STACKS
@@ -281,7 +288,83 @@ class Tables:
         if hit is not None:
             self.masks.move_to_end(did)
             return hit
-        node_ok = np.zeros(trie.n_nodes + 1, dtype=bool)
+        return self._plain(did, self._walk(did, trie, node_class)[trie.token_node], trie)
+
+    def _plain(self, did: int, ends: np.ndarray, trie: VocabTrie) -> np.ndarray:
+        words = self._pack(did, ends != DEAD, trie)
+        self.masks[did] = words
+        if len(self.masks) > MASK_CACHE_SIZE:
+            self.masks.popitem(last=False)
+        return words
+
+    def _pack(self, did: int, allowed_tokens: np.ndarray, trie: VocabTrie) -> np.ndarray:
+        allowed = np.zeros(trie.n_words * 32, dtype=bool)
+        allowed[: trie.vocab_size] = allowed_tokens
+        if self.accepting(did) and trie.eos.size:
+            allowed[trie.eos] = True
+        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+    def need(self, did: int) -> float:
+        """Tokens that finish the text from parse state ``did``, EOS included, at most."""
+        hit = self.needs.get(did)
+        if hit is not None:
+            return hit
+        comp = self.completions
+        assert comp is not None
+        best = INF
+        M, ACCEPT = self.M, self.ACCEPT
+        for cfg in self.dstates[did]:
+            k, stack = cfg % M, cfg // M
+            cost = 0.0 if k == ACCEPT else comp.tail_tokens(k) + self._stack_tokens(stack)
+            best = min(best, cost)
+        self.needs[did] = best + 1  # + EOS
+        return best + 1
+
+    def _stack_tokens(self, stack: int) -> float:
+        memo, chain = self.stack_tokens, []
+        while stack not in memo:
+            chain.append(stack)
+            stack = self.stack_parent[stack]
+        total = memo[stack]
+        comp = self.completions
+        for s in reversed(chain):
+            total += comp.tail_tokens(self.stack_ret[s])  # type: ignore[union-attr]
+            memo[s] = total
+        return total
+
+    def budget_mask(self, did: int, budget: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
+        """The mask of tokens after which a completion still fits in ``budget - 1`` tokens;
+        None when every allowed token does (the plain mask applies), or when none does and
+        the text cannot end here (no completion fits: the output may be cut)."""
+        if budget - 1 >= self.max_need_after.get(did, INF):
+            return None  # every allowed token leaves room: the plain (cached) mask
+        ends = self._walk(did, trie, node_class)[trie.token_node]
+        targets, live = self._targets(ends)
+        if did not in self.max_need_after:  # once per parse state (the walk is shared with the plain mask)
+            self.max_need_after[did] = max((self.need(int(d)) for d in targets), default=0.0)
+            if did not in self.masks:
+                self._plain(did, ends, trie)
+            if budget - 1 >= self.max_need_after[did]:
+                return None
+        need_of = np.zeros(len(self.dstates), dtype=np.float64)
+        need_of[targets] = [self.need(int(d)) for d in targets]
+        keep = live & (need_of[ends] <= budget - 1)
+        if keep.sum() == live.sum() or not (keep.any() or self.accepting(did)):
+            return None
+        return self._pack(did, keep, trie)
+
+    def _targets(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct live parse states in ``ends`` (a scatter, cheaper than a sort), and
+        which entries are live."""
+        live = ends != DEAD
+        present = np.zeros(len(self.dstates), dtype=bool)
+        present[ends[live]] = True
+        return np.flatnonzero(present), live
+
+    def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+        """The parse state after each trie node's bytes (DEAD where they are not allowed);
+        index ``n_nodes`` (the sentinel of tokens without bytes) is DEAD."""
+        node_ds = np.zeros(trie.n_nodes + 1, dtype=np.int32)
         live = np.zeros(1, dtype=np.int64)  # the root
         live_ds = np.full(1, did, dtype=np.int32)
         child_count, child_start = trie.child_count, trie.child_start
@@ -300,30 +383,19 @@ class Tables:
             nxt = self._step_nodes(np.repeat(live_ds, cnt), node_class[nodes])
             ok = nxt != DEAD
             live, live_ds = nodes[ok], nxt[ok]
-            node_ok[live] = True
+            node_ds[live] = live_ds
             depth += 1
         if live.size:
             # Dense phase: many nodes alive (e.g. inside a string): walk whole levels, whose
             # nodes are contiguous, so parents and classes are plain slices.
-            ds = np.zeros(trie.n_nodes, dtype=np.int32)
-            ds[live] = live_ds
             parent, level_start = trie.parent, trie.level_start
             for d in range(depth + 1, len(level_start) - 1):
                 a, b = int(level_start[d]), int(level_start[d + 1])
-                cur = ds[parent[a:b]]
+                cur = node_ds[parent[a:b]]
                 if not cur.any():
                     break
-                ds[a:b] = self._step_nodes(cur, node_class[a:b])
-            node_ok[: trie.n_nodes] |= ds != DEAD
-        allowed = np.zeros(trie.n_words * 32, dtype=bool)
-        allowed[: trie.vocab_size] = node_ok[trie.token_node]
-        if self.accepting(did) and trie.eos.size:
-            allowed[trie.eos] = True
-        words = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
-        self.masks[did] = words
-        if len(self.masks) > MASK_CACHE_SIZE:
-            self.masks.popitem(last=False)
-        return words
+                node_ds[a:b] = self._step_nodes(cur, node_class[a:b])
+        return node_ds
 
     def _step_nodes(self, cur: np.ndarray, classes: np.ndarray) -> np.ndarray:
         """table[cur, classes], computing the transitions not known yet."""

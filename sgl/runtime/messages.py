@@ -51,14 +51,15 @@ class FinishReason:
     matched: int | str | None = None  # stop: the stop token id or string (None: EOS-free stop)
     length: int | None = None  # length: the limit reached
     message: str | None = None  # abort: why
+    incomplete: bool = False  # length: a constrained output cut short of a complete member
 
     @classmethod
     def stop(cls, matched: int | str | None) -> "FinishReason":
         return cls("stop", matched=matched)
 
     @classmethod
-    def of_length(cls, length: int) -> "FinishReason":
-        return cls("length", length=length)
+    def of_length(cls, length: int, incomplete: bool = False) -> "FinishReason":
+        return cls("length", length=length, incomplete=incomplete)
 
     @classmethod
     def abort(cls, message: str) -> "FinishReason":
@@ -72,6 +73,8 @@ class FinishReason:
         if self.type == "stop":
             return {"type": "stop", "matched": self.matched}
         if self.type == "length":
+            if self.incomplete:  # with budget_aware on: even the shortest completion did not fit
+                return {"type": "length", "length": self.length, "incomplete": True}
             return {"type": "length", "length": self.length}
         return {"type": "abort", "message": self.message}
 

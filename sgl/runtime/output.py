@@ -152,7 +152,8 @@ class OutputProcessor:
             reason = FinishReason.stop(r.stop_matcher.matched_stop)
             return piece + (r.stop_matcher.matched_stop if sp.no_stop_trim else ""), reason
         if reason is None and len(r.output_ids) >= sp.max_new_tokens:
-            reason = FinishReason.of_length(sp.max_new_tokens)
+            cut = r.matcher is not None and not r.matcher.is_accepting()
+            reason = FinishReason.of_length(sp.max_new_tokens, incomplete=cut)
         if reason is not None:
             tail, _ = r.stop_matcher.feed(r.detokenizer.flush())
             piece += tail + r.stop_matcher.flush()

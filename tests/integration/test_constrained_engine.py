@@ -151,8 +151,11 @@ def test_jump_forward_takes_fewer_steps_and_same_greedy_output(engines):
 def test_cut_by_max_new_tokens_reports_length(engines):
     engine = engines["on"]
     out = engine.generate(chat(engine, "JSON please"), {"json_schema": PERSON, "max_new_tokens": 5})
-    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    # No member of PERSON fits in 5 tokens: the output is cut, and says so.
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5, "incomplete": True}
     assert out["meta_info"]["completion_tokens"] <= 5
+    free = engine.generate(chat(engine, "Hi"), {"max_new_tokens": 3, "ignore_eos": True})
+    assert free["meta_info"]["finish_reason"] == {"type": "length", "length": 3}  # no constraint: nothing to be cut
 
 
 def test_n_samples_and_stop_strings_with_constraints(engines):
@@ -259,7 +262,13 @@ BUDGET_LANGUAGES = [  # (constraint, the shortest member, a check of a complete 
     ({"json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
       "items": {"type": "string"}}}, "required": ["name", "tags"], "additionalProperties": False}},
      '{"name":"","tags":[]}', lambda t: isinstance(json.loads(t)["tags"], list)),
+    ({"ebnf": 'root ::= item ("," item)* "."\nitem ::= [a-z]+'}, "a.", lambda t: re.fullmatch("[a-z]+(,[a-z]+)*\\.", t)),
+    ({"ebnf": 'root ::= list\nlist ::= "[" (list ("," list)*)? "]"'}, "[]", lambda t: _nested_lists(json.loads(t))),
 ]  # fmt: skip
+
+
+def _nested_lists(value) -> bool:
+    return isinstance(value, list) and all(_nested_lists(v) for v in value)
 
 
 def _complete(check, text: str) -> bool:

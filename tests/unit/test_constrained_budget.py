@@ -10,7 +10,17 @@ import random
 import pytest
 from test_constrained_support import make_compiler, make_vocab
 
+from sgl.constrained.ebnf import EbnfGrammar
+from sgl.constrained.json_schema import json_schema_to_rules
 from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
+
+ARITH = """root ::= expr "="
+expr ::= term (("+" | "-") term)*
+term ::= factor ("*" factor)*
+factor ::= [0-9]{1,3} | "(" expr ")"
+"""
+RECORD = {"type": "object", "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
+          "child": {"$ref": "#"}}, "required": ["id", "tags"], "additionalProperties": False}  # fmt: skip
 
 LANGUAGES = [
     ("regex", "[a-z]+@[a-z]+\\.(com|org)"),
@@ -18,7 +28,18 @@ LANGUAGES = [
     ("json_schema", {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
      "items": {"type": "string"}}, "kind": {"enum": ["internationalization", "x"]}},
      "required": ["name", "tags", "kind"], "additionalProperties": False}),
+    ("ebnf", ARITH),
+    ("json_schema_grammar", RECORD),  # the grammar route (recursive $ref: a rule)
 ]  # fmt: skip
+
+
+def compile_for(kind: str, spec):
+    if kind == "json_schema_grammar":
+        import json
+
+        vocab = make_vocab("byte_level")
+        return EbnfGrammar(json.dumps(spec), vocab, rules=json_schema_to_rules(spec), kind="json_schema")
+    return make_compiler("byte_level").compile(kind, spec)
 
 
 def allowed(matcher, vocab, budget=None) -> set[int]:
@@ -27,10 +48,10 @@ def allowed(matcher, vocab, budget=None) -> set[int]:
     return set(bitmask_to_bool(row, vocab.vocab_size).nonzero().flatten().tolist())
 
 
-def shortest_tokens(grammar, vocab) -> int:
+def shortest_tokens(grammar, vocab, start=None) -> int:
     """Fewest tokens (EOS included, unless the match ends by itself) to a complete member."""
     eos = set(vocab.eos_token_ids)
-    frontier, seen, depth = [grammar.matcher()], set(), 0
+    frontier, seen, depth = [start.copy() if start is not None else grammar.matcher()], set(), 0
     while frontier:
         nxt = []
         for m in frontier:
@@ -63,7 +84,7 @@ def walk(grammar, vocab, budget: int, aware: bool, rng: random.Random) -> bool:
 
 @pytest.mark.parametrize("kind,spec", LANGUAGES)
 def test_walks_within_budget_always_complete(kind, spec) -> None:
-    vocab, grammar = make_vocab("byte_level"), make_compiler("byte_level").compile(kind, spec)
+    vocab, grammar = make_vocab("byte_level"), compile_for(kind, spec)
     shortest = shortest_tokens(grammar, vocab)
     budget = max(shortest + 1, int(1.2 * shortest))
     rng = random.Random(0)
@@ -74,10 +95,37 @@ def test_walks_within_budget_always_complete(kind, spec) -> None:
 
 @pytest.mark.parametrize("kind,spec", LANGUAGES)
 def test_budget_never_adds_tokens_and_is_plain_when_roomy_or_hopeless(kind, spec) -> None:
-    vocab, grammar = make_vocab("byte_level"), make_compiler("byte_level").compile(kind, spec)
+    vocab, grammar = make_vocab("byte_level"), compile_for(kind, spec)
     m = grammar.matcher()
     plain = allowed(m, vocab)
     for budget in range(1, 80):
         assert allowed(m, vocab, budget) <= plain
     assert allowed(m, vocab, 10_000) == plain
     assert allowed(m, vocab, 1) == plain  # nothing fits in one token: the plain mask (a cut is reported)
+
+
+@pytest.mark.parametrize("kind,spec", [lang for lang in LANGUAGES if lang[0] in ("ebnf", "json_schema_grammar")])
+def test_grammar_budget_masks_keep_a_completion_within_budget(kind, spec) -> None:
+    """Brute force: whenever a budget narrows the mask, every token it admits leaves a
+    completion (found by BFS over the vocabulary) that fits in what is left."""
+    vocab, grammar = make_vocab("byte_level"), compile_for(kind, spec)
+    eos = set(vocab.eos_token_ids)
+    rng = random.Random(3)
+    m, narrowed = grammar.matcher(), 0
+    for _ in range(6):
+        plain = allowed(m, vocab)
+        shortest = shortest_tokens(grammar, vocab, m)
+        for budget in range(shortest, shortest + 4):
+            admitted = allowed(m, vocab, budget)
+            if admitted == plain:
+                continue
+            narrowed += 1
+            for t in sorted(admitted - eos):
+                c = m.copy()
+                assert c.accept(t)
+                assert shortest_tokens(grammar, vocab, c) <= budget - 1, (budget, vocab.token_bytes[t])
+        choices = sorted(plain - eos)
+        if not choices:
+            break
+        assert m.accept(rng.choice(choices))
+    assert narrowed  # the budget did narrow some masks: the check above ran
