@@ -44,7 +44,7 @@ list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``, ``maxIt
 ``pattern`` (Python/ASCII regex syntax, search semantics; with the length keywords when
 anchored and of one variable-length run of single characters plus short optional parts,
 e.g. ``^[a-z]+$``, ``^https?://.+$``), ``format`` (date, time, date-time, uuid, ipv4, ipv6,
-email, hostname, uri, uri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/
+email, hostname, uri, uri-reference, iri, iri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/
 ``exclusiveMaximum`` (any for integers; integer-valued for numbers), ``multipleOf`` in
 decimal arithmetic (powers of ten like 0.01 on numbers: at most that many decimals;
 integer steps that divide 1000, or any step over a range with few multiples), ``not`` over
@@ -471,23 +471,31 @@ _OCTET = integer_range(0, 255)
 _ALNUM = CharSet([(0x30, 0x39), (0x41, 0x5A), (0x61, 0x7A)])
 _PCT = _lit_seq("%", _HEX1, _HEX1)
 _UNRESERVED_SUB = _ALNUM | CharSet.of("-._~!$&'()*+,;=")  # RFC 3986 unreserved / sub-delims
-_REG_NAME = rx_rep(rx_alt(rx_set(_UNRESERVED_SUB), _PCT), 0, None)
-_PCHAR = rx_alt(rx_set(_UNRESERVED_SUB | CharSet.of(":@")), _PCT)
-_PCHAR_NC = rx_alt(rx_set(_UNRESERVED_SUB | CharSet.of("@")), _PCT)  # no ':' (a relative path's first segment)
-_SEGMENTS = rx_rep(_lit_seq("/", rx_rep(_PCHAR, 0, None)), 0, None)
-_QUERY_FRAG = _lit_seq(
-    rx_rep(_lit_seq("?", rx_rep(rx_alt(_PCHAR, rx_set(CharSet.of("/?"))), 0, None)), 0, 1),
-    rx_rep(_lit_seq("#", rx_rep(rx_alt(_PCHAR, rx_set(CharSet.of("/?"))), 0, None)), 0, 1),
-)
-# Authority without userinfo or IP literals (stricter than RFC 3986, still valid): host[:port].
-_AUTHORITY_PATH = _lit_seq("//", _REG_NAME, rx_rep(_lit_seq(":", rx_rep(_D, 0, None)), 0, 1), _SEGMENTS)
-_ABSOLUTE_PATH = _lit_seq("/", rx_rep(_lit_seq(rx_rep(_PCHAR, 1, None), _SEGMENTS), 0, 1))
+_UCSCHAR = CharSet([(0xA0, 0xD7FF), (0xF900, 0xFDCF), (0xFDF0, 0xFFEF), (0x10000, 0x1FFFD)])  # RFC 3987 (plane 1)
+
+
+def _uri_forms(extra: CharSet) -> tuple[Rx | None, Rx | None]:
+    """(absolute URI, relative reference) of RFC 3986; with ``extra`` = ucschar, the IRIs of
+    RFC 3987. Authority without userinfo or IP literals (stricter, still valid): host[:port]."""
+    unreserved = _UNRESERVED_SUB | extra
+    reg_name = rx_rep(rx_alt(rx_set(unreserved), _PCT), 0, None)
+    pchar = rx_alt(rx_set(unreserved | CharSet.of(":@")), _PCT)
+    pchar_nc = rx_alt(rx_set(unreserved | CharSet.of("@")), _PCT)  # no ':' (a relative path's first segment)
+    segments = rx_rep(_lit_seq("/", rx_rep(pchar, 0, None)), 0, None)
+    tail = rx_rep(rx_alt(pchar, rx_set(CharSet.of("/?"))), 0, None)
+    query_frag = _lit_seq(rx_rep(_lit_seq("?", tail), 0, 1), rx_rep(_lit_seq("#", tail), 0, 1))
+    authority_path = _lit_seq("//", reg_name, rx_rep(_lit_seq(":", rx_rep(_D, 0, None)), 0, 1), segments)
+    absolute_path = _lit_seq("/", rx_rep(_lit_seq(rx_rep(pchar, 1, None), segments), 0, 1))
+    uri = _lit_seq(_SCHEME, ":", rx_alt(authority_path, absolute_path, _lit_seq(rx_rep(pchar, 1, None), segments),
+                                        rx_lit("")), query_frag)
+    relative = _lit_seq(
+        rx_alt(authority_path, absolute_path, _lit_seq(rx_rep(pchar_nc, 1, None), segments), rx_lit("")), query_frag)
+    return uri, relative
+
+
 _SCHEME = _lit_seq(rx_set(CharSet([(0x41, 0x5A), (0x61, 0x7A)])), rx_rep(rx_set(_ALNUM | CharSet.of("+-.")), 0, None))
-_URI = _lit_seq(_SCHEME, ":", rx_alt(_AUTHORITY_PATH, _ABSOLUTE_PATH, _lit_seq(rx_rep(_PCHAR, 1, None), _SEGMENTS),
-                                     rx_lit("")), _QUERY_FRAG)
-_RELATIVE_REF = _lit_seq(
-    rx_alt(_AUTHORITY_PATH, _ABSOLUTE_PATH, _lit_seq(rx_rep(_PCHAR_NC, 1, None), _SEGMENTS), rx_lit("")), _QUERY_FRAG
-)
+_URI, _RELATIVE_REF = _uri_forms(CharSet())
+_IRI, _IRELATIVE_REF = _uri_forms(_UCSCHAR)
 _LABEL = _lit_seq(rx_set(_ALNUM), rx_rep(_lit_seq(rx_rep(rx_set(_ALNUM | CharSet.of("-")), 0, 61), rx_set(_ALNUM)), 0, 1))
 _HOSTNAME = _lit_seq(_LABEL, rx_rep(_lit_seq(".", _LABEL), 0, 3))  # <= 4 labels of <= 63: under 253 characters
 _H16 = rx_rep(_HEX1, 1, 4)
@@ -510,6 +518,8 @@ def _ipv6() -> Rx | None:
 _FORMATS: dict[str, Rx | None] = {
     "uri": _URI,
     "uri-reference": rx_alt(_URI, _RELATIVE_REF),
+    "iri": _IRI,
+    "iri-reference": rx_alt(_IRI, _IRELATIVE_REF),
     "hostname": _HOSTNAME,
     "ipv6": _ipv6(),
     "date": _DATE,
@@ -683,6 +693,7 @@ class _Converter:
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
+        self.forbidden: dict[str, list[frozenset]] = {}  # not: {required: [...]}, for the object at a path
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -827,10 +838,37 @@ class _Converter:
                 types = self.types(neg, f"{where}/not")
                 values = [v for v in values if any(_has_type(v, t) for t in types)]
             return self.convert_excluding(rest, values, where)
+        if set(neg) in ({"required"}, {"propertyNames"}):
+            return self.convert_not_object(rest, neg, where)
         raise self.fail(
-            where, "not is supported over type, const and enum only (e.g. {\"not\": {\"enum\": [\"a\"]}}); "
-            f"this one uses {sorted(neg)}"
+            where, "not is supported over type, const and enum, and over required or propertyNames: false alone "
+            f"(e.g. {{\"not\": {{\"enum\": [\"a\"]}}}}); this one uses {sorted(neg)}"
         )
+
+    def convert_not_object(self, rest: dict, neg: dict, where: str) -> Rx | None:
+        """``not`` over an object keyword (vacuously true for other types, so only objects
+        remain): ``propertyNames: false`` means at least one member; ``required: [a, b]``
+        that not all of them are written (the member automaton tracks which were)."""
+        if "object" not in self.types(rest, where):
+            return None
+        obj = {**rest, "type": "object"}
+        if "propertyNames" in neg:
+            if neg["propertyNames"] is not False:
+                raise self.fail(where, "not: propertyNames is supported as false only (at least one member)")
+            return self.convert({**obj, "minProperties": max(self.count(obj, "minProperties", where) or 0, 1)}, where)
+        names = neg["required"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise self.fail(where, "not: required must be a list of property names")
+        if not names:
+            return None  # "required: []" holds for every object
+        self.forbidden.setdefault(where, []).append(frozenset(names))
+        try:
+            rx = self.convert(obj, where)
+        finally:
+            unused = self.forbidden.pop(where, None)
+        if unused:
+            raise self.fail(where, "not: required is supported on an object with declared properties, given next to them")
+        return rx
 
     def convert_excluding(self, schema: dict, values: list, where: str) -> Rx | None:
         """``schema`` minus a finite set of values: strings, booleans and null can be excluded."""
@@ -1305,6 +1343,7 @@ class _Converter:
             raise self.fail(where, "patternProperties must be an object of pattern -> schema")
         key_schema = schema.get("propertyNames", True)
         deps = self.dependencies(schema, where)
+        forbid = self.forbidden.pop(where, []) if names_declared(schema) else []
         names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
         if key_schema is not True and names:
             names = [n for n in names if self.name_allowed(n, key_schema, where)]
@@ -1335,7 +1374,11 @@ class _Converter:
         if lo > len(members):
             raise self.fail(where, "minProperties exceeds the number of properties that may be generated "
                             "(only declared properties are generated)")
-        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share), rx_lit("}"))
+        written_ok = {m[0] for m in members}
+        forbid = [f for f in forbid if f <= written_ok]  # a name never generated: never all written
+        if any(f <= req for f in forbid):
+            return None
+        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share, forbid), rx_lit("}"))
 
     def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
                     where: str) -> Rx | None:
@@ -1409,16 +1452,23 @@ class _Converter:
 MAX_DEPENDENT_NAMES = 10  # properties in dependentRequired: the member automaton tracks which were written
 
 
+def names_declared(schema: dict) -> bool:
+    """Does the object declare properties (the member form, not the map form)?"""
+    return bool(schema.get("properties") or schema.get("required"))
+
+
 def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = None,
-             deps: dict[str, list[str]] | None = None, share: Any = None) -> Rx | None:
+             deps: dict[str, list[str]] | None = None, share: Any = None,
+             forbid: list[frozenset] | None = None) -> Rx | None:
     """Members in order, optional ones skippable, commas only between written members;
-    between ``lo`` and ``hi`` of them written, and each written name of ``deps`` with
-    the names it requires written too. ``share`` turns a continuation used twice into one
-    rule (grammar mode)."""
-    deps = deps or {}
-    relevant = sorted({n for k, v in deps.items() for n in [k, *v]} & {m[0] for m in members})
+    between ``lo`` and ``hi`` of them written, each written name of ``deps`` with the
+    names it requires written too, and no set of ``forbid`` written whole. ``share`` turns
+    a continuation used twice into one rule (grammar mode)."""
+    deps, forbid = deps or {}, forbid or []
+    tracked = {n for k, v in deps.items() for n in [k, *v]} | {n for f in forbid for n in f}
+    relevant = sorted(tracked & {m[0] for m in members})
     if len(relevant) > MAX_DEPENDENT_NAMES:
-        raise GrammarError(f"json_schema: dependentRequired involves {len(relevant)} properties; at most "
+        raise GrammarError(f"json_schema: dependentRequired (and not-required) involve {len(relevant)} properties; at most "
                            f"{MAX_DEPENDENT_NAMES} are supported", PARAM)
     n = len(members)
     cap = max(lo, hi or 0)  # counts past this are all alike
@@ -1426,6 +1476,8 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
 
     def done(count: int, written: frozenset) -> Rx | None:
         if count < lo or any(k in written and not set(v) <= written for k, v in deps.items()):
+            return None
+        if any(f <= written for f in forbid):
             return None
         return rx_lit("")
 

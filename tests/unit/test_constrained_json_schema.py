@@ -521,9 +521,10 @@ def _hostname_ok(s: str) -> bool:  # RFC 1123, the reference for `format: hostna
     return len(s) <= 253 and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", lab) for lab in labels)
 
 
-def _uri_ok(s: str, reference: bool) -> bool:  # RFC 3986 appendix B split + character rules
+def _uri_ok(s: str, reference: bool, iri: bool = False) -> bool:  # RFC 3986 appendix B split + character rules
     m = re.fullmatch(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(//[^/?#]*)?([^?#]*)(\?[^#]*)?(#.*)?", s)
-    allowed = r"[A-Za-z0-9\-._~!$&'()*+,;=:@/?#%\[\]]*"
+    ucschar = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef\U00010000-\U0001fffd" if iri else ""  # RFC 3987
+    allowed = rf"[A-Za-z0-9\-._~!$&'()*+,;=:@/?#%\[\]{ucschar}]*"
     if not m or not re.fullmatch(allowed, s) or re.search(r"%(?![0-9A-Fa-f]{2})", s):
         return False
     if m.group(1) is None and not reference:
@@ -533,7 +534,8 @@ def _uri_ok(s: str, reference: bool) -> bool:  # RFC 3986 appendix B split + cha
     return not (m.group(1) is None and ":" in m.group(3).split("/")[0])  # a relative path's first segment has no ':'
 
 
-EXTRA_CHECKS = {"hostname": _hostname_ok, "uri": lambda s: _uri_ok(s, False), "uri-reference": lambda s: _uri_ok(s, True)}
+EXTRA_CHECKS = {"hostname": _hostname_ok, "uri": lambda s: _uri_ok(s, False), "uri-reference": lambda s: _uri_ok(s, True),
+                "iri": lambda s: _uri_ok(s, False, iri=True), "iri-reference": lambda s: _uri_ok(s, True, iri=True)}
 
 KEYWORD_CASES = [  # (schema, must accept, must reject)
     ({"type": "object", "patternProperties": {"^x_[a-z]+$": {"type": "integer"}}, "additionalProperties": False},
@@ -559,6 +561,13 @@ KEYWORD_CASES = [  # (schema, must accept, must reject)
      ["example.com", "/relative", "http://a b", "1http://x"]),
     ({"type": "string", "format": "uri-reference"}, ["/relative/path?q", "../x", "https://a.b", ""],
      ["a b", "%zz", "a:b:c d"]),
+    ({"type": "string", "format": "iri"}, ["https://例え.jp/パス?q=値#f", "urn:isbn:0451450523", "http://ü.de"],
+     ["/relative", "http://a b", "例://x"]),
+    ({"type": "object", "properties": {"body": {}, "bodyValue": {}, "id": {"type": "string"}},
+      "not": {"required": ["body", "bodyValue"]}},
+     [{"body": 1}, {"bodyValue": 2, "id": "x"}, {}], [{"body": 1, "bodyValue": 2}, {"body": 1, "bodyValue": 2, "id": "x"}]),
+    ({"properties": {"a": {"type": "integer"}}, "not": {"propertyNames": False}}, [{"a": 1}], [{}, 3, "s"]),
+    ({"type": "string", "format": "iri-reference"}, ["/chemin/é", "../ü", "https://a.b", ""], ["a b", "%zz"]),
 ]
 
 
