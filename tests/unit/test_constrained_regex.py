@@ -266,3 +266,13 @@ def test_fill_mask_to_other_dtype_device_guard() -> None:
     row = torch.zeros(vocab.num_words, dtype=torch.int32)
     m.fill_mask(row)
     assert set(m.allowed_token_ids()) == allowed_set(m, vocab)
+
+
+def test_oracle_respells_negated_classes_the_regex_module_mismatches() -> None:
+    """Regression (found by hypothesis): `regex` says (?:[^a]|[^0]) matches nothing."""
+    import re
+
+    from test_constrained_support import Oracle
+
+    for pattern, text in [("(?:a|(?:[^a]|[^0]))", "0"), ("(?:x[^a]|x[^0])", "x0"), ("[^\\w]|\\D", "a")]:
+        assert Oracle(pattern).full(text) == bool(re.fullmatch(pattern, text, flags=re.ASCII)), pattern

@@ -3,7 +3,9 @@
 Nothing here depends on sgl.constrained's automata. The oracle decides membership with
 the `regex` module's partial matching on Python-syntax patterns (``re.ASCII``
 semantics), so masks, acceptance and jump-forward text are checked against a second,
-independent regex engine, token by token over the whole vocabulary.
+independent regex engine, token by token over the whole vocabulary. Negated classes are
+respelled as positive ranges first (:func:`oracle_pattern`): the module mis-matches
+alternations of them.
 """
 
 from __future__ import annotations
@@ -167,11 +169,97 @@ def _boundaries(pattern: str) -> list[int]:
     return sorted(p for p in points if p <= 0x10FFFF)
 
 
+_CATEGORY_SETS = {"DIGIT": "0123456789", "WORD": "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_",
+                  "SPACE": " \t\n\r\f\v"}  # ASCII semantics
+
+
+def _class_ranges(op, av) -> list[tuple[int, int]] | None:
+    """The code point ranges of a negated class item (None: not a negated item)."""
+    chars: set[int] = set()
+    if str(op) == "NOT_LITERAL":
+        chars.add(av)
+    elif str(op) == "IN" and av and str(av[0][0]) == "NEGATE":
+        for sop, sav in av[1:]:
+            name = str(sop)
+            if name == "LITERAL":
+                chars.add(sav)
+            elif name == "RANGE":
+                chars.update(range(sav[0], sav[1] + 1))
+            elif name == "CATEGORY" and str(sav).split("_", 1)[1] in _CATEGORY_SETS:
+                chars.update(map(ord, _CATEGORY_SETS[str(sav).split("_", 1)[1]]))
+            elif name == "CATEGORY" and str(sav).startswith("CATEGORY_NOT_"):
+                return None  # a negated category inside a negated class: left as it is
+            else:
+                return None
+    elif str(op) == "IN" and len(av) == 1 and str(av[0][0]) == "CATEGORY" and str(av[0][1]).startswith("CATEGORY_NOT_"):
+        chars.update(map(ord, _CATEGORY_SETS[str(av[0][1])[len("CATEGORY_NOT_"):]]))
+    else:
+        return None
+    out, start = [], 0
+    for c in sorted(chars):
+        if c > start:
+            out.append((start, c - 1))
+        start = c + 1
+    if start <= 0x10FFFF:
+        out.append((start, 0x10FFFF))
+    return out
+
+
+def _emit(items) -> str:
+    """sre_parse items back to pattern text, negated classes spelled positively."""
+    out = []
+    for op, av in items:
+        name, ranges = str(op), _class_ranges(op, av)
+        if ranges is not None:
+            out.append("[" + "".join(f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges) + "]")
+        elif name == "LITERAL":
+            out.append(f"\\U{av:08x}")
+        elif name == "ANY":
+            out.append(".")
+        elif name == "IN":
+            parts = []
+            for sop, sav in av:
+                if str(sop) == "LITERAL":
+                    parts.append(f"\\U{sav:08x}")
+                elif str(sop) == "RANGE":
+                    parts.append(f"\\U{sav[0]:08x}-\\U{sav[1]:08x}")
+                else:  # a category
+                    parts.append({"DIGIT": "\\d", "WORD": "\\w", "SPACE": "\\s"}[str(sav).split("_")[-1]]
+                                 if not str(sav).startswith("CATEGORY_NOT_") else
+                                 {"DIGIT": "\\D", "WORD": "\\W", "SPACE": "\\S"}[str(sav).split("_")[-1]])
+            out.append("[" + "".join(parts) + "]")
+        elif name == "BRANCH":
+            out.append("(?:" + "|".join(_emit(alt) for alt in av[1]) + ")")
+        elif name == "SUBPATTERN":
+            out.append("(?:" + _emit(av[-1]) + ")")
+        elif name in ("MAX_REPEAT", "MIN_REPEAT"):
+            lo, hi, sub = av
+            out.append("(?:" + _emit(sub) + ")" + "{%d,%s}" % (lo, "" if hi == _sre_p.MAXREPEAT else hi))
+        elif name == "AT":
+            out.append({"AT_BEGINNING": "^", "AT_BEGINNING_STRING": "\\A", "AT_END": "$", "AT_END_STRING": "\\Z"}[str(av)])
+        else:
+            raise ValueError(f"oracle: construct {name} not handled")
+    return "".join(out)
+
+
+def oracle_pattern(pattern: str) -> str:
+    """``pattern`` for the `regex` module, negated classes spelled as positive ranges: the
+    module mis-matches alternations of negated classes (``(?:[^a]|[^0])`` matches nothing,
+    2024.11 to 2026.11). Patterns with inline flags are kept as they are."""
+    parsed = _sre_p.parse(pattern)
+    if parsed.state.flags & ~(_sre_p.SRE_FLAG_UNICODE if hasattr(_sre_p, "SRE_FLAG_UNICODE") else 0) & 0xFF:
+        return pattern
+    try:
+        return _emit(list(parsed))
+    except (ValueError, KeyError):
+        return pattern
+
+
 class Oracle:
     """Membership questions about a Python-syntax regex, answered by brute force."""
 
     def __init__(self, pattern: str) -> None:
-        self.pattern = _rx.compile(pattern, flags=_rx.ASCII)
+        self.pattern = _rx.compile(oracle_pattern(pattern), flags=_rx.ASCII)
         self.points = _boundaries(pattern)
 
     def reps(self, lo: int, hi: int) -> list[str]:
