@@ -28,6 +28,10 @@ from sgl.constrained.ebnf_parse import Alt, CharSet, Expr, Lit, Ref, Repeat, Rul
 from sgl.constrained.errors import GrammarError
 
 MAX_STATES = 1_000_000  # after expanding bounded repetitions
+# A repetition counted past BLOCKED_REPEAT is built from blocks of REPEAT_BLOCK copies in a
+# helper rule, called where needed (x{0,65535}: ~2k call states, not 65535 inline copies).
+REPEAT_BLOCK = 32
+BLOCKED_REPEAT = 64
 
 # ---------------------------------------------------------------------------
 # UTF-8: code point ranges -> byte range sequences
@@ -190,6 +194,7 @@ class _Builder:
             net.rule_start.append(net.new_state(i))
             net.rule_final.append(net.new_state(i))
         net.root = self.index["root"]
+        self.helpers: dict[tuple[Expr, int], str] = {}
 
     def build(self) -> Network:
         net = self.net
@@ -247,6 +252,8 @@ class _Builder:
                 net.eps[entry].append(e)
                 net.eps[x].append(exit_)
             return entry, exit_
+        if isinstance(expr, Repeat) and max(expr.min, expr.max or 0) > BLOCKED_REPEAT:
+            return self.fragment(self.blocked(expr))
         if isinstance(expr, Repeat):
             entry = cur = net.new_state(rule)
             if expr.max is None:
@@ -280,6 +287,44 @@ class _Builder:
             net.eps[cur].append(exit_)
             return entry, exit_
         raise AssertionError(expr)
+
+
+    def blocked(self, expr: Repeat) -> Expr:
+        """``item{lo,hi}`` (or ``{lo,}``) over blocks ``b = item{B}`` (a helper rule): ``lo``
+        copies are ``b{lo // B} item{lo % B}``; the ``K = hi - lo`` optional ones are
+        ``b{0,Q-1} item{0,B-1} | b{Q} item{0,R}`` (``K = Q*B + R``): each count has one
+        parse, so a parse state holds a few stacks, not one per way to split the count."""
+        item, lo, hi, size = expr.item, expr.min, expr.max, REPEAT_BLOCK
+        blk = Ref(self.helper(item, size), 0, 0)
+        mandatory = Seq((Repeat(blk, lo // size, lo // size), Repeat(item, lo % size, lo % size)))
+        if hi is None:
+            return Seq((mandatory, Repeat(item, 0, None)))
+        q, r = divmod(hi - lo, size)
+        options: list[Expr] = [Seq((Repeat(blk, q, q), Repeat(item, 0, r)))]
+        if q:
+            options.insert(0, Seq((Repeat(blk, 0, q - 1), Repeat(item, 0, size - 1))))
+        return Seq((mandatory, Alt(tuple(options))))
+
+    def helper(self, item: Expr, n: int) -> str:
+        """The name of a rule matching exactly ``item{n}`` (one per item and count)."""
+        key = (item, n)
+        name = self.helpers.get(key)
+        if name is not None:
+            return name
+        net = self.net
+        index = len(net.rule_names)
+        name = f"{net.rule_names[self.rule]}~{n}x{len(self.helpers)}"
+        self.helpers[key] = name
+        self.index[name] = index
+        net.rule_names.append(name)
+        net.rule_start.append(net.new_state(index))
+        net.rule_final.append(net.new_state(index))
+        saved, self.rule = self.rule, index
+        entry, exit_ = self.fragment(Repeat(item, n, n))
+        net.eps[net.rule_start[index]].append(entry)
+        net.eps[exit_].append(net.rule_final[index])
+        self.rule = saved
+        return name
 
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Union
 from sgl.constrained.errors import GrammarError
 
 MAX_CODEPOINT = 0x10FFFF
-MAX_REPEAT = 10_000  # the largest m or n accepted in {m,n}
+MAX_REPEAT = 1_000_000  # the largest m or n accepted in {m,n} (large counts are built from blocks)
 
 # ---------------------------------------------------------------------------
 # AST

@@ -388,7 +388,7 @@ def test_string_escapes_and_classes():
         ("root ::= [z-a]", ["bad character range"]),
         ("root ::= []", ["empty character class"]),
         ('root ::= "a"{3,2}', ["bad repetition"]),
-        ('root ::= "a"{99999}', ["too large"]),
+        ('root ::= "a"{9999999}', ["too large"]),
         ('root ::= "a" **', ["quantifier"]),
         ('root ::= "a"\nroot ::= "b"', ["defined twice"]),
         ('root := "a"', ["line 1"]),
@@ -916,3 +916,34 @@ def test_repetition_through_recursion_is_exact():
     oracle = {"root": R("r2"), "r2": REP(REP(S(L("a"), R("root")), 2), 0)}
     assert b"aaa" in oracle_sets(oracle, 8)[0]
     check_exact(gbnf, oracle, RANDOM_VOCAB, text_len=5, walks=5, seed=0)
+
+
+@pytest.mark.parametrize(
+    "gbnf, oracle",
+    [
+        ('root ::= [ab]{0,9} "."', {"root": S(REP(C("ab"), 0, 9), L("."))}),
+        ('root ::= ("ab" | "c"){2,7}', {"root": REP(A(L("ab"), L("c")), 2, 7)}),
+        ('root ::= "x"{5,} "y"', {"root": S(REP(L("x"), 5, None), L("y"))}),
+        ('root ::= ([ab]{4}){0,2} "c"', {"root": S(REP(REP(C("ab"), 4, 4), 0, 2), L("c"))}),
+        ('root ::= [abc]{7,8}', {"root": REP(C("abc"), 7, 8)}),
+    ],
+)
+def test_blocked_repetition_is_exact(monkeypatch, gbnf, oracle):
+    """Large counts are built from blocks in helper rules; shrunk blocks (2, past 3) put
+    that construction under the brute-force check."""
+    from sgl.constrained import ebnf_automaton
+
+    monkeypatch.setattr(ebnf_automaton, "REPEAT_BLOCK", 2)
+    monkeypatch.setattr(ebnf_automaton, "BLOCKED_REPEAT", 3)
+    assert "~" in " ".join(compile_ebnf(gbnf, alphabet_vocab("abcxy.", max_len=3))._net.rule_names)  # blocks were used
+    assert check_exact(gbnf, oracle, alphabet_vocab("abcxy.", max_len=3), text_len=10) > 20
+
+
+def test_long_counted_repetition_compiles_small_and_counts_exactly():
+    vocab = alphabet_vocab("ab.", max_len=3)
+    grammar = compile_ebnf('root ::= [ab]{0,65535} "."', vocab)
+    assert grammar._net.n_states < 20_000  # not 65535 inline copies
+    bounded = compile_ebnf('root ::= [ab]{2,3000} "."', vocab)
+    for n, ok in ((1, False), (2, True), (1999, True), (3000, True), (3001, False)):
+        m = bounded.matcher()
+        assert (m.accept_text("ab"[: 1] * n + ".") and m.is_accepting()) == ok, n
