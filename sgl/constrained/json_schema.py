@@ -34,9 +34,10 @@ Keywords. Only validation keywords count: every other key (``title``, ``$comment
 ``x-kubernetes-...``, ``readonly``, a misspelling) is an annotation, which JSON Schema says
 has no effect on validity, so it is ignored; so is a ``format`` the drafts do not define.
 Supported: ``type`` (string or list), ``enum``, ``const``, ``properties``, ``required``,
-``additionalProperties``, ``unevaluatedProperties: false``, ``patternProperties`` (on
-objects without declared properties; keys matching no pattern are not generated; several
-patterns must be provably disjoint), ``propertyNames`` (string keywords),
+``additionalProperties``, ``unevaluatedProperties: false``, ``patternProperties`` (keys
+matching no pattern are not generated; several patterns must be provably disjoint; next to
+declared properties when none of their names matches a pattern, pattern members following
+the declared ones), ``propertyNames`` (string keywords),
 ``dependentRequired`` and array-form ``dependencies``, ``minProperties`` /
 ``maxProperties`` (over the declared properties, or map-form objects), ``items`` (schema, or
 list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``, ``maxItems``,
@@ -1220,9 +1221,9 @@ class _Converter:
             return rx_cat(_QUOTE, _FORMATS[fmt], _QUOTE)
         if pattern is not None:
             length = (lo, hi) if "minLength" in schema or "maxLength" in schema else None
-            body, start, end = translate_regex(pattern, param=PARAM, emit=json_char, search=True,
-                                               what=f"json_schema at {where}: pattern", length=length)
             anything = rx_rep(_STR_CHAR, 0, None)
+            body, start, end = translate_regex(pattern, param=PARAM, emit=json_char, search=True,
+                                               what=f"json_schema at {where}: pattern", length=length, pad=anything)
             if body is None:
                 return None
             return rx_cat(_QUOTE, rx_lit("") if start else anything, body, rx_lit("") if end else anything, _QUOTE)
@@ -1353,9 +1354,15 @@ class _Converter:
             if extra is False or unevaluated is False:
                 extra = False
             return self.convert_map(patterns, extra, key_schema, deps, lo, hi, where)
-        if patterns:
-            raise self.fail(where, "patternProperties together with properties/required is not supported; "
-                            "declare the properties, or use patternProperties alone")
+        tail = None
+        if patterns:  # pattern members after the declared ones, when no declared name matches a pattern
+            clash = next(((n, p) for n in names for p in patterns if isinstance(p, str) and _search(p, n)), None)
+            if clash is not None:
+                raise self.fail(where, f"patternProperties {clash[1]!r} matches the declared property {clash[0]!r}: "
+                                "not supported (the property would need both schemas)")
+            if key_schema is not True:
+                raise self.fail(where, "patternProperties together with propertyNames is not supported")
+            tail = self.pattern_member(patterns, where)
         req = set(required)
         closed = extra is False or unevaluated is False
         members: list[tuple[str, Rx, bool]] = []
@@ -1371,14 +1378,14 @@ class _Converter:
             members.append((name, rx_cat(rx_lit(json.dumps(name, ensure_ascii=False)), _COLON, value), name in req))
         if hi is not None and hi < len(req):
             return None
-        if lo > len(members):
+        if lo > len(members) and tail is None:
             raise self.fail(where, "minProperties exceeds the number of properties that may be generated "
                             "(only declared properties are generated)")
         written_ok = {m[0] for m in members}
         forbid = [f for f in forbid if f <= written_ok]  # a name never generated: never all written
         if any(f <= req for f in forbid):
             return None
-        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share, forbid), rx_lit("}"))
+        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share, forbid, tail), rx_lit("}"))
 
     def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
                     where: str) -> Rx | None:
@@ -1392,19 +1399,22 @@ class _Converter:
         if patterns:
             if key_schema is not True:
                 raise self.fail(where, "patternProperties together with propertyNames is not supported")
-            keys = [(self.pattern_key(p, f"{where}/patternProperties"), sub) for p, sub in patterns.items()]
-            if len(keys) > 1:
-                self.check_disjoint([k for k, _ in keys if k is not None], f"{where}/patternProperties",
-                                    "patternProperties")
-            # Keys matching no pattern fall to additionalProperties: not generated (stricter, still valid).
-            member = rx_alt(*(rx_cat(k, _COLON, self.convert(sub, f"{where}/patternProperties/{i}"))
-                              for i, (k, sub) in enumerate(keys)))
-            return _map_of(member, lo, hi)
+            return _map_of(self.pattern_member(patterns, where), lo, hi)
         if extra is False:
             return rx_lit("{}") if lo == 0 else None
         key = _STRING if key_schema is True else self.convert_key(key_schema, where)
         value = self.convert(extra, f"{where}/additionalProperties") if extra is not True else self.free(FREE_DEPTH - 1)
         return _map_object(value, lo, hi, key)
+
+    def pattern_member(self, patterns: dict, where: str) -> Rx | None:
+        """A member whose key matches one of ``patterns`` (provably disjoint), valued by its
+        schema. Keys matching no pattern fall to additionalProperties: not generated
+        (stricter, still valid)."""
+        keys = [(self.pattern_key(p, f"{where}/patternProperties"), sub) for p, sub in patterns.items()]
+        if len(keys) > 1:
+            self.check_disjoint([k for k, _ in keys if k is not None], f"{where}/patternProperties", "patternProperties")
+        return rx_alt(*(rx_cat(k, _COLON, self.convert(sub, f"{where}/patternProperties/{i}"))
+                        for i, (k, sub) in enumerate(keys)))
 
     def pattern_key(self, pattern: str, where: str) -> Rx | None:
         return self.convert_string({"pattern": pattern}, where)
@@ -1452,6 +1462,14 @@ class _Converter:
 MAX_DEPENDENT_NAMES = 10  # properties in dependentRequired: the member automaton tracks which were written
 
 
+def _search(pattern: str, name: str) -> bool:
+    """Does ``pattern`` (JSON Schema: search semantics) match ``name``? Unparsable: assume so."""
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return True
+
+
 def names_declared(schema: dict) -> bool:
     """Does the object declare properties (the member form, not the map form)?"""
     return bool(schema.get("properties") or schema.get("required"))
@@ -1459,11 +1477,12 @@ def names_declared(schema: dict) -> bool:
 
 def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = None,
              deps: dict[str, list[str]] | None = None, share: Any = None,
-             forbid: list[frozenset] | None = None) -> Rx | None:
-    """Members in order, optional ones skippable, commas only between written members;
-    between ``lo`` and ``hi`` of them written, each written name of ``deps`` with the
-    names it requires written too, and no set of ``forbid`` written whole. ``share`` turns
-    a continuation used twice into one rule (grammar mode)."""
+             forbid: list[frozenset] | None = None, tail: Rx | None = None) -> Rx | None:
+    """Members in order, optional ones skippable, then any number of ``tail`` members
+    (pattern keys), commas only between written members; between ``lo`` and ``hi`` of them
+    written, each written name of ``deps`` with the names it requires written too, and no
+    set of ``forbid`` written whole. ``share`` turns a continuation used twice into one rule
+    (grammar mode)."""
     deps, forbid = deps or {}, forbid or []
     tracked = {n for k, v in deps.items() for n in [k, *v]} | {n for f in forbid for n in f}
     relevant = sorted(tracked & {m[0] for m in members})
@@ -1481,12 +1500,22 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
             return None
         return rx_lit("")
 
+    def more(first: bool, count: int, written: frozenset) -> Rx | None:
+        """After the declared members: stop here, or another tail member."""
+        if done(max(count, lo), written) is None:
+            return None  # a dependency unmet: tail members cannot meet it
+        lead = rx_lit("") if first else _SEP
+        if hi is None and count >= lo:  # any number more
+            return rx_rep(rx_cat(lead, tail, rx_rep(rx_cat(_SEP, tail), 0, None)), 0, 1)
+        again = None if hi is not None and count >= hi else rx_cat(lead, tail, build(n, False, min(count + 1, cap), written))
+        return rx_alt(done(count, written), again)
+
     def build(i: int, first: bool, count: int, written: frozenset) -> Rx | None:
         key = (i, first, count, written)
         if key in memo:
             return memo[key]
         if i == n:
-            out = done(count, written)
+            out = done(count, written) if tail is None else more(first, count, written)
         else:
             name, member, is_required = members[i]
             take: Rx | None = None

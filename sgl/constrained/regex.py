@@ -376,7 +376,7 @@ class _Ctx:
 
 def translate_regex(
     pattern: str, *, param: str = "regex", emit: CharEmitter | None = None, search: bool = False, what: str = "regex",
-    length: tuple[int, int | None] | None = None,
+    length: tuple[int, int | None] | None = None, pad: Rx | None = None,
 ) -> tuple[Rx | None, bool, bool]:
     """Parse a Python-syntax regex and re-emit it in canonical syntax.
 
@@ -385,7 +385,9 @@ def translate_regex(
     ``(rx, anchored_start, anchored_end)``; the anchor flags matter only for
     ``search=True`` (JSON Schema patterns, which match anywhere unless anchored).
     ``length`` (min, max characters) intersects the language with those lengths, for
-    the patterns :func:`_fold_length` can rewrite; others raise GrammarError.
+    the patterns :func:`_fold_length` can rewrite; others raise GrammarError. ``pad`` (any
+    text, in the caller's spelling) lets a search pattern whose top-level alternatives carry
+    their own anchors (``^a|b$``) be padded branch by branch: it then comes back anchored.
     """
     if not isinstance(pattern, str):
         raise GrammarError(f"{what} must be a string, got {type(pattern).__name__}", param)
@@ -404,10 +406,17 @@ def translate_regex(
         items = list(items[0][1][3])  # "(^...$)": the group changes nothing
     start = end = False
     if search:
-        if items and items[0][0] is _OP.AT and items[0][1] in _START_ANCHORS:
-            items, start = items[1:], True
-        if items and items[-1][0] is _OP.AT and items[-1][1] in _END_ANCHORS:
-            items, end = items[:-1], True
+        items, start, end = _strip_anchors(items)
+    if search and pad is not None and length is None and len(items) == 1 and items[0][0] is _OP.BRANCH:
+        # "^a|b$", "^(A)$|^(B)$" (Python moves the shared "^" out of the branches)
+        branches = [_strip_anchors(list(alt)) for alt in items[0][1][1]]
+        if any(s or e for _, s, e in branches):
+            try:
+                parts = [rx_cat(EMPTY if s or start else pad, _seq(ctx, alt, flags, head=False, tail=False),
+                                EMPTY if e or end else pad) for alt, s, e in branches]
+            except RecursionError:
+                raise GrammarError(f"{what} is nested too deeply", param) from None
+            return rx_alt(*parts), True, True
     try:
         if length is None:
             rx = _seq(ctx, items, flags, head=not search, tail=not search)
@@ -424,6 +433,16 @@ def translate_regex(
     except RecursionError:
         raise GrammarError(f"{what} is nested too deeply", param) from None
     return rx, start, end
+
+
+def _strip_anchors(items: list) -> tuple[list, bool, bool]:
+    """``items`` without a leading ^ / \\A and a trailing $ / \\Z, and whether each was there."""
+    start = end = False
+    if items and items[0][0] is _OP.AT and items[0][1] in _START_ANCHORS:
+        items, start = items[1:], True
+    if items and items[-1][0] is _OP.AT and items[-1][1] in _END_ANCHORS:
+        items, end = items[:-1], True
+    return items, start, end
 
 
 _FOLD_VARIANTS = 64  # length fold: combinations of the short variable parts' lengths

@@ -451,7 +451,7 @@ def test_formats_validate(fmt: str) -> None:
 @pytest.mark.parametrize(
     "schema,keyword",
     [
-        ({"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}, "patternProperties"),
+        ({"type": "object", "properties": {"xa": {}}, "patternProperties": {"^x": {}}}, "patternProperties"),
         ({"type": "object", "propertyNames": {"anyOf": [{"pattern": "a"}]}}, "propertyNames"),
         ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
         ({"not": {"type": "string", "pattern": "a"}}, "not"),
@@ -563,6 +563,10 @@ KEYWORD_CASES = [  # (schema, must accept, must reject)
      ["a b", "%zz", "a:b:c d"]),
     ({"type": "string", "format": "iri"}, ["https://例え.jp/パス?q=値#f", "urn:isbn:0451450523", "http://ü.de"],
      ["/relative", "http://a b", "例://x"]),
+    ({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+      "patternProperties": {"^X-": {"type": "integer"}}, "additionalProperties": False, "maxProperties": 2},
+     [{"name": "a"}, {"name": "a", "X-b": 1}], [{"X-b": 1}, {"name": "a", "X-b": "s"}, {"name": "a", "Y": 1},
+                                               {"name": "a", "X-b": 1, "X-c": 2}]),
     ({"type": "object", "properties": {"body": {}, "bodyValue": {}, "id": {"type": "string"}},
       "not": {"required": ["body", "bodyValue"]}},
      [{"body": 1}, {"bodyValue": 2, "id": "x"}, {}], [{"body": 1, "bodyValue": 2}, {"body": 1, "bodyValue": 2, "id": "x"}]),
@@ -745,3 +749,13 @@ def test_one_of_proven_exclusive_samples_validate(schema: dict) -> None:
 def test_one_of_that_cannot_be_proven_is_refused(schema: dict) -> None:
     with pytest.raises(GrammarError, match="oneOf"):
         json_schema_to_regex(schema)
+
+
+@pytest.mark.parametrize("pattern", ["^(http)|(https)://(.*)$", "^a|b$", "^x$|yz", "(^a[0-9]$)", "^(ab)$|^(x-[a-z]*)$"])
+def test_pattern_anchors_per_alternative_are_search_exact(pattern: str) -> None:
+    pat = re.compile(json_schema_to_regex({"type": "string", "pattern": pattern}))
+    rng = random.Random(11)
+    cands = ["".join(rng.choice("abxyz0htps:/") for _ in range(rng.randint(0, 9))) for _ in range(4000)]
+    cands += ["http", "https://", "a", "b", "x", "yz", "a5", "za", "bz"]
+    for c in cands:
+        assert (pat.fullmatch(json.dumps(c)) is not None) == (re.search(pattern, c) is not None), (pattern, c)
