@@ -1,4 +1,6 @@
-"""Constrained decoding: regex, JSON schema and an EBNF grammar on the embedded model.
+"""Constrained decoding: regex, JSON schema and an EBNF grammar on the embedded model,
+budget-aware completion for each, and the same schema through llguidance / xgrammar
+(grammar_backend) when they are installed.
 
     .venv/bin/python examples/constrained_decoding.py
 """
@@ -53,9 +55,21 @@ def main() -> None:
         out = engine.generate(chat(engine, "List three fruits."),
                               {"ebnf": GRAMMAR, "temperature": 0, "max_new_tokens": 32})
         print("ebnf:", out["text"], out["meta_info"]["finish_reason"])
+        # Grammars are budget-aware too: a list of fruits that must close within 12 tokens.
+        outs = engine.generate(chat(engine, "List many fruits."),
+                               {"ebnf": GRAMMAR, "temperature": 1.0, "max_new_tokens": 12, "n": 4, "seed": 2})
+        print("ebnf budget:", json.dumps([o["text"] for o in outs]))
 
         info = engine.get_server_info()
         print(f"jump-forward tokens: {info['jump_forward_tokens']}, forward steps: {info['forward_steps']}")
+
+    from sgl.constrained.backends import available_backends
+
+    for backend in available_backends()[1:]:  # the other engines, behind the same contract
+        with sgl.Engine(model_path="default", grammar_backend=backend) as engine:
+            out = engine.generate(chat(engine, "Describe Paris as JSON."),
+                                  {"json_schema": SCHEMA, "temperature": 0, "max_new_tokens": 96})
+            print(f"{backend}:", json.loads(out["text"]))
 
 
 if __name__ == "__main__":
