@@ -1039,9 +1039,9 @@ class _Converter:
 
     def check_disjoint(self, rxs: list[Rx], where: str, what: str = "oneOf", schemas: list | None = None) -> None:
         """oneOf = anyOf only if no value matches two branches (and several patternProperties
-        apply one schema each only if no key matches two). Pairs are proven cheaply first
-        (different first characters; a required property with disjoint values; a required
-        property the other closed object cannot have), the rest on the automata."""
+        apply one schema each only if no key matches two). Pairs are proven from the keywords
+        first (listed values, types, a required property with disjoint values or one the other
+        closed object cannot have), the rest on the automata."""
         unproven = {
             k for i in range(len(rxs)) for j in range(i + 1, len(rxs))
             if schemas is None or not self.disjoint_schemas(schemas[i], schemas[j], where)
@@ -1090,7 +1090,8 @@ class _Converter:
     def exact(self, schema: Any, where: str, depth: int = 0) -> bool:
         """Do we generate every value ``schema`` accepts (up to spelling)? Conservatively:
         listed values, or an explicit type whose objects are closed, with no free values,
-        inferred types or depth cuts anywhere inside."""
+        inferred types or depth cuts anywhere inside; strings without ``format`` (its forms
+        are a subset) or ``maxLength`` (raw characters only, no ``\\u`` escapes)."""
         s = self.plain(schema, where)
         if s is False or (isinstance(s, dict) and _listed(s) is not None):
             return True
@@ -1102,6 +1103,8 @@ class _Converter:
                 return isinstance(s[comb], list) and all(
                     self.exact({"allOf": [rest, b]}, where, depth + 1) for b in s[comb])
         types = _type_list(s["type"])
+        if "string" in types and ("format" in s or "maxLength" in s or (self.count(s, "minLength", where) or 0) > _ESCAPES_UP_TO):
+            return False
         if "object" in types:
             closed = s.get("additionalProperties") is False or s.get("unevaluatedProperties") is False
             props = s.get("properties") or {}
@@ -1143,6 +1146,10 @@ class _Converter:
                 t.add("integer")
         if not ga & tb and not gb & ta:
             return True
+        if ga == gb == {"string"}:  # lengths that cannot meet
+            lo_a, lo_b = self.count(a, "minLength", where) or 0, self.count(b, "minLength", where) or 0
+            hi_a, hi_b = self.count(a, "maxLength", where), self.count(b, "maxLength", where)
+            return (hi_a is not None and hi_a < lo_b) or (hi_b is not None and hi_b < lo_a)
         if ga != {"object"} or gb != {"object"}:
             return False
         for x, y in ((a, b), (b, a)):
