@@ -184,8 +184,8 @@ class XgrammarBackend:
         try:
             if kind == "json_schema":
                 compiled = self.compiler.compile_json_schema(spec, strict_mode=False)
-            elif kind == "json_object":
-                compiled = self.compiler.compile_builtin_json_grammar()
+            elif kind == "json_object":  # an object (its built-in JSON grammar allows any value)
+                compiled = self.compiler.compile_json_schema(_ANY_OBJECT, strict_mode=False)
             elif kind == "regex":
                 compiled = self.compiler.compile_regex(spec)
             else:

@@ -168,3 +168,16 @@ def test_without_a_tokenizer_the_vocabulary_alone_suffices(name: str) -> None:
     rng = random.Random(4)
     for _ in range(4):
         jsonschema.validate(json.loads(walk(grammar.matcher(), vocab, rng, steps=200).decode()), FINITE)
+
+
+@pytest.mark.parametrize("name", EXTERNAL)
+def test_json_object_kind_is_an_object(name: str) -> None:
+    vocab = make_vocab("byte_level")
+    grammar = compiler(name).compile("json_object", "")
+    first = {vocab.token_bytes[t][:1] for t in allowed_set(grammar.matcher(), vocab) if vocab.token_bytes[t]}
+    assert first and first <= {b"{", b" ", b"\n", b"\t", b"\r"}, first  # no arrays, strings, numbers
+    ids = {tb: i for i, tb in enumerate(vocab.token_bytes) if tb}
+    m = grammar.matcher()
+    for ch in b'{"a": [1, {"b": null}]}':
+        assert m.accept(ids[bytes([ch])]), chr(ch)
+    assert m.is_accepting()
