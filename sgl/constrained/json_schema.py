@@ -229,6 +229,7 @@ def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3) 
 
 
 _UNDECIDED = object()  # convert_listed: no enum/const to decide by value
+MAX_DECIDED_VALUES = 10_000  # enum values validated one by one, at most (a bounded compile)
 _VALUE_RULE = "json_value"  # grammar mode: any JSON value, in our spelling
 
 
@@ -782,8 +783,8 @@ class _Converter:
         for part in parts:
             if isinstance(part, dict) and ("enum" in part or "const" in part):
                 values = part["enum"] if "enum" in part else [part["const"]]
-                if not isinstance(values, list):
-                    return _UNDECIDED  # the usual path names the error
+                if not isinstance(values, list) or len(values) > MAX_DECIDED_VALUES:
+                    return _UNDECIDED  # the usual path names the error (or refuses the combination)
                 kept = self.values.keep(schema, values)
                 if kept is None:
                     return _UNDECIDED

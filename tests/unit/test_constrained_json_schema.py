@@ -761,3 +761,12 @@ def test_pattern_anchors_per_alternative_are_search_exact(pattern: str) -> None:
     cands += ["http", "https://", "a", "b", "x", "yz", "a5", "za", "bz"]
     for c in cands:
         assert (pat.fullmatch(json.dumps(c)) is not None) == (re.search(pattern, c) is not None), (pattern, c)
+
+
+def test_huge_enum_next_to_other_keywords_is_refused_not_validated_value_by_value() -> None:
+    from sgl.constrained.json_schema import MAX_DECIDED_VALUES
+
+    values = [f"v{i}" for i in range(MAX_DECIDED_VALUES + 1)]
+    with pytest.raises(GrammarError, match="enum"):
+        json_schema_to_regex({"enum": values, "minLength": 3})
+    assert _matches({"enum": values[:50], "minLength": 3}, "v10") and not _matches({"enum": values[:50], "minLength": 3}, "v1")
