@@ -286,22 +286,12 @@ COMPLETIONS_MAX_STATES = 100_000
 def _greedy_cover(vocab: "TokenVocabulary"):
     """Tokens in a greedy longest-match cover of some bytes (a real tokenization: an upper
     bound of the fewest tokens that spell them; inf if a byte has no token)."""
+    from sgl.constrained.regex import _cover
+
     eos = set(vocab.eos_token_ids)
     tokens = frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos)
     longest = max((len(t) for t in tokens), default=1)
-
-    def cover(data: bytes) -> float:
-        i, n = 0, 0
-        while i < len(data):
-            for k in range(min(longest, len(data) - i), 0, -1):
-                if data[i : i + k] in tokens:
-                    i, n = i + k, n + 1
-                    break
-            else:
-                return float("inf")
-        return float(n)
-
-    return cover
+    return lambda data: float(_cover(data, tokens, longest))
 
 
 def compile_ebnf(spec: str, vocab: "TokenVocabulary") -> EbnfGrammar:
