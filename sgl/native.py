@@ -1,0 +1,96 @@
+"""Build and load the project's C++ sources with torch's extension loader.
+
+A source is compiled on first use (a C++ compiler and the `ninja` package) for this
+machine's instruction set and cached under $TORCH_EXTENSIONS_DIR/sgl (default
+~/.cache/torch_extensions/sgl); later processes load the cached library in milliseconds.
+A build's name hashes the source, the flags, the torch version and the CPU's identity, so
+a cache shared between machines or checkouts never hands one a library built for another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# A build lock older than this was left by a build that was killed: it is removed, since
+# torch's loader would otherwise wait on it forever.
+STALE_LOCK_SECONDS = 600
+
+_CPU_KEYS = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU part")
+
+
+def _cpu_identity() -> str:
+    """The CPU's model and feature lines (x86 and Arm spell them differently)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = {ln.strip() for ln in f if ln.split(":")[0].strip() in _CPU_KEYS}
+        return "\n".join(sorted(lines)) + platform.machine()
+    except OSError:
+        return platform.platform() + platform.processor() + platform.machine()
+
+
+def build_name(prefix: str, source: Path, cflags: list[str]) -> str:
+    import torch
+
+    h = hashlib.sha1()
+    for part in (source.read_bytes(), " ".join(cflags).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return f"{prefix}_{h.hexdigest()[:12]}"
+
+
+def build_directory(name: str) -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+    return Path(root) / "sgl" / name
+
+
+def _remove_stale_lock(directory: Path) -> None:
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        logger.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+        lock.unlink(missing_ok=True)
+
+
+def _ninja_dir() -> str | None:
+    """Where the pip package's ninja lives, when `ninja` is not on PATH (torch runs it from PATH)."""
+    if shutil.which("ninja"):
+        return None
+    try:
+        import ninja  # the pip package
+    except ImportError:
+        return None
+    d = getattr(ninja, "BIN_DIR", "")
+    return d if d and os.path.isfile(os.path.join(d, "ninja")) else None
+
+
+def build(prefix: str, source: Path, cflags: list[str], *, ldflags: list[str] = (), python_module: bool) -> Any:
+    """Compile (or load from the cache) ``source``; returns the pybind module when
+    ``python_module``, else None (the source registers torch ops). Raises on failure."""
+    from torch.utils.cpp_extension import load
+
+    name = build_name(prefix, source, cflags)
+    directory = build_directory(name)
+    directory.mkdir(parents=True, exist_ok=True)
+    _remove_stale_lock(directory)
+    logger.info("loading %s from %s (built on first use)", source.name, directory)
+    ninja_dir, path = _ninja_dir(), os.environ.get("PATH", "")
+    if ninja_dir:
+        os.environ["PATH"] = ninja_dir + os.pathsep + path
+    try:
+        return load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=list(ldflags),
+                    build_directory=str(directory), is_python_module=python_module, verbose=False)
+    finally:
+        if ninja_dir:
+            os.environ["PATH"] = path
