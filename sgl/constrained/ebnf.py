@@ -40,8 +40,8 @@ classes; :mod:`~sgl.constrained.ebnf_automaton` builds a byte-level recursive
 transition network (one NFA per rule, calls as edges, tail calls without a stack
 frame) and checks and trims it; :mod:`~sgl.constrained.ebnf_runtime` runs it as a
 set of stacks (a GLR-style frontier) that is interned into a lazily built DFA, and
-computes masks by a level-by-level numpy walk of the vocabulary's byte trie, with
-per-state mask caching.
+computes masks by a level-by-level walk of the vocabulary's byte trie (in C++,
+``csrc/trie_walk.cpp``, where it builds; numpy otherwise), with per-state mask caching.
 
 Highly ambiguous grammars can make the number of parse stacks grow exponentially
 (e.g. ``s ::= "a" s "b" | "a" s "b" "b" | ""``). A parse state is bounded to
@@ -117,9 +117,7 @@ class EbnfGrammar:
         self._tables = self._new_tables()
         self._initial = self._tables.initial()
         self._tables.mask(self._initial, self._trie, self._node_class)  # warm: every request needs it
-        eos_bits = np.zeros(self._trie.n_words * 32, dtype=bool)
-        eos_bits[self._trie.eos] = True
-        self._eos_words = np.packbits(eos_bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        self._eos_words = self._trie.eos_words
 
     def matcher(self) -> "EbnfMatcher":
         with self._lock:

@@ -7,11 +7,14 @@ packed into ints (``stack_id * M + state``) and every distinct set is interned a
 *dstate* id, so the recognizer becomes a DFA built lazily over dstates: a transition
 is computed once (in Python) and then read from a numpy table forever after.
 
-Token masks come from walking a byte trie of the vocabulary one level at a time,
-all live trie nodes of a level at once in numpy (``table[dstate, byte_class]``); a
-subtree is dropped as soon as its dstate is dead. Bytes that every edge of the
-grammar treats alike share one *byte class*, which keeps the table narrow and the
-number of transitions to compute small. Finished masks are cached per dstate (LRU).
+Token masks come from walking a byte trie of the vocabulary one level at a time
+(``table[dstate, byte_class]`` for each live node); a subtree is dropped as soon as
+its dstate is dead. The walk runs in C++ (``csrc/trie_walk.cpp``, calling back into
+:meth:`Tables.transition` for transitions not known yet) where it can be built, else
+in numpy, all live nodes of a level at once (the same masks, ~10x slower). Bytes
+that every edge of the grammar treats alike share one *byte class*, which keeps the
+table narrow; classes a new dstate cannot read are marked dead when it is interned,
+so only readable ones are ever computed. Finished masks are cached per dstate (LRU).
 
 All of this is per grammar, shared by its matchers, and bounded: when the tables
 grow past their limits they are replaced, and each matcher re-interns its own
@@ -21,8 +24,10 @@ history the next time it is used.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -92,9 +97,40 @@ class VocabTrie:
             if tb and i not in eos:
                 token_node[i] = index[tb]
         self.token_node = token_node
+        # node -> the tokens whose bytes end there: toks[tok_start[u]:tok_start[u + 1]] (for the native walk)
+        ids = np.flatnonzero(token_node < n)
+        order = np.argsort(token_node[ids], kind="stable")
+        self.toks = ids[order].astype(np.int64)
+        self.tok_start = np.searchsorted(token_node[ids][order], np.arange(n + 1)).astype(np.int64)
         self.eos = np.array(sorted(i for i in eos if 0 <= i < vocab_size), dtype=np.int64)
         self.vocab_size = vocab_size
         self.n_words = (vocab_size + 31) // 32
+        eos_bits = np.zeros(self.n_words * 32, dtype=bool)
+        eos_bits[self.eos] = True
+        self.eos_words = np.packbits(eos_bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+
+
+_NATIVE_SOURCE = Path(__file__).parent / "csrc" / "trie_walk.cpp"
+_native_lock = threading.Lock()
+_native: list = []  # [module or None], once tried
+
+
+def native_walk():
+    """The C++ trie walk (csrc/trie_walk.cpp), built on first use (~10 s once per machine,
+    then cached); None where it cannot be built or ``SGL_NATIVE_MASKS=0``: masks then come
+    from the numpy walk, the same masks, slower."""
+    with _native_lock:
+        if not _native:
+            module = None
+            if os.environ.get("SGL_NATIVE_MASKS", "1") != "0":
+                try:
+                    from sgl import native
+
+                    module = native.build("sgl_trie_walk", _NATIVE_SOURCE, ["-O3"], python_module=True)
+                except Exception as e:  # no compiler, no ninja, no torch: the numpy walk
+                    logger.warning("the native mask walk could not be built (%s); using the numpy walk", e)
+            _native.append(module)
+        return _native[0]
 
 
 _TRIES: "OrderedDict[int, tuple[object, VocabTrie]]" = OrderedDict()
@@ -130,6 +166,7 @@ class Tables:
         self.ACCEPT = net.n_states  # the configuration "root finished, stack empty"
         self.byte_class = byte_class
         self.class_rep = class_rep
+        self.class_rep_arr = np.asarray(class_rep, dtype=np.int64)
         self.stack_ret: list[int] = [-1]  # stack 0 is the empty stack
         self.stack_parent: list[int] = [-1]
         self.stack_ids: dict[tuple[int, int], int] = {}
@@ -201,7 +238,15 @@ class Tables:
                 grown = np.full((self.table.shape[0] * 2, self.table.shape[1]), -1, dtype=np.int32)
                 grown[: self.table.shape[0]] = self.table
                 self.table = grown
+            # Classes no configuration can read lead to DEAD: known now, so only the few
+            # readable ones ever take the Python step (a mask's first walk tries every class).
+            self.table[did, ~self._readable_classes(did)] = DEAD
         return did
+
+    def _readable_classes(self, did: int) -> np.ndarray:
+        bits = self.allowed_bytes(did)
+        readable = np.unpackbits(np.frombuffer(bits.to_bytes(32, "little"), dtype=np.uint8), bitorder="little")
+        return readable[self.class_rep_arr].astype(bool)
 
     def initial(self) -> int:
         net = self.net
@@ -288,10 +333,23 @@ class Tables:
         if hit is not None:
             self.masks.move_to_end(did)
             return hit
-        return self._plain(did, self._walk(did, trie, node_class)[trie.token_node], trie)
+        if native_walk() is None:
+            return self._plain(did, self._walk(did, trie, node_class)[trie.token_node], trie)
+        return self._cache_mask(did, self.native_mask(did, trie, node_class))
+
+    def native_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+        """The mask by the C++ walk (same algorithm as :meth:`_walk`); not cached."""
+        words = native_walk().mask_words(self, did, trie.child_start, trie.child_count, trie.parent,
+                                         trie.level_start, node_class, trie.tok_start, trie.toks, trie.n_words,
+                                         DENSE_SWITCH)
+        if self.accepting(did):
+            words |= trie.eos_words
+        return words
 
     def _plain(self, did: int, ends: np.ndarray, trie: VocabTrie) -> np.ndarray:
-        words = self._pack(did, ends != DEAD, trie)
+        return self._cache_mask(did, self._pack(did, ends != DEAD, trie))
+
+    def _cache_mask(self, did: int, words: np.ndarray) -> np.ndarray:
         self.masks[did] = words
         if len(self.masks) > MASK_CACHE_SIZE:
             self.masks.popitem(last=False)
@@ -300,9 +358,10 @@ class Tables:
     def _pack(self, did: int, allowed_tokens: np.ndarray, trie: VocabTrie) -> np.ndarray:
         allowed = np.zeros(trie.n_words * 32, dtype=bool)
         allowed[: trie.vocab_size] = allowed_tokens
-        if self.accepting(did) and trie.eos.size:
-            allowed[trie.eos] = True
-        return np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        words = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        if self.accepting(did):
+            words |= trie.eos_words
+        return words
 
     def need(self, did: int) -> float:
         """Tokens that finish the text from parse state ``did``, EOS included, at most."""
@@ -365,6 +424,7 @@ class Tables:
         """The parse state after each trie node's bytes (DEAD where they are not allowed);
         index ``n_nodes`` (the sentinel of tokens without bytes) is DEAD."""
         node_ds = np.zeros(trie.n_nodes + 1, dtype=np.int32)
+        node_ds[0] = did  # the root (no token ends there)
         live = np.zeros(1, dtype=np.int64)  # the root
         live_ds = np.full(1, did, dtype=np.int32)
         child_count, child_start = trie.child_count, trie.child_start

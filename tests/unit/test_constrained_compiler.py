@@ -117,3 +117,54 @@ def test_bitmask_helpers() -> None:
         assert torch.equal(apply_bitmask_(logits, mask), expect)
     with pytest.raises(ValueError):
         bitmask_to_bool(allocate_bitmask(1, 32), 33)
+
+
+def test_gc_is_paused_during_a_compile_and_restored_after(compiler: GrammarCompiler, monkeypatch) -> None:
+    """Compiles run with the cyclic collector off (sgl.constrained.gcpause); it comes back on
+    afterwards, also after a failed compile, and stays off if it was off before."""
+    import gc
+
+    import sgl.constrained.compiler as compiler_mod
+
+    seen: list[bool] = []
+    real = compiler_mod.GrammarCompiler._build
+
+    def spy(self, *args):
+        seen.append(gc.isenabled())
+        return real(self, *args)
+
+    monkeypatch.setattr(compiler_mod.GrammarCompiler, "_build", spy)
+    assert gc.isenabled()
+    compiler.compile("regex", "[ab]+")
+    with pytest.raises(GrammarError):
+        compiler.compile("regex", "(")
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        compiler.compile("regex", "c+")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_gc_pause_nests_across_threads() -> None:
+    """Overlapping pauses (concurrent compiles): the collector returns when the last one ends."""
+    import gc
+
+    from sgl.constrained.gcpause import gc_paused
+
+    inside, release = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        with gc_paused():
+            inside.set()
+            release.wait(30)
+
+    t = threading.Thread(target=worker)
+    with gc_paused():
+        t.start()
+        assert inside.wait(30)
+    assert not gc.isenabled()  # the worker's pause is still open
+    release.set()
+    t.join(30)
+    assert gc.isenabled()

@@ -8,6 +8,10 @@
   multi-character tokens, partial UTF-8 bytes and junk.
 * Outputs of mask-guided random walks are parsed by independent parsers: Python's
   ``json`` and ``ast`` modules, and lark Earley parsers written in lark's own syntax.
+* Masks come from the C++ trie walk where it builds (a C++ compiler is present) and
+  from the numpy walk otherwise; the enumerated-language test runs on both, and a
+  differential test checks them against each other on random grammars, their sparse
+  and dense phases and their lazily computed transitions included.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import ast
 import itertools
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -23,6 +28,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sgl.constrained import ebnf_runtime
 from sgl.constrained.ebnf import JSON_GRAMMAR, EbnfMatcher, compile_ebnf
 from sgl.constrained.errors import GrammarError
 from sgl.constrained.vocab import TokenVocabulary
@@ -535,8 +541,26 @@ def _uni4_vocab() -> TokenVocabulary:
         ("unicode4", UNI4_GBNF, UNI4_ORACLE, _uni4_vocab(), 10),
     ],
 )
-def test_mask_is_exact_against_enumerated_language(name, gbnf, oracle, vocab, text_len):
+def test_mask_is_exact_against_enumerated_language(name, gbnf, oracle, vocab, text_len, mask_walk):
     assert check_exact(gbnf, oracle, vocab, text_len=text_len) > 50
+
+
+HAS_COMPILER = bool(shutil.which("c++") or shutil.which("g++"))
+
+
+@pytest.fixture(params=["native", "numpy", "native-dense"])
+def mask_walk(request, monkeypatch):
+    """Masks by the C++ walk (as the engine runs; "-dense": its whole-level phase from the
+    first level), or by the numpy walk (where no compiler is present)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(ebnf_runtime, "_native", [None])
+    elif not HAS_COMPILER:
+        pytest.skip("no C++ compiler: the native mask walk cannot be built here")
+    else:
+        assert ebnf_runtime.native_walk() is not None  # with a compiler, a failed build fails
+        if request.param == "native-dense":
+            monkeypatch.setattr(ebnf_runtime, "DENSE_SWITCH", 0)
+    return request.param
 
 
 # Random small grammars: the generator emits the GBNF text and the oracle structure side by side.
@@ -599,6 +623,39 @@ def test_random_grammars_are_exact(grammar, seed):
         assert not oracle_sets(oracle, 8)[1]
         return
     check_exact(gbnf, oracle, RANDOM_VOCAB, text_len=5, walks=5, seed=seed)
+
+
+WIDE_VOCAB = alphabet_vocab("abc", max_len=5, n_long=10, long_len=(6, 6), junk=False)
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native mask walk cannot be built here")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_grammar(), st.integers(0, 1000), st.sampled_from([0, 3, 2048]))
+def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch):
+    """The native walk runs first on each parse state, so it meets transitions not computed
+    yet (its callback into Python) and the tables growing under it."""
+    assert ebnf_runtime.native_walk() is not None
+    gbnf, _ = grammar
+    try:
+        g = compile_ebnf(gbnf, WIDE_VOCAB)
+    except GrammarError:
+        return
+    rng = random.Random(seed)
+    m = g.matcher()
+    old = ebnf_runtime.DENSE_SWITCH
+    ebnf_runtime.DENSE_SWITCH = dense_switch
+    try:
+        for _ in range(10):
+            tables, did = m._tables, m._hist[-1]
+            native = tables.native_mask(did, g._trie, g._node_class)
+            ends = tables._walk(did, g._trie, g._node_class)[g._trie.token_node]
+            assert np.array_equal(native, tables._pack(did, ends != ebnf_runtime.DEAD, g._trie)), gbnf
+            allowed = [i for i in m.allowed_token_ids() if i != EOS]
+            if not allowed:
+                break
+            assert m.accept(rng.choice(allowed))
+    finally:
+        ebnf_runtime.DENSE_SWITCH = old
 
 
 # ---------------------------------------------------------------------------
