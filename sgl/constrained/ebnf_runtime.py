@@ -262,10 +262,11 @@ class Tables:
             return nxt
         byte = self.class_rep[cls]
         M, ACCEPT, step, push = self.M, self.ACCEPT, self.net.step, self.push
+        byte_bits, bit = self.net.byte_bits, 1 << byte
         out: set[int] = set()
         for cfg in self.dstates[did]:
             k = cfg % M
-            if k == ACCEPT:
+            if k == ACCEPT or not byte_bits[k] & bit:  # most configurations cannot read this byte
                 continue
             stack = cfg // M
             kernels, pops = step(k, byte)
