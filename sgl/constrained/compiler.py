@@ -34,6 +34,9 @@ KINDS = ("regex", "json_schema", "json_object", "ebnf")
 # (with an isolated builder; in process there is no limit). The grammar route compiles MaskBench's
 # schemas in under 0.6 s, so a timed-out attempt plus the grammar stays under 1 s.
 REGEX_ROUTE_TIMEOUT_S = 0.4
+# ... and is not tried at all for a regex longer than this: on MaskBench's schemas no such regex
+# built its index within that time (the attempt only delayed the grammar route).
+REGEX_ROUTE_MAX_TEXT = 10_000
 
 
 class GrammarCompiler:
@@ -205,6 +208,9 @@ class GrammarCompiler:
         try:
             rx = json_schema_to_rx(schema)
             check_size(rx, "json_schema", "the JSON schema")
+            if self._builder is not None and len(rx.text) > REGEX_ROUTE_MAX_TEXT:
+                raise ConstraintTooLarge(f"the JSON schema's regex is too long for the regex route ({len(rx.text)} "
+                                         f"characters, more than {REGEX_ROUTE_MAX_TEXT})", "json_schema")
             return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema",
                                 builder=self._builder, build_timeout_s=REGEX_ROUTE_TIMEOUT_S)
         except ConstraintTooLarge as too_large:

@@ -72,3 +72,24 @@ def test_a_json_schema_over_the_regex_limits_takes_the_grammar_route(vocab) -> N
         assert not g.matcher().accept_text('"' + "a" + "b" * 25 + '"')  # its 'a' is not 25th from the end
     finally:
         comp.shutdown()
+
+
+def test_a_long_regex_skips_the_regex_route(vocab) -> None:
+    """Past REGEX_ROUTE_MAX_TEXT characters the regex route is not tried (its index would
+    not build in time); shorter ones still get it."""
+    from sgl.constrained import compiler as compiler_mod
+    from sgl.constrained.ebnf import EbnfGrammar
+    from sgl.constrained.json_schema import json_schema_to_rx
+    from sgl.constrained.regex import RegexGrammar
+
+    wide = {"type": "object", "properties": {f"name_{i}": {"type": "boolean"} for i in range(40)}}
+    assert len(json_schema_to_rx(wide).text) > compiler_mod.REGEX_ROUTE_MAX_TEXT
+    comp = GrammarCompiler(vocab, isolate=True)
+    try:
+        g = comp.compile("json_schema", wide)
+        assert isinstance(g, EbnfGrammar)
+        assert g.matcher().accept_text('{"name_3": true, "other": [1]}')
+        assert isinstance(comp.compile("json_schema", {"type": "object", "properties": {"a": {"type": "boolean"}},
+                                                       "additionalProperties": False}), RegexGrammar)
+    finally:
+        comp.shutdown()
