@@ -15,10 +15,12 @@ Output shape (stricter than JSON, by design)
   ``{``, ``[`` and the key quotes tight is what lets jump-forward emit ``{"name":``
   in one go.
 * **Objects** list their properties in schema order; optional ones may be left out.
-  Properties not declared in ``properties`` are never generated (also when
-  ``additionalProperties`` allows them), except for a schema with no
-  ``properties`` whose ``additionalProperties`` is a schema: then any string keys map
-  to that schema (``minProperties``/``maxProperties`` apply).
+  Where ``additionalProperties`` allows them (absent, ``true`` or a schema), undeclared
+  members may follow the declared ones: any key that is not a declared, required,
+  dependent or forbidden name, valued by that schema (a free-form value where it is
+  absent or true). Next to ``patternProperties`` or ``propertyNames`` they are not
+  generated (stricter, never invalid). A schema with no ``properties`` maps any string
+  keys to its ``additionalProperties`` (``minProperties``/``maxProperties`` apply).
 * **Strings** use raw characters plus the short escapes ``\" \\ \/ \b \f \n \r \t``,
   and, in strings without ``pattern``, ``format`` or ``maxLength`` (``minLength`` up to 16),
   ``\uXXXX`` escapes (astral characters as surrogate pairs: ``json.dumps``'s default ASCII
@@ -39,7 +41,7 @@ matching no pattern are not generated; several patterns must be provably disjoin
 declared properties when none of their names matches a pattern, pattern members following
 the declared ones), ``propertyNames`` (string keywords),
 ``dependentRequired`` and array-form ``dependencies``, ``minProperties`` /
-``maxProperties`` (over the declared properties, or map-form objects), ``items`` (schema, or
+``maxProperties`` (undeclared members count), ``items`` (schema, or
 list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``, ``maxItems``,
 ``uniqueItems`` (false, or with ``maxItems <= 1``), ``minLength``, ``maxLength``,
 ``pattern`` (Python/ASCII regex syntax, search semantics; with the length keywords when
@@ -140,7 +142,9 @@ _EXPONENT = rx_cat(rx_set(CharSet.of("eE")), rx_rep(rx_set(CharSet.of("+-")), 0,
 _NUMBER = rx_cat(_INTEGER, rx_rep(_FRACTION, 0, 1), rx_rep(_EXPONENT, 0, 1))
 _BOOLEAN = rx_alt(rx_lit("true"), rx_lit("false"))
 _CHARS = rx_rep(_STR_CHAR, 0, None)  # the inside of an unconstrained string
-_SHARED = {"json_string": _STRING, "json_number": _NUMBER, "json_integer": _INTEGER,
+_HIGH = CharSet([(0x80, 0x10FFFF)])
+_HIGH_CHAR = rx_set(_HIGH & _JSON_RAW)  # a raw non-ASCII character (no escape spells one raw)
+_SHARED = {"json_string": _STRING, "json_number": _NUMBER, "json_integer": _INTEGER, "json_high_char": _HIGH_CHAR,
            "json_chars": _CHARS}  # grammar rules when used
 _NULL = rx_lit("null")
 
@@ -616,9 +620,11 @@ def _free_value(depth: int) -> Rx | None:
     return rx_alt(*scalars, _map_object(inner, 0, None), _array_of([], inner, 0, None))
 
 
-def _string_not_in(values: list[str], anything: Rx = _CHARS) -> Rx | None:
+def _string_not_in(values: list[str], anything: Rx = _CHARS, high: Rx = _HIGH_CHAR) -> Rx | None:
     """The body of a JSON string whose decoded value is none of ``values`` (a trie,
-    complemented; ``anything``, the rest once off the trie, may be a shared rule)."""
+    complemented; ``anything``, the rest once off the trie, and ``high``, a non-ASCII
+    character, may be shared rules: each trie node then costs a few grammar states, not
+    the UTF-8 automaton of a character class)."""
     trie: dict = {}
     for v in values:
         node = trie
@@ -628,7 +634,11 @@ def _string_not_in(values: list[str], anything: Rx = _CHARS) -> Rx | None:
 
     def body(node: dict) -> Rx | None:
         children = [c for c in node if c]
-        others = json_char(CharSet.full() - CharSet.of("".join(children)))
+        taken = CharSet.of("".join(children))
+        if taken & _HIGH:
+            others = json_char(CharSet.full() - taken)
+        else:
+            others = rx_alt(json_char(CharSet([(0, 0x7F)]) - taken), high)
         # Leaving the trie by a raw character only: a \\u escape could spell a child's character.
         parts = [rx_lit("") if "" not in node else None, rx_cat(others, anything)]
         parts += [rx_cat(json_char(CharSet.of(c)), body(node[c])) for c in children]
@@ -895,7 +905,8 @@ class _Converter:
                 if set(schema) & _STRING_KW:
                     raise self.fail(where, "not: excluding strings from a string with pattern/format/length is not "
                                     "supported")
-                parts.append(rx_cat(_QUOTE, _string_not_in(strings, self.shared("json_chars")), _QUOTE))
+                body = _string_not_in(strings, self.shared("json_chars"), self.shared("json_high_char"))
+                parts.append(rx_cat(_QUOTE, body, _QUOTE))
             elif t == "boolean":
                 parts.append(rx_alt(*(rx_lit(b) for b in ("true", "false") if not any(v is (b == "true") for v in values))))
             elif t == "null":
@@ -912,11 +923,13 @@ class _Converter:
             return rx
         return Rx(rx.text, atom=rx.atom, alt=rx.alt, size=rx.size, node=rx_ref(name).node)
 
-    def share(self, rx: Rx | None) -> Rx | None:
+    def share(self, rx: Rx | None, always: bool = False) -> Rx | None:
         """Grammar mode: a large piece used in several places (the rest of an object after
         a member) as one rule, so the grammar holds one copy, not one per use. Only pieces
-        too large for a oneOf proof anyway lose their regex text."""
-        if not self.grammar or rx is None or (rx.size <= _ONEOF_PROOF_LIMIT and len(rx.text) <= _SHARE_TEXT):
+        too large for a oneOf proof anyway lose their regex text, unless ``always`` (a
+        piece no proof reads: the undeclared members of an open object)."""
+        small = rx is not None and rx.size <= _ONEOF_PROOF_LIMIT and len(rx.text) <= _SHARE_TEXT
+        if not self.grammar or rx is None or (small and not always):
             return rx
         name = f"part{len(self.rules)}"
         self.rules[name] = rx
@@ -1377,6 +1390,10 @@ class _Converter:
             tail = self.pattern_member(patterns, where)
         req = set(required)
         closed = extra is False or unevaluated is False
+        if not patterns and not closed and key_schema is True:
+            # undeclared members after the declared ones; never a name whose presence matters elsewhere
+            excluded = set(names) | {n for k, v in deps.items() for n in [k, *v]} | {n for f in forbid for n in f}
+            tail = self.extra_member(extra, excluded, where)
         members: list[tuple[str, Rx, bool]] = []
         for name in names:
             if name not in props and closed:
@@ -1392,12 +1409,13 @@ class _Converter:
             return None
         if lo > len(members) and tail is None:
             raise self.fail(where, "minProperties exceeds the number of properties that may be generated "
-                            "(only declared properties are generated)")
+                            "(only declared ones: the object is closed, or its other keys are limited by "
+                            "propertyNames)")
         written_ok = {m[0] for m in members}
         forbid = [f for f in forbid if f <= written_ok]  # a name never generated: never all written
         if any(f <= req for f in forbid):
             return None
-        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share, forbid, tail), rx_lit("}"))
+        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share if self.grammar else None, forbid, tail), rx_lit("}"))
 
     def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
                     where: str) -> Rx | None:
@@ -1427,6 +1445,17 @@ class _Converter:
             self.check_disjoint([k for k, _ in keys if k is not None], f"{where}/patternProperties", "patternProperties")
         return rx_alt(*(rx_cat(k, _COLON, self.convert(sub, f"{where}/patternProperties/{i}"))
                         for i, (k, sub) in enumerate(keys)))
+
+    def extra_member(self, extra: Any, excluded: set[str], where: str) -> Rx | None:
+        """An undeclared member, as ``additionalProperties`` allows it: a key that is none of
+        ``excluded`` (declared, dependent and forbidden names), valued by that schema (any
+        value where it is absent or true)."""
+        value = self.free(FREE_DEPTH - 1) if extra is True else self.convert(extra, f"{where}/additionalProperties")
+        if value is None:
+            return None
+        key = rx_cat(_QUOTE, _string_not_in(sorted(excluded), self.shared("json_chars"), self.shared("json_high_char")),
+                     _QUOTE)
+        return self.share(rx_cat(key, _COLON, value), always=True)  # written up to 4 times (see _members)
 
     def pattern_key(self, pattern: str, where: str) -> Rx | None:
         return self.convert_string({"pattern": pattern}, where)
@@ -1522,19 +1551,24 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
         again = None if hi is not None and count >= hi else rx_cat(lead, tail, build(n, False, min(count + 1, cap), written))
         return rx_alt(done(count, written), again)
 
-    def build(i: int, first: bool, count: int, written: frozenset) -> Rx | None:
-        key = (i, first, count, written)
+    def build(i: int, first: bool, count: int, written: frozenset, goal: tuple | None = None) -> Rx | None:
+        """Members ``i..`` from this state; with ``goal``, only the paths that end the
+        declared members in that state (and nothing after them)."""
+        key = (i, first, count, written, goal)
         if key in memo:
             return memo[key]
         if i == n:
-            out = done(count, written) if tail is None else more(first, count, written)
+            if goal is not None:
+                out = rx_lit("") if (first, count, written) == goal else None
+            else:
+                out = done(count, written) if tail is None else more(first, count, written)
         else:
             name, member, is_required = members[i]
             take: Rx | None = None
             if hi is None or count < hi:
                 w = written | {name} if name in relevant else written
-                take = rx_cat(rx_lit("") if first else _SEP, member, build(i + 1, False, min(count + 1, cap), w))
-            skip = None if is_required else build(i + 1, first, count, written)
+                take = rx_cat(rx_lit("") if first else _SEP, member, build(i + 1, False, min(count + 1, cap), w, goal))
+            skip = None if is_required else build(i + 1, first, count, written, goal)
             if not first and take is not None and skip is not None and take.text == rx_cat(_SEP, member, skip).text:
                 out = rx_cat(rx_rep(rx_cat(_SEP, member), 0, 1), skip)  # the tail is shared: quadratic, not exponential
             else:
@@ -1544,4 +1578,21 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
         memo[key] = out
         return out
 
+    def ends() -> list[tuple]:
+        """The states the declared members can end in, in order."""
+        level = {(True, 0, frozenset()): None}
+        for i, (name, _, is_required) in enumerate(members):
+            nxt: dict = {}
+            for first, count, written in level:
+                if hi is None or count < hi:
+                    nxt[(False, min(count + 1, cap), written | {name} if name in relevant else written)] = None
+                if not is_required:
+                    nxt[(first, count, written)] = None
+            level = nxt
+        return list(level)
+
+    if tail is not None and share is None:
+        # A regex cannot share text: the tail members written once per end state of the
+        # declared ones, not once per path (open objects would grow quadratically in text).
+        return rx_alt(*(rx_cat(build(0, True, 0, frozenset(), goal), more(*goal)) for goal in ends()))
     return build(0, True, 0, frozenset())

@@ -30,6 +30,9 @@ SAME_LANGUAGE = [  # no free values and no $ref: both routes generate exactly th
     {"anyOf": [{"type": "string", "format": "date"}, {"type": "number", "maximum": 100}, {"type": "null"}]},
     {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}, "c": {"type": "boolean"}},
      "minProperties": 1, "dependentRequired": {"c": ["a"]}, "additionalProperties": False},
+    # undeclared members (keys: any but the declared names, spelled with escapes too)
+    {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "boolean"}, "é": {"type": "null"}},
+     "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "maxProperties": 3},
 ]  # fmt: skip
 
 
