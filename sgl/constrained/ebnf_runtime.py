@@ -177,6 +177,9 @@ class Tables:
         self.table[DEAD] = DEAD
         self.masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self.forced: dict[int, str] = {}
+        self.groups: dict[int, np.ndarray] = {}  # dstate -> byte class -> group (see _class_groups)
+        self.kernel_groups: dict[frozenset[int], np.ndarray] = {}
+        self.edge_signatures: dict[int, np.ndarray] = {}
         self.overflowed = False
         # Budget-aware masks: tokens each parse state needs to finish, the most any allowed
         # token leads to (a budget above it changes nothing), the tokens of each stack's frames.
@@ -285,8 +288,54 @@ class Tables:
                 self.overflowed = True
             out = set()
         nxt = self.intern(frozenset(out))
-        self.table[did, cls] = nxt
+        groups = self._class_groups(did)
+        self.table[did, groups == groups[cls]] = nxt  # the classes this state reads alike: same successor
         return nxt
+
+    def _class_groups(self, did: int) -> np.ndarray:
+        """A group id per byte class: classes that every kernel of ``did`` reads with the
+        same edge targets lead to the same parse state, so one transition computed fills its
+        whole group. (Byte classes are global: a grammar with many literals has ~100, while
+        a state inside a string tells apart a handful.)"""
+        hit = self.groups.get(did)
+        if hit is not None:
+            return hit
+        M, ACCEPT = self.M, self.ACCEPT
+        kernels = frozenset(cfg % M for cfg in self.dstates[did]) - {ACCEPT}
+        groups = self.kernel_groups.get(kernels)  # they depend on the kernels only, not the stacks
+        if groups is None:
+            distinct = {sig.tobytes(): sig for sig in map(self._edge_signature, kernels)}
+            groups = np.zeros(len(self.class_rep), dtype=np.int64)
+            for sig in distinct.values():  # mixed radix: equal iff equal in every signature
+                radix = int(sig.max()) + 1
+                if int(groups.max()) * radix >= 1 << 62:
+                    groups = np.unique(groups, return_inverse=True)[1].reshape(-1)
+                groups = groups * radix + sig
+            self.kernel_groups[kernels] = groups
+        self.groups[did] = groups
+        return groups
+
+    def _edge_signature(self, k: int) -> np.ndarray:
+        """Per byte class, an id of the set of targets kernel ``k``'s edges reach on it."""
+        hit = self.edge_signatures.get(k)
+        if hit is None:
+            bc = self.byte_class
+            hit = np.zeros(len(self.class_rep), dtype=np.int64)  # 0: no edge
+            edges = sorted(self.net.byte_edges[k])
+            if all(a[1] < b[0] for a, b in zip(edges, edges[1:])):  # disjoint ranges (the usual case)
+                ids: dict = {}
+                for lo, hi, t in edges:
+                    hit[bc[lo]: bc[hi] + 1] = ids.setdefault(t, len(ids) + 1)
+            else:
+                targets: dict[int, list[int]] = {}
+                for lo, hi, t in edges:
+                    for c in range(int(bc[lo]), int(bc[hi]) + 1):
+                        targets.setdefault(c, []).append(t)
+                ids = {}
+                for c, ts in targets.items():
+                    hit[c] = ids.setdefault(tuple(sorted(set(ts))), len(ids) + 1)
+            self.edge_signatures[k] = hit
+        return hit
 
     def advance(self, did: int, data: bytes) -> int:
         cls = self.byte_class

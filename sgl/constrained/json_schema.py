@@ -1415,7 +1415,8 @@ class _Converter:
         forbid = [f for f in forbid if f <= written_ok]  # a name never generated: never all written
         if any(f <= req for f in forbid):
             return None
-        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, self.share if self.grammar else None, forbid, tail), rx_lit("}"))
+        share = self.share if self.grammar else None
+        return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, share, forbid, tail), rx_lit("}"))
 
     def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
                     where: str) -> Rx | None:
@@ -1520,7 +1521,7 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
              deps: dict[str, list[str]] | None = None, share: Any = None,
              forbid: list[frozenset] | None = None, tail: Rx | None = None) -> Rx | None:
     """Members in order, optional ones skippable, then any number of ``tail`` members
-    (pattern keys), commas only between written members; between ``lo`` and ``hi`` of them
+    (pattern keys, or undeclared members), commas only between written members; between ``lo`` and ``hi`` of them
     written, each written name of ``deps`` with the names it requires written too, and no
     set of ``forbid`` written whole. ``share`` turns a continuation used twice into one rule
     (grammar mode)."""
@@ -1581,7 +1582,7 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
     def ends() -> list[tuple]:
         """The states the declared members can end in, in order."""
         level = {(True, 0, frozenset()): None}
-        for i, (name, _, is_required) in enumerate(members):
+        for name, _, is_required in members:
             nxt: dict = {}
             for first, count, written in level:
                 if hi is None or count < hi:

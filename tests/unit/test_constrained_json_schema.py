@@ -546,7 +546,8 @@ EXTRA_CHECKS = {"hostname": _hostname_ok, "uri": lambda s: _uri_ok(s, False), "u
 KEYWORD_CASES = [  # (schema, must accept, must reject)
     # undeclared members, after the declared ones, where additionalProperties allows them
     ({"type": "object", "properties": {"a": {"type": "integer"}}},
-     [{"a": 1, "zz": [1, "x"], "y": {"b": None}}, {"zz": "s"}, {}, {"a": 1, "": 2, "aa": 3}], [{"a": "s"}, {"a": 1.5, "b": {"a": "s"}, "c": []}]),
+     [{"a": 1, "zz": [1, "x"], "y": {"b": None}}, {"zz": "s"}, {}, {"a": 1, "": 2, "aa": 3}],
+     [{"a": "s"}, {"a": 1.5, "b": {"a": "s"}, "c": []}]),
     ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
      [{"a": "s", "b": 1}, {"b": 1, "c": 2}], [{"a": 1, "b": "s"}, {"b": None}]),
     ({"type": "object", "properties": {"a": {}}, "minProperties": 2, "maxProperties": 3},
