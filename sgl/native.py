@@ -16,6 +16,7 @@ import platform
 import shutil
 import time
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -75,7 +76,7 @@ def _ninja_dir() -> str | None:
     return d if d and os.path.isfile(os.path.join(d, "ninja")) else None
 
 
-def build(prefix: str, source: Path, cflags: list[str], *, ldflags: list[str] = (), python_module: bool) -> Any:
+def build(prefix: str, source: Path, cflags: list[str], *, ldflags: Sequence[str] = (), python_module: bool) -> Any:
     """Compile (or load from the cache) ``source``; returns the pybind module when
     ``python_module``, else None (the source registers torch ops). Raises on failure."""
     from torch.utils.cpp_extension import load
