@@ -168,3 +168,20 @@ def test_gc_pause_nests_across_threads() -> None:
     release.set()
     t.join(30)
     assert gc.isenabled()
+
+
+def test_overlapping_pauses_still_collect(monkeypatch) -> None:
+    """Back-to-back overlapping compiles cannot keep the collector off for good: a pause that
+    ends past MAX_PAUSE_S while another is open runs a collection."""
+    import gc
+
+    from sgl.constrained import gcpause
+
+    calls: list[int] = []
+    monkeypatch.setattr(gcpause, "MAX_PAUSE_S", 0.0)
+    monkeypatch.setattr(gcpause.gc, "collect", lambda *a: calls.append(1) or 0)
+    with gcpause.gc_paused():
+        with gcpause.gc_paused():
+            pass
+        assert calls == [1] and not gc.isenabled()
+    assert gc.isenabled()
