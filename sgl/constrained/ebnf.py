@@ -116,7 +116,9 @@ class EbnfGrammar:
                              if self._net.n_states <= COMPLETIONS_MAX_STATES else None)
         self._tables = self._new_tables()
         self._initial = self._tables.initial()
-        self._tables.mask(self._initial, self._trie, self._node_class)  # warm: every request needs it
+        # every request needs it: made now, by one walk of the state (its kernels, walked one
+        # by one, would cost a large grammar's compile more than a whole walk)
+        self._tables.mask(self._initial, self._trie, self._node_class, kernel_route=False)
         self._eos_words = self._trie.eos_words
 
     def matcher(self) -> "EbnfMatcher":

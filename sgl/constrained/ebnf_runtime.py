@@ -11,7 +11,10 @@ Token masks come from walking a byte trie of the vocabulary one level at a time
 (``table[dstate, byte_class]`` for each live node); a subtree is dropped as soon as
 its dstate is dead. The walk runs in C++ (``csrc/trie_walk.cpp``, calling back into
 :meth:`Tables.transition` for transitions not known yet) where it can be built, else
-in numpy, all live nodes of a level at once (the same masks, ~10x slower). Bytes
+in numpy, all live nodes of a level at once (the same masks, ~10x slower). The C++
+route splits a parse state into its kernels and walks each once, cached, in tables
+whose stacks start empty; only what follows a rule's return is walked from the real
+state (:meth:`Tables.native_mask`). Bytes
 that every edge of the grammar treats alike share one *byte class*, which keeps the
 table narrow; classes a new dstate cannot read are marked dead when it is interned,
 so only readable ones are ever computed. Finished masks are cached per dstate (LRU).
@@ -42,6 +45,8 @@ MAX_CONFIGS = 4096  # stacks per parse state; a token leading past this is not a
 MAX_DSTATES = 32_768  # tables are replaced past this many parse states ...
 MAX_STACKS = 1_000_000  # ... or this many distinct stacks
 MASK_CACHE_SIZE = 512
+KERNEL_MASK_CACHE_BYTES = 32 << 20  # kernel walks kept per grammar (LRU past it)
+KERNEL_ROUTE = True  # native masks through the kernel tables (see Tables.native_mask)
 DENSE_SWITCH = 2048  # live trie nodes in one level beyond which whole levels are processed
 FORCED_LIMIT = 256  # bytes of jump-forward text computed at most
 
@@ -157,6 +162,15 @@ def vocab_trie(vocab) -> VocabTrie:
 # ---------------------------------------------------------------------------
 
 
+# A kernel's walk (Tables.kernel_walk): mask word indices (None: all words) and words,
+# the entry nodes and their kernel-tables states, the most configurations met.
+KernelWalk = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, int]
+
+
+def _walk_bytes(walk: KernelWalk) -> int:
+    return sum(a.nbytes for a in walk[:4] if a is not None)
+
+
 class Tables:
     """Interned stacks and parse states, the lazy DFA table, and the mask cache."""
 
@@ -175,12 +189,20 @@ class Tables:
         self.dstate_ids: dict[frozenset[int], int] = {frozenset(): DEAD}
         self.table = np.full((64, len(class_rep)), -1, dtype=np.int32)
         self.table[DEAD] = DEAD
+        # per dstate, read by the C++ walk: 1 iff it holds ACCEPT; its number of configurations
+        self.accepts = np.zeros(64, dtype=np.int8)
+        self.sizes = np.zeros(64, dtype=np.int32)
         self.masks: OrderedDict[int, np.ndarray] = OrderedDict()
         self.forced: dict[int, str] = {}
         self.groups: dict[int, np.ndarray] = {}  # dstate -> byte class -> group (see _class_groups)
         self.kernel_groups: dict[frozenset[int], np.ndarray] = {}
         self.edge_signatures: dict[int, np.ndarray] = {}
         self.overflowed = False
+        # Kernel-set masks (native route): the same network with every stack cut off.
+        self.kernel_tables: Tables | None = None
+        self.kernel_masks: OrderedDict[int, KernelWalk] = OrderedDict()
+        self.kernel_mask_bytes = 0
+        self.lifted: dict[tuple[int, tuple[int, ...]], int] = {}
         # Budget-aware masks: tokens each parse state needs to finish, the most any allowed
         # token leads to (a budget above it changes nothing), the tokens of each stack's frames.
         self.completions: Completions | None = None
@@ -241,6 +263,10 @@ class Tables:
                 grown = np.full((self.table.shape[0] * 2, self.table.shape[1]), -1, dtype=np.int32)
                 grown[: self.table.shape[0]] = self.table
                 self.table = grown
+                self.accepts = np.concatenate([self.accepts, np.zeros_like(self.accepts)])
+                self.sizes = np.concatenate([self.sizes, np.zeros_like(self.sizes)])
+            self.accepts[did] = self.ACCEPT in configs
+            self.sizes[did] = len(configs)
             # Classes no configuration can read lead to DEAD: known now, so only the few
             # readable ones ever take the Python step (a mask's first walk tries every class).
             self.table[did, ~self._readable_classes(did)] = DEAD
@@ -377,24 +403,125 @@ class Tables:
 
     # -- masks ---------------------------------------------------------------------
 
-    def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
-        """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next."""
+    def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
+        """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next.
+        ``kernel_route=False``: one walk of the state (see :meth:`native_mask`)."""
         hit = self.masks.get(did)
         if hit is not None:
             self.masks.move_to_end(did)
             return hit
         if native_walk() is None:
             return self._plain(did, self._walk(did, trie, node_class)[trie.token_node], trie)
-        return self._cache_mask(did, self.native_mask(did, trie, node_class))
+        return self._cache_mask(did, self.native_mask(did, trie, node_class, kernel_route))
 
-    def native_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
-        """The mask by the C++ walk (same algorithm as :meth:`_walk`); not cached."""
-        words = native_walk().mask_words(self, did, trie.child_start, trie.child_count, trie.parent,
-                                         trie.level_start, node_class, trie.tok_start, trie.toks, trie.n_words,
-                                         DENSE_SWITCH)
+    def native_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
+        """The mask by the C++ walk (same language as :meth:`_walk`); not cached.
+
+        A parse state is a set of configurations and a token is allowed iff it is from one
+        of them, so the mask is the union of its kernels' masks. Most of a token's bytes
+        stay inside the rule on top of the stack, where what they allow depends on the
+        kernel only, not on the stack below: each kernel is walked once in tables where
+        stacks start empty (:meth:`kernel_walk`, cached: the inside of a string, or of an
+        object of one type, recurs at every depth and position). Only the subtrees below a
+        return are walked from real states, the kernel state there put back on the real
+        stacks (:meth:`_lift`). Past the MAX_CONFIGS bound the two walks could disagree
+        (a state past it is DEAD), so where the bound could be reached the plain walk runs."""
+        native = native_walk()
+        words = self._kernel_route_mask(did, trie, node_class) if KERNEL_ROUTE and kernel_route else None
+        if words is None:
+            words = native.mask_words(self, did, trie.child_start, trie.child_count, trie.parent, trie.level_start,
+                                      node_class, trie.tok_start, trie.toks, trie.n_words, DENSE_SWITCH)
         if self.accepting(did):
             words |= trie.eos_words
         return words
+
+    def _kernel_route_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
+        stacks: dict[int, list[int]] = {}
+        M = self.M
+        for cfg in self.dstates[did]:
+            if cfg % M != self.ACCEPT:
+                stacks.setdefault(cfg % M, []).append(cfg // M)
+        words = np.zeros(trie.n_words, dtype=np.int32)
+        nodes, states, bound, with_entries = [], [], 0, 0
+        for k, ks in stacks.items():
+            outside_at, outside, entries, entry_states, max_size = self.kernel_walk(k, trie, node_class)
+            bound += len(ks) * max_size  # the most configurations a real state there can hold
+            if outside_at is None:
+                words |= outside
+            else:
+                words[outside_at] |= outside
+            if entries.size:
+                with_entries += 1
+                uniq, inverse = np.unique(entry_states, return_inverse=True)
+                lifted = np.array([self._lift(int(a), ks) for a in uniq.tolist()], dtype=np.int32)
+                if (lifted < 0).any():
+                    return None  # a state past MAX_CONFIGS: the plain walk decides (DEAD, for all)
+                nodes.append(entries)
+                states.append(lifted[inverse.reshape(-1)])
+        if bound > MAX_CONFIGS:
+            return None
+        if nodes:
+            below, max_size = native_walk().subtree_walk(self, np.concatenate(nodes), np.concatenate(states),
+                                                         trie.child_start, trie.child_count, node_class,
+                                                         trie.tok_start, trie.toks, trie.n_words)
+            if bound + with_entries * max_size > MAX_CONFIGS:
+                return None
+            words |= below
+        return words
+
+    def kernel_walk(self, kernel: int, trie: VocabTrie, node_class: np.ndarray) -> "KernelWalk":
+        """For one kernel: the mask of the tokens that never leave the rule on top (its
+        nonzero words and their indices, or all words where most are nonzero), the trie
+        nodes where it returns (what follows depends on the stack) with the kernel tables'
+        states there, and the most configurations a state on the way held.
+
+        Exact because a configuration's steps depend on its stack only when a rule returns
+        into it: in the kernel tables, where stacks start empty, that return is ACCEPT, and
+        the walk stops there (C++ ``kernel_walk``)."""
+        hit = self.kernel_masks.get(kernel)
+        if hit is not None:
+            self.kernel_masks.move_to_end(kernel)
+            return hit
+        kt = self.kernel_tables
+        if kt is None or kt.too_big():  # the cached entry states are its ids: dropped with it
+            kt = self.kernel_tables = Tables(self.net, self.byte_class, self.class_rep)
+            kt.edge_signatures, kt.kernel_groups = self.edge_signatures, self.kernel_groups  # the network's, shared
+            self.kernel_masks.clear()
+            self.kernel_mask_bytes = 0
+            self.lifted.clear()
+        words, entries, states, max_size = native_walk().kernel_walk(
+            kt, kt.intern(frozenset((kernel,))), trie.child_start, trie.child_count, trie.parent, trie.level_start,
+            node_class, trie.tok_start, trie.toks, trie.n_words, DENSE_SWITCH)
+        at = np.flatnonzero(words)
+        hit = ((None, words) if 2 * at.size > words.size else (at, words[at])) + (entries, states, max_size)
+        self.kernel_masks[kernel] = hit
+        self.kernel_mask_bytes += _walk_bytes(hit)
+        while self.kernel_mask_bytes > KERNEL_MASK_CACHE_BYTES and len(self.kernel_masks) > 1:
+            self.kernel_mask_bytes -= _walk_bytes(self.kernel_masks.popitem(last=False)[1])
+        return hit
+
+    def _lift(self, kernel_state: int, stacks: list[int]) -> int:
+        """The real parse state of a kernel tables' state reached from a kernel whose real
+        stacks are ``stacks``: each configuration's frames pushed onto each stack, and a
+        return below them (ACCEPT there) popped into each stack; -1 past MAX_CONFIGS."""
+        key = (kernel_state, tuple(stacks) if len(stacks) == 1 else tuple(sorted(stacks)))
+        hit = self.lifted.get(key)
+        if hit is not None:
+            return hit
+        kt = self.kernel_tables
+        out: set[int] = set()
+        M, push = self.M, self.push
+        for k, frames in kt.export(kernel_state):
+            if k == kt.ACCEPT:
+                for s in stacks:
+                    out.update(self._pop_into(s))
+            else:
+                out.update(push(s, frames) * M + k for s in stacks)
+        did = self.intern(frozenset(out)) if len(out) <= MAX_CONFIGS else -1
+        if len(self.lifted) >= MAX_DSTATES:
+            self.lifted.clear()
+        self.lifted[key] = did
+        return did
 
     def _plain(self, did: int, ends: np.ndarray, trie: VocabTrie) -> np.ndarray:
         return self._cache_mask(did, self._pack(did, ends != DEAD, trie))

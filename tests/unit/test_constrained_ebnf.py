@@ -548,10 +548,11 @@ def test_mask_is_exact_against_enumerated_language(name, gbnf, oracle, vocab, te
 HAS_COMPILER = bool(shutil.which("c++") or shutil.which("g++"))
 
 
-@pytest.fixture(params=["native", "numpy", "native-dense"])
+@pytest.fixture(params=["native", "numpy", "native-dense", "native-plain"])
 def mask_walk(request, monkeypatch):
     """Masks by the C++ walk (as the engine runs; "-dense": its whole-level phase from the
-    first level), or by the numpy walk (where no compiler is present)."""
+    first level; "-plain": one walk from the real parse state, no kernel route), or by the
+    numpy walk (where no compiler is present)."""
     if request.param == "numpy":
         monkeypatch.setattr(ebnf_runtime, "_native", [None])
     elif not HAS_COMPILER:
@@ -560,6 +561,8 @@ def mask_walk(request, monkeypatch):
         assert ebnf_runtime.native_walk() is not None  # with a compiler, a failed build fails
         if request.param == "native-dense":
             monkeypatch.setattr(ebnf_runtime, "DENSE_SWITCH", 0)
+        if request.param == "native-plain":
+            monkeypatch.setattr(ebnf_runtime, "KERNEL_ROUTE", False)
     return request.param
 
 
@@ -630,10 +633,11 @@ WIDE_VOCAB = alphabet_vocab("abc", max_len=5, n_long=10, long_len=(6, 6), junk=F
 
 @pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native mask walk cannot be built here")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_grammar(), st.integers(0, 1000), st.sampled_from([0, 3, 2048]))
-def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch):
+@given(random_grammar(), st.integers(0, 1000), st.sampled_from([0, 3, 2048]), st.booleans())
+def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch, kernel_route):
     """The native walk runs first on each parse state, so it meets transitions not computed
-    yet (its callback into Python) and the tables growing under it."""
+    yet (its callback into Python) and the tables growing under it; the kernel route meets
+    the same kernel sets under other stacks as the walk goes deeper."""
     assert ebnf_runtime.native_walk() is not None
     gbnf, _ = grammar
     try:
@@ -642,8 +646,8 @@ def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch)
         return
     rng = random.Random(seed)
     m = g.matcher()
-    old = ebnf_runtime.DENSE_SWITCH
-    ebnf_runtime.DENSE_SWITCH = dense_switch
+    old = ebnf_runtime.DENSE_SWITCH, ebnf_runtime.KERNEL_ROUTE
+    ebnf_runtime.DENSE_SWITCH, ebnf_runtime.KERNEL_ROUTE = dense_switch, kernel_route
     try:
         for _ in range(10):
             tables, did = m._tables, m._hist[-1]
@@ -655,7 +659,35 @@ def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch)
                 break
             assert m.accept(rng.choice(allowed))
     finally:
-        ebnf_runtime.DENSE_SWITCH = old
+        ebnf_runtime.DENSE_SWITCH, ebnf_runtime.KERNEL_ROUTE = old
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native mask walk cannot be built here")
+def test_kernel_route_reuses_kernel_walks_under_other_stacks():
+    """The full JSON grammar along a deeply nested document: at every token the kernel
+    route's mask equals the numpy walk's, and the same string and object kernels, met
+    again under deeper stacks, come from the cache with only their returns walked."""
+    assert ebnf_runtime.native_walk() is not None
+    doc = {"a": [{"b": "xy", "c": [1, 2.5, {"d": "é\"q"}]}, {"b": "z", "c": []}], "e": {"f": {"g": ["h", "i"]}}}
+    text = json.dumps(doc)
+    pieces = sorted({text[i:i + n] for n in (1, 2, 3) for i in range(len(text) - n + 1)})
+    vocab = make_vocab(pieces + ['"}', '"]', '",', '": ', "}]", "]}"])
+    g = compile_ebnf(JSON_GRAMMAR, vocab)
+    m = g.matcher()
+    token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
+    walked, pos = 0, 0
+    while pos < len(text):
+        tables, did = m._tables, m._hist[-1]
+        walks_before = len(tables.kernel_masks)
+        route = tables.native_mask(did, g._trie, g._node_class)
+        walked += len(tables.kernel_masks) - walks_before
+        ends = tables._walk(did, g._trie, g._node_class)[g._trie.token_node]
+        assert np.array_equal(route, tables._pack(did, ends != ebnf_runtime.DEAD, g._trie)), text[:pos]
+        piece = text[pos:pos + 1]
+        assert m.accept(token_of[piece])
+        pos += 1
+    assert tables.lifted, "returns below the kernels were walked from real states"
+    assert walked < len(text) // 3, "kernels met again came from the cache"
 
 
 # ---------------------------------------------------------------------------
