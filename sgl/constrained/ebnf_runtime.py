@@ -163,12 +163,14 @@ def vocab_trie(vocab) -> VocabTrie:
 
 
 # A kernel's walk (Tables.kernel_walk): mask word indices (None: all words) and words,
-# the entry nodes and their kernel-tables states, the most configurations met.
-KernelWalk = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, int]
+# the entry nodes, the distinct kernel-tables states at them and which one each entry
+# has, the most configurations met.
+KernelWalk = tuple[np.ndarray | None, np.ndarray, np.ndarray, list[int], np.ndarray, int]
 
 
 def _walk_bytes(walk: KernelWalk) -> int:
-    return sum(a.nbytes for a in walk[:4] if a is not None)
+    at, words, entries, states, state_of_entry, _ = walk
+    return words.nbytes + entries.nbytes + state_of_entry.nbytes + 8 * len(states) + (0 if at is None else at.nbytes)
 
 
 class Tables:
@@ -444,20 +446,19 @@ class Tables:
         words = np.zeros(trie.n_words, dtype=np.int32)
         nodes, states, bound, with_entries = [], [], 0, 0
         for k, ks in stacks.items():
-            outside_at, outside, entries, entry_states, max_size = self.kernel_walk(k, trie, node_class)
+            at, outside, entries, entry_states, state_of_entry, max_size = self.kernel_walk(k, trie, node_class)
             bound += len(ks) * max_size  # the most configurations a real state there can hold
-            if outside_at is None:
+            if at is None:
                 words |= outside
             else:
-                words[outside_at] |= outside
+                words[at] |= outside
             if entries.size:
                 with_entries += 1
-                uniq, inverse = np.unique(entry_states, return_inverse=True)
-                lifted = np.array([self._lift(int(a), ks) for a in uniq.tolist()], dtype=np.int32)
+                lifted = np.array([self._lift(a, ks) for a in entry_states], dtype=np.int32)
                 if (lifted < 0).any():
                     return None  # a state past MAX_CONFIGS: the plain walk decides (DEAD, for all)
                 nodes.append(entries)
-                states.append(lifted[inverse.reshape(-1)])
+                states.append(lifted[state_of_entry])
         if bound > MAX_CONFIGS:
             return None
         if nodes:
@@ -493,7 +494,9 @@ class Tables:
             kt, kt.intern(frozenset((kernel,))), trie.child_start, trie.child_count, trie.parent, trie.level_start,
             node_class, trie.tok_start, trie.toks, trie.n_words, DENSE_SWITCH)
         at = np.flatnonzero(words)
-        hit = ((None, words) if 2 * at.size > words.size else (at, words[at])) + (entries, states, max_size)
+        distinct, state_of_entry = np.unique(states, return_inverse=True)  # entries share a few states
+        hit = ((None, words) if 2 * at.size > words.size else (at, words[at])) + (
+            entries, distinct.tolist(), state_of_entry.reshape(-1), max_size)
         self.kernel_masks[kernel] = hit
         self.kernel_mask_bytes += _walk_bytes(hit)
         while self.kernel_mask_bytes > KERNEL_MASK_CACHE_BYTES and len(self.kernel_masks) > 1:
