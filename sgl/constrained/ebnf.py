@@ -40,8 +40,9 @@ classes; :mod:`~sgl.constrained.ebnf_automaton` builds a byte-level recursive
 transition network (one NFA per rule, calls as edges, tail calls without a stack
 frame) and checks and trims it; :mod:`~sgl.constrained.ebnf_runtime` runs it as a
 set of stacks (a GLR-style frontier) that is interned into a lazily built DFA, and
-computes masks by a level-by-level walk of the vocabulary's byte trie (in C++,
-``csrc/trie_walk.cpp``, where it builds; numpy otherwise), with per-state mask caching.
+computes masks by walking the vocabulary's byte trie, with per-state mask caching: in C++
+(:mod:`~sgl.constrained.ebnf_native`, ``csrc/ebnf_native.cpp``) where it builds, else the
+Python tables and a numpy walk (the same masks).
 
 Highly ambiguous grammars can make the number of parse stacks grow exponentially
 (e.g. ``s ::= "a" s "b" | "a" s "b" "b" | ""``). A parse state is bounded to
@@ -63,7 +64,7 @@ import numpy as np
 from sgl.constrained.ebnf_automaton import build_network
 from sgl.constrained.ebnf_completion import Completions
 from sgl.constrained.ebnf_parse import parse_grammar
-from sgl.constrained.ebnf_runtime import DEAD, Tables, byte_classes, vocab_trie
+from sgl.constrained.ebnf_runtime import DEAD, TablesBase, byte_classes, make_tables, vocab_trie
 from sgl.constrained.errors import GrammarError
 
 if TYPE_CHECKING:
@@ -125,15 +126,15 @@ class EbnfGrammar:
         with self._lock:
             return EbnfMatcher(self, self._tables, [self._initial])
 
-    def _current_tables(self) -> Tables:
+    def _current_tables(self) -> TablesBase:
         """The live tables, replaced by fresh ones when they have grown past their bounds."""
         if self._tables.too_big():
             self._tables = self._new_tables()
             self._initial = self._tables.initial()
         return self._tables
 
-    def _new_tables(self) -> Tables:
-        tables = Tables(self._net, self._byte_class, self._class_rep)
+    def _new_tables(self) -> TablesBase:
+        tables = make_tables(self._net, self._byte_class, self._class_rep)
         tables.completions = self._completions
         return tables
 
@@ -144,14 +145,14 @@ class EbnfGrammar:
 class EbnfMatcher:
     """The parse state of one request: accepted tokens so far, with history for rollback."""
 
-    def __init__(self, grammar: EbnfGrammar, tables: Tables, history: list[int]) -> None:
+    def __init__(self, grammar: EbnfGrammar, tables: TablesBase, history: list[int]) -> None:
         self._g = grammar
         self._tables = tables
         self._hist = history  # parse state (dstate id) after each accepted token; _DONE after EOS
 
     # -- helpers -------------------------------------------------------------------
 
-    def _sync(self) -> Tables:
+    def _sync(self) -> TablesBase:
         """Make the history refer to the grammar's live tables (they may have been replaced)."""
         tables = self._g._current_tables()
         if tables is not self._tables:

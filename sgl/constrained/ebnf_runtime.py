@@ -5,19 +5,20 @@ below it; the parse state after some text is the SET of configurations the text 
 lead to (a GLR-style frontier). Stacks are hash-consed into ids, configurations are
 packed into ints (``stack_id * M + state``) and every distinct set is interned as a
 *dstate* id, so the recognizer becomes a DFA built lazily over dstates: a transition
-is computed once (in Python) and then read from a numpy table forever after.
+is computed once and then read from a table forever after.
 
 Token masks come from walking a byte trie of the vocabulary one level at a time
 (``table[dstate, byte_class]`` for each live node); a subtree is dropped as soon as
-its dstate is dead. The walk runs in C++ (``csrc/trie_walk.cpp``, calling back into
-:meth:`Tables.transition` for transitions not known yet) where it can be built, else
-in numpy, all live nodes of a level at once (the same masks, ~10x slower). The C++
-route splits a parse state into its kernels and walks each once, cached, in tables
-whose stacks start empty; only what follows a rule's return is walked from the real
-state (:meth:`Tables.native_mask`). Bytes
-that every edge of the grammar treats alike share one *byte class*, which keeps the
-table narrow; classes a new dstate cannot read are marked dead when it is interned,
-so only readable ones are ever computed. Finished masks are cached per dstate (LRU).
+its dstate is dead. Bytes that every edge of the grammar treats alike share one *byte
+class*, which keeps the table narrow; classes a new dstate cannot read are marked dead
+when it is interned, so only readable ones are ever computed. Finished masks are cached
+per dstate (LRU).
+
+Two recognizers implement this: :class:`Tables` here (Python; the walk in numpy, all live
+nodes of a level at once) and ``ebnf_native.NativeTables`` (the same algorithm in C++,
+``csrc/ebnf_native.cpp``, with masks by per-kernel walks), used wherever it builds; they
+give the same masks, and the tests hold the C++ one to the Python one.
+:func:`make_tables` picks one.
 
 All of this is per grammar, shared by its matchers, and bounded: when the tables
 grow past their limits they are replaced, and each matcher re-interns its own
@@ -46,7 +47,7 @@ MAX_DSTATES = 32_768  # tables are replaced past this many parse states ...
 MAX_STACKS = 1_000_000  # ... or this many distinct stacks
 MASK_CACHE_SIZE = 512
 KERNEL_MASK_CACHE_BYTES = 32 << 20  # kernel walks kept per grammar (LRU past it)
-KERNEL_ROUTE = True  # native masks through the kernel tables (see Tables.native_mask)
+KERNEL_ROUTE = True  # native masks through the kernel tables (see NativeTables.native_mask)
 DENSE_SWITCH = 2048  # live trie nodes in one level beyond which whole levels are processed
 FORCED_LIMIT = 256  # bytes of jump-forward text computed at most
 
@@ -115,15 +116,15 @@ class VocabTrie:
         self.eos_words = np.packbits(eos_bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
 
 
-_NATIVE_SOURCE = Path(__file__).parent / "csrc" / "trie_walk.cpp"
+_NATIVE_SOURCE = Path(__file__).parent / "csrc" / "ebnf_native.cpp"
 _native_lock = threading.Lock()
 _native: list = []  # [module or None], once tried
 
 
 def native_walk():
-    """The C++ trie walk (csrc/trie_walk.cpp), built on first use (~10 s once per machine,
-    then cached); None where it cannot be built or ``SGL_NATIVE_MASKS=0``: masks then come
-    from the numpy walk, the same masks, slower."""
+    """The C++ recognizer and mask walks (csrc/ebnf_native.cpp), built on first use (~30 s
+    once per machine, then cached); None where it cannot be built or ``SGL_NATIVE_MASKS=0``:
+    grammars then run on the Python tables and the numpy walk, the same masks, slower."""
     with _native_lock:
         if not _native:
             module = None
@@ -131,9 +132,9 @@ def native_walk():
                 try:
                     from sgl import native
 
-                    module = native.build("sgl_trie_walk", _NATIVE_SOURCE, ["-O3"], python_module=True)
+                    module = native.build("sgl_ebnf_native", _NATIVE_SOURCE, ["-O3"], python_module=True)
                 except Exception as e:  # no compiler, no ninja, no torch: the numpy walk
-                    logger.warning("the native mask walk could not be built (%s); using the numpy walk", e)
+                    logger.warning("the native EBNF recognizer could not be built (%s); using the Python one", e)
             _native.append(module)
         return _native[0]
 
@@ -162,19 +163,11 @@ def vocab_trie(vocab) -> VocabTrie:
 # ---------------------------------------------------------------------------
 
 
-# A kernel's walk (Tables.kernel_walk): mask word indices (None: all words) and words,
-# the entry nodes, the distinct kernel-tables states at them and which one each entry
-# has, the most configurations met.
-KernelWalk = tuple[np.ndarray | None, np.ndarray, np.ndarray, list[int], np.ndarray, int]
-
-
-def _walk_bytes(walk: KernelWalk) -> int:
-    at, words, entries, states, state_of_entry, _ = walk
-    return words.nbytes + entries.nbytes + state_of_entry.nbytes + 8 * len(states) + (0 if at is None else at.nbytes)
-
-
-class Tables:
-    """Interned stacks and parse states, the lazy DFA table, and the mask cache."""
+class TablesBase:
+    """What the two recognizers share (:class:`Tables` here, ``ebnf_native.NativeTables`` in
+    C++): the per-state mask cache, budget-aware masks and forced text, on top of their
+    parse states (``initial``, ``transition``, ``advance``, ``accepting``, ``allowed_bytes``,
+    ``configs``, ``stack_frame``, ``export`` / ``import_``, ``_walk``, ``_compute_mask``)."""
 
     def __init__(self, net: Network, byte_class: np.ndarray, class_rep: list[int]) -> None:
         self.net = net
@@ -182,6 +175,144 @@ class Tables:
         self.ACCEPT = net.n_states  # the configuration "root finished, stack empty"
         self.byte_class = byte_class
         self.class_rep = class_rep
+        self.masks: OrderedDict[int, np.ndarray] = OrderedDict()
+        self.forced: dict[int, str] = {}
+        # Budget-aware masks: tokens each parse state needs to finish, the most any allowed
+        # token leads to (a budget above it changes nothing), the tokens of each stack's frames.
+        self.completions: Completions | None = None
+        self.needs: dict[int, float] = {}
+        self.max_need_after: dict[int, float] = {}
+        self.stack_tokens: dict[int, float] = {0: 0.0}
+
+    def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
+        """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next.
+        ``kernel_route=False``: one walk of the state (native tables; see ``native_mask``)."""
+        hit = self.masks.get(did)
+        if hit is not None:
+            self.masks.move_to_end(did)
+            return hit
+        return self._cache_mask(did, self._compute_mask(did, trie, node_class, kernel_route))
+
+    def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
+        raise NotImplementedError  # abstract: each recognizer walks the trie its own way
+
+    def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+        raise NotImplementedError  # abstract: the parse state after each trie node
+
+    def n_dstates(self) -> int:
+        raise NotImplementedError  # abstract
+
+    def configs(self, did: int):
+        raise NotImplementedError  # abstract: the configurations (stack * M + state) of `did`
+
+    def stack_frame(self, stack: int) -> tuple[int, int]:
+        raise NotImplementedError  # abstract: (return state on top, the stack below)
+
+    def _plain(self, did: int, ends: np.ndarray, trie: VocabTrie) -> np.ndarray:
+        return self._cache_mask(did, self._pack(did, ends != DEAD, trie))
+
+    def _cache_mask(self, did: int, words: np.ndarray) -> np.ndarray:
+        self.masks[did] = words
+        if len(self.masks) > MASK_CACHE_SIZE:
+            self.masks.popitem(last=False)
+        return words
+
+    def _pack(self, did: int, allowed_tokens: np.ndarray, trie: VocabTrie) -> np.ndarray:
+        allowed = np.zeros(trie.n_words * 32, dtype=bool)
+        allowed[: trie.vocab_size] = allowed_tokens
+        words = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        if self.accepting(did):
+            words |= trie.eos_words
+        return words
+
+    def need(self, did: int) -> float:
+        """Tokens that finish the text from parse state ``did``, EOS included, at most."""
+        hit = self.needs.get(did)
+        if hit is not None:
+            return hit
+        comp = self.completions
+        assert comp is not None
+        best = INF
+        M, ACCEPT = self.M, self.ACCEPT
+        for cfg in self.configs(did):
+            k, stack = cfg % M, cfg // M
+            cost = 0.0 if k == ACCEPT else comp.tail_tokens(k) + self._stack_tokens(stack)
+            best = min(best, cost)
+        self.needs[did] = best + 1  # + EOS
+        return best + 1
+
+    def _stack_tokens(self, stack: int) -> float:
+        memo, chain = self.stack_tokens, []
+        while stack not in memo:
+            chain.append(stack)
+            stack = self.stack_frame(stack)[1]
+        total = memo[stack]
+        comp = self.completions
+        for s in reversed(chain):
+            total += comp.tail_tokens(self.stack_frame(s)[0])  # type: ignore[union-attr]
+            memo[s] = total
+        return total
+
+    def budget_mask(self, did: int, budget: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
+        """The mask of tokens after which a completion still fits in ``budget - 1`` tokens;
+        None when every allowed token does (the plain mask applies), or when none does and
+        the text cannot end here (no completion fits: the output may be cut)."""
+        if budget - 1 >= self.max_need_after.get(did, INF):
+            return None  # every allowed token leaves room: the plain (cached) mask
+        ends = self._walk(did, trie, node_class)[trie.token_node]
+        targets, live = self._targets(ends)
+        if did not in self.max_need_after:  # once per parse state (the walk is shared with the plain mask)
+            self.max_need_after[did] = max((self.need(int(d)) for d in targets), default=0.0)
+            if did not in self.masks:
+                self._plain(did, ends, trie)
+            if budget - 1 >= self.max_need_after[did]:
+                return None
+        need_of = np.zeros(self.n_dstates(), dtype=np.float64)
+        need_of[targets] = [self.need(int(d)) for d in targets]
+        keep = live & (need_of[ends] <= budget - 1)
+        if keep.sum() == live.sum() or not (keep.any() or self.accepting(did)):
+            return None
+        return self._pack(did, keep, trie)
+
+    def _targets(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct live parse states in ``ends`` (a scatter, cheaper than a sort), and
+        which entries are live."""
+        live = ends != DEAD
+        present = np.zeros(self.n_dstates(), dtype=bool)
+        present[ends[live]] = True
+        return np.flatnonzero(present), live
+
+    def forced_text(self, did: int) -> str:
+        hit = self.forced.get(did)
+        if hit is not None:
+            return hit
+        buf = bytearray()
+        cur = did
+        while len(buf) < FORCED_LIMIT and not self.accepting(cur):
+            bits = self.allowed_bytes(cur)
+            if bits == 0 or bits & (bits - 1):
+                break
+            b = bits.bit_length() - 1
+            buf.append(b)
+            cur = self.transition(cur, int(self.byte_class[b]))
+        # only whole characters can be forced text
+        for cut in range(len(buf), max(len(buf) - 4, -1), -1):
+            try:
+                text = bytes(buf[:cut]).decode("utf-8")
+                break
+            except UnicodeDecodeError:
+                continue
+        else:
+            text = ""
+        self.forced[did] = text
+        return text
+
+class Tables(TablesBase):
+    """The recognizer in Python: interned stacks and parse states, the lazy DFA table (the
+    numpy walk's tables, and the reference the C++ ones are tested against)."""
+
+    def __init__(self, net: Network, byte_class: np.ndarray, class_rep: list[int]) -> None:
+        super().__init__(net, byte_class, class_rep)
         self.class_rep_arr = np.asarray(class_rep, dtype=np.int64)
         self.stack_ret: list[int] = [-1]  # stack 0 is the empty stack
         self.stack_parent: list[int] = [-1]
@@ -191,26 +322,19 @@ class Tables:
         self.dstate_ids: dict[frozenset[int], int] = {frozenset(): DEAD}
         self.table = np.full((64, len(class_rep)), -1, dtype=np.int32)
         self.table[DEAD] = DEAD
-        # per dstate, read by the C++ walk: 1 iff it holds ACCEPT; its number of configurations
-        self.accepts = np.zeros(64, dtype=np.int8)
-        self.sizes = np.zeros(64, dtype=np.int32)
-        self.masks: OrderedDict[int, np.ndarray] = OrderedDict()
-        self.forced: dict[int, str] = {}
         self.groups: dict[int, np.ndarray] = {}  # dstate -> byte class -> group (see _class_groups)
         self.kernel_groups: dict[frozenset[int], np.ndarray] = {}
         self.edge_signatures: dict[int, np.ndarray] = {}
         self.overflowed = False
-        # Kernel-set masks (native route): the same network with every stack cut off.
-        self.kernel_tables: Tables | None = None
-        self.kernel_masks: OrderedDict[int, KernelWalk] = OrderedDict()
-        self.kernel_mask_bytes = 0
-        self.lifted: dict[tuple[int, tuple[int, ...]], int] = {}
-        # Budget-aware masks: tokens each parse state needs to finish, the most any allowed
-        # token leads to (a budget above it changes nothing), the tokens of each stack's frames.
-        self.completions: Completions | None = None
-        self.needs: dict[int, float] = {}
-        self.max_need_after: dict[int, float] = {}
-        self.stack_tokens: dict[int, float] = {0: 0.0}
+
+    def n_dstates(self) -> int:
+        return len(self.dstates)
+
+    def configs(self, did: int):
+        return self.dstates[did]
+
+    def stack_frame(self, stack: int) -> tuple[int, int]:
+        return self.stack_ret[stack], self.stack_parent[stack]
 
     def too_big(self) -> bool:
         return len(self.dstates) > MAX_DSTATES or len(self.stack_ret) > MAX_STACKS
@@ -265,10 +389,6 @@ class Tables:
                 grown = np.full((self.table.shape[0] * 2, self.table.shape[1]), -1, dtype=np.int32)
                 grown[: self.table.shape[0]] = self.table
                 self.table = grown
-                self.accepts = np.concatenate([self.accepts, np.zeros_like(self.accepts)])
-                self.sizes = np.concatenate([self.sizes, np.zeros_like(self.sizes)])
-            self.accepts[did] = self.ACCEPT in configs
-            self.sizes[did] = len(configs)
             # Classes no configuration can read lead to DEAD: known now, so only the few
             # readable ones ever take the Python step (a mask's first walk tries every class).
             self.table[did, ~self._readable_classes(did)] = DEAD
@@ -405,200 +525,8 @@ class Tables:
 
     # -- masks ---------------------------------------------------------------------
 
-    def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
-        """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next.
-        ``kernel_route=False``: one walk of the state (see :meth:`native_mask`)."""
-        hit = self.masks.get(did)
-        if hit is not None:
-            self.masks.move_to_end(did)
-            return hit
-        if native_walk() is None:
-            return self._plain(did, self._walk(did, trie, node_class)[trie.token_node], trie)
-        return self._cache_mask(did, self.native_mask(did, trie, node_class, kernel_route))
-
-    def native_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
-        """The mask by the C++ walk (same language as :meth:`_walk`); not cached.
-
-        A parse state is a set of configurations and a token is allowed iff it is from one
-        of them, so the mask is the union of its kernels' masks. Most of a token's bytes
-        stay inside the rule on top of the stack, where what they allow depends on the
-        kernel only, not on the stack below: each kernel is walked once in tables where
-        stacks start empty (:meth:`kernel_walk`, cached: the inside of a string, or of an
-        object of one type, recurs at every depth and position). Only the subtrees below a
-        return are walked from real states, the kernel state there put back on the real
-        stacks (:meth:`_lift`). Past the MAX_CONFIGS bound the two walks could disagree
-        (a state past it is DEAD), so where the bound could be reached the plain walk runs."""
-        native = native_walk()
-        words = self._kernel_route_mask(did, trie, node_class) if KERNEL_ROUTE and kernel_route else None
-        if words is None:
-            words = native.mask_words(self, did, trie.child_start, trie.child_count, trie.parent, trie.level_start,
-                                      node_class, trie.tok_start, trie.toks, trie.n_words, DENSE_SWITCH)
-        if self.accepting(did):
-            words |= trie.eos_words
-        return words
-
-    def _kernel_route_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
-        stacks: dict[int, list[int]] = {}
-        M = self.M
-        for cfg in self.dstates[did]:
-            if cfg % M != self.ACCEPT:
-                stacks.setdefault(cfg % M, []).append(cfg // M)
-        words = np.zeros(trie.n_words, dtype=np.int32)
-        nodes, states, bound, with_entries = [], [], 0, 0
-        for k, ks in stacks.items():
-            at, outside, entries, entry_states, state_of_entry, max_size = self.kernel_walk(k, trie, node_class)
-            bound += len(ks) * max_size  # the most configurations a real state there can hold
-            if at is None:
-                words |= outside
-            else:
-                words[at] |= outside
-            if entries.size:
-                with_entries += 1
-                lifted = np.array([self._lift(a, ks) for a in entry_states], dtype=np.int32)
-                if (lifted < 0).any():
-                    return None  # a state past MAX_CONFIGS: the plain walk decides (DEAD, for all)
-                nodes.append(entries)
-                states.append(lifted[state_of_entry])
-        if bound > MAX_CONFIGS:
-            return None
-        if nodes:
-            below, max_size = native_walk().subtree_walk(self, np.concatenate(nodes), np.concatenate(states),
-                                                         trie.child_start, trie.child_count, node_class,
-                                                         trie.tok_start, trie.toks, trie.n_words)
-            if bound + with_entries * max_size > MAX_CONFIGS:
-                return None
-            words |= below
-        return words
-
-    def kernel_walk(self, kernel: int, trie: VocabTrie, node_class: np.ndarray) -> "KernelWalk":
-        """For one kernel: the mask of the tokens that never leave the rule on top (its
-        nonzero words and their indices, or all words where most are nonzero), the trie
-        nodes where it returns (what follows depends on the stack) with the kernel tables'
-        states there, and the most configurations a state on the way held.
-
-        Exact because a configuration's steps depend on its stack only when a rule returns
-        into it: in the kernel tables, where stacks start empty, that return is ACCEPT, and
-        the walk stops there (C++ ``kernel_walk``)."""
-        hit = self.kernel_masks.get(kernel)
-        if hit is not None:
-            self.kernel_masks.move_to_end(kernel)
-            return hit
-        kt = self.kernel_tables
-        if kt is None or kt.too_big():  # the cached entry states are its ids: dropped with it
-            kt = self.kernel_tables = Tables(self.net, self.byte_class, self.class_rep)
-            kt.edge_signatures, kt.kernel_groups = self.edge_signatures, self.kernel_groups  # the network's, shared
-            self.kernel_masks.clear()
-            self.kernel_mask_bytes = 0
-            self.lifted.clear()
-        words, entries, states, max_size = native_walk().kernel_walk(
-            kt, kt.intern(frozenset((kernel,))), trie.child_start, trie.child_count, trie.parent, trie.level_start,
-            node_class, trie.tok_start, trie.toks, trie.n_words, DENSE_SWITCH)
-        at = np.flatnonzero(words)
-        distinct, state_of_entry = np.unique(states, return_inverse=True)  # entries share a few states
-        hit = ((None, words) if 2 * at.size > words.size else (at, words[at])) + (
-            entries, distinct.tolist(), state_of_entry.reshape(-1), max_size)
-        self.kernel_masks[kernel] = hit
-        self.kernel_mask_bytes += _walk_bytes(hit)
-        while self.kernel_mask_bytes > KERNEL_MASK_CACHE_BYTES and len(self.kernel_masks) > 1:
-            self.kernel_mask_bytes -= _walk_bytes(self.kernel_masks.popitem(last=False)[1])
-        return hit
-
-    def _lift(self, kernel_state: int, stacks: list[int]) -> int:
-        """The real parse state of a kernel tables' state reached from a kernel whose real
-        stacks are ``stacks``: each configuration's frames pushed onto each stack, and a
-        return below them (ACCEPT there) popped into each stack; -1 past MAX_CONFIGS."""
-        key = (kernel_state, tuple(stacks) if len(stacks) == 1 else tuple(sorted(stacks)))
-        hit = self.lifted.get(key)
-        if hit is not None:
-            return hit
-        kt = self.kernel_tables
-        out: set[int] = set()
-        M, push = self.M, self.push
-        for k, frames in kt.export(kernel_state):
-            if k == kt.ACCEPT:
-                for s in stacks:
-                    out.update(self._pop_into(s))
-            else:
-                out.update(push(s, frames) * M + k for s in stacks)
-        did = self.intern(frozenset(out)) if len(out) <= MAX_CONFIGS else -1
-        if len(self.lifted) >= MAX_DSTATES:
-            self.lifted.clear()
-        self.lifted[key] = did
-        return did
-
-    def _plain(self, did: int, ends: np.ndarray, trie: VocabTrie) -> np.ndarray:
-        return self._cache_mask(did, self._pack(did, ends != DEAD, trie))
-
-    def _cache_mask(self, did: int, words: np.ndarray) -> np.ndarray:
-        self.masks[did] = words
-        if len(self.masks) > MASK_CACHE_SIZE:
-            self.masks.popitem(last=False)
-        return words
-
-    def _pack(self, did: int, allowed_tokens: np.ndarray, trie: VocabTrie) -> np.ndarray:
-        allowed = np.zeros(trie.n_words * 32, dtype=bool)
-        allowed[: trie.vocab_size] = allowed_tokens
-        words = np.packbits(allowed, bitorder="little").view("<i4").astype(np.int32, copy=False)
-        if self.accepting(did):
-            words |= trie.eos_words
-        return words
-
-    def need(self, did: int) -> float:
-        """Tokens that finish the text from parse state ``did``, EOS included, at most."""
-        hit = self.needs.get(did)
-        if hit is not None:
-            return hit
-        comp = self.completions
-        assert comp is not None
-        best = INF
-        M, ACCEPT = self.M, self.ACCEPT
-        for cfg in self.dstates[did]:
-            k, stack = cfg % M, cfg // M
-            cost = 0.0 if k == ACCEPT else comp.tail_tokens(k) + self._stack_tokens(stack)
-            best = min(best, cost)
-        self.needs[did] = best + 1  # + EOS
-        return best + 1
-
-    def _stack_tokens(self, stack: int) -> float:
-        memo, chain = self.stack_tokens, []
-        while stack not in memo:
-            chain.append(stack)
-            stack = self.stack_parent[stack]
-        total = memo[stack]
-        comp = self.completions
-        for s in reversed(chain):
-            total += comp.tail_tokens(self.stack_ret[s])  # type: ignore[union-attr]
-            memo[s] = total
-        return total
-
-    def budget_mask(self, did: int, budget: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
-        """The mask of tokens after which a completion still fits in ``budget - 1`` tokens;
-        None when every allowed token does (the plain mask applies), or when none does and
-        the text cannot end here (no completion fits: the output may be cut)."""
-        if budget - 1 >= self.max_need_after.get(did, INF):
-            return None  # every allowed token leaves room: the plain (cached) mask
-        ends = self._walk(did, trie, node_class)[trie.token_node]
-        targets, live = self._targets(ends)
-        if did not in self.max_need_after:  # once per parse state (the walk is shared with the plain mask)
-            self.max_need_after[did] = max((self.need(int(d)) for d in targets), default=0.0)
-            if did not in self.masks:
-                self._plain(did, ends, trie)
-            if budget - 1 >= self.max_need_after[did]:
-                return None
-        need_of = np.zeros(len(self.dstates), dtype=np.float64)
-        need_of[targets] = [self.need(int(d)) for d in targets]
-        keep = live & (need_of[ends] <= budget - 1)
-        if keep.sum() == live.sum() or not (keep.any() or self.accepting(did)):
-            return None
-        return self._pack(did, keep, trie)
-
-    def _targets(self, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The distinct live parse states in ``ends`` (a scatter, cheaper than a sort), and
-        which entries are live."""
-        live = ends != DEAD
-        present = np.zeros(len(self.dstates), dtype=bool)
-        present[ends[live]] = True
-        return np.flatnonzero(present), live
+    def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
+        return self._pack(did, self._walk(did, trie, node_class)[trie.token_node] != DEAD, trie)
 
     def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
         """The parse state after each trie node's bytes (DEAD where they are not allowed);
@@ -648,31 +576,6 @@ class Tables:
             nxt[unknown] = self.table[cur[unknown], classes[unknown]]
         return nxt
 
-    def forced_text(self, did: int) -> str:
-        hit = self.forced.get(did)
-        if hit is not None:
-            return hit
-        buf = bytearray()
-        cur = did
-        while len(buf) < FORCED_LIMIT and not self.accepting(cur):
-            bits = self.allowed_bytes(cur)
-            if bits == 0 or bits & (bits - 1):
-                break
-            b = bits.bit_length() - 1
-            buf.append(b)
-            cur = self.transition(cur, int(self.byte_class[b]))
-        # only whole characters can be forced text
-        for cut in range(len(buf), max(len(buf) - 4, -1), -1):
-            try:
-                text = bytes(buf[:cut]).decode("utf-8")
-                break
-            except UnicodeDecodeError:
-                continue
-        else:
-            text = ""
-        self.forced[did] = text
-        return text
-
 
 def byte_classes(net: Network) -> tuple[np.ndarray, list[int]]:
     """Partition bytes 0..255 into classes no edge of `net` tells apart."""
@@ -688,3 +591,12 @@ def byte_classes(net: Network) -> tuple[np.ndarray, list[int]]:
         byte_class[a:b] = c
         reps.append(a)
     return byte_class, reps
+
+
+def make_tables(net: Network, byte_class: np.ndarray, class_rep: list[int]) -> TablesBase:
+    """A grammar's recognizer: the C++ one where it builds, else the Python one."""
+    if native_walk() is not None:
+        from sgl.constrained.ebnf_native import NativeTables
+
+        return NativeTables(net, byte_class, class_rep)
+    return Tables(net, byte_class, class_rep)

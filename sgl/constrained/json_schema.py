@@ -706,6 +706,7 @@ class _Converter:
         self.grammar = grammar
         self.rule_of: dict[str, str] = {}  # $ref -> rule name
         self.rules: dict[str, Rx | None] = {}
+        self.string_rules: dict[str, str] = {}  # grammar mode: a constrained string's regex text -> its rule
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
@@ -1235,6 +1236,23 @@ class _Converter:
         return self.convert_object(schema, where)
 
     def convert_string(self, schema: dict, where: str) -> Rx | None:
+        rx = self.convert_string_rx(schema, where)
+        return rx if rx is None or rx.text == _STRING.text else self.string_rule(rx)  # json_string: a rule already
+
+    def string_rule(self, rx: Rx | None) -> Rx | None:
+        """Grammar mode: a constrained string as one rule per distinct regex, called by every
+        use (its text kept, for oneOf proofs). The same ``maxLength: 256`` string in thirty
+        properties is then one automaton, and a parse state inside it is the same kernel in
+        all of them: its mask walks are made once per grammar, not once per property."""
+        if not self.grammar or rx is None:
+            return rx
+        name = self.string_rules.get(rx.text)
+        if name is None:
+            name = self.string_rules[rx.text] = f"string{len(self.string_rules)}"
+            self.rules[name] = rx
+        return Rx(rx.text, atom=rx.atom, alt=rx.alt, size=rx.size, node=rx_ref(name).node)
+
+    def convert_string_rx(self, schema: dict, where: str) -> Rx | None:
         lo = self.count(schema, "minLength", where) or 0
         hi = self.count(schema, "maxLength", where)
         fmt, pattern = schema.get("format"), schema.get("pattern")

@@ -548,19 +548,17 @@ def test_mask_is_exact_against_enumerated_language(name, gbnf, oracle, vocab, te
 HAS_COMPILER = bool(shutil.which("c++") or shutil.which("g++"))
 
 
-@pytest.fixture(params=["native", "numpy", "native-dense", "native-plain"])
+@pytest.fixture(params=["native", "numpy", "native-plain"])
 def mask_walk(request, monkeypatch):
-    """Masks by the C++ walk (as the engine runs; "-dense": its whole-level phase from the
-    first level; "-plain": one walk from the real parse state, no kernel route), or by the
-    numpy walk (where no compiler is present)."""
+    """Masks by the C++ recognizer (as the engine runs; "-plain": one walk from the real
+    parse state, no kernel route), or by the Python one and the numpy walk (where no
+    compiler is present)."""
     if request.param == "numpy":
         monkeypatch.setattr(ebnf_runtime, "_native", [None])
     elif not HAS_COMPILER:
-        pytest.skip("no C++ compiler: the native mask walk cannot be built here")
+        pytest.skip("no C++ compiler: the native recognizer cannot be built here")
     else:
         assert ebnf_runtime.native_walk() is not None  # with a compiler, a failed build fails
-        if request.param == "native-dense":
-            monkeypatch.setattr(ebnf_runtime, "DENSE_SWITCH", 0)
         if request.param == "native-plain":
             monkeypatch.setattr(ebnf_runtime, "KERNEL_ROUTE", False)
     return request.param
@@ -631,13 +629,34 @@ def test_random_grammars_are_exact(grammar, seed):
 WIDE_VOCAB = alphabet_vocab("abc", max_len=5, n_long=10, long_len=(6, 6), junk=False)
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native mask walk cannot be built here")
+def python_reference(g, tables, did):
+    """The Python recognizer on the same grammar, at the same parse state as the C++ one's
+    ``did`` (moved over as configurations): the reference its masks are held to."""
+    ref = ebnf_runtime.Tables(g._net, g._byte_class, g._class_rep)
+    return ref, ref.import_(tables.export(did))
+
+
+def assert_same_as_python(g, tables, did) -> None:
+    """The C++ tables' mask, node states, accepting and next bytes at ``did`` equal the
+    Python tables' (numpy walk) at the same configurations."""
+    ref, ref_did = python_reference(g, tables, did)
+    native = tables.native_mask(did, g._trie, g._node_class)
+    assert np.array_equal(native, ref._compute_mask(ref_did, g._trie, g._node_class, True)), g.spec
+    live = tables._walk(did, g._trie, g._node_class) != ebnf_runtime.DEAD
+    assert np.array_equal(live, ref._walk(ref_did, g._trie, g._node_class) != ebnf_runtime.DEAD)
+    assert tables.accepting(did) == ref.accepting(ref_did)
+    assert tables.allowed_bytes(did) == ref.allowed_bytes(ref_did)
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_grammar(), st.integers(0, 1000), st.sampled_from([0, 3, 2048]), st.booleans())
-def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch, kernel_route):
-    """The native walk runs first on each parse state, so it meets transitions not computed
-    yet (its callback into Python) and the tables growing under it; the kernel route meets
-    the same kernel sets under other stacks as the walk goes deeper."""
+def test_native_and_python_tables_give_the_same_masks(grammar, seed, dense_switch, kernel_route):
+    """The C++ recognizer against the Python one along random walks: each parse state is
+    new to the C++ tables when its mask is made (transitions computed inside the walk, the
+    tables growing under it); the kernel route meets the same kernels under other stacks as
+    the walk goes deeper; each accepted token is also fed to the Python tables, whose numpy
+    walk runs with its whole-level phase from the first level, the third or never."""
     assert ebnf_runtime.native_walk() is not None
     gbnf, _ = grammar
     try:
@@ -651,21 +670,22 @@ def test_native_and_numpy_walks_give_the_same_masks(grammar, seed, dense_switch,
     try:
         for _ in range(10):
             tables, did = m._tables, m._hist[-1]
-            native = tables.native_mask(did, g._trie, g._node_class)
-            ends = tables._walk(did, g._trie, g._node_class)[g._trie.token_node]
-            assert np.array_equal(native, tables._pack(did, ends != ebnf_runtime.DEAD, g._trie)), gbnf
+            assert_same_as_python(g, tables, did)
             allowed = [i for i in m.allowed_token_ids() if i != EOS]
             if not allowed:
                 break
-            assert m.accept(rng.choice(allowed))
+            token = rng.choice(allowed)
+            ref, ref_did = python_reference(g, tables, did)
+            assert ref.advance(ref_did, WIDE_VOCAB.token_bytes[token]) != ebnf_runtime.DEAD
+            assert m.accept(token)
     finally:
         ebnf_runtime.DENSE_SWITCH, ebnf_runtime.KERNEL_ROUTE = old
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native mask walk cannot be built here")
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
 def test_kernel_route_reuses_kernel_walks_under_other_stacks():
     """The full JSON grammar along a deeply nested document: at every token the kernel
-    route's mask equals the numpy walk's, and the same string and object kernels, met
+    route's mask equals the Python tables', and the same string and object kernels, met
     again under deeper stacks, come from the cache with only their returns walked."""
     assert ebnf_runtime.native_walk() is not None
     doc = {"a": [{"b": "xy", "c": [1, 2.5, {"d": "é\"q"}]}, {"b": "z", "c": []}], "e": {"f": {"g": ["h", "i"]}}}
@@ -675,19 +695,49 @@ def test_kernel_route_reuses_kernel_walks_under_other_stacks():
     g = compile_ebnf(JSON_GRAMMAR, vocab)
     m = g.matcher()
     token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
-    walked, pos = 0, 0
+    pos = 0
+    tables = m._tables
     while pos < len(text):
-        tables, did = m._tables, m._hist[-1]
-        walks_before = len(tables.kernel_masks)
-        route = tables.native_mask(did, g._trie, g._node_class)
-        walked += len(tables.kernel_masks) - walks_before
-        ends = tables._walk(did, g._trie, g._node_class)[g._trie.token_node]
-        assert np.array_equal(route, tables._pack(did, ends != ebnf_runtime.DEAD, g._trie)), text[:pos]
-        piece = text[pos:pos + 1]
-        assert m.accept(token_of[piece])
+        assert m._tables is tables
+        assert_same_as_python(g, tables, m._hist[-1])
+        assert m.accept(token_of[text[pos:pos + 1]])
         pos += 1
-    assert tables.lifted, "returns below the kernels were walked from real states"
-    assert walked < len(text) // 3, "kernels met again came from the cache"
+    assert tables.core.lifts(), "returns below the kernels were walked from real states"
+    assert tables.core.kernel_walks_done() < len(text) // 3, "kernels met again came from the cache"
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+def test_whole_subtrees_inside_strings_match_python():
+    """Inside a string most subtrees of the trie keep the state where it is and are marked
+    whole, not walked: with every string of up to 4 bytes over an alphabet that has quotes,
+    escapes (deep subtrees, some mixed) and some non-ASCII tokens, the masks at every parse state
+    of a document with strings, escapes and nesting equal the Python tables'."""
+    assert ebnf_runtime.native_walk() is not None
+    vocab = alphabet_vocab('a"\\:{,}', max_len=4, n_long=60, long_len=(5, 8), junk=False,
+                           extra=["é", "aé", "éa", 'é"', '"é', "aaé", "\\é"])
+    g = compile_ebnf(JSON_GRAMMAR, vocab)
+    text = json.dumps({"a": "a\\\"é", "aa": {"": ["é", "a"]}}, ensure_ascii=False)
+    m = g.matcher()
+    for byte in text.encode():
+        assert_same_as_python(g, m._tables, m._hist[-1])
+        assert m.accept_text(bytes([byte]))
+
+
+def test_kernel_walk_cache_is_bounded(monkeypatch):
+    """Past KERNEL_MASK_CACHE_BYTES the least recently used kernel walks are dropped (and
+    walked again when met): the masks stay the Python tables'."""
+    if ebnf_runtime.native_walk() is None:
+        pytest.skip("no C++ compiler: the native recognizer cannot be built here")
+    monkeypatch.setattr(ebnf_runtime, "KERNEL_MASK_CACHE_BYTES", 1)
+    text = json.dumps({"ab": ["c", {"d": 1}], "e": "f"})
+    vocab = make_vocab(sorted(set(text)) + ['"}', '",'])
+    g = compile_ebnf(JSON_GRAMMAR, vocab)
+    m = g.matcher()
+    token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
+    for ch in text:
+        assert_same_as_python(g, m._tables, m._hist[-1])
+        assert m._tables.core.kernel_walks() <= 1
+        assert m.accept(token_of[ch])
 
 
 # ---------------------------------------------------------------------------

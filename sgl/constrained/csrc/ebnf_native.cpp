@@ -1,0 +1,834 @@
+// The EBNF recognizer in C++: the GLR step, its interned stacks and parse states, the lazy
+// DFA table, and the token-mask walks over the vocabulary's byte trie.
+//
+// The same algorithm as ebnf_runtime.Tables (Python, the reference and the numpy route's
+// tables; see its docstrings for the model): a configuration is a network state that
+// reads bytes plus a stack of return states, packed as stack * M + state; a parse state
+// ("dstate") is a sorted set of configurations, interned; table[dstate, byte_class] is
+// computed on first use. Why native: in Python one transition cost 20-40 us (closures,
+// set hashing, numpy per call), and a cold mask needs dozens of them; here ~1 us.
+//
+// Masks (Glr::route_mask, see ebnf_native.NativeTables.native_mask): a parse state's mask
+// is the union of its kernels' masks. Each kernel is walked once, cached, in "kernel
+// tables" (a second Glr on the same network whose stacks start empty, so ACCEPT there means
+// "the rule on top returned"); only the trie subtrees below such returns are walked from
+// real states, the kernel state there lifted onto the real stacks. Exact up to max_configs:
+// where a real state could exceed it, the caller falls back to one plain walk.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <optional>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+using I32 = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+using I64 = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+namespace {
+
+constexpr int32_t DEAD = 0;
+constexpr int64_t kShortcutMin = 16;  // subtrees smaller than this are walked, not tested whole
+constexpr size_t kUniformMemo = 1 << 20;  // uniform_step results kept per tables (cleared past it)
+using Bits256 = std::array<uint64_t, 4>;
+
+inline bool has_bit(const Bits256& b, int i) { return (b[i >> 6] >> (i & 63)) & 1; }
+
+template <typename T>
+std::vector<T> to_vector(const py::array_t<T, py::array::c_style | py::array::forcecast>& a) {
+  return std::vector<T>(a.data(), a.data() + a.size());
+}
+
+// Configurations reachable without reading a byte, relative to the caller's stack: kernel
+// states (with byte edges) with the frames pushed above the caller (outermost first), and
+// whether the rule can finish (hand control back to the caller).
+struct Closure {
+  std::vector<int32_t> state;
+  std::vector<std::vector<int32_t>> frames;
+  bool pops = false;
+};
+
+// The network (ebnf_automaton.Network) in flat arrays, with its closures and steps memoized;
+// shared by a grammar's real and kernel tables.
+struct Net {
+  int32_t n = 0, n_classes = 0, root = 0;
+  std::vector<int32_t> edge_start, edge_lo, edge_hi, edge_tgt;
+  std::vector<int32_t> eps_start, eps;
+  std::vector<int32_t> call_start, call_rule, call_ret;
+  std::vector<int32_t> rule_of, rule_start, rule_final;
+  std::vector<uint8_t> pure;
+  std::vector<Bits256> byte_bits, class_bits;  // per state: bytes / byte classes it reads
+  std::vector<int32_t> byte_class, class_rep;
+  std::vector<std::unique_ptr<Closure>> closures;
+  std::unordered_map<int64_t, std::unique_ptr<Closure>> steps;
+
+  Net(const I32& es, const I32& lo, const I32& hi, const I32& tgt, const I32& eps_s, const I32& eps_t,
+      const I32& cs, const I32& cr, const I32& cret, const I32& rule_of_, const I32& rule_start_,
+      const I32& rule_final_, const py::array_t<uint8_t>& pure_, const py::array_t<uint64_t>& bits,
+      const I32& byte_class_, const I32& class_rep_, int32_t root_)
+      : root(root_), edge_start(to_vector(es)), edge_lo(to_vector(lo)), edge_hi(to_vector(hi)),
+        edge_tgt(to_vector(tgt)), eps_start(to_vector(eps_s)), eps(to_vector(eps_t)), call_start(to_vector(cs)),
+        call_rule(to_vector(cr)), call_ret(to_vector(cret)), rule_of(to_vector(rule_of_)),
+        rule_start(to_vector(rule_start_)), rule_final(to_vector(rule_final_)),
+        pure(pure_.data(), pure_.data() + pure_.size()), byte_class(to_vector(byte_class_)),
+        class_rep(to_vector(class_rep_)) {
+    n = static_cast<int32_t>(rule_of.size());
+    n_classes = static_cast<int32_t>(class_rep.size());
+    byte_bits.resize(n);
+    class_bits.assign(n, Bits256{0, 0, 0, 0});
+    const uint64_t* b = bits.data();
+    for (int32_t s = 0; s < n; ++s) {
+      for (int w = 0; w < 4; ++w) byte_bits[s][w] = b[4 * s + w];
+      for (int32_t c = 0; c < n_classes; ++c)
+        if (has_bit(byte_bits[s], class_rep[c])) class_bits[s][c >> 6] |= 1ull << (c & 63);
+    }
+    closures.resize(n);
+  }
+
+  const Closure& closure(int32_t state) {
+    if (closures[state]) return *closures[state];
+    auto out = std::make_unique<Closure>();
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> todo{{state, {}}}, kernels;
+    std::set<std::pair<int32_t, std::vector<int32_t>>> seen;
+    while (!todo.empty()) {
+      auto item = std::move(todo.back());
+      todo.pop_back();
+      if (!seen.insert(item).second) continue;
+      const int32_t s = item.first;
+      const auto& frames = item.second;
+      if (edge_start[s + 1] > edge_start[s]) kernels.push_back(item);
+      for (int32_t i = eps_start[s]; i < eps_start[s + 1]; ++i) todo.emplace_back(eps[i], frames);
+      for (int32_t i = call_start[s]; i < call_start[s + 1]; ++i) {
+        std::vector<int32_t> f = frames;
+        if (!pure[call_ret[i]]) f.push_back(call_ret[i]);
+        todo.emplace_back(rule_start[call_rule[i]], std::move(f));
+      }
+      if (s == rule_final[rule_of[s]]) {
+        if (!frames.empty()) {
+          todo.emplace_back(frames.back(), std::vector<int32_t>(frames.begin(), frames.end() - 1));
+        } else {
+          out->pops = true;
+        }
+      }
+    }
+    std::sort(kernels.begin(), kernels.end());
+    kernels.erase(std::unique(kernels.begin(), kernels.end()), kernels.end());
+    for (auto& [k, f] : kernels) {
+      out->state.push_back(k);
+      out->frames.push_back(std::move(f));
+    }
+    closures[state] = std::move(out);
+    return *closures[state];
+  }
+
+  // The configurations after `state` reads a byte of class `cls` (relative to the caller).
+  const Closure& step(int32_t state, int32_t cls) {
+    const int64_t key = static_cast<int64_t>(state) * n_classes + cls;
+    auto hit = steps.find(key);
+    if (hit != steps.end()) return *hit->second;
+    const int32_t byte = class_rep[cls];
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> kernels;
+    auto out = std::make_unique<Closure>();
+    for (int32_t e = edge_start[state]; e < edge_start[state + 1]; ++e) {
+      if (edge_lo[e] <= byte && byte <= edge_hi[e]) {
+        const Closure& c = closure(edge_tgt[e]);
+        for (size_t i = 0; i < c.state.size(); ++i) kernels.emplace_back(c.state[i], c.frames[i]);
+        out->pops = out->pops || c.pops;
+      }
+    }
+    std::sort(kernels.begin(), kernels.end());
+    kernels.erase(std::unique(kernels.begin(), kernels.end()), kernels.end());
+    for (auto& [k, f] : kernels) {
+      out->state.push_back(k);
+      out->frames.push_back(std::move(f));
+    }
+    return *(steps[key] = std::move(out));
+  }
+};
+
+// The vocabulary trie (ebnf_runtime.VocabTrie, numbered level by level) laid out in
+// preorder for the walks, with one grammar's byte class per node: a subtree is the range
+// [p, end[p]), so a dead subtree is skipped in one step and a walk reads the arrays front to
+// back (~10 bytes a node: a full walk of a 100k-node trie stays in L2; the level-by-level
+// walk read 3x the bytes, from scattered parents, at ~5 ns a node).
+struct Trie {
+  std::vector<int32_t> end;      // preorder: one past the subtree
+  std::vector<uint8_t> cls;      // preorder: the byte class of the node's last byte
+  std::vector<uint8_t> depth;    // preorder: bytes from the root
+  std::vector<int32_t> tok_start, toks;  // preorder: the tokens ending at p: toks[tok_start[p]:tok_start[p+1]]
+  std::vector<int32_t> level_of;  // preorder -> the VocabTrie's node number
+  std::vector<uint8_t> height;    // preorder: the most bytes below the node
+  std::vector<int32_t> below;     // preorder: the id of the set of classes read below the node ...
+  std::vector<Bits256> class_sets;  // ... (distinct sets: subtrees share a few)
+  int64_t n_nodes, n_words, max_depth = 0;
+
+  Trie(const I64& child_start, const I64& child_count, const I32& node_class, const I64& tok_start_,
+       const I64& toks_, int64_t n_words_)
+      : n_nodes(child_count.shape(0)), n_words(n_words_) {
+    const int64_t *cs = child_start.data(), *cc = child_count.data(), *ts = tok_start_.data(), *tk = toks_.data();
+    const int32_t* nc = node_class.data();
+    end.resize(n_nodes);
+    cls.resize(n_nodes);
+    depth.resize(n_nodes);
+    level_of.resize(n_nodes);
+    tok_start.assign(n_nodes + 1, 0);
+    toks.reserve(static_cast<size_t>(ts[n_nodes]));
+    // iterative preorder: (node, depth); a node's end is set when its subtree is done
+    std::vector<std::pair<int64_t, int32_t>> todo{{0, 0}};
+    std::vector<int32_t> open;  // preorder indices of the ancestors of the next node
+    int32_t p = 0;
+    while (!todo.empty()) {
+      const auto [u, d] = todo.back();
+      todo.pop_back();
+      while (!open.empty() && depth[open.back()] >= d) {
+        end[open.back()] = p;
+        open.pop_back();
+      }
+      if (d > 255) throw std::invalid_argument("a token longer than 255 bytes");
+      level_of[p] = static_cast<int32_t>(u);
+      cls[p] = static_cast<uint8_t>(u ? nc[u] : 0);
+      depth[p] = static_cast<uint8_t>(d);
+      max_depth = std::max<int64_t>(max_depth, d);
+      for (int64_t i = ts[u]; i < ts[u + 1]; ++i) toks.push_back(static_cast<int32_t>(tk[i]));
+      tok_start[p + 1] = static_cast<int32_t>(toks.size());
+      open.push_back(p);
+      ++p;
+      for (int64_t c = cs[u] + cc[u] - 1; c >= cs[u] && cc[u] > 0; --c) todo.emplace_back(c, d + 1);
+    }
+    while (!open.empty()) {
+      end[open.back()] = p;
+      open.pop_back();
+    }
+    // the classes below each node, children before parents (reverse preorder)
+    std::vector<Bits256> sets(n_nodes, Bits256{0, 0, 0, 0});
+    std::vector<int32_t> parent_at(n_nodes, -1), last(256, -1);
+    for (int64_t q = 0; q < n_nodes; ++q) {
+      if (depth[q]) parent_at[q] = last[depth[q] - 1];
+      last[depth[q]] = static_cast<int32_t>(q);
+    }
+    height.assign(n_nodes, 0);
+    for (int64_t q = n_nodes - 1; q > 0; --q) {
+      height[parent_at[q]] = std::max<uint8_t>(height[parent_at[q]], height[q] + 1);
+      Bits256& up = sets[parent_at[q]];
+      for (int w = 0; w < 4; ++w) up[w] |= sets[q][w];
+      up[cls[q] >> 6] |= 1ull << (cls[q] & 63);
+    }
+    std::unordered_map<std::string, int32_t> ids;
+    below.resize(n_nodes);
+    for (int64_t q = 0; q < n_nodes; ++q) {
+      const std::string key(reinterpret_cast<const char*>(sets[q].data()), 32);
+      auto [it, fresh] = ids.emplace(key, static_cast<int32_t>(class_sets.size()));
+      if (fresh) class_sets.push_back(sets[q]);
+      below[q] = it->second;
+    }
+  }
+
+  // Marks the tokens of the strict subtree of p (contiguous in preorder).
+  void mark_below(uint32_t* words, int64_t p) const {
+    for (int32_t i = tok_start[p + 1], e = tok_start[end[p]]; i < e; ++i) words[toks[i] >> 5] |= 1u << (toks[i] & 31);
+  }
+
+  void mark(uint32_t* words, int64_t p) const {
+    for (int32_t i = tok_start[p], e = tok_start[p + 1]; i < e; ++i) words[toks[i] >> 5] |= 1u << (toks[i] & 31);
+  }
+};
+
+struct VecHash {
+  size_t operator()(const std::vector<int64_t>& v) const {
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ v.size();
+    for (int64_t x : v) h = (h ^ static_cast<uint64_t>(x)) * 0x100000001b3ull + (h >> 29);
+    return static_cast<size_t>(h);
+  }
+};
+
+// One kernel's walk (see Glr::kernel_walk).
+struct KernelWalk {
+  std::vector<int32_t> at;       // indices of the nonzero words (empty with `dense`)
+  std::vector<uint32_t> words;   // those words (all of them with `dense`)
+  bool dense = false;
+  std::vector<int64_t> entries;  // trie nodes where the rule returned
+  std::vector<int32_t> states;   // the distinct kernel-tables states at them
+  std::vector<int32_t> state_of_entry;
+  int32_t max_size = 0;
+  size_t bytes() const {
+    return 4 * (at.size() + words.size() + states.size() + state_of_entry.size()) + 8 * entries.size() + 64;
+  }
+};
+
+class Glr {
+ public:
+  Glr(std::shared_ptr<Net> net, int32_t max_configs) : net_(std::move(net)), max_configs_(max_configs) {
+    M_ = net_->n + 1;
+    ACCEPT_ = net_->n;
+    C_ = net_->n_classes;
+    sret_.push_back(-1);
+    spar_.push_back(-1);
+    intern({});  // DEAD
+  }
+
+  // -- stacks ----------------------------------------------------------------------------
+
+  int32_t push(int32_t stack, const std::vector<int32_t>& frames) {
+    for (int32_t ret : frames) {
+      const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ret)) << 32) | static_cast<uint32_t>(stack);
+      auto it = sids_.find(key);
+      if (it == sids_.end()) {
+        const int32_t sid = static_cast<int32_t>(sret_.size());
+        sids_.emplace(key, sid);
+        sret_.push_back(ret);
+        spar_.push_back(stack);
+        stack = sid;
+      } else {
+        stack = it->second;
+      }
+    }
+    return stack;
+  }
+
+  // Configurations after the rule on top of `stack` returns (to the frame on top).
+  const std::vector<int64_t>& pop_into(int32_t stack) {
+    auto hit = popinto_.find(stack);
+    if (hit != popinto_.end()) return hit->second;
+    std::vector<int64_t> out;
+    int32_t s = stack;
+    while (true) {
+      if (s == 0) {
+        out.push_back(ACCEPT_);
+        break;
+      }
+      const int32_t ret = sret_[s], parent = spar_[s];
+      const Closure& c = net_->closure(ret);
+      for (size_t i = 0; i < c.state.size(); ++i)
+        out.push_back(static_cast<int64_t>(c.frames[i].empty() ? parent : push(parent, c.frames[i])) * M_ +
+                      c.state[i]);
+      if (!c.pops) break;
+      s = parent;
+    }
+    canonical(out);
+    return popinto_.emplace(stack, std::move(out)).first->second;
+  }
+
+  // -- parse states ----------------------------------------------------------------------
+
+  int32_t intern(std::vector<int64_t> configs) {  // configs: sorted, unique
+    const size_t h = VecHash{}(configs);
+    auto range = ds_ids_.equal_range(h);
+    for (auto it = range.first; it != range.second; ++it)
+      if (ds_[it->second] == configs) return it->second;
+    const int32_t did = static_cast<int32_t>(ds_.size());
+    Bits256 readable{0, 0, 0, 0};
+    bool accepts = false;
+    for (int64_t cfg : configs) {
+      const int32_t k = static_cast<int32_t>(cfg % M_);
+      if (k == ACCEPT_) {
+        accepts = true;
+        continue;
+      }
+      for (int w = 0; w < 4; ++w) readable[w] |= net_->class_bits[k][w];
+    }
+    table_.resize(table_.size() + C_);
+    int32_t* row = table_.data() + static_cast<int64_t>(did) * C_;
+    // classes no configuration reads lead to DEAD: known now, never computed
+    for (int32_t c = 0; c < C_; ++c) row[c] = (did != DEAD && has_bit(readable, c)) ? -1 : DEAD;
+    accepts_.push_back(accepts);
+    readable_.push_back(readable);
+    sizes_.push_back(static_cast<int32_t>(configs.size()));
+    ds_.push_back(std::move(configs));
+    ds_ids_.emplace(h, did);
+    return did;
+  }
+
+  int32_t initial() {
+    const Closure& c = net_->closure(net_->rule_start[net_->root]);
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < c.state.size(); ++i) out.push_back(static_cast<int64_t>(push(0, c.frames[i])) * M_ + c.state[i]);
+    if (c.pops) out.push_back(ACCEPT_);
+    canonical(out);
+    return intern(std::move(out));
+  }
+
+  int32_t next(int32_t did, int32_t cls) {
+    const int32_t v = table_[static_cast<int64_t>(did) * C_ + cls];
+    return v >= 0 ? v : transition(did, cls);
+  }
+
+  int32_t transition(int32_t did, int32_t cls) {
+    const int32_t known = table_[static_cast<int64_t>(did) * C_ + cls];
+    if (known >= 0) return known;
+    const int32_t byte = net_->class_rep[cls];
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < ds_[did].size(); ++i) {  // by index: push() does not touch ds_, intern() below does
+      const int64_t cfg = ds_[did][i];
+      const int32_t k = static_cast<int32_t>(cfg % M_);
+      if (k == ACCEPT_ || !has_bit(net_->byte_bits[k], byte)) continue;
+      const int32_t stack = static_cast<int32_t>(cfg / M_);
+      const Closure& st = net_->step(k, cls);
+      for (size_t j = 0; j < st.state.size(); ++j)
+        out.push_back(static_cast<int64_t>(st.frames[j].empty() ? stack : push(stack, st.frames[j])) * M_ +
+                      st.state[j]);
+      if (st.pops) {
+        const auto& p = pop_into(stack);
+        out.insert(out.end(), p.begin(), p.end());
+      }
+    }
+    canonical(out);
+    if (static_cast<int64_t>(out.size()) > max_configs_) {
+      overflow_size_ = std::max<int64_t>(overflow_size_, out.size());
+      out.clear();
+    }
+    const int32_t nxt = intern(std::move(out));
+    table_[static_cast<int64_t>(did) * C_ + cls] = nxt;
+    return nxt;
+  }
+
+  int32_t advance(int32_t did, const py::bytes& data) {
+    char* buf;
+    py::ssize_t len;
+    PyBytes_AsStringAndSize(data.ptr(), &buf, &len);
+    for (py::ssize_t i = 0; i < len; ++i) {
+      did = next(did, net_->byte_class[static_cast<unsigned char>(buf[i])]);
+      if (did == DEAD) return DEAD;
+    }
+    return did;
+  }
+
+  bool accepting(int32_t did) const { return accepts_[did] != 0; }
+  int32_t size(int32_t did) const { return sizes_[did]; }
+
+  py::bytes allowed_bytes(int32_t did) const {
+    Bits256 bits{0, 0, 0, 0};
+    for (int64_t cfg : ds_[did]) {
+      const int32_t k = static_cast<int32_t>(cfg % M_);
+      if (k != ACCEPT_)
+        for (int w = 0; w < 4; ++w) bits[w] |= net_->byte_bits[k][w];
+    }
+    return py::bytes(reinterpret_cast<const char*>(bits.data()), 32);  // little-endian words
+  }
+
+  // The configurations of `did` as (state, frames outermost first): portable between tables.
+  std::vector<std::pair<int32_t, std::vector<int32_t>>> export_(int32_t did) const {
+    std::vector<std::pair<int32_t, std::vector<int32_t>>> out;
+    for (int64_t cfg : ds_[did]) out.emplace_back(static_cast<int32_t>(cfg % M_), frames_of(static_cast<int32_t>(cfg / M_)));
+    return out;
+  }
+
+  int32_t import_(const std::vector<std::pair<int32_t, std::vector<int32_t>>>& portable) {
+    std::vector<int64_t> out;
+    for (const auto& [k, frames] : portable) out.push_back(static_cast<int64_t>(push(0, frames)) * M_ + k);
+    canonical(out);
+    return intern(std::move(out));
+  }
+
+  I64 configs(int32_t did) const {
+    I64 out(static_cast<py::ssize_t>(ds_[did].size()));
+    std::copy(ds_[did].begin(), ds_[did].end(), out.mutable_data());
+    return out;
+  }
+  py::tuple stack_frame(int32_t sid) const { return py::make_tuple(sret_[sid], spar_[sid]); }
+  int64_t n_dstates() const { return static_cast<int64_t>(ds_.size()); }
+  int64_t n_stacks() const { return static_cast<int64_t>(sret_.size()); }
+  int64_t overflow_size() const { return overflow_size_; }
+
+  // -- walks -----------------------------------------------------------------------------
+
+  // Visits every node of the subtree at preorder index `p0` (its own bytes read: state `s0`)
+  // reachable from it, below it, depth first: `visit(p, state)` returns whether to descend.
+  // The state at each depth is on a stack: a node's parent is the last node seen one level up.
+  //
+  // With `words`, a subtree allowed the same way at each depth (uniform_below: the inside of
+  // a string, bounded or not, is most of the vocabulary) is marked whole, not walked; `visit`
+  // is not called below it, which is right for the callers here: they mark tokens, note
+  // sizes (`max_size` takes those of the states skipped) and stop at accepting states (none
+  // is skipped). The walk is latency-bound (each node's step waits on its parent's), so
+  // skipping nodes is what makes a walk of a string's inside cheap: ~40 us, not ~500.
+  template <typename Visit>
+  void walk(const Trie& trie, int64_t p0, int32_t s0, uint32_t* words, int32_t* max_size, Visit&& visit) {
+    thread_local std::vector<int32_t> stack;
+    stack.resize(trie.max_depth + 1);
+    int32_t* at_depth = stack.data();  // a local pointer: each thread_local access costs a call
+    const int32_t* end = trie.end.data();
+    const uint8_t* cls = trie.cls.data();
+    const uint8_t* depth = trie.depth.data();
+    at_depth[depth[p0]] = s0;
+    for (int64_t p = p0 + 1, stop = end[p0]; p < stop;) {
+      const int32_t d = depth[p];
+      const int32_t from = at_depth[d - 1];
+      int32_t nxt = table_[static_cast<int64_t>(from) * C_ + cls[p]];
+      if (nxt < 0) nxt = transition(from, cls[p]);
+      if (nxt == DEAD || !visit(p, nxt)) {
+        p = end[p];
+        continue;
+      }
+      if (words && end[p] - p > kShortcutMin && uniform_below(trie, p, nxt, max_size)) {
+        trie.mark_below(words, p);
+        p = end[p];
+        continue;
+      }
+      at_depth[d] = nxt;
+      ++p;
+    }
+  }
+
+  // Whether everything below node p, entered in state `did`, is allowed the same way at
+  // each depth: every class read below p leads from the state at one depth to one state at
+  // the next (the same state: inside a string; the next count: inside a bounded one), none
+  // of them accepting (a kernel walk stops there). Then the subtree is marked whole, and
+  // `max_size` takes the sizes of those states (of the whole chain: an upper bound, which
+  // only makes the MAX_CONFIGS fallback more cautious).
+  bool uniform_below(const Trie& trie, int64_t p, int32_t did, int32_t* max_size) {
+    const Bits256& need = trie.class_sets[trie.below[p]];
+    const Bits256& can = readable_[did];
+    if ((need[0] & ~can[0]) | (need[1] & ~can[1]) | (need[2] & ~can[2]) | (need[3] & ~can[3]))
+      return false;  // a class below is not read at all (most states, most subtrees): no lookup
+    const Uniform u = uniform(did, trie.below[p], need);
+    if (u.depth < trie.height[p]) return false;
+    if (max_size) *max_size = std::max(*max_size, u.max_size);
+    return true;
+  }
+
+  // How many bytes of the classes in `need` the state `did` reads uniformly (kUnbounded
+  // past a loop), and the most configurations on the way; memoized per (state, class set).
+  struct Uniform {
+    int32_t depth, max_size;
+  };
+  static constexpr int32_t kUnbounded = 255;
+
+  Uniform uniform(int32_t did, int32_t set, const Bits256& need) {
+    auto key = [set](int32_t s) {
+      return (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 32) | static_cast<uint32_t>(set);
+    };
+    auto hit = uniform_.find(key(did));
+    if (hit != uniform_.end()) return hit->second;
+    // follow the chain of uniform steps until it fails, loops, meets a known state or is long
+    // enough (no token is longer than kUnbounded bytes)
+    std::vector<int32_t>& chain = chain_;  // reused: no allocation per call
+    chain.assign(1, did);
+    int32_t to = -1;       // what the chain's last state steps to (-1: nothing uniformly)
+    Uniform after{0, 0};   // and that state's own value
+    while (true) {
+      const int32_t t = uniform_step(chain.back(), need);
+      if (t < 0 || accepts_[t]) break;
+      to = t;
+      auto known = uniform_.find(key(t));
+      if (std::find(chain.begin(), chain.end(), t) != chain.end()) {  // a loop: unbounded
+        after = {kUnbounded, 0};
+        for (int32_t c : chain) after.max_size = std::max(after.max_size, sizes_[c]);
+        break;
+      }
+      if (known != uniform_.end()) {
+        after = known->second;
+        break;
+      }
+      if (static_cast<int32_t>(chain.size()) >= kUnbounded) {
+        after = {kUnbounded, 0};
+        break;
+      }
+      chain.push_back(t);
+      to = -1;
+    }
+    if (uniform_.size() + chain.size() >= kUniformMemo) uniform_.clear();
+    Uniform u{0, 0};
+    if (to >= 0) u = {std::min(kUnbounded, after.depth + 1), std::max(after.max_size, sizes_[to])};
+    uniform_[key(chain.back())] = u;
+    for (size_t i = chain.size() - 1; i-- > 0;) {  // each steps to the next
+      u = {std::min(kUnbounded, u.depth + 1), std::max(u.max_size, sizes_[chain[i + 1]])};
+      uniform_[key(chain[i])] = u;
+    }
+    return u;
+  }
+
+  // The one state every class of `need` leads to from `did`, or -1.
+  int32_t uniform_step(int32_t did, const Bits256& need) {
+    int32_t to = -1;
+    for (int w = 0; w < 4; ++w) {
+      for (uint64_t bits = need[w]; bits; bits &= bits - 1) {
+        const int32_t v = next(did, 64 * w + __builtin_ctzll(bits));
+        if (v == DEAD || (to >= 0 && v != to)) return -1;
+        to = v;
+      }
+    }
+    return to;
+  }
+
+  // Mask words of the tokens reachable from `did` (one walk of the real state).
+  I32 mask_words(const Trie& trie, int32_t did) {
+    I32 out(trie.n_words);
+    uint32_t* words = reinterpret_cast<uint32_t*>(out.mutable_data());
+    std::memset(words, 0, sizeof(uint32_t) * trie.n_words);
+    walk(trie, 0, did, words, nullptr, [&](int64_t node, int32_t) {
+      trie.mark(words, node);
+      return true;
+    });
+    return out;
+  }
+
+  // The parse state after each trie node's bytes (DEAD where not allowed; the root: `did`;
+  // index n_nodes, the sentinel of tokens without bytes: DEAD).
+  I32 node_states(const Trie& trie, int32_t did) {
+    I32 out(trie.n_nodes + 1);
+    int32_t* s = out.mutable_data();
+    std::fill(s, s + trie.n_nodes + 1, DEAD);
+    s[0] = did;
+    walk(trie, 0, did, nullptr, nullptr, [&](int64_t node, int32_t state) {
+      s[trie.level_of[node]] = state;
+      return true;
+    });
+    return out;
+  }
+
+  // The mask by the kernel route, or nullopt where a real state could pass max_configs
+  // (the plain walk then decides, as accept() does).
+  std::optional<I32> route_mask(const Trie& trie, int32_t did) {
+    std::vector<std::pair<int32_t, int32_t>> by_kernel;  // (kernel, stack)
+    for (int64_t cfg : ds_[did]) {
+      const int32_t k = static_cast<int32_t>(cfg % M_);
+      if (k != ACCEPT_) by_kernel.emplace_back(k, static_cast<int32_t>(cfg / M_));
+    }
+    std::sort(by_kernel.begin(), by_kernel.end());
+    I32 out(trie.n_words);
+    uint32_t* words = reinterpret_cast<uint32_t*>(out.mutable_data());
+    std::memset(words, 0, sizeof(uint32_t) * trie.n_words);
+    int64_t bound = 0, with_entries = 0;
+    entry_nodes_.clear();
+    entry_states_.clear();
+    std::vector<int32_t> stacks, lifted;
+    for (size_t i = 0; i < by_kernel.size();) {
+      const int32_t k = by_kernel[i].first;
+      stacks.clear();
+      for (; i < by_kernel.size() && by_kernel[i].first == k; ++i) stacks.push_back(by_kernel[i].second);
+      const KernelWalk& kw = kernel_walk(trie, k);  // may replace the kernel tables
+      bound += static_cast<int64_t>(stacks.size()) * kw.max_size;
+      if (kw.dense) {
+        for (int64_t w = 0; w < trie.n_words; ++w) words[w] |= kw.words[w];
+      } else {
+        for (size_t j = 0; j < kw.at.size(); ++j) words[kw.at[j]] |= kw.words[j];
+      }
+      if (kw.entries.empty()) continue;
+      ++with_entries;
+      lifted.clear();
+      for (int32_t ks : kw.states) {
+        const int32_t real = lift(ks, stacks);
+        if (real < 0) return std::nullopt;
+        lifted.push_back(real);
+      }
+      for (size_t j = 0; j < kw.entries.size(); ++j) {
+        entry_nodes_.push_back(kw.entries[j]);
+        entry_states_.push_back(lifted[kw.state_of_entry[j]]);
+      }
+    }
+    if (bound > max_configs_) return std::nullopt;
+    if (!entry_nodes_.empty()) {
+      // below the returns, from the real states
+      int32_t max_size = 0;
+      for (size_t i = 0; i < entry_nodes_.size(); ++i) {
+        if (entry_states_[i] == DEAD) continue;
+        trie.mark(words, entry_nodes_[i]);
+        max_size = std::max(max_size, sizes_[entry_states_[i]]);
+        walk(trie, entry_nodes_[i], entry_states_[i], words, &max_size, [&](int64_t node, int32_t state) {
+          trie.mark(words, node);
+          max_size = std::max(max_size, sizes_[state]);
+          return true;
+        });
+      }
+      if (bound + with_entries * max_size > max_configs_) return std::nullopt;
+    }
+    return out;
+  }
+
+  int64_t kernel_walks() const { return static_cast<int64_t>(kernel_cache_.size()); }
+  int64_t kernel_walks_done() const { return kernel_walks_done_; }
+  int64_t lifts() const { return static_cast<int64_t>(lifted_.size()); }
+
+  void set_limits(int64_t max_dstates, int64_t max_stacks, int64_t kernel_cache_bytes) {
+    max_dstates_ = max_dstates;
+    max_stacks_ = max_stacks;
+    kernel_cache_bytes_ = kernel_cache_bytes;
+  }
+
+ private:
+  void canonical(std::vector<int64_t>& v) const {
+    std::sort(v.begin(), v.end());
+    v.erase(std::unique(v.begin(), v.end()), v.end());
+  }
+
+  std::vector<int32_t> frames_of(int32_t s) const {
+    std::vector<int32_t> frames;
+    for (; s; s = spar_[s]) frames.push_back(sret_[s]);
+    std::reverse(frames.begin(), frames.end());
+    return frames;
+  }
+
+  bool too_big() const {
+    return static_cast<int64_t>(ds_.size()) > max_dstates_ || static_cast<int64_t>(sret_.size()) > max_stacks_;
+  }
+
+  // One kernel's walk in the kernel tables, cached (LRU by bytes): the tokens that never
+  // leave the rule on top, the nodes where it returns (ACCEPT there: the walk stops) with
+  // their states, and the most configurations a state on the way held. Exact because a
+  // configuration's steps depend on its stack only when a rule returns into it.
+  const KernelWalk& kernel_walk(const Trie& trie, int32_t kernel) {
+    auto hit = kernel_cache_.find(kernel);
+    if (hit != kernel_cache_.end()) {
+      lru_.splice(lru_.begin(), lru_, hit->second.second);
+      return hit->second.first;
+    }
+    if (!kt_ || kt_->too_big()) {  // cached entry states are its ids: dropped with it
+      kt_ = std::make_unique<Glr>(net_, max_configs_);
+      kt_->set_limits(max_dstates_, max_stacks_, 0);
+      kernel_cache_.clear();
+      lru_.clear();
+      kernel_bytes_ = 0;
+      lifted_.clear();
+    }
+    Glr& kt = *kt_;
+    const int32_t start = kt.intern({kernel});
+    KernelWalk kw;
+    std::vector<uint32_t> words(trie.n_words, 0);
+    std::vector<int32_t> entry_states;
+    kw.max_size = kt.size(start);
+    kt.walk(trie, 0, start, words.data(), &kw.max_size, [&](int64_t node, int32_t state) {
+      if (kt.accepting(state)) {
+        kw.entries.push_back(node);
+        entry_states.push_back(state);
+        return false;
+      }
+      kw.max_size = std::max(kw.max_size, kt.size(state));
+      trie.mark(words.data(), node);
+      return true;
+    });
+    for (int32_t s : entry_states) {
+      auto at = std::find(kw.states.begin(), kw.states.end(), s);  // entries share a few states
+      if (at == kw.states.end()) {
+        kw.state_of_entry.push_back(static_cast<int32_t>(kw.states.size()));
+        kw.states.push_back(s);
+      } else {
+        kw.state_of_entry.push_back(static_cast<int32_t>(at - kw.states.begin()));
+      }
+    }
+    int64_t nonzero = 0;
+    for (uint32_t w : words) nonzero += w != 0;
+    if (2 * nonzero > trie.n_words) {
+      kw.dense = true;
+      kw.words = std::move(words);
+    } else {
+      for (int64_t w = 0; w < trie.n_words; ++w)
+        if (words[w]) {
+          kw.at.push_back(static_cast<int32_t>(w));
+          kw.words.push_back(words[w]);
+        }
+    }
+    ++kernel_walks_done_;
+    kernel_bytes_ += kw.bytes();
+    lru_.push_front(kernel);
+    auto& slot = kernel_cache_[kernel];
+    slot = {std::move(kw), lru_.begin()};
+    while (kernel_bytes_ > kernel_cache_bytes_ && kernel_cache_.size() > 1) {
+      const int32_t old = lru_.back();
+      lru_.pop_back();
+      auto it = kernel_cache_.find(old);
+      kernel_bytes_ -= it->second.first.bytes();
+      kernel_cache_.erase(it);
+    }
+    return slot.first;
+  }
+
+  // The real parse state of kernel-tables state `ks` reached from a kernel whose real stacks
+  // are `stacks` (sorted): each configuration's frames pushed onto each stack, a return
+  // below them (ACCEPT there) popped into each; -1 past max_configs.
+  int32_t lift(int32_t ks, const std::vector<int32_t>& stacks) {
+    std::vector<int64_t> key;
+    key.reserve(stacks.size() + 1);
+    key.push_back(ks);
+    key.insert(key.end(), stacks.begin(), stacks.end());
+    auto hit = lifted_.find(key);
+    if (hit != lifted_.end()) return hit->second;
+    std::vector<int64_t> out;
+    for (int64_t cfg : kt_->ds_[ks]) {
+      const int32_t k = static_cast<int32_t>(cfg % M_);
+      if (k == ACCEPT_) {
+        for (int32_t s : stacks) {
+          const auto& p = pop_into(s);
+          out.insert(out.end(), p.begin(), p.end());
+        }
+      } else {
+        const std::vector<int32_t> frames = kt_->frames_of(static_cast<int32_t>(cfg / M_));
+        for (int32_t s : stacks) out.push_back(static_cast<int64_t>(push(s, frames)) * M_ + k);
+      }
+    }
+    canonical(out);
+    const int32_t did = static_cast<int64_t>(out.size()) <= max_configs_ ? intern(std::move(out)) : -1;
+    if (static_cast<int64_t>(lifted_.size()) >= max_dstates_) lifted_.clear();
+    lifted_.emplace(std::move(key), did);
+    return did;
+  }
+
+  std::shared_ptr<Net> net_;
+  int64_t max_configs_, M_;
+  int32_t ACCEPT_, C_;
+  int64_t max_dstates_ = 32768, max_stacks_ = 1000000, kernel_cache_bytes_ = 32 << 20;
+  std::vector<int32_t> sret_, spar_;
+  std::unordered_map<uint64_t, int32_t> sids_;
+  std::unordered_map<int32_t, std::vector<int64_t>> popinto_;
+  std::vector<std::vector<int64_t>> ds_;
+  std::unordered_multimap<size_t, int32_t> ds_ids_;
+  std::vector<int32_t> table_;
+  std::vector<uint8_t> accepts_;
+  std::vector<Bits256> readable_;  // per dstate: the classes some configuration reads
+  std::vector<int32_t> sizes_;
+  std::vector<int32_t> chain_;
+  std::unordered_map<uint64_t, Uniform> uniform_;  // (dstate, class set) -> how far it reads them uniformly
+  int64_t overflow_size_ = 0;
+  // the kernel route
+  std::unique_ptr<Glr> kt_;
+  std::unordered_map<int32_t, std::pair<KernelWalk, std::list<int32_t>::iterator>> kernel_cache_;
+  std::list<int32_t> lru_;
+  size_t kernel_bytes_ = 0;
+  int64_t kernel_walks_done_ = 0;
+  std::unordered_map<std::vector<int64_t>, int32_t, VecHash> lifted_;
+  std::vector<int64_t> entry_nodes_;
+  std::vector<int32_t> entry_states_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "The EBNF recognizer's GLR tables and token-mask walks (see ebnf_native.py)";
+  py::class_<Net, std::shared_ptr<Net>>(m, "Net")
+      .def(py::init<const I32&, const I32&, const I32&, const I32&, const I32&, const I32&, const I32&, const I32&,
+                    const I32&, const I32&, const I32&, const I32&, const py::array_t<uint8_t>&,
+                    const py::array_t<uint64_t>&, const I32&, const I32&, int32_t>());
+  py::class_<Trie>(m, "Trie").def(py::init<const I64&, const I64&, const I32&, const I64&, const I64&, int64_t>());
+  py::class_<Glr>(m, "Glr")
+      .def(py::init<std::shared_ptr<Net>, int32_t>())
+      .def("set_limits", &Glr::set_limits)
+      .def("initial", &Glr::initial)
+      .def("transition", &Glr::transition)
+      .def("advance", &Glr::advance)
+      .def("accepting", &Glr::accepting)
+      .def("allowed_bytes", &Glr::allowed_bytes)
+      .def("export", &Glr::export_)
+      .def("import_", &Glr::import_)
+      .def("configs", &Glr::configs)
+      .def("stack_frame", &Glr::stack_frame)
+      .def("n_dstates", &Glr::n_dstates)
+      .def("n_stacks", &Glr::n_stacks)
+      .def("overflow_size", &Glr::overflow_size)
+      .def("mask_words", &Glr::mask_words)
+      .def("node_states", &Glr::node_states)
+      .def("route_mask", &Glr::route_mask)
+      .def("kernel_walks", &Glr::kernel_walks)
+      .def("kernel_walks_done", &Glr::kernel_walks_done)
+      .def("lifts", &Glr::lifts);
+}
