@@ -723,6 +723,28 @@ def test_whole_subtrees_inside_strings_match_python():
         assert m.accept_text(bytes([byte]))
 
 
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.parametrize("bound", ["{0,5}", "{2,40}", "{70,100}"])
+def test_whole_subtrees_inside_bounded_strings_match_python(bound):
+    """Inside a bounded string each byte moves the count on: a subtree is marked whole only
+    where the count leaves room for its longest token (and through the helper blocks of
+    long bounds). At every parse state of strings that fill the bound, the masks equal the
+    Python tables'."""
+    assert ebnf_runtime.native_walk() is not None
+    # deep subtrees of letters only (marked whole where the count allows), quotes apart
+    vocab = alphabet_vocab("ab", max_len=7, n_long=40, long_len=(8, 30), junk=False,
+                           extra=['"', 'a"', '"a', '",', ",", '","', 'ab"', '"ab', "é", "aé"])
+    gbnf = f'root ::= item ("," item)*\nitem ::= "\\"" [ab]{bound} "\\""'
+    g = compile_ebnf(gbnf, vocab)
+    lo, hi = (int(x) for x in bound.strip("{}").split(","))
+    text = ",".join('"' + "ab" * (n // 2) + "a" * (n % 2) + '"' for n in (lo, hi, (lo + hi) // 2))
+    m = g.matcher()
+    for byte in text.encode():
+        assert_same_as_python(g, m._tables, m._hist[-1])
+        assert m.accept_text(bytes([byte]))
+    assert m.is_accepting()
+
+
 def test_kernel_walk_cache_is_bounded(monkeypatch):
     """Past KERNEL_MASK_CACHE_BYTES the least recently used kernel walks are dropped (and
     walked again when met): the masks stay the Python tables'."""
