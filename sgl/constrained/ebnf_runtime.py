@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
 from typing import Sequence
@@ -163,7 +164,7 @@ def vocab_trie(vocab) -> VocabTrie:
 # ---------------------------------------------------------------------------
 
 
-class TablesBase:
+class TablesBase(ABC):
     """What the two recognizers share (:class:`Tables` here, ``ebnf_native.NativeTables`` in
     C++): the per-state mask cache, budget-aware masks and forced text, on top of their
     parse states (``initial``, ``transition``, ``advance``, ``accepting``, ``allowed_bytes``,
@@ -193,20 +194,39 @@ class TablesBase:
             return hit
         return self._cache_mask(did, self._compute_mask(did, trie, node_class, kernel_route))
 
+    # -- what each recognizer provides (what the shared logic below reads) ------------
+
+    @abstractmethod
     def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
-        raise NotImplementedError  # abstract: each recognizer walks the trie its own way
+        """The mask words of ``did`` (not cached): each recognizer walks the trie its own way."""
 
+    @abstractmethod
     def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
-        raise NotImplementedError  # abstract: the parse state after each trie node
+        """The parse state after each trie node's bytes (DEAD where not allowed)."""
 
+    @abstractmethod
     def n_dstates(self) -> int:
-        raise NotImplementedError  # abstract
+        """Parse states interned so far."""
 
+    @abstractmethod
     def configs(self, did: int):
-        raise NotImplementedError  # abstract: the configurations (stack * M + state) of `did`
+        """The configurations (stack * M + state) of ``did``."""
 
+    @abstractmethod
     def stack_frame(self, stack: int) -> tuple[int, int]:
-        raise NotImplementedError  # abstract: (return state on top, the stack below)
+        """(the return state on top of ``stack``, the stack below it)."""
+
+    @abstractmethod
+    def transition(self, did: int, cls: int) -> int:
+        """The parse state after ``did`` reads a byte of class ``cls``."""
+
+    @abstractmethod
+    def accepting(self, did: int) -> bool:
+        """The text so far is a sentence."""
+
+    @abstractmethod
+    def allowed_bytes(self, did: int) -> int:
+        """Bit b set iff byte b can come next."""
 
     def _plain(self, did: int, ends: np.ndarray, trie: VocabTrie) -> np.ndarray:
         return self._cache_mask(did, self._pack(did, ends != DEAD, trie))
