@@ -50,17 +50,21 @@ e.g. ``^[a-z]+$``, ``^https?://.+$``), ``format`` (date, time, date-time, uuid, 
 email, hostname, uri, uri-reference, iri, iri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/
 ``exclusiveMaximum`` (any for integers; integer-valued for numbers), ``multipleOf`` in
 decimal arithmetic (powers of ten like 0.01 on numbers: at most that many decimals;
-integer steps that divide 1000, or any step over a range with few multiples), ``not`` over
-``type``, ``const`` and ``enum`` (strings, booleans, null), ``anyOf``, ``oneOf`` (when its
-branches are provably disjoint), ``allOf`` (parts constraining different keywords;
-``properties``, ``required`` and ``type`` of several parts merge), ``$ref`` to ``#...``
-with ``$defs``/``definitions``. An ``enum``/``const`` (own, or from an ``allOf`` part or
-``$ref`` target) next to any other keywords is decided value by value with the reference
-validator (``jsonschema``; see :mod:`~sgl.constrained.schema_values`): exact whatever the
-keywords, ``not``/``if``/``uniqueItems`` included.
+integer steps that divide 1000, or any step over a range with few multiples), ``anyOf``,
+``oneOf`` (when its branches are provably disjoint), ``allOf`` (parts constraining different
+keywords; ``properties``/``additionalProperties`` (see ``merge_members``), ``required``,
+``type``, ``not`` and unions of several parts merge), ``$ref`` to ``#...`` with
+``$defs``/``definitions``; ``not``, ``if``/``then``/``else``, ``dependentSchemas`` and
+schema-form ``dependencies`` as unions of cases (:mod:`~sgl.constrained.schema_conditions`:
+"not S" pushed down the keywords of S, over ``type``, ``const``, ``enum``, ``required``,
+``properties``, bounds, combinators and ``$ref``). An ``enum``/``const`` (own, or from an
+``allOf`` part or ``$ref`` target) next to any other keywords is decided value by value with
+the reference validator (``jsonschema``; see :mod:`~sgl.constrained.schema_values`): exact
+whatever the keywords, ``uniqueItems`` included.
 
-Rejected (GrammarError naming the keyword): ``dependentSchemas`` and schema-form
-``dependencies``, ``if``/``then``/``else``, ``not`` over other keywords,
+Rejected (GrammarError naming the keyword): ``not`` (or an ``if``) over a keyword whose
+failure is no positive schema (``pattern``, ``format``, ``items``, ``multipleOf``, ...),
+more than ``MAX_CONDITION_CASES`` cases of conditions,
 ``contains``/``minContains``/``maxContains``, other ``multipleOf`` steps (0.25, 7 unbounded),
 ``uniqueItems: true`` (unless ``maxItems <= 1``), ``unevaluatedItems``, non-integer bounds on
 ``number``, bounds of 1e30 or more, the drafts' formats not listed above (``regex``,
@@ -76,6 +80,7 @@ schema whose references multiply cannot exhaust memory before the size check.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -83,6 +88,9 @@ from typing import Any
 
 from sgl.constrained.errors import ConstraintTooLarge, GrammarError
 from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_ref, rx_rep, rx_set, translate_regex
+from sgl.constrained.schema_conditions import (
+    CONDITIONAL_KEYWORDS, Negation, NotNegatable, condition_options, conditional, conjoin, split_conditions,
+)
 from sgl.constrained.schema_values import ValueFilter
 
 __all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rules", "json_schema_to_rx", "load_schema"]
@@ -151,10 +159,6 @@ _NULL = rx_lit("null")
 _TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
 _UNSUPPORTED = {
-    "dependentSchemas": "conditional schemas are not supported",
-    "if": "conditional schemas (if/then/else) are not supported",
-    "then": "conditional schemas (if/then/else) are not supported",
-    "else": "conditional schemas (if/then/else) are not supported",
     "contains": "array 'contains' constraints are not supported",
     "minContains": "array 'contains' constraints are not supported",
     "maxContains": "array 'contains' constraints are not supported",
@@ -170,7 +174,7 @@ _ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", 
 _STRING_KW = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 _COMBINATORS = {"anyOf", "oneOf", "allOf", "$ref", "not"}
-_SUPPORTED = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | {"type", "enum", "const"}
+_SUPPORTED = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | CONDITIONAL_KEYWORDS | {"type", "enum", "const"}
 _VALIDATION = _SUPPORTED | set(_UNSUPPORTED)  # every validation keyword of drafts 4 to 2020-12
 # The formats the drafts define; any other `format` value is an annotation (no effect).
 _SPEC_FORMATS = frozenset(
@@ -182,7 +186,10 @@ _SPEC_FORMATS = frozenset(
 )  # fmt: skip
 MAX_TRANSLATION_CHARS = 4_000_000  # regex text built while translating one schema (the compile budget) ...
 MAX_CONVERT_CALLS = 200_000  # ... and subschemas expanded
+MAX_EXCLUDED_NUMBERS = 16  # `not` over numbers: one range per gap between them
+MAX_CONDITION_CASES = 64  # cases of the if/then/else (and dependentSchemas) of one schema, multiplied out
 # Keywords that read each other inside one schema object: allOf may not split them.
+_MEMBER_KW = {"properties", "additionalProperties"}  # merged across allOf parts (see merge_members)
 _COUPLED = (
     {"properties", "additionalProperties", "unevaluatedProperties", "patternProperties"},
     {"items", "prefixItems", "additionalItems"},
@@ -591,6 +598,10 @@ def _listed(schema: dict) -> list | None:
     return [schema["const"]] if "const" in schema else None
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def _type_list(t: Any) -> list:
     return [t] if isinstance(t, str) else list(t) if isinstance(t, list) else []
 
@@ -710,6 +721,8 @@ class _Converter:
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
+        self.not_in: dict[tuple[str, ...], Rx | None] = {}  # string_not_in, memoized
+        self.negation = Negation(lambda ref: self.resolve(ref, "#")[0], validation_keywords)
         self.forbidden: dict[str, list[frozenset]] = {}  # not: {required: [...]}, for the object at a path
 
     # -- helpers ---------------------------------------------------------------------
@@ -815,15 +828,17 @@ class _Converter:
         )
 
     def convert_checked(self, schema: dict, where: str) -> Rx | None:
-        if "not" in schema:
-            return self.convert_not(schema, where)
+        # Combinators first: each distributes the other keywords into its parts, so `not`
+        # (and the types below) meet only plain keywords.
         if "$ref" in schema:
             return self.convert_ref(schema, where)
-        if "allOf" in schema:
+        if "allOf" in schema or conditional(schema):
             return self.convert_merged(schema, where)
         for comb in ("anyOf", "oneOf"):
             if comb in schema:
                 return self.convert_union(schema, comb, where)
+        if "not" in schema:
+            return self.convert_not(schema, where)
         if "enum" in schema or "const" in schema:
             return self.convert_enum(schema, where)
         return rx_alt(*(self.convert_type(t, schema, where) for t in self.types(schema, where)))
@@ -857,10 +872,21 @@ class _Converter:
             return self.convert_excluding(rest, values, where)
         if set(neg) in ({"required"}, {"propertyNames"}):
             return self.convert_not_object(rest, neg, where)
-        raise self.fail(
-            where, "not is supported over type, const and enum, and over required or propertyNames: false alone "
-            f"(e.g. {{\"not\": {{\"enum\": [\"a\"]}}}}); this one uses {sorted(neg)}"
-        )
+        return self.convert_cases(rest, self.negated(neg, f"{where}/not"), where)
+
+    def negated(self, schema: Any, where: str) -> list:
+        """The instances ``schema`` rejects, as a union of schemas (see schema_negation)."""
+        try:
+            return self.negation.fails(schema)
+        except NotNegatable as exc:
+            raise self.fail(where, str(exc)) from None
+
+    def convert_cases(self, rest: Any, cases: list, where: str) -> Rx | None:
+        """``rest`` and one of ``cases`` (a union): each case merged into ``rest``."""
+        if not cases:
+            return None
+        branches = [conjoin(rest, case) for case in cases]
+        return self.convert_union({"anyOf": [b for b in branches if b is not False] or [False]}, "anyOf", where)
 
     def convert_not_object(self, rest: dict, neg: dict, where: str) -> Rx | None:
         """``not`` over an object keyword (vacuously true for other types, so only objects
@@ -888,7 +914,8 @@ class _Converter:
         return rx
 
     def convert_excluding(self, schema: dict, values: list, where: str) -> Rx | None:
-        """``schema`` minus a finite set of values: strings, booleans and null can be excluded."""
+        """``schema`` minus a finite set of values: strings, booleans, null and integral numbers
+        can be excluded."""
         if "enum" in schema or "const" in schema:
             allowed = schema["enum"] if "enum" in schema else [schema["const"]]
             if not isinstance(allowed, list):
@@ -896,9 +923,10 @@ class _Converter:
             kept = [a for a in allowed if not any(_json_equal(a, v) for v in values)]
             rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
             return self.convert({**rest, "enum": kept}, where)
-        if any(isinstance(v, (dict, list)) or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
-            raise self.fail(where, "not: excluding numbers, objects or arrays is not supported (strings, booleans and "
-                            "null are)")
+        numbers = sorted({int(v) for v in values if _is_number(v) and float(v).is_integer()})
+        if any(isinstance(v, (dict, list)) or (_is_number(v) and not float(v).is_integer()) for v in values):
+            raise self.fail(where, "not: excluding objects, arrays or non-integral numbers is not supported "
+                            "(strings, booleans, null and integers are)")
         strings = [v for v in values if isinstance(v, str)]
         parts = []
         for t in self.types(schema, where):
@@ -906,15 +934,33 @@ class _Converter:
                 if set(schema) & _STRING_KW:
                     raise self.fail(where, "not: excluding strings from a string with pattern/format/length is not "
                                     "supported")
-                body = _string_not_in(strings, self.shared("json_chars"), self.shared("json_high_char"))
+                body = self.string_not_in(strings)
                 parts.append(rx_cat(_QUOTE, body, _QUOTE))
             elif t == "boolean":
                 parts.append(rx_alt(*(rx_lit(b) for b in ("true", "false") if not any(v is (b == "true") for v in values))))
             elif t == "null":
                 parts.append(None if None in values else _NULL)
+            elif t in ("integer", "number") and numbers:
+                parts.append(self.convert_gaps({**schema, "type": t}, numbers, where))
             else:
                 parts.append(self.convert_type(t, schema, where))
         return rx_alt(*parts)
+
+    def convert_gaps(self, schema: dict, excluded: list[int], where: str) -> Rx | None:
+        """A number schema minus some integers: the open ranges between them."""
+        if len(excluded) > MAX_EXCLUDED_NUMBERS:
+            raise self.fail(where, f"not: at most {MAX_EXCLUDED_NUMBERS} numbers can be excluded")
+        gaps = zip([None, *excluded], [*excluded, None])
+        return rx_alt(*(self.convert(conjoin(schema, {k: v for k, v in (("exclusiveMinimum", lo), ("exclusiveMaximum", hi))
+                                                      if v is not None}), where) for lo, hi in gaps))
+
+    def string_not_in(self, values: Any) -> Rx | None:
+        """The body of a string that is none of ``values`` (memoized: the keys of undeclared
+        members exclude the same declared names in every case of a condition)."""
+        key = tuple(sorted(set(values)))
+        if key not in self.not_in:
+            self.not_in[key] = _string_not_in(list(key), self.shared("json_chars"), self.shared("json_high_char"))
+        return self.not_in[key]
 
     def shared(self, name: str) -> Rx:
         """A common piece (``json_string``, ...): inline in a regex; in a grammar one rule
@@ -963,16 +1009,46 @@ class _Converter:
             self.ref_stack.pop()
 
     def convert_merged(self, schema: dict, where: str) -> Rx | None:
-        """allOf / $ref-with-siblings: merge, then convert with the references it used on the stack."""
+        """allOf / $ref-with-siblings / conditions: merge (or split into the cases of the
+        conditions), then convert with the references it used on the stack."""
         refs: list[str] = []
-        merged = self.merge_all_of(schema, where, refs)
+        parts = self.conjuncts(schema, where, refs)
         if any(self.ref_stack.count(r) >= self.max_depth for r in refs):
             return None
         self.ref_stack.extend(refs)
         try:
-            return self.convert(merged, where)
+            if any(isinstance(p, dict) and conditional(p) for p in parts):
+                return self.convert_conditions(parts, where)
+            return self.convert(self.merge_parts(parts, where), where)
         finally:
             del self.ref_stack[len(self.ref_stack) - len(refs) :]
+
+    def convert_conditions(self, parts: list, where: str) -> Rx | None:
+        """Conjuncts with conditions (if/then/else, dependentSchemas): the union of their
+        cases (see schema_conditions), multiplied out, at most MAX_CONDITION_CASES."""
+        rest: list[Any] = []
+        conditions: list = []
+        for part in parts:
+            if not (isinstance(part, dict) and conditional(part)):
+                rest.append(part)
+                continue
+            try:
+                plain, found = split_conditions(part)
+                rest.append(plain)
+                conditions += found
+            except NotNegatable as exc:
+                raise self.fail(where, str(exc)) from None
+        try:
+            options = condition_options(conditions, self.negation, validation_keywords)
+        except NotNegatable as exc:
+            raise self.fail(f"{where}/if", str(exc)) from None
+        count = math.prod(len(o) for o in options)
+        if count > MAX_CONDITION_CASES:
+            raise self.fail(where, f"if/then/else and dependentSchemas: {len(options)} conditions make {count} cases "
+                            f"to translate; at most {MAX_CONDITION_CASES} are supported")
+        base = conjoin(*rest)
+        cases = [conjoin(*choice) for choice in itertools.product(*options)]
+        return self.convert_cases(base, [c for c in cases if c is not False], where)
 
     def conjuncts(self, schema: Any, where: str, refs: list[str], depth: int = 0) -> list[Any]:
         """The schemas that must all hold: own keywords, $ref target and allOf parts, flattened."""
@@ -995,11 +1071,16 @@ class _Converter:
         return out
 
     def merge_all_of(self, schema: dict, where: str, refs: list[str]) -> dict | bool:
-        """A conjunction (allOf, or $ref with siblings) as one schema, when its parts
-        constrain different keywords (equal values and `required` lists also merge)."""
+        """A conjunction (allOf, or $ref with siblings) as one schema."""
+        return self.merge_parts(self.conjuncts(schema, where, refs), where)
+
+    def merge_parts(self, parts: list, where: str) -> dict | bool:
+        """Conjuncts as one schema, when they constrain different keywords (equal values,
+        `required` lists, `type`s, `not`s, unions and members also merge)."""
         merged: dict[str, Any] = {}
         origin: dict[str, set[int]] = {}
-        for i, part in enumerate(self.conjuncts(schema, where, refs)):
+        members: dict[int, dict] = {}  # part -> its properties / additionalProperties
+        for i, part in enumerate(parts):
             if part is True:
                 continue
             if part is False:
@@ -1009,18 +1090,16 @@ class _Converter:
             for k, v in part.items():
                 if k in _UNSUPPORTED:
                     raise self.fail(where, f"keyword '{k}' is not supported: {_UNSUPPORTED[k]}")
+                if k in ("properties", "additionalProperties"):
+                    members.setdefault(i, {})[k] = v
+                    origin.setdefault(k, set()).add(i)
+                    continue
                 if k not in merged:
                     merged[k], origin[k] = v, {i}
                     continue
                 origin[k].add(i)
                 if k == "required" and isinstance(v, list) and isinstance(merged[k], list):
                     merged[k] = list(dict.fromkeys(merged[k] + v))
-                elif k == "properties" and isinstance(v, dict) and isinstance(merged[k], dict):
-                    # Both apply to a present property: one map, shared names as allOf.
-                    both = dict(merged[k])
-                    for name, sub in v.items():
-                        both[name] = {"allOf": [both[name], sub]} if name in both and both[name] != sub else sub
-                    merged[k] = both
                 elif k == "type":
                     kept = [t for t in _type_list(merged[k]) if t in _type_list(v)
                             or (t == "integer" and "number" in _type_list(v))]
@@ -1028,6 +1107,18 @@ class _Converter:
                     if not kept:
                         return False
                     merged[k] = list(dict.fromkeys(kept))
+                elif k == "not" and merged[k] != v:
+                    both = _negations_merge(merged[k], v)
+                    if both is not None:
+                        merged[k] = both
+                        continue
+                    cases = self.negated(v, f"{where}/not")  # a second `not`: the union of its cases
+                    if not cases:
+                        return False
+                    merged["anyOf"] = _union_and(merged["anyOf"], "anyOf", cases) if "anyOf" in merged else cases
+                    origin.setdefault("anyOf", set()).add(i)
+                elif k in ("anyOf", "oneOf") and isinstance(merged[k], list) and merged[k] != v:
+                    merged[k] = _union_and(merged[k], k, v)
                 elif merged[k] != v:
                     raise self.fail(
                         where,
@@ -1036,11 +1127,32 @@ class _Converter:
                     )
         for group in _COUPLED:
             present = group & set(origin)
-            if len(present) > 1 and len(set().union(*(origin[k] for k in present))) > 1:
+            if len(present) > 1 and present - _MEMBER_KW and len(set().union(*(origin[k] for k in present))) > 1:
                 raise self.fail(
                     where, f"allOf: keywords {sorted(present)} come from different parts and interact"
                 )
+        merged.update(self.merge_members(list(members.values()), where))
         return merged
+
+    def merge_members(self, parts: list[dict], where: str) -> dict:
+        """The ``properties`` and ``additionalProperties`` of several conjuncts as one pair:
+        a name declared by one part is valued, in each other part, by that part's
+        additionalProperties (that is what the part says of a name it does not declare),
+        so ``{properties: {a}}`` and ``{additionalProperties: false}`` from different parts
+        make ``a`` impossible, exactly as the two schemas do together."""
+        if len(parts) == 1:
+            return parts[0]
+        for part in parts:
+            if not isinstance(part.get("properties", {}), dict):
+                raise self.fail(where, "properties must be an object")
+        names = dict.fromkeys(n for part in parts for n in part.get("properties", {}))
+        props = {n: _all_of([p["properties"][n] if n in p.get("properties", {}) else p.get("additionalProperties", True)
+                             for p in parts]) for n in names}
+        out: dict[str, Any] = {"properties": props} if props else {}
+        extra = _all_of([p.get("additionalProperties", True) for p in parts])
+        if extra is not True:
+            out["additionalProperties"] = extra
+        return out
 
     def convert_union(self, schema: dict, comb: str, where: str) -> Rx | None:
         branches = schema[comb]
@@ -1114,7 +1226,8 @@ class _Converter:
         s = self.plain(schema, where)
         if s is False or (isinstance(s, dict) and _listed(s) is not None):
             return True
-        if not isinstance(s, dict) or "type" not in s or depth > 6 or {"not", "patternProperties", "propertyNames"} & set(s):
+        if not isinstance(s, dict) or "type" not in s or depth > 6 or conditional(s) or \
+                {"not", "patternProperties", "propertyNames"} & set(s):
             return False
         for comb in ("anyOf", "oneOf"):
             if comb in s:
@@ -1472,8 +1585,7 @@ class _Converter:
         value = self.free(FREE_DEPTH - 1) if extra is True else self.convert(extra, f"{where}/additionalProperties")
         if value is None:
             return None
-        key = rx_cat(_QUOTE, _string_not_in(sorted(excluded), self.shared("json_chars"), self.shared("json_high_char")),
-                     _QUOTE)
+        key = rx_cat(_QUOTE, self.string_not_in(excluded), _QUOTE)
         return self.share(rx_cat(key, _COLON, value), always=True)  # written up to 4 times (see _members)
 
     def pattern_key(self, pattern: str, where: str) -> Rx | None:
@@ -1520,6 +1632,36 @@ class _Converter:
 
 
 MAX_DEPENDENT_NAMES = 10  # properties in dependentRequired: the member automaton tracks which were written
+
+
+def _all_of(schemas: list) -> Any:
+    """``allOf`` of ``schemas``, repeated ones once."""
+    distinct: list = []
+    for sch in schemas:
+        if not any(_json_equal(sch, d) for d in distinct):
+            distinct.append(sch)
+    return conjoin(*distinct)
+
+
+def _union_and(branches: list, comb: str, other: Any) -> list:
+    """``comb: branches`` and ``anyOf: other`` as branches of ``comb``:
+    (A1 or A2) and B = (A1 and B) or (A2 and B), and exactly one Ai and B holds iff exactly
+    one Ai holds, where B does."""
+    return [{"allOf": [a, {"anyOf" if comb == "anyOf" else comb: other}]} for a in branches]
+
+
+def _negations_merge(a: Any, b: Any) -> dict | None:
+    """``not a`` and ``not b`` as one ``not`` where both are over types only, or over listed
+    values only (then it is ``not`` over the union); None otherwise."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    a, b = validation_keywords(a), validation_keywords(b)
+    if set(a) == set(b) == {"type"}:
+        return {"type": list(dict.fromkeys(_type_list(a["type"]) + _type_list(b["type"])))}
+    values = [_listed(x) for x in (a, b)]
+    if set(a) | set(b) <= {"enum", "const"} and all(isinstance(v, list) for v in values):
+        return {"enum": values[0] + values[1]}
+    return None
 
 
 def _search(pattern: str, name: str) -> bool:

@@ -393,8 +393,10 @@ def test_combinators() -> None:
     assert not _matches({"allOf": [{"type": "number"}, {"type": "integer"}]}, 3.5)
     two_maps = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"a": {"minimum": 2}, "b": {}}}]}
     assert _matches(two_maps, {"a": 2, "b": 1}) and not _matches(two_maps, {"a": 1})
+    closed_elsewhere = {"allOf": [{"properties": {"a": {}}}, {"additionalProperties": False}]}  # `a` is extra in part 2
+    assert _matches(closed_elsewhere, {}) and not _matches(closed_elsewhere, {"a": 1})
     with pytest.raises(GrammarError, match="interact"):
-        json_schema_to_regex({"allOf": [{"properties": {"a": {}}}, {"additionalProperties": False}]})
+        json_schema_to_regex({"allOf": [{"patternProperties": {"^x": {}}}, {"additionalProperties": False}]})
     distributed = {"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}, {"maxProperties": 5}]}
     assert _matches(distributed, {"a": 1})
 
@@ -458,15 +460,15 @@ def test_formats_validate(fmt: str) -> None:
     [
         ({"type": "object", "properties": {"xa": {}}, "patternProperties": {"^x": {}}}, "patternProperties"),
         ({"type": "object", "propertyNames": {"anyOf": [{"pattern": "a"}]}}, "propertyNames"),
-        ({"if": {"type": "string"}, "then": {"minLength": 1}}, "if"),
-        ({"not": {"type": "string", "pattern": "a"}}, "not"),
-        ({"type": "number", "not": {"const": 3}}, "not"),
+        ({"if": {"type": "string", "pattern": "^a"}, "then": {"minLength": 1}}, "pattern"),
+        ({"not": {"type": "string", "pattern": "a"}}, "pattern"),
+        ({"not": {"type": "array", "items": {"type": "string"}}}, "items"),
+        ({"type": "number", "not": {"const": 3.5}}, "non-integral"),
         ({"type": "array", "contains": {"type": "integer"}}, "contains"),
         ({"type": "array", "uniqueItems": True}, "uniqueItems"),
         ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
         ({"type": "number", "minimum": 0.5}, "minimum"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
-        ({"type": "object", "properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}}, "dependencies"),
         ({"type": "string", "format": "regex"}, "regex"),
         ({"type": "object", "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties"),
         ({"type": "object", "properties": {"a": {}}, "minProperties": 2, "propertyNames": {"maxLength": 3}},
@@ -588,11 +590,52 @@ KEYWORD_CASES = [  # (schema, must accept, must reject)
      [{"body": 1}, {"bodyValue": 2, "id": "x"}, {}], [{"body": 1, "bodyValue": 2}, {"body": 1, "bodyValue": 2, "id": "x"}]),
     ({"properties": {"a": {"type": "integer"}}, "not": {"propertyNames": False}}, [{"a": 1}], [{}, 3, "s"]),
     ({"type": "string", "format": "iri-reference"}, ["/chemin/é", "../ü", "https://a.b", ""], ["a b", "%zz"]),
+    # if/then/else: (if and then) or (not if and else), "not if" pushed down the keywords
+    ({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+      "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}, "else": {"properties": {"x": False}}},
+     [{"kind": "a", "x": 1}, {"kind": "b"}, {"x": 2}], [{"kind": "a"}, {"kind": "b", "x": 1}, {}]),
+    ({"type": "object", "properties": {"t": {"enum": ["x", "y", "z"]}, "v": {}}, "allOf": [
+        {"if": {"properties": {"t": {"const": "x"}}}, "then": {"properties": {"v": {"type": "integer"}}}},
+        {"if": {"properties": {"t": {"const": "y"}}}, "then": {"properties": {"v": {"type": "string"}}}},
+        {"if": {"properties": {"t": {"const": "z"}}, "required": ["t"]}, "then": {"required": ["v"]}}]},
+     [{"t": "x", "v": 1}, {"t": "y", "v": "s"}, {"t": "z", "v": None}, {}], [{"t": "x", "v": "s"}, {"t": "z"}, {"v": 1}]),
+    ({"type": "object", "properties": {"b": {"type": ["string", "null"]}, "t": {"type": ["string", "null"]}},
+      "allOf": [{"if": {"not": {"properties": {"b": {"const": None}}}}, "then": {"properties": {"t": {"const": None}}}},
+                {"if": {"not": {"properties": {"t": {"const": None}}}}, "then": {"properties": {"b": {"const": None}}}}]},
+     [{}, {"b": "x"}, {"t": "y"}, {"b": "x", "t": None}, {"b": None, "t": None}], [{"b": "x", "t": "y"}]),
+    ({"type": "string", "if": {"maxLength": 2}, "then": {"pattern": "^a.*$"}, "else": {"pattern": "^b.*$"}},
+     ["a", "ab", "bcd"], ["b", "acd"]),
+    ({"type": ["integer", "string"], "if": {"minimum": 10}, "then": {"maximum": 100}}, [20, 3, "s", -5], [150]),
+    # not over anything whose failure is a union of schemas
+    ({"not": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, [1, True, {}], ["s", None]),
+    ({"type": "integer", "not": {"minimum": 5}}, [4, -3], [5, 7]),
+    ({"type": "number", "not": {"enum": [0, 3]}}, [1, -2, 0.5, 3.25, 2.9, 30], [0, 3, 3.0, -0.0]),
+    ({"type": "integer", "minimum": -5, "not": {"const": 0}}, [1, -1, -5], [0, -6]),
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a"], "properties": {"b": {"const": 1}}}},
+     [{"b": 1}, {"a": 1, "b": 2}, {}], [{"a": 0, "b": 1}, {"a": 0}]),
+    # `not` next to a union: the union's branches are not dropped (they were, before not)
+    ({"type": ["string", "null"], "not": {"const": None}, "anyOf": [{"maxLength": 2}]}, ["ab", ""], ["abc", None]),
+    # dependentSchemas and schema-form dependencies (draft 7)
+    ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}},
+     [{"a": 1, "b": 2}, {"b": 1}, {}], [{"a": 1}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+      "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+      "dependencies": {"a": {"properties": {"b": {"minimum": 3}}}, "b": ["a"]}},
+     [{"a": "x", "b": 3}, {"a": "x"}, {}], [{"a": "x", "b": 2}, {"b": 5}]),
+    # allOf parts with properties and additionalProperties: each part's additionalProperties
+    # values the names the other parts declare
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+                {"properties": {"b": {"type": "string"}}}]}, [{"a": 1}, {}], [{"b": "x"}, {"a": "s"}, {"c": 1}]),
+    ({"type": "object", "allOf": [
+        {"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
+        {"properties": {"b": {"type": "string"}}, "additionalProperties": {"maxLength": 2}}]},
+     [{"a": 1, "b": "xyz"}, {"c": "ab"}], [{"b": 1}, {"c": "abc"}, {"a": "s"}, {"c": 1}]),
 ]
 
 
 def _oracle_valid(schema: dict, inst) -> bool:
-    if not jsonschema.Draft202012Validator(schema, format_checker=FORMATS).is_valid(inst):
+    validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    if not validator(schema, format_checker=FORMATS).is_valid(inst):
         return False
     check = EXTRA_CHECKS.get(schema.get("format", ""))
     return check is None or check(inst)

@@ -33,6 +33,10 @@ SAME_LANGUAGE = [  # no free values and no $ref: both routes generate exactly th
     # undeclared members (keys: any but the declared names, spelled with escapes too)
     {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "boolean"}, "é": {"type": "null"}},
      "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "maxProperties": 3},
+    # conditions: a union of cases, with "not if" pushed down the keywords
+    {"type": "object", "properties": {"t": {"enum": ["x", "y"]}, "v": {"type": ["integer", "string"]}},
+     "if": {"properties": {"t": {"const": "x"}}, "required": ["t"]}, "then": {"properties": {"v": {"type": "integer"}}},
+     "else": {"properties": {"v": {"type": "string", "maxLength": 3}}}, "additionalProperties": False},
 ]  # fmt: skip
 
 
