@@ -457,6 +457,7 @@ def _finish(net: Network) -> None:
         for lo, hi, _ in net.byte_edges[s]:
             bits |= ((1 << (hi - lo + 1)) - 1) << lo
         net.byte_bits[s] = bits
+    _canonical_returns(net, is_final)
     # a return state is "pure" if returning there can only finish the rule: a call that
     # returns to it is a tail call and needs no stack frame (keeps right recursion flat).
     pure = [False] * n
@@ -476,6 +477,30 @@ def _finish(net: Network) -> None:
                     todo.append(u)
         pure[s] = ok and final
     net.pure_return = pure
+
+
+def _canonical_returns(net: Network, is_final: list[bool]) -> None:
+    """Each call returns to the first state of its epsilon-only chain that does something:
+    a return state whose one move is an epsilon edge is the state it leads to. Calls at the
+    ends of alternatives (the branches of a character trie, each ending in a call to the same
+    string rule) then push the same frame, so the parse states after them are one state,
+    whose transitions and mask walks are made once, not once per branch."""
+    canon: dict[int, int] = {}
+
+    def target(s: int) -> int:
+        path = []
+        while s not in canon and len(net.eps[s]) == 1 and not net.byte_edges[s] and not net.calls[s] \
+                and not is_final[s] and s not in path:
+            path.append(s)
+            s = net.eps[s][0]
+        end = canon.get(s, s)
+        for t in path:
+            canon[t] = end
+        return end
+
+    for s in range(net.n_states):
+        if net.calls[s]:
+            net.calls[s] = list(dict.fromkeys((rule, target(ret)) for rule, ret in net.calls[s]))
 
 
 def build_network(rules: dict[str, RuleDef]) -> Network:

@@ -41,7 +41,6 @@ namespace {
 
 constexpr int32_t DEAD = 0;
 constexpr int64_t kShortcutMin = 16;  // subtrees smaller than this are walked, not tested whole
-constexpr size_t kUniformMemo = 1 << 20;  // uniform_step results kept per tables (cleared past it)
 using Bits256 = std::array<uint64_t, 4>;
 
 inline bool has_bit(const Bits256& b, int i) { return (b[i >> 6] >> (i & 63)) & 1; }
@@ -313,49 +312,72 @@ struct VecHash {
   }
 };
 
-// A flat open-addressing map from nonzero 64-bit keys to small values (linear probing,
-// power-of-two capacity, at most half full): one probe where std::unordered_map chases a
-// node and divides by a prime. For memos looked up on most trie nodes of a walk.
-template <typename V>
-class FlatMap {
- public:
-  const V* find(uint64_t key) const {
-    if (keys_.empty()) return nullptr;
-    for (size_t i = slot(key);; i = (i + 1) & (keys_.size() - 1)) {
-      if (keys_[i] == key) return &values_[i];
-      if (keys_[i] == 0) return nullptr;
-    }
-  }
-  void put(uint64_t key, const V& value) {
-    if (2 * (size_ + 1) > keys_.size()) grow();
-    size_t i = slot(key);
-    for (; keys_[i] != 0 && keys_[i] != key; i = (i + 1) & (keys_.size() - 1)) {
-    }
-    size_ += keys_[i] == 0;
-    keys_[i] = key;
-    values_[i] = value;
-  }
-  size_t size() const { return size_; }
-  void clear() {
-    keys_.clear();
-    values_.clear();
-    size_ = 0;
-  }
+// What follows a rule's returns in one kernel walk, for one kernel-tables state there: the
+// trie subtrees below every node where the walk returned into that state, merged by the
+// byte classes read after the return (a trie of those, in preorder like Trie), each node
+// with the tokens that end there. A free string returns at every token with a closing quote
+// and more bytes after it (`",`, `"}`, `": `, ...): hundreds of subtrees of a few nodes,
+// whose remainders are a few dozen distinct class strings. The real state after the return
+// reads each of those once per mask, not each subtree's every node.
+struct Tail {
+  std::vector<uint8_t> cls, depth;  // preorder; node 0 is the return itself (depth 0)
+  std::vector<int32_t> end;         // one past the subtree
+  std::vector<int32_t> tok_start, toks;  // the tokens ending at each node
+  size_t bytes() const { return 2 * cls.size() + 4 * (end.size() + tok_start.size() + toks.size()) + 64; }
 
- private:
-  size_t slot(uint64_t key) const { return static_cast<size_t>((key * 0x9e3779b97f4a7c15ull) >> 20) & (keys_.size() - 1); }
-  void grow() {
-    std::vector<uint64_t> keys(std::max<size_t>(1024, 2 * keys_.size()), 0);
-    std::vector<V> values(keys.size());
-    keys.swap(keys_);
-    values.swap(values_);
-    size_ = 0;
-    for (size_t i = 0; i < keys.size(); ++i)
-      if (keys[i]) put(keys[i], values[i]);
+  // `entries` (preorder trie nodes), their subtrees merged.
+  Tail(const Trie& trie, const std::vector<int64_t>& entries) {
+    const TrieShape& sh = *trie.shape;
+    std::vector<uint8_t> node_cls{0};
+    std::vector<std::vector<int32_t>> kids(1), node_toks(1);
+    std::unordered_map<uint64_t, int32_t> child_of;  // (parent, class) -> child
+    std::vector<int32_t> path(trie.max_depth + 1);
+    auto add_toks = [&](int32_t to, int64_t p) {
+      node_toks[to].insert(node_toks[to].end(), sh.toks.begin() + sh.tok_start[p], sh.toks.begin() + sh.tok_start[p + 1]);
+    };
+    for (int64_t e : entries) {
+      add_toks(0, e);
+      path[0] = 0;
+      for (int64_t p = e + 1; p < trie.end[e]; ++p) {
+        const int32_t d = trie.depth[p] - trie.depth[e];
+        const int32_t up = path[d - 1];
+        const uint64_t key = (static_cast<uint64_t>(up) << 8) | trie.cls[p];
+        auto [it, fresh] = child_of.emplace(key, static_cast<int32_t>(node_cls.size()));
+        if (fresh) {
+          node_cls.push_back(trie.cls[p]);
+          kids.emplace_back();
+          node_toks.emplace_back();
+          kids[up].push_back(it->second);
+        }
+        path[d] = it->second;
+        add_toks(it->second, p);
+      }
+    }
+    // preorder
+    const size_t n = node_cls.size();
+    cls.reserve(n);
+    depth.reserve(n);
+    end.assign(n, 0);
+    tok_start.assign(1, 0);
+    std::vector<std::pair<int32_t, int32_t>> todo{{0, 0}};  // (built node, depth)
+    std::vector<int32_t> open;  // preorder indices of the open ancestors
+    while (!todo.empty()) {
+      const auto [u, d] = todo.back();
+      todo.pop_back();
+      const int32_t at = static_cast<int32_t>(cls.size());
+      while (!open.empty() && depth[open.back()] >= d) {
+        end[open.back()] = at;
+        open.pop_back();
+      }
+      cls.push_back(node_cls[u]);
+      depth.push_back(static_cast<uint8_t>(d));
+      toks.insert(toks.end(), node_toks[u].begin(), node_toks[u].end());
+      tok_start.push_back(static_cast<int32_t>(toks.size()));
+      open.push_back(at);
+      for (auto c = kids[u].rbegin(); c != kids[u].rend(); ++c) todo.emplace_back(*c, d + 1);
+    }
+    for (int32_t q : open) end[q] = static_cast<int32_t>(cls.size());
   }
-  std::vector<uint64_t> keys_;
-  std::vector<V> values_;
-  size_t size_ = 0;
 };
 
 // One kernel's walk (see Glr::kernel_walk).
@@ -363,12 +385,13 @@ struct KernelWalk {
   std::vector<int32_t> at;       // indices of the nonzero words (empty with `dense`)
   std::vector<uint32_t> words;   // those words (all of them with `dense`)
   bool dense = false;
-  std::vector<int64_t> entries;  // trie nodes where the rule returned
-  std::vector<int32_t> states;   // the distinct kernel-tables states at them
-  std::vector<int32_t> state_of_entry;
+  std::vector<int32_t> states;   // the distinct kernel-tables states where the rule returned
+  std::vector<std::shared_ptr<const Tail>> tails;  // what follows those returns, per state
   int32_t max_size = 0;
   size_t bytes() const {
-    return 4 * (at.size() + words.size() + states.size() + state_of_entry.size()) + 8 * entries.size() + 64;
+    size_t b = 4 * (at.size() + words.size() + states.size()) + 64;
+    for (const auto& t : tails) b += t->bytes();
+    return b;
   }
 };
 
@@ -505,11 +528,13 @@ class Glr {
   }
 
   // A group id per byte class: equal iff every kernel of `did` has the same signature there.
+  // One kernel (most states): its signature. More: refined kernel by kernel through a flat
+  // table of (group so far, signature) pairs, stamped per pass so it is never cleared (a
+  // hash map here was ~2 us a state: most of a cold kernel walk).
   const std::vector<uint16_t>& groups(int32_t did) {
     if (static_cast<int64_t>(groups_.size()) <= did) groups_.resize(ds_.size());
     std::vector<uint16_t>& g = groups_[did];
     if (!g.empty()) return g;
-    g.assign(C_, 0);
     std::vector<int32_t> kernels;
     for (int64_t cfg : ds_[did]) {
       const int32_t k = static_cast<int32_t>(cfg % M_);
@@ -517,13 +542,29 @@ class Glr {
     }
     std::sort(kernels.begin(), kernels.end());
     kernels.erase(std::unique(kernels.begin(), kernels.end()), kernels.end());
-    std::unordered_map<uint32_t, uint16_t> renumber;
-    for (int32_t k : kernels) {  // refine: (group so far, this kernel's signature) -> a dense id
-      const std::vector<uint16_t>& sig = net_->signature(k);
-      renumber.clear();
+    if (kernels.empty()) {
+      g.assign(C_, 0);
+      return g;
+    }
+    g = net_->signature(kernels[0]);  // ids <= C_ <= 256
+    constexpr size_t kKeys = 257 * 257;
+    thread_local std::vector<uint32_t> stamp(kKeys, 0);
+    thread_local std::vector<uint16_t> ids(kKeys);
+    thread_local uint32_t pass = 0;
+    for (size_t i = 1; i < kernels.size(); ++i) {
+      const std::vector<uint16_t>& sig = net_->signature(kernels[i]);
+      if (++pass == 0) {  // wrapped: stamps of 2^32 passes ago would look current
+        std::fill(stamp.begin(), stamp.end(), 0);
+        pass = 1;
+      }
+      uint16_t fresh = 0;
       for (int32_t c = 0; c < C_; ++c) {
-        const uint32_t key = (static_cast<uint32_t>(g[c]) << 16) | sig[c];
-        g[c] = renumber.emplace(key, static_cast<uint16_t>(renumber.size())).first->second;
+        const size_t key = static_cast<size_t>(g[c]) * 257 + sig[c];
+        if (stamp[key] != pass) {
+          stamp[key] = pass;
+          ids[key] = fresh++;
+        }
+        g[c] = ids[key];
       }
     }
     return g;
@@ -621,85 +662,49 @@ class Glr {
   // each depth: every class read below p leads from the state at one depth to one state at
   // the next (the same state: inside a string; the next count: inside a bounded one), none
   // of them accepting (a kernel walk stops there). Then the subtree is marked whole, and
-  // `max_size` takes the sizes of those states (of the whole chain: an upper bound, which
-  // only makes the MAX_CONFIGS fallback more cautious).
+  // `max_size` takes the sizes of those states. Followed step by step (each step is one
+  // table read, see uniform_step), not memoized: a memo per (state, class set) missed on
+  // most subtrees and cost more in hashing than the chain it saved.
   bool uniform_below(const Trie& trie, int64_t p, int32_t did, int32_t* max_size) {
     const Bits256& need = trie.class_sets[trie.below[p]];
     const Bits256& can = readable_[did];
     if ((need[0] & ~can[0]) | (need[1] & ~can[1]) | (need[2] & ~can[2]) | (need[3] & ~can[3]))
       return false;  // a class below is not read at all (most states, most subtrees): no lookup
-    const Uniform u = uniform(did, trie.below[p], need, trie.height[p]);
-    if (u.depth < trie.height[p]) return false;
-    if (max_size) *max_size = std::max(*max_size, u.max_size);
+    int32_t most = 0;  // the chain of states below, one per depth
+    for (int32_t depth = 0; depth < trie.height[p]; ++depth) {
+      did = uniform_step(did, need);
+      if (did < 0 || accepts_[did]) return false;
+      most = std::max(most, sizes_[did]);
+    }
+    if (max_size) *max_size = std::max(*max_size, most);
     return true;
   }
 
-  // How many bytes of the classes in `need` the state `did` reads uniformly (at least `want`
-  // unless it cannot), and the most configurations on the way; memoized per (state, class
-  // set). The chain is followed as far as it goes (up to kUnbounded states), not only to
-  // `want`: the next masks of a bounded string ask from the states just ahead, and find them
-  // known (measured: MaskBench mask p99 ~215 us this way, ~236 us stopping at `want`).
-  // `exact`: the chain ended there (it failed, or loops: kUnbounded), so a longer `want`
-  // cannot do better; otherwise `depth` is a lower bound.
-  struct Uniform {
-    int32_t depth, max_size;
-    bool exact;
-  };
-  static constexpr int32_t kUnbounded = 255;
-
-  Uniform uniform(int32_t did, int32_t set, const Bits256& need, int32_t want) {
-    auto key = [set](int32_t s) {  // never 0: sets are numbered from 0, so + 1
-      return (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 32) | (static_cast<uint32_t>(set) + 1);
-    };
-    if (const Uniform* hit = uniform_.find(key(did)); hit && (hit->exact || hit->depth >= want)) return *hit;
-    std::vector<int32_t>& chain = chain_;  // reused: no allocation per call
-    chain.assign(1, did);
-    int32_t to = -1;                 // what the chain's last state steps to (-1: nothing uniformly)
-    Uniform after{0, 0, true};       // and that state's own value
-    while (true) {
-      const int32_t t = uniform_step(chain.back(), need);
-      if (t < 0 || accepts_[t]) break;
-      to = t;
-      if (std::find(chain.begin(), chain.end(), t) != chain.end()) {  // a loop: unbounded
-        after = {kUnbounded, 0, true};
-        for (int32_t c : chain) after.max_size = std::max(after.max_size, sizes_[c]);
-        break;
-      }
-      const int32_t left = want - static_cast<int32_t>(chain.size());  // bytes t must still read
-      const Uniform* known = uniform_.find(key(t));
-      if (known && (known->exact || known->depth >= left)) {
-        after = *known;
-        break;
-      }
-      if (static_cast<int32_t>(chain.size()) >= kUnbounded) {  // longer than any token: stop, t unknown
-        after = {0, sizes_[t], false};
-        break;
-      }
-      chain.push_back(t);
-      to = -1;
-    }
-    if (uniform_.size() + chain.size() >= kUniformMemo) uniform_.clear();
-    Uniform u{0, 0, true};
-    if (to >= 0) u = {std::min(kUnbounded, after.depth + 1), std::max(after.max_size, sizes_[to]), after.exact};
-    uniform_.put(key(chain.back()), u);
-    for (size_t i = chain.size() - 1; i-- > 0;) {  // each steps to the next
-      u = {std::min(kUnbounded, u.depth + 1), std::max(u.max_size, sizes_[chain[i + 1]]), u.exact};
-      uniform_.put(key(chain[i]), u);
-    }
-    return u;
+  // The one state every class of `need` leads to from `did`, or -1. One next() for the lot:
+  // the classes of `need` lead to one state iff they are all in one group of `did` (see
+  // groups); checked class by class, a step cost ~100 table reads.
+  int32_t uniform_step(int32_t did, const Bits256& need) {
+    int32_t first = -1;
+    for (int w = 0; w < 4 && first < 0; ++w)
+      if (need[w]) first = 64 * w + __builtin_ctzll(need[w]);
+    if (first < 0) return -1;
+    const std::vector<Bits256>& masks = group_masks(did);
+    const Bits256& same = masks[groups(did)[first]];
+    for (int w = 0; w < 4; ++w)
+      if (need[w] & ~same[w]) return -1;
+    const int32_t v = next(did, first);
+    return v == DEAD ? -1 : v;
   }
 
-  // The one state every class of `need` leads to from `did`, or -1.
-  int32_t uniform_step(int32_t did, const Bits256& need) {
-    int32_t to = -1;
-    for (int w = 0; w < 4; ++w) {
-      for (uint64_t bits = need[w]; bits; bits &= bits - 1) {
-        const int32_t v = next(did, 64 * w + __builtin_ctzll(bits));
-        if (v == DEAD || (to >= 0 && v != to)) return -1;
-        to = v;
-      }
-    }
-    return to;
+  // The classes of each group of `did` (indexed by group id), made on first use.
+  const std::vector<Bits256>& group_masks(int32_t did) {
+    if (static_cast<int64_t>(group_masks_.size()) <= did) group_masks_.resize(ds_.size());
+    std::vector<Bits256>& m = group_masks_[did];
+    if (!m.empty()) return m;
+    const std::vector<uint16_t>& g = groups(did);
+    m.assign(static_cast<size_t>(*std::max_element(g.begin(), g.end())) + 1, Bits256{0, 0, 0, 0});
+    for (int32_t c = 0; c < C_; ++c) m[g[c]][c >> 6] |= 1ull << (c & 63);
+    return m;
   }
 
   // Mask words of the tokens reachable from `did` (one walk of the real state).
@@ -741,9 +746,9 @@ class Glr {
     uint32_t* words = reinterpret_cast<uint32_t*>(out.mutable_data());
     std::memset(words, 0, sizeof(uint32_t) * trie.n_words);
     int64_t bound = 0, with_entries = 0;
-    entry_nodes_.clear();
-    entry_states_.clear();
-    std::vector<int32_t> stacks, lifted;
+    tails_.clear();
+    tail_states_.clear();
+    std::vector<int32_t> stacks;
     for (size_t i = 0; i < by_kernel.size();) {
       const int32_t k = by_kernel[i].first;
       stacks.clear();
@@ -755,36 +760,54 @@ class Glr {
       } else {
         for (size_t j = 0; j < kw.at.size(); ++j) words[kw.at[j]] |= kw.words[j];
       }
-      if (kw.entries.empty()) continue;
+      if (kw.states.empty()) continue;
       ++with_entries;
-      lifted.clear();
-      for (int32_t ks : kw.states) {
-        const int32_t real = lift(ks, stacks);
+      for (size_t j = 0; j < kw.states.size(); ++j) {
+        const int32_t real = lift(kw.states[j], stacks);
         if (real < 0) return std::nullopt;
-        lifted.push_back(real);
-      }
-      for (size_t j = 0; j < kw.entries.size(); ++j) {
-        entry_nodes_.push_back(kw.entries[j]);
-        entry_states_.push_back(lifted[kw.state_of_entry[j]]);
+        if (real == DEAD) continue;
+        tails_.push_back(kw.tails[j]);  // shared: a later kernel_walk may evict kw
+        tail_states_.push_back(real);
       }
     }
     if (bound > max_configs_) return std::nullopt;
-    if (!entry_nodes_.empty()) {
+    if (!tails_.empty()) {
       // below the returns, from the real states
       int32_t max_size = 0;
-      for (size_t i = 0; i < entry_nodes_.size(); ++i) {
-        if (entry_states_[i] == DEAD) continue;
-        trie.mark(words, entry_nodes_[i]);
-        max_size = std::max(max_size, sizes_[entry_states_[i]]);
-        walk(trie, entry_nodes_[i], entry_states_[i], words, &max_size, [&](int64_t node, int32_t state) {
-          trie.mark(words, node);
-          max_size = std::max(max_size, sizes_[state]);
-          return true;
-        });
-      }
+      for (size_t i = 0; i < tails_.size(); ++i) walk_tail(*tails_[i], tail_states_[i], words, max_size);
       if (bound + with_entries * max_size > max_configs_) return std::nullopt;
     }
     return out;
+  }
+
+  // Marks the tokens of `tail` that `s0` reads (`max_size`: the most configurations met).
+  void walk_tail(const Tail& tail, int32_t s0, uint32_t* words, int32_t& max_size) {
+    thread_local std::vector<int32_t> stack;
+    stack.resize(256);
+    int32_t* at_depth = stack.data();
+    const int32_t* ts = tail.tok_start.data();
+    const int32_t* tk = tail.toks.data();
+    auto mark = [&](int32_t p) {
+      for (int32_t i = ts[p], e = ts[p + 1]; i < e; ++i) words[tk[i] >> 5] |= 1u << (tk[i] & 31);
+    };
+    at_depth[0] = s0;
+    mark(0);
+    max_size = std::max(max_size, sizes_[s0]);
+    const int32_t n = static_cast<int32_t>(tail.cls.size());
+    for (int32_t p = 1; p < n;) {
+      const int32_t d = tail.depth[p];
+      const int32_t from = at_depth[d - 1];
+      int32_t nxt = table_[static_cast<int64_t>(from) * C_ + tail.cls[p]];
+      if (nxt < 0) nxt = transition(from, tail.cls[p]);
+      if (nxt == DEAD) {
+        p = tail.end[p];
+        continue;
+      }
+      mark(p);
+      max_size = std::max(max_size, sizes_[nxt]);
+      at_depth[d] = nxt;
+      ++p;
+    }
   }
 
   int64_t kernel_walks() const { return static_cast<int64_t>(kernel_cache_.size()); }
@@ -836,11 +859,12 @@ class Glr {
     const int32_t start = kt.intern({kernel});
     KernelWalk kw;
     std::vector<uint32_t> words(trie.n_words, 0);
-    std::vector<int32_t> entry_states;
+    std::vector<int64_t> entries;  // trie nodes where the rule returned ...
+    std::vector<int32_t> entry_states;  // ... into these states
     kw.max_size = kt.size(start);
     kt.walk(trie, 0, start, words.data(), &kw.max_size, [&](int64_t node, int32_t state) {
       if (kt.accepting(state)) {
-        kw.entries.push_back(node);
+        entries.push_back(node);
         entry_states.push_back(state);
         return false;
       }
@@ -848,26 +872,34 @@ class Glr {
       trie.mark(words.data(), node);
       return true;
     });
-    for (int32_t s : entry_states) {
-      auto at = std::find(kw.states.begin(), kw.states.end(), s);  // entries share a few states
-      if (at == kw.states.end()) {
-        kw.state_of_entry.push_back(static_cast<int32_t>(kw.states.size()));
-        kw.states.push_back(s);
-      } else {
-        kw.state_of_entry.push_back(static_cast<int32_t>(at - kw.states.begin()));
+    std::vector<std::vector<int64_t>> by_state;  // entries share a few states
+    for (size_t j = 0; j < entries.size(); ++j) {
+      const size_t at = std::find(kw.states.begin(), kw.states.end(), entry_states[j]) - kw.states.begin();
+      if (at == kw.states.size()) {
+        kw.states.push_back(entry_states[j]);
+        by_state.emplace_back();
       }
+      by_state[at].push_back(entries[j]);
     }
-    int64_t nonzero = 0;
-    for (uint32_t w : words) nonzero += w != 0;
-    if (2 * nonzero > trie.n_words) {
-      kw.dense = true;
-      kw.words = std::move(words);
-    } else {
-      for (int64_t w = 0; w < trie.n_words; ++w)
+    for (const auto& group : by_state) kw.tails.push_back(std::make_shared<const Tail>(trie, group));
+    // the nonzero words, found a block at a time (most walks mark a few hundred tokens:
+    // a word-by-word scan of the whole vocabulary was most of a small walk)
+    constexpr int64_t kBlock = 16;
+    for (int64_t b = 0; b < trie.n_words; b += kBlock) {
+      const int64_t e = std::min(b + kBlock, trie.n_words);
+      uint32_t any = 0;
+      for (int64_t w = b; w < e; ++w) any |= words[w];
+      if (!any) continue;
+      for (int64_t w = b; w < e; ++w)
         if (words[w]) {
           kw.at.push_back(static_cast<int32_t>(w));
           kw.words.push_back(words[w]);
         }
+    }
+    if (2 * static_cast<int64_t>(kw.at.size()) > trie.n_words) {
+      kw.dense = true;
+      kw.at.clear();
+      kw.words = std::move(words);
     }
     ++kernel_walks_done_;
     kernel_bytes_ += kw.bytes();
@@ -926,11 +958,10 @@ class Glr {
   std::vector<int32_t> table_;
   std::vector<uint8_t> accepts_;
   std::vector<std::vector<uint16_t>> groups_;  // per dstate, made on its first transition (see groups)
+  std::vector<std::vector<Bits256>> group_masks_;  // per dstate: each group's classes (see uniform_step)
   std::vector<Bits256> readable_;  // per dstate: the classes some configuration reads
   std::vector<int32_t> sizes_;
-  std::vector<int32_t> chain_;
   std::vector<int64_t> scratch_;  // transition's configurations
-  FlatMap<Uniform> uniform_;  // (dstate, class set) -> how far it reads them uniformly
   int64_t overflow_size_ = 0;
   // the kernel route
   std::unique_ptr<Glr> kt_;
@@ -939,8 +970,8 @@ class Glr {
   size_t kernel_bytes_ = 0;
   int64_t kernel_walks_done_ = 0;
   std::unordered_map<std::vector<int64_t>, int32_t, VecHash> lifted_;
-  std::vector<int64_t> entry_nodes_;
-  std::vector<int32_t> entry_states_;
+  std::vector<std::shared_ptr<const Tail>> tails_;  // route_mask's walks below returns ...
+  std::vector<int32_t> tail_states_;  // ... from these real states
 };
 
 }  // namespace
