@@ -325,15 +325,17 @@ struct Tail {
   std::vector<int32_t> tok_start, toks;  // the tokens ending at each node
   size_t bytes() const { return 2 * cls.size() + 4 * (end.size() + tok_start.size() + toks.size()) + 64; }
 
-  // `entries` (preorder trie nodes), their subtrees merged.
+  // `entries` (preorder trie nodes), their subtrees merged. Children are found by a scan of
+  // their siblings (few: a hash map here cost as much as the kernel walk), tokens gathered as
+  // (node, token) pairs and sorted into place once.
   Tail(const Trie& trie, const std::vector<int64_t>& entries) {
     const TrieShape& sh = *trie.shape;
     std::vector<uint8_t> node_cls{0};
-    std::vector<std::vector<int32_t>> kids(1), node_toks(1);
-    std::unordered_map<uint64_t, int32_t> child_of;  // (parent, class) -> child
+    std::vector<int32_t> first_child{-1}, next_sibling{-1};
+    std::vector<std::pair<int32_t, int32_t>> marks;  // (built node, token)
     std::vector<int32_t> path(trie.max_depth + 1);
     auto add_toks = [&](int32_t to, int64_t p) {
-      node_toks[to].insert(node_toks[to].end(), sh.toks.begin() + sh.tok_start[p], sh.toks.begin() + sh.tok_start[p + 1]);
+      for (int32_t i = sh.tok_start[p]; i < sh.tok_start[p + 1]; ++i) marks.emplace_back(to, sh.toks[i]);
     };
     for (int64_t e : entries) {
       add_toks(0, e);
@@ -341,44 +343,61 @@ struct Tail {
       for (int64_t p = e + 1; p < trie.end[e]; ++p) {
         const int32_t d = trie.depth[p] - trie.depth[e];
         const int32_t up = path[d - 1];
-        const uint64_t key = (static_cast<uint64_t>(up) << 8) | trie.cls[p];
-        auto [it, fresh] = child_of.emplace(key, static_cast<int32_t>(node_cls.size()));
-        if (fresh) {
+        int32_t v = first_child[up];
+        while (v >= 0 && node_cls[v] != trie.cls[p]) v = next_sibling[v];
+        if (v < 0) {
+          v = static_cast<int32_t>(node_cls.size());
           node_cls.push_back(trie.cls[p]);
-          kids.emplace_back();
-          node_toks.emplace_back();
-          kids[up].push_back(it->second);
+          first_child.push_back(-1);
+          next_sibling.push_back(first_child[up]);
+          first_child[up] = v;
         }
-        path[d] = it->second;
-        add_toks(it->second, p);
+        path[d] = v;
+        add_toks(v, p);
       }
     }
-    // preorder
-    const size_t n = node_cls.size();
-    cls.reserve(n);
-    depth.reserve(n);
-    end.assign(n, 0);
-    tok_start.assign(1, 0);
+    // preorder numbering
+    const int32_t n = static_cast<int32_t>(node_cls.size());
+    std::vector<int32_t> order(n);  // built node -> preorder index
+    cls.resize(n);
+    depth.resize(n);
+    end.resize(n);
     std::vector<std::pair<int32_t, int32_t>> todo{{0, 0}};  // (built node, depth)
     std::vector<int32_t> open;  // preorder indices of the open ancestors
+    int32_t at = 0;
     while (!todo.empty()) {
       const auto [u, d] = todo.back();
       todo.pop_back();
-      const int32_t at = static_cast<int32_t>(cls.size());
       while (!open.empty() && depth[open.back()] >= d) {
         end[open.back()] = at;
         open.pop_back();
       }
-      cls.push_back(node_cls[u]);
-      depth.push_back(static_cast<uint8_t>(d));
-      toks.insert(toks.end(), node_toks[u].begin(), node_toks[u].end());
-      tok_start.push_back(static_cast<int32_t>(toks.size()));
-      open.push_back(at);
-      for (auto c = kids[u].rbegin(); c != kids[u].rend(); ++c) todo.emplace_back(*c, d + 1);
+      order[u] = at;
+      cls[at] = node_cls[u];
+      depth[at] = static_cast<uint8_t>(d);
+      open.push_back(at++);
+      for (int32_t c = first_child[u]; c >= 0; c = next_sibling[c]) todo.emplace_back(c, d + 1);
     }
-    for (int32_t q : open) end[q] = static_cast<int32_t>(cls.size());
+    for (int32_t q : open) end[q] = n;
+    // tokens by preorder node (a counting sort)
+    tok_start.assign(n + 1, 0);
+    for (const auto& [u, t] : marks) ++tok_start[order[u] + 1];
+    for (int32_t q = 0; q < n; ++q) tok_start[q + 1] += tok_start[q];
+    toks.resize(marks.size());
+    std::vector<int32_t> fill(tok_start.begin(), tok_start.end() - 1);
+    for (const auto& [u, t] : marks) toks[fill[order[u]]++] = t;
   }
 };
+
+// A kernel walk below one child of the trie's root (see Glr::subwalk).
+struct SubWalk {
+  std::vector<int32_t> ranges;  // [a, b) pairs of TrieShape::toks: the tokens allowed
+  std::vector<int64_t> entries;  // nodes where the rule returned ...
+  std::vector<int32_t> entry_states;  // ... into these kernel-tables states
+  int32_t max_size = 0;
+  size_t bytes() const { return 4 * ranges.size() + 12 * entries.size() + 96; }
+};
+constexpr size_t kSubwalkBytes = 64 << 20;  // subwalks kept per kernel tables (all dropped past it)
 
 // One kernel's walk (see Glr::kernel_walk).
 struct KernelWalk {
@@ -624,14 +643,15 @@ class Glr {
   // reachable from it, below it, depth first: `visit(p, state)` returns whether to descend.
   // The state at each depth is on a stack: a node's parent is the last node seen one level up.
   //
-  // With `words`, a subtree allowed the same way at each depth (uniform_below: the inside of
-  // a string, bounded or not, is most of the vocabulary) is marked whole, not walked; `visit`
-  // is not called below it, which is right for the callers here: they mark tokens, note
+  // With `shortcut`, a subtree allowed the same way at each depth (uniform_below: the inside
+  // of a string, bounded or not, is most of the vocabulary) goes to `whole(p)` (all of it
+  // below p is allowed), not walked; `visit` is not called below it, which is right for the callers here: they mark tokens, note
   // sizes (`max_size` takes those of the states skipped) and stop at accepting states (none
   // is skipped). The walk is latency-bound (each node's step waits on its parent's), so
   // skipping nodes is what makes a walk of a string's inside cheap: ~40 us, not ~500.
-  template <typename Visit>
-  void walk(const Trie& trie, int64_t p0, int32_t s0, uint32_t* words, int32_t* max_size, Visit&& visit) {
+  template <typename Visit, typename Whole>
+  void walk(const Trie& trie, int64_t p0, int32_t s0, bool shortcut, int32_t* max_size, Visit&& visit,
+            Whole&& whole) {
     thread_local std::vector<int32_t> stack;
     stack.resize(trie.max_depth + 1);
     int32_t* at_depth = stack.data();  // a local pointer: each thread_local access costs a call
@@ -648,8 +668,8 @@ class Glr {
         p = end[p];
         continue;
       }
-      if (words && end[p] - p > kShortcutMin && uniform_below(trie, p, nxt, max_size)) {
-        trie.mark_below(words, p);
+      if (shortcut && end[p] - p > kShortcutMin && uniform_below(trie, p, nxt, max_size)) {
+        whole(p);
         p = end[p];
         continue;
       }
@@ -712,10 +732,13 @@ class Glr {
     I32 out(trie.n_words);
     uint32_t* words = reinterpret_cast<uint32_t*>(out.mutable_data());
     std::memset(words, 0, sizeof(uint32_t) * trie.n_words);
-    walk(trie, 0, did, words, nullptr, [&](int64_t node, int32_t) {
-      trie.mark(words, node);
-      return true;
-    });
+    walk(
+        trie, 0, did, true, nullptr,
+        [&](int64_t node, int32_t) {
+          trie.mark(words, node);
+          return true;
+        },
+        [&](int64_t node) { trie.mark_below(words, node); });
     return out;
   }
 
@@ -726,10 +749,13 @@ class Glr {
     int32_t* s = out.mutable_data();
     std::fill(s, s + trie.n_nodes + 1, DEAD);
     s[0] = did;
-    walk(trie, 0, did, nullptr, nullptr, [&](int64_t node, int32_t state) {
-      s[trie.level_of[node]] = state;
-      return true;
-    });
+    walk(
+        trie, 0, did, false, nullptr,
+        [&](int64_t node, int32_t state) {
+          s[trie.level_of[node]] = state;
+          return true;
+        },
+        [](int64_t) {});
     return out;
   }
 
@@ -810,6 +836,53 @@ class Glr {
     }
   }
 
+  // The kernel walk below depth-1 node `p`, entered in kernel-tables state `s` (p's own
+  // tokens included), memoized per (s, p): kernels that differ only in how they read the
+  // first byte (the branches of a name trie, the keys of an open object) reach one state
+  // after it, and the walk below is the same. Marks are kept as ranges of the trie's token
+  // array (a node's tokens, a whole subtree's), so a hit costs the marking alone.
+  const SubWalk& subwalk(const Trie& trie, int64_t p, int32_t s) {
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 32) | static_cast<uint32_t>(p);
+    auto hit = subwalks_.find(key);
+    if (hit != subwalks_.end()) return *hit->second;
+    if (subwalk_bytes_ > kSubwalkBytes) {
+      subwalks_.clear();
+      subwalk_bytes_ = 0;
+    }
+    auto sub = std::make_unique<SubWalk>();
+    const int32_t* ts = trie.shape->tok_start.data();
+    auto add = [&](int32_t a, int32_t b) {  // consecutive ranges (a preorder walk) merge
+      if (a == b) return;
+      if (!sub->ranges.empty() && sub->ranges.back() == a) {
+        sub->ranges.back() = b;
+      } else {
+        sub->ranges.push_back(a);
+        sub->ranges.push_back(b);
+      }
+    };
+    sub->max_size = size(s);
+    add(ts[p], ts[p + 1]);
+    if (trie.end[p] - p > kShortcutMin && uniform_below(trie, p, s, &sub->max_size)) {
+      add(ts[p + 1], ts[trie.end[p]]);
+    } else {
+      walk(
+        trie, p, s, true, &sub->max_size,
+        [&](int64_t node, int32_t state) {
+          if (accepting(state)) {
+            sub->entries.push_back(node);
+            sub->entry_states.push_back(state);
+            return false;
+          }
+          sub->max_size = std::max(sub->max_size, size(state));
+          add(ts[node], ts[node + 1]);
+          return true;
+        },
+        [&](int64_t node) { add(ts[node + 1], ts[trie.end[node]]); });
+    }
+    subwalk_bytes_ += sub->bytes();
+    return *(subwalks_[key] = std::move(sub));
+  }
+
   int64_t kernel_walks() const { return static_cast<int64_t>(kernel_cache_.size()); }
   int64_t kernel_walks_done() const { return kernel_walks_done_; }
   int64_t lifts() const { return static_cast<int64_t>(lifted_.size()); }
@@ -862,16 +935,22 @@ class Glr {
     std::vector<int64_t> entries;  // trie nodes where the rule returned ...
     std::vector<int32_t> entry_states;  // ... into these states
     kw.max_size = kt.size(start);
-    kt.walk(trie, 0, start, words.data(), &kw.max_size, [&](int64_t node, int32_t state) {
-      if (kt.accepting(state)) {
-        entries.push_back(node);
-        entry_states.push_back(state);
-        return false;
+    const int32_t* toks = trie.shape->toks.data();
+    for (int64_t p = 1; p < trie.n_nodes; p = trie.end[p]) {  // the root's children
+      const int32_t s = kt.next(start, trie.cls[p]);
+      if (s == DEAD) continue;
+      if (kt.accepting(s)) {
+        entries.push_back(p);
+        entry_states.push_back(s);
+        continue;
       }
-      kw.max_size = std::max(kw.max_size, kt.size(state));
-      trie.mark(words.data(), node);
-      return true;
-    });
+      const SubWalk& sub = kt.subwalk(trie, p, s);
+      for (size_t r = 0; r < sub.ranges.size(); r += 2)
+        for (int32_t i = sub.ranges[r]; i < sub.ranges[r + 1]; ++i) words[toks[i] >> 5] |= 1u << (toks[i] & 31);
+      entries.insert(entries.end(), sub.entries.begin(), sub.entries.end());
+      entry_states.insert(entry_states.end(), sub.entry_states.begin(), sub.entry_states.end());
+      kw.max_size = std::max(kw.max_size, sub.max_size);
+    }
     std::vector<std::vector<int64_t>> by_state;  // entries share a few states
     for (size_t j = 0; j < entries.size(); ++j) {
       const size_t at = std::find(kw.states.begin(), kw.states.end(), entry_states[j]) - kw.states.begin();
@@ -970,6 +1049,8 @@ class Glr {
   size_t kernel_bytes_ = 0;
   int64_t kernel_walks_done_ = 0;
   std::unordered_map<std::vector<int64_t>, int32_t, VecHash> lifted_;
+  std::unordered_map<uint64_t, std::unique_ptr<SubWalk>> subwalks_;  // kernel tables: (state, node) -> walk
+  size_t subwalk_bytes_ = 0;
   std::vector<std::shared_ptr<const Tail>> tails_;  // route_mask's walks below returns ...
   std::vector<int32_t> tail_states_;  // ... from these real states
 };
