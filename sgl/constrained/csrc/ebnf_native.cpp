@@ -206,6 +206,8 @@ struct TrieShape {
   std::vector<int32_t> parent;   // preorder: the parent's preorder index (-1: the root)
   std::vector<int32_t> tok_start, toks;  // preorder: the tokens ending at p: toks[tok_start[p]:tok_start[p+1]]
   std::vector<int32_t> level_of;  // preorder -> the VocabTrie's node number
+  std::vector<int32_t> dense_of;  // preorder -> index of the bitmap of the tokens below it, or -1
+  std::vector<uint32_t> dense_bits;  // those bitmaps, n_words each
   int64_t n_nodes, n_words, max_depth = 0;
 
   TrieShape(const I64& child_start, const I64& child_count, const I64& tok_start_, const I64& toks_, int64_t n_words_)
@@ -246,6 +248,26 @@ struct TrieShape {
     height.assign(n_nodes, 0);
     for (int64_t q = n_nodes - 1; q > 0; --q)
       height[parent[q]] = std::max<uint8_t>(height[parent[q]], height[q] + 1);
+    // Subtrees with more tokens below than the mask has words get a bitmap of them: marking
+    // one is then one pass over the words (vectorized), not a scattered write per token (the
+    // inside of a free string is most of the vocabulary). Few nodes qualify: subtrees of one
+    // depth are disjoint, so at most one in n_words of them per depth.
+    dense_of.assign(n_nodes, -1);
+    int64_t n_dense = 0;
+    for (int64_t q = 0; q < n_nodes && n_dense < kMaxDense; ++q) {
+      const int32_t a = tok_start[q + 1], b = tok_start[end[q]];
+      if (b - a < std::max<int64_t>(n_words, 64)) continue;
+      dense_of[q] = static_cast<int32_t>(n_dense++);
+      dense_bits.resize(n_dense * n_words, 0);
+      uint32_t* w = dense_bits.data() + (n_dense - 1) * n_words;
+      for (int32_t i = a; i < b; ++i) w[toks[i] >> 5] |= 1u << (toks[i] & 31);
+    }
+  }
+  static constexpr int64_t kMaxDense = 1024;
+
+  // The bitmap of the tokens below q, or nullptr.
+  const uint32_t* dense_below(int64_t q) const {
+    return dense_of[q] < 0 ? nullptr : dense_bits.data() + static_cast<int64_t>(dense_of[q]) * n_words;
   }
 };
 
@@ -266,6 +288,8 @@ struct Trie {
   std::vector<uint8_t> cls;       // preorder: the byte class of the node's last byte
   std::vector<int32_t> below;     // preorder: the id of the set of classes read below the node ...
   std::vector<Bits256> class_sets;  // ... (distinct sets: subtrees share a few)
+  std::vector<std::vector<int64_t>> root_children;  // by byte class: the root's children of it
+  std::vector<int32_t> root_classes;  // the classes of some root child
   int64_t n_nodes, n_words, max_depth;
 
   Trie(std::shared_ptr<const TrieShape> shape_, const I32& node_class)
@@ -289,6 +313,10 @@ struct Trie {
       if (fresh) class_sets.push_back(sets[q]);
       below[q] = it->second;
     }
+    root_children.resize(256);
+    for (int64_t p = 1; p < n_nodes; p = end[p]) root_children[cls[p]].push_back(p);
+    for (int32_t c = 0; c < 256; ++c)
+      if (!root_children[c].empty()) root_classes.push_back(c);
   }
 
   // Marks the tokens ending at p / in the strict subtree of p (contiguous in preorder).
@@ -297,7 +325,11 @@ struct Trie {
     const int32_t* tk = shape->toks.data();
     for (int32_t i = ts[p], e = ts[p + 1]; i < e; ++i) words[tk[i] >> 5] |= 1u << (tk[i] & 31);
   }
-  void mark_below(uint32_t* words, int64_t p) const {
+  void mark_below(uint32_t* __restrict words, int64_t p) const {
+    if (const uint32_t* __restrict bits = shape->dense_below(p)) {
+      for (int64_t w = 0; w < n_words; ++w) words[w] |= bits[w];
+      return;
+    }
     const int32_t* ts = shape->tok_start.data();
     const int32_t* tk = shape->toks.data();
     for (int32_t i = ts[p + 1], e = ts[end[p]]; i < e; ++i) words[tk[i] >> 5] |= 1u << (tk[i] & 31);
@@ -320,15 +352,31 @@ struct VecHash {
 // whose remainders are a few dozen distinct class strings. The real state after the return
 // reads each of those once per mask, not each subtree's every node.
 struct Tail {
-  std::vector<uint8_t> cls, depth;  // preorder; node 0 is the return itself (depth 0)
+  // Large subtrees (a block of a long bounded string ends inside most tokens) are not merged:
+  // `entries` holds them, walked on the trie itself (its uniform shortcut and bitmaps), since
+  // a merged copy would cost more to build than the walks it saves.
+  static constexpr int64_t kMergeNodes = 4096;
+  std::vector<int64_t> entries;  // unmerged: the trie nodes; the arrays below are then empty
+  std::vector<uint8_t> cls, depth, height;  // preorder; node 0 is the return itself (depth 0)
   std::vector<int32_t> end;         // one past the subtree
   std::vector<int32_t> tok_start, toks;  // the tokens ending at each node
-  size_t bytes() const { return 2 * cls.size() + 4 * (end.size() + tok_start.size() + toks.size()) + 64; }
+  std::vector<int32_t> below;       // the id of the set of classes read below each node ...
+  std::vector<Bits256> class_sets;  // ... (as in Trie: the uniform shortcut of walk_tail)
+  size_t bytes() const {
+    return 8 * entries.size() + 3 * cls.size() + 4 * (end.size() + tok_start.size() + toks.size() + below.size()) +
+           32 * class_sets.size() + 64;
+  }
 
   // `entries` (preorder trie nodes), their subtrees merged. Children are found by a scan of
   // their siblings (few: a hash map here cost as much as the kernel walk), tokens gathered as
   // (node, token) pairs and sorted into place once.
-  Tail(const Trie& trie, const std::vector<int64_t>& entries) {
+  Tail(const Trie& trie, const std::vector<int64_t>& returns) {
+    int64_t nodes = 0;
+    for (int64_t e : returns) nodes += trie.end[e] - e;
+    if (nodes > kMergeNodes) {
+      entries = returns;
+      return;
+    }
     const TrieShape& sh = *trie.shape;
     std::vector<uint8_t> node_cls{0};
     std::vector<int32_t> first_child{-1}, next_sibling{-1};
@@ -337,7 +385,7 @@ struct Tail {
     auto add_toks = [&](int32_t to, int64_t p) {
       for (int32_t i = sh.tok_start[p]; i < sh.tok_start[p + 1]; ++i) marks.emplace_back(to, sh.toks[i]);
     };
-    for (int64_t e : entries) {
+    for (int64_t e : returns) {
       add_toks(0, e);
       path[0] = 0;
       for (int64_t p = e + 1; p < trie.end[e]; ++p) {
@@ -362,6 +410,7 @@ struct Tail {
     cls.resize(n);
     depth.resize(n);
     end.resize(n);
+    std::vector<int32_t> parent(n, -1);
     std::vector<std::pair<int32_t, int32_t>> todo{{0, 0}};  // (built node, depth)
     std::vector<int32_t> open;  // preorder indices of the open ancestors
     int32_t at = 0;
@@ -372,6 +421,7 @@ struct Tail {
         end[open.back()] = at;
         open.pop_back();
       }
+      if (!open.empty()) parent[at] = open.back();
       order[u] = at;
       cls[at] = node_cls[u];
       depth[at] = static_cast<uint8_t>(d);
@@ -386,18 +436,95 @@ struct Tail {
     toks.resize(marks.size());
     std::vector<int32_t> fill(tok_start.begin(), tok_start.end() - 1);
     for (const auto& [u, t] : marks) toks[fill[order[u]]++] = t;
+    // heights and the classes below each node, children before parents
+    height.assign(n, 0);
+    std::vector<Bits256> sets(n, Bits256{0, 0, 0, 0});
+    for (int32_t q = n - 1; q > 0; --q) {
+      Bits256& up = sets[parent[q]];
+      for (int w = 0; w < 4; ++w) up[w] |= sets[q][w];
+      up[cls[q] >> 6] |= 1ull << (cls[q] & 63);
+      height[parent[q]] = std::max<uint8_t>(height[parent[q]], height[q] + 1);
+    }
+    std::unordered_map<Bits256, int32_t, Bits256Hash> ids;
+    below.resize(n);
+    for (int32_t q = 0; q < n; ++q) {
+      auto [it, fresh] = ids.emplace(sets[q], static_cast<int32_t>(class_sets.size()));
+      if (fresh) class_sets.push_back(sets[q]);
+      below[q] = it->second;
+    }
   }
 };
 
-// A kernel walk below one child of the trie's root (see Glr::subwalk).
-struct SubWalk {
-  std::vector<int32_t> ranges;  // [a, b) pairs of TrieShape::toks: the tokens allowed
+// A set of tokens being marked: a list of ids while it is small, mask words once it is
+// large (a list costs per token; words cost the vocabulary's width on every use).
+struct TokenSet {
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> words;  // non-empty once dense
+  void add(const int32_t* a, const int32_t* b, int64_t n_words) {
+    if (words.empty()) {
+      ids.insert(ids.end(), a, b);
+      if (static_cast<int64_t>(ids.size()) > n_words) densify(n_words);
+      return;
+    }
+    for (; a < b; ++a) words[*a >> 5] |= 1u << (*a & 31);
+  }
+  void add_bits(const uint32_t* __restrict bits, int64_t n_words) {
+    if (words.empty()) densify(n_words);
+    uint32_t* __restrict w = words.data();
+    for (int64_t i = 0; i < n_words; ++i) w[i] |= bits[i];
+  }
+  void densify(int64_t n_words) {
+    words.assign(n_words, 0);
+    for (int32_t t : ids) words[t >> 5] |= 1u << (t & 31);
+    ids.clear();
+    ids.shrink_to_fit();
+  }
+  void mark(uint32_t* __restrict out) const {
+    if (!words.empty()) {
+      const uint32_t* __restrict w = words.data();
+      for (size_t i = 0; i < words.size(); ++i) out[i] |= w[i];
+    } else {
+      for (int32_t t : ids) out[t >> 5] |= 1u << (t & 31);
+    }
+  }
+  size_t bytes() const { return 4 * (ids.size() + words.size()); }
+};
+
+// The kernel walk of the root's children of one byte class, entered in one state (see
+// Glr::root_walk): the tokens allowed, where the rule returned, and the most configurations
+// on the way.
+struct RootWalk {
+  TokenSet tokens;
   std::vector<int64_t> entries;  // nodes where the rule returned ...
   std::vector<int32_t> entry_states;  // ... into these kernel-tables states
   int32_t max_size = 0;
-  size_t bytes() const { return 4 * ranges.size() + 12 * entries.size() + 96; }
+  size_t bytes() const { return tokens.bytes() + 12 * entries.size() + 96; }
 };
-constexpr size_t kSubwalkBytes = 64 << 20;  // subwalks kept per kernel tables (all dropped past it)
+constexpr size_t kRootWalkBytes = 64 << 20;  // root walks kept per kernel tables (all dropped past it)
+
+// `words` as its nonzero words (`at`, `out`), or all of them (`dense`) when over half are
+// nonzero; found a block at a time (a walk marks a few hundred tokens: a word-by-word scan
+// of the whole vocabulary was most of a small walk). `words` is moved from when dense.
+inline void pack_words(std::vector<uint32_t>& words, int64_t n_words, std::vector<int32_t>& at,
+                       std::vector<uint32_t>& out, bool& dense) {
+  constexpr int64_t kBlock = 16;
+  for (int64_t b = 0; b < n_words; b += kBlock) {
+    const int64_t e = std::min(b + kBlock, n_words);
+    uint32_t any = 0;
+    for (int64_t w = b; w < e; ++w) any |= words[w];
+    if (!any) continue;
+    for (int64_t w = b; w < e; ++w)
+      if (words[w]) {
+        at.push_back(static_cast<int32_t>(w));
+        out.push_back(words[w]);
+      }
+  }
+  dense = 2 * static_cast<int64_t>(at.size()) > n_words;
+  if (dense) {
+    at.clear();
+    out = words;
+  }
+}
 
 // One kernel's walk (see Glr::kernel_walk).
 struct KernelWalk {
@@ -686,12 +813,16 @@ class Glr {
   // table read, see uniform_step), not memoized: a memo per (state, class set) missed on
   // most subtrees and cost more in hashing than the chain it saved.
   bool uniform_below(const Trie& trie, int64_t p, int32_t did, int32_t* max_size) {
-    const Bits256& need = trie.class_sets[trie.below[p]];
+    return uniform_chain(did, trie.class_sets[trie.below[p]], trie.height[p], max_size);
+  }
+
+  // Whether `did` reads `height` bytes of the classes in `need` uniformly (see uniform_below).
+  bool uniform_chain(int32_t did, const Bits256& need, int32_t height, int32_t* max_size) {
     const Bits256& can = readable_[did];
     if ((need[0] & ~can[0]) | (need[1] & ~can[1]) | (need[2] & ~can[2]) | (need[3] & ~can[3]))
       return false;  // a class below is not read at all (most states, most subtrees): no lookup
     int32_t most = 0;  // the chain of states below, one per depth
-    for (int32_t depth = 0; depth < trie.height[p]; ++depth) {
+    for (int32_t depth = 0; depth < height; ++depth) {
       did = uniform_step(did, need);
       if (did < 0 || accepts_[did]) return false;
       most = std::max(most, sizes_[did]);
@@ -800,14 +931,33 @@ class Glr {
     if (!tails_.empty()) {
       // below the returns, from the real states
       int32_t max_size = 0;
-      for (size_t i = 0; i < tails_.size(); ++i) walk_tail(*tails_[i], tail_states_[i], words, max_size);
+      for (size_t i = 0; i < tails_.size(); ++i) walk_tail(trie, *tails_[i], tail_states_[i], words, max_size);
       if (bound + with_entries * max_size > max_configs_) return std::nullopt;
     }
     return out;
   }
 
   // Marks the tokens of `tail` that `s0` reads (`max_size`: the most configurations met).
-  void walk_tail(const Tail& tail, int32_t s0, uint32_t* words, int32_t& max_size) {
+  void walk_tail(const Trie& trie, const Tail& tail, int32_t s0, uint32_t* words, int32_t& max_size) {
+    max_size = std::max(max_size, sizes_[s0]);
+    if (!tail.entries.empty()) {  // unmerged: each subtree on the trie
+      for (int64_t e : tail.entries) {
+        trie.mark(words, e);
+        if (trie.end[e] - e > kShortcutMin && uniform_below(trie, e, s0, &max_size)) {
+          trie.mark_below(words, e);
+          continue;
+        }
+        walk(
+            trie, e, s0, true, &max_size,
+            [&](int64_t node, int32_t state) {
+              trie.mark(words, node);
+              max_size = std::max(max_size, sizes_[state]);
+              return true;
+            },
+            [&](int64_t node) { trie.mark_below(words, node); });
+      }
+      return;
+    }
     thread_local std::vector<int32_t> stack;
     stack.resize(256);
     int32_t* at_depth = stack.data();
@@ -820,6 +970,10 @@ class Glr {
     mark(0);
     max_size = std::max(max_size, sizes_[s0]);
     const int32_t n = static_cast<int32_t>(tail.cls.size());
+    if (n > kShortcutMin && uniform_chain(s0, tail.class_sets[tail.below[0]], tail.height[0], &max_size)) {
+      for (int32_t i = ts[1], e = ts[n]; i < e; ++i) words[tk[i] >> 5] |= 1u << (tk[i] & 31);
+      return;
+    }
     for (int32_t p = 1; p < n;) {
       const int32_t d = tail.depth[p];
       const int32_t from = at_depth[d - 1];
@@ -831,56 +985,72 @@ class Glr {
       }
       mark(p);
       max_size = std::max(max_size, sizes_[nxt]);
+      if (tail.end[p] - p > kShortcutMin &&
+          uniform_chain(nxt, tail.class_sets[tail.below[p]], tail.height[p], &max_size)) {
+        for (int32_t i = ts[p + 1], e = ts[tail.end[p]]; i < e; ++i) words[tk[i] >> 5] |= 1u << (tk[i] & 31);
+        p = tail.end[p];
+        continue;
+      }
       at_depth[d] = nxt;
       ++p;
     }
   }
 
-  // The kernel walk below depth-1 node `p`, entered in kernel-tables state `s` (p's own
-  // tokens included), memoized per (s, p): kernels that differ only in how they read the
-  // first byte (the branches of a name trie, the keys of an open object) reach one state
-  // after it, and the walk below is the same. Marks are kept as ranges of the trie's token
-  // array (a node's tokens, a whole subtree's), so a hit costs the marking alone.
-  const SubWalk& subwalk(const Trie& trie, int64_t p, int32_t s) {
-    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 32) | static_cast<uint32_t>(p);
-    auto hit = subwalks_.find(key);
-    if (hit != subwalks_.end()) return *hit->second;
-    if (subwalk_bytes_ > kSubwalkBytes) {
-      subwalks_.clear();
-      subwalk_bytes_ = 0;
+  // The kernel walk of the root's children of byte class `c` entered in kernel-tables state
+  // `s` (their own tokens included), memoized per (s, c). A kernel walk is the union of these
+  // over the classes it reads: kernels that differ only in how they read the first byte (the
+  // branches of a name trie, the keys of an open object, the positions of a literal) reach
+  // the same state after it and share the walk below, stored as mask words, so a hit costs
+  // an OR of words, not a walk and a write per token.
+  const RootWalk& root_walk(const Trie& trie, int32_t s, int32_t c) {
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(s)) << 8) | static_cast<uint32_t>(c);
+    auto hit = root_walks_.find(key);
+    if (hit != root_walks_.end()) return *hit->second;
+    if (root_walk_bytes_ > kRootWalkBytes) {
+      root_walks_.clear();
+      root_walk_bytes_ = 0;
     }
-    auto sub = std::make_unique<SubWalk>();
-    const int32_t* ts = trie.shape->tok_start.data();
-    auto add = [&](int32_t a, int32_t b) {  // consecutive ranges (a preorder walk) merge
-      if (a == b) return;
-      if (!sub->ranges.empty() && sub->ranges.back() == a) {
-        sub->ranges.back() = b;
+    auto rw = std::make_unique<RootWalk>();
+    const TrieShape& sh = *trie.shape;
+    const int32_t* ts = sh.tok_start.data();
+    const int32_t* tk = sh.toks.data();
+    TokenSet& set = rw->tokens;
+    auto mark = [&](int64_t q) { set.add(tk + ts[q], tk + ts[q + 1], trie.n_words); };
+    auto mark_below = [&](int64_t q) {
+      if (const uint32_t* bits = sh.dense_below(q)) {
+        set.add_bits(bits, trie.n_words);
       } else {
-        sub->ranges.push_back(a);
-        sub->ranges.push_back(b);
+        set.add(tk + ts[q + 1], tk + ts[trie.end[q]], trie.n_words);
       }
     };
-    sub->max_size = size(s);
-    add(ts[p], ts[p + 1]);
-    if (trie.end[p] - p > kShortcutMin && uniform_below(trie, p, s, &sub->max_size)) {
-      add(ts[p + 1], ts[trie.end[p]]);
-    } else {
+    rw->max_size = size(s);
+    for (int64_t p : trie.root_children[c]) {
+      if (accepting(s)) {
+        rw->entries.push_back(p);
+        rw->entry_states.push_back(s);
+        continue;
+      }
+      mark(p);
+      if (trie.end[p] - p > kShortcutMin && uniform_below(trie, p, s, &rw->max_size)) {
+        mark_below(p);  // the inside of a string
+        continue;
+      }
       walk(
-        trie, p, s, true, &sub->max_size,
-        [&](int64_t node, int32_t state) {
-          if (accepting(state)) {
-            sub->entries.push_back(node);
-            sub->entry_states.push_back(state);
-            return false;
-          }
-          sub->max_size = std::max(sub->max_size, size(state));
-          add(ts[node], ts[node + 1]);
-          return true;
-        },
-        [&](int64_t node) { add(ts[node + 1], ts[trie.end[node]]); });
+          trie, p, s, true, &rw->max_size,
+          [&](int64_t node, int32_t state) {
+            if (accepting(state)) {
+              rw->entries.push_back(node);
+              rw->entry_states.push_back(state);
+              return false;
+            }
+            rw->max_size = std::max(rw->max_size, size(state));
+            mark(node);
+            return true;
+          },
+          mark_below);
     }
-    subwalk_bytes_ += sub->bytes();
-    return *(subwalks_[key] = std::move(sub));
+    root_walk_bytes_ += rw->bytes();
+    return *(root_walks_[key] = std::move(rw));
   }
 
   int64_t kernel_walks() const { return static_cast<int64_t>(kernel_cache_.size()); }
@@ -935,21 +1105,14 @@ class Glr {
     std::vector<int64_t> entries;  // trie nodes where the rule returned ...
     std::vector<int32_t> entry_states;  // ... into these states
     kw.max_size = kt.size(start);
-    const int32_t* toks = trie.shape->toks.data();
-    for (int64_t p = 1; p < trie.n_nodes; p = trie.end[p]) {  // the root's children
-      const int32_t s = kt.next(start, trie.cls[p]);
+    for (int32_t c : trie.root_classes) {
+      const int32_t s = kt.next(start, c);
       if (s == DEAD) continue;
-      if (kt.accepting(s)) {
-        entries.push_back(p);
-        entry_states.push_back(s);
-        continue;
-      }
-      const SubWalk& sub = kt.subwalk(trie, p, s);
-      for (size_t r = 0; r < sub.ranges.size(); r += 2)
-        for (int32_t i = sub.ranges[r]; i < sub.ranges[r + 1]; ++i) words[toks[i] >> 5] |= 1u << (toks[i] & 31);
-      entries.insert(entries.end(), sub.entries.begin(), sub.entries.end());
-      entry_states.insert(entry_states.end(), sub.entry_states.begin(), sub.entry_states.end());
-      kw.max_size = std::max(kw.max_size, sub.max_size);
+      const RootWalk& rw = kt.root_walk(trie, s, c);
+      rw.tokens.mark(words.data());
+      entries.insert(entries.end(), rw.entries.begin(), rw.entries.end());
+      entry_states.insert(entry_states.end(), rw.entry_states.begin(), rw.entry_states.end());
+      kw.max_size = std::max(kw.max_size, rw.max_size);
     }
     std::vector<std::vector<int64_t>> by_state;  // entries share a few states
     for (size_t j = 0; j < entries.size(); ++j) {
@@ -961,25 +1124,7 @@ class Glr {
       by_state[at].push_back(entries[j]);
     }
     for (const auto& group : by_state) kw.tails.push_back(std::make_shared<const Tail>(trie, group));
-    // the nonzero words, found a block at a time (most walks mark a few hundred tokens:
-    // a word-by-word scan of the whole vocabulary was most of a small walk)
-    constexpr int64_t kBlock = 16;
-    for (int64_t b = 0; b < trie.n_words; b += kBlock) {
-      const int64_t e = std::min(b + kBlock, trie.n_words);
-      uint32_t any = 0;
-      for (int64_t w = b; w < e; ++w) any |= words[w];
-      if (!any) continue;
-      for (int64_t w = b; w < e; ++w)
-        if (words[w]) {
-          kw.at.push_back(static_cast<int32_t>(w));
-          kw.words.push_back(words[w]);
-        }
-    }
-    if (2 * static_cast<int64_t>(kw.at.size()) > trie.n_words) {
-      kw.dense = true;
-      kw.at.clear();
-      kw.words = std::move(words);
-    }
+    pack_words(words, trie.n_words, kw.at, kw.words, kw.dense);
     ++kernel_walks_done_;
     kernel_bytes_ += kw.bytes();
     lru_.push_front(kernel);
@@ -1049,8 +1194,8 @@ class Glr {
   size_t kernel_bytes_ = 0;
   int64_t kernel_walks_done_ = 0;
   std::unordered_map<std::vector<int64_t>, int32_t, VecHash> lifted_;
-  std::unordered_map<uint64_t, std::unique_ptr<SubWalk>> subwalks_;  // kernel tables: (state, node) -> walk
-  size_t subwalk_bytes_ = 0;
+  std::unordered_map<uint64_t, std::unique_ptr<RootWalk>> root_walks_;  // kernel tables: (state, class) -> walk
+  size_t root_walk_bytes_ = 0;
   std::vector<std::shared_ptr<const Tail>> tails_;  // route_mask's walks below returns ...
   std::vector<int32_t> tail_states_;  // ... from these real states
 };
