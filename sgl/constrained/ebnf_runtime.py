@@ -133,7 +133,7 @@ def native_walk():
                 try:
                     from sgl import native
 
-                    module = native.build("sgl_ebnf_native", _NATIVE_SOURCE, ["-O3"], python_module=True)
+                    module = native.build("sgl_ebnf_native", _NATIVE_SOURCE, ["-O3", "-march=native"], python_module=True)
                 except Exception as e:  # no compiler, no ninja, no torch: the numpy walk
                     logger.warning("the native EBNF recognizer could not be built (%s); using the Python one", e)
             _native.append(module)
