@@ -823,9 +823,11 @@ class Glr {
       return false;  // a class below is not read at all (most states, most subtrees): no lookup
     int32_t most = 0;  // the chain of states below, one per depth
     for (int32_t depth = 0; depth < height; ++depth) {
-      did = uniform_step(did, need);
-      if (did < 0 || accepts_[did]) return false;
-      most = std::max(most, sizes_[did]);
+      const int32_t to = uniform_step(did, need);
+      if (to < 0 || accepts_[to]) return false;
+      most = std::max(most, sizes_[to]);
+      if (to == did) break;  // a loop (the inside of a string): every further step is this one
+      did = to;
     }
     if (max_size) *max_size = std::max(*max_size, most);
     return true;
