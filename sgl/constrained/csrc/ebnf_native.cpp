@@ -286,7 +286,8 @@ struct Trie {
   const std::vector<uint8_t>& height;
   const std::vector<int32_t>& level_of;
   std::vector<uint8_t> cls;       // preorder: the byte class of the node's last byte
-  std::vector<int32_t> below;     // preorder: the id of the set of classes read below the node ...
+  std::vector<int32_t> below;     // preorder: the id of the set of classes read below the node (-1: a
+                                  // subtree of kShortcutMin nodes or fewer, never tested whole) ...
   std::vector<Bits256> class_sets;  // ... (distinct sets: subtrees share a few)
   std::vector<std::vector<int64_t>> root_children;  // by byte class: the root's children of it
   std::vector<int32_t> root_classes;  // the classes of some root child
@@ -307,8 +308,9 @@ struct Trie {
       up[cls[q] >> 6] |= 1ull << (cls[q] & 63);
     }
     std::unordered_map<Bits256, int32_t, Bits256Hash> ids;
-    below.resize(n_nodes);
+    below.assign(n_nodes, -1);
     for (int64_t q = 0; q < n_nodes; ++q) {
+      if (end[q] - q <= kShortcutMin) continue;  // never tested whole (see walk): not interned
       auto [it, fresh] = ids.emplace(sets[q], static_cast<int32_t>(class_sets.size()));
       if (fresh) class_sets.push_back(sets[q]);
       below[q] = it->second;
@@ -446,8 +448,9 @@ struct Tail {
       height[parent[q]] = std::max<uint8_t>(height[parent[q]], height[q] + 1);
     }
     std::unordered_map<Bits256, int32_t, Bits256Hash> ids;
-    below.resize(n);
+    below.assign(n, -1);
     for (int32_t q = 0; q < n; ++q) {
+      if (end[q] - q <= kShortcutMin) continue;  // never tested whole (see walk_tail)
       auto [it, fresh] = ids.emplace(sets[q], static_cast<int32_t>(class_sets.size()));
       if (fresh) class_sets.push_back(sets[q]);
       below[q] = it->second;
