@@ -722,6 +722,7 @@ class _Converter:
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
         self.not_in: dict[tuple[str, ...], Rx | None] = {}  # string_not_in, memoized
+        self.part_of: dict[str, str] = {}  # grammar mode: a shared piece's regex text -> its rule
         self.negation = Negation(lambda ref: self.resolve(ref, "#")[0], validation_keywords)
         self.forbidden: dict[str, list[frozenset]] = {}  # not: {required: [...]}, for the object at a path
 
@@ -978,8 +979,10 @@ class _Converter:
         small = rx is not None and rx.size <= _ONEOF_PROOF_LIMIT and len(rx.text) <= _SHARE_TEXT
         if not self.grammar or rx is None or (small and not always):
             return rx
-        name = f"part{len(self.rules)}"
-        self.rules[name] = rx
+        name = self.part_of.get(rx.text)  # the same piece again (the cases of a condition): the same rule
+        if name is None:
+            name = self.part_of[rx.text] = f"part{len(self.rules)}"
+            self.rules[name] = rx
         return Rx(f"\x00{name}\x00", atom=True, size=rx.size, node=rx_ref(name).node, ref=True)
 
     def free(self, depth: int) -> Rx | None:
@@ -1585,7 +1588,7 @@ class _Converter:
         value = self.free(FREE_DEPTH - 1) if extra is True else self.convert(extra, f"{where}/additionalProperties")
         if value is None:
             return None
-        key = rx_cat(_QUOTE, self.string_not_in(excluded), _QUOTE)
+        key = self.share(rx_cat(_QUOTE, self.string_not_in(excluded), _QUOTE), always=True)
         return self.share(rx_cat(key, _COLON, value), always=True)  # written up to 4 times (see _members)
 
     def pattern_key(self, pattern: str, where: str) -> Rx | None:
