@@ -206,7 +206,7 @@ class GrammarCompiler:
 
         schema = json.loads(normalized)
         try:
-            rx = json_schema_to_rx(schema)
+            rx = json_schema_to_rx(schema, max_text=REGEX_ROUTE_MAX_TEXT if self._builder is not None else None)
             check_size(rx, "json_schema", "the JSON schema")
             if self._builder is not None and len(rx.text) > REGEX_ROUTE_MAX_TEXT:
                 raise ConstraintTooLarge(f"the JSON schema's regex is too long for the regex route ({len(rx.text)} "

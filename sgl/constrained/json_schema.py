@@ -84,6 +84,7 @@ import itertools
 import json
 import math
 import re
+from functools import lru_cache
 from typing import Any
 
 from sgl.constrained.errors import ConstraintTooLarge, GrammarError
@@ -230,10 +231,14 @@ def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 
     return json_schema_to_rx(spec, max_recursion_depth=max_recursion_depth).text
 
 
-def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3) -> Rx:
-    """Like :func:`json_schema_to_regex`, keeping the size information."""
+def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3, max_text: int | None = None) -> Rx:
+    """Like :func:`json_schema_to_regex`, keeping the size information. ``max_text``: stop
+    with ConstraintTooLarge as soon as a piece of the regex is longer (the caller then takes
+    the grammar route, and the rest of a regex too long for it is not built)."""
     schema = load_schema(spec)
-    rx = _Converter(schema, max_recursion_depth).convert(schema, "#")
+    converter = _Converter(schema, max_recursion_depth)
+    converter.max_text = max_text
+    rx = converter.convert(schema, "#")
     if rx is None:
         raise GrammarError(
             "json_schema: no value can satisfy this schema within the supported limits "
@@ -631,6 +636,22 @@ def _free_value(depth: int) -> Rx | None:
     return rx_alt(*scalars, _map_object(inner, 0, None), _array_of([], inner, 0, None))
 
 
+@lru_cache(maxsize=4096)
+def _json_char_except(taken: str) -> tuple[Rx | None, bool]:
+    """A JSON character that is none of ``taken``, and whether that is only its ASCII part
+    (the caller adds its non-ASCII piece). Memoized: the nodes of a name trie exclude the
+    same few letters again and again."""
+    cs = CharSet.of(taken)
+    if cs & _HIGH:
+        return json_char(CharSet.full() - cs), False
+    return json_char(CharSet([(0, 0x7F)]) - cs), True
+
+
+@lru_cache(maxsize=4096)
+def _json_char_of(ch: str) -> Rx | None:
+    return json_char(CharSet.of(ch))
+
+
 def _string_not_in(values: list[str], anything: Rx = _CHARS, high: Rx = _HIGH_CHAR) -> Rx | None:
     """The body of a JSON string whose decoded value is none of ``values`` (a trie,
     complemented; ``anything``, the rest once off the trie, and ``high``, a non-ASCII
@@ -644,15 +665,13 @@ def _string_not_in(values: list[str], anything: Rx = _CHARS, high: Rx = _HIGH_CH
         node[""] = {}  # end marker
 
     def body(node: dict) -> Rx | None:
-        children = [c for c in node if c]
-        taken = CharSet.of("".join(children))
-        if taken & _HIGH:
-            others = json_char(CharSet.full() - taken)
-        else:
-            others = rx_alt(json_char(CharSet([(0, 0x7F)]) - taken), high)
+        children = "".join(sorted(c for c in node if c))
+        others, ascii_only = _json_char_except(children)
+        if ascii_only:
+            others = rx_alt(others, high)
         # Leaving the trie by a raw character only: a \\u escape could spell a child's character.
         parts = [rx_lit("") if "" not in node else None, rx_cat(others, anything)]
-        parts += [rx_cat(json_char(CharSet.of(c)), body(node[c])) for c in children]
+        parts += [rx_cat(_json_char_of(c), body(node[c])) for c in children]
         return rx_alt(*parts)
 
     return body(trie)
@@ -722,6 +741,7 @@ class _Converter:
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
         self.not_in: dict[tuple[str, ...], Rx | None] = {}  # string_not_in, memoized
+        self.max_text: int | None = None  # regex mode: see json_schema_to_rx
         self.part_of: dict[str, str] = {}  # grammar mode: a shared piece's regex text -> its rule
         self.negation = Negation(lambda ref: self.resolve(ref, "#")[0], validation_keywords)
         self.forbidden: dict[str, list[frozenset]] = {}  # not: {required: [...]}, for the object at a path
@@ -796,7 +816,13 @@ class _Converter:
             self.chars += len(rx.text)
             if self.chars > MAX_TRANSLATION_CHARS:
                 raise self.too_large(f"more than {MAX_TRANSLATION_CHARS} characters of regex")
+            self.check_text(len(rx.text))
         return rx
+
+    def check_text(self, size: int) -> None:
+        """The ``max_text`` bound of json_schema_to_rx (regex mode only)."""
+        if self.max_text is not None and size > self.max_text:
+            raise ConstraintTooLarge(f"json_schema: a piece of its regex is over {self.max_text} characters", PARAM)
 
     def convert_listed(self, schema: dict, where: str) -> Any:
         """A schema whose conjuncts (own keywords, allOf parts, $ref targets) include an
@@ -1550,6 +1576,7 @@ class _Converter:
         if any(f <= req for f in forbid):
             return None
         share = self.share if self.grammar else None
+        self.check_text(sum(len(m[1].text) for m in members) + (len(tail.text) if tail is not None else 0))
         return rx_cat(rx_lit("{"), _members(members, lo, hi, deps, share, forbid, tail), rx_lit("}"))
 
     def convert_map(self, patterns: dict, extra: Any, key_schema: Any, deps: dict, lo: int, hi: int | None,
