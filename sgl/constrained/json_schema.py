@@ -101,6 +101,7 @@ WS = " ?"  # the only whitespace: after ':' and ','
 FREE_DEPTH = 2  # container nesting allowed in free-form values
 _ONEOF_PROOF_LIMIT = 400  # positions; interegular is pure Python
 _SHARE_TEXT = 16384  # grammar mode: a repeated piece with more regex text than this becomes a rule
+_VALUE_RULE_SIZE = 32  # grammar mode: a member's value over this many positions is a rule (see rule_of_text)
 
 _WS = rx_rep(rx_lit(" "), 0, 1)  # WS
 _SEP = rx_cat(rx_lit(","), _WS)
@@ -736,7 +737,7 @@ class _Converter:
         self.grammar = grammar
         self.rule_of: dict[str, str] = {}  # $ref -> rule name
         self.rules: dict[str, Rx | None] = {}
-        self.string_rules: dict[str, str] = {}  # grammar mode: a constrained string's regex text -> its rule
+        self.text_rules: dict[str, str] = {}  # grammar mode: a constrained string's (a value's) regex text -> its rule
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
@@ -1386,11 +1387,18 @@ class _Converter:
         use (its text kept, for oneOf proofs). The same ``maxLength: 256`` string in thirty
         properties is then one automaton, and a parse state inside it is the same kernel in
         all of them: its mask walks are made once per grammar, not once per property."""
+        return self.rule_of_text(rx, "string")
+
+    def rule_of_text(self, rx: Rx | None, kind: str) -> Rx | None:
+        """Grammar mode: ``rx`` as a call of one rule per distinct regex text (the text kept,
+        for oneOf proofs). A member's value is written once per place the member can come
+        (with and without a comma, after each subset of optional members): as a rule, its
+        automaton is in the grammar once, not once per place."""
         if not self.grammar or rx is None:
             return rx
-        name = self.string_rules.get(rx.text)
+        name = self.text_rules.get(rx.text)
         if name is None:
-            name = self.string_rules[rx.text] = f"string{len(self.string_rules)}"
+            name = self.text_rules[rx.text] = f"{kind}{len(self.text_rules)}"
             self.rules[name] = rx
         return Rx(rx.text, atom=rx.atom, alt=rx.alt, size=rx.size, node=rx_ref(name).node)
 
@@ -1564,6 +1572,7 @@ class _Converter:
                 if name in req:
                     return None
                 continue
+            value = self.rule_of_text(value, "value") if value.size > _VALUE_RULE_SIZE else value
             members.append((name, rx_cat(rx_lit(json.dumps(name, ensure_ascii=False)), _COLON, value), name in req))
         if hi is not None and hi < len(req):
             return None
