@@ -176,7 +176,8 @@ _ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", 
 _STRING_KW = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 _COMBINATORS = {"anyOf", "oneOf", "allOf", "$ref", "not"}
-_SUPPORTED = _OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | CONDITIONAL_KEYWORDS | {"type", "enum", "const"}
+_SUPPORTED = (_OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | CONDITIONAL_KEYWORDS
+              | {"type", "enum", "const"})
 _VALIDATION = _SUPPORTED | set(_UNSUPPORTED)  # every validation keyword of drafts 4 to 2020-12
 # The formats the drafts define; any other `format` value is an annotation (no effect).
 _SPEC_FORMATS = frozenset(
@@ -190,8 +191,9 @@ MAX_TRANSLATION_CHARS = 4_000_000  # regex text built while translating one sche
 MAX_CONVERT_CALLS = 200_000  # ... and subschemas expanded
 MAX_EXCLUDED_NUMBERS = 16  # `not` over numbers: one range per gap between them
 MAX_CONDITION_CASES = 64  # cases of the if/then/else (and dependentSchemas) of one schema, multiplied out
-# Keywords that read each other inside one schema object: allOf may not split them.
 _MEMBER_KW = {"properties", "additionalProperties"}  # merged across allOf parts (see merge_members)
+# Keywords that read each other inside one schema object: allOf may not split them (but
+# _MEMBER_KW, which merge_members merges exactly).
 _COUPLED = (
     {"properties", "additionalProperties", "unevaluatedProperties", "patternProperties"},
     {"items", "prefixItems", "additionalItems"},
@@ -232,7 +234,8 @@ def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 
     return json_schema_to_rx(spec, max_recursion_depth=max_recursion_depth).text
 
 
-def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3, max_text: int | None = None) -> Rx:
+def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3,
+                      max_text: int | None = None) -> Rx:
     """Like :func:`json_schema_to_regex`, keeping the size information. ``max_text``: stop
     with ConstraintTooLarge as soon as a piece of the regex is longer (the caller then takes
     the grammar route, and the rest of a regex too long for it is not built)."""
@@ -737,7 +740,7 @@ class _Converter:
         self.grammar = grammar
         self.rule_of: dict[str, str] = {}  # $ref -> rule name
         self.rules: dict[str, Rx | None] = {}
-        self.text_rules: dict[str, str] = {}  # grammar mode: a constrained string's (a value's) regex text -> its rule
+        self.text_rules: dict[str, str] = {}  # grammar mode: a constrained string's or value's regex text -> rule
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
@@ -903,7 +906,7 @@ class _Converter:
         return self.convert_cases(rest, self.negated(neg, f"{where}/not"), where)
 
     def negated(self, schema: Any, where: str) -> list:
-        """The instances ``schema`` rejects, as a union of schemas (see schema_negation)."""
+        """The instances ``schema`` rejects, as a union of schemas (see schema_conditions)."""
         try:
             return self.negation.fails(schema)
         except NotNegatable as exc:
@@ -1120,7 +1123,7 @@ class _Converter:
             for k, v in part.items():
                 if k in _UNSUPPORTED:
                     raise self.fail(where, f"keyword '{k}' is not supported: {_UNSUPPORTED[k]}")
-                if k in ("properties", "additionalProperties"):
+                if k in _MEMBER_KW:
                     members.setdefault(i, {})[k] = v
                     origin.setdefault(k, set()).add(i)
                     continue
@@ -1683,10 +1686,10 @@ def _all_of(schemas: list) -> Any:
 
 
 def _union_and(branches: list, comb: str, other: Any) -> list:
-    """``comb: branches`` and ``anyOf: other`` as branches of ``comb``:
-    (A1 or A2) and B = (A1 and B) or (A2 and B), and exactly one Ai and B holds iff exactly
-    one Ai holds, where B does."""
-    return [{"allOf": [a, {"anyOf" if comb == "anyOf" else comb: other}]} for a in branches]
+    """``{comb: branches}`` and ``{comb: other}`` as branches of ``comb`` (anyOf or oneOf):
+    (A1 or A2) and B = (A1 and B) or (A2 and B); and exactly one of (Ai and B) holds iff
+    exactly one Ai holds, where B does."""
+    return [{"allOf": [a, {comb: other}]} for a in branches]
 
 
 def _negations_merge(a: Any, b: Any) -> dict | None:

@@ -216,10 +216,11 @@ def split_conditions(schema: dict) -> tuple[Schema, list[Condition]]:
 
 
 def condition_options(conditions: list[Condition], negation: Negation, keywords: Callable[[dict], dict]) -> list[list]:
-    """The conditions as groups of cases: every instance is in exactly the cases it
-    satisfies, one case per group is taken, and the conjunction of the chosen cases is
-    what the conditions require of it. Conditions on one discriminator property form one
-    group (split by its value); each other condition is a group of its own."""
+    """The conditions as groups of cases (each case: a test and the then/else it brings): an
+    instance satisfies the conditions iff in every group it satisfies some case, so they
+    are the union of the conjunctions of one case per group. Conditions on one discriminator
+    property form one group (split by its value); each other condition is a group of its
+    own (its `if` and then, or one failure of its `if` and else)."""
     by_property: dict[str, list[tuple[Discriminator, Any, Any]]] = {}
     groups: list[list] = []
     for cond, then, other in conditions:
