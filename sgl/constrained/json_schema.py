@@ -53,8 +53,9 @@ decimal arithmetic (powers of ten like 0.01 on numbers: at most that many decima
 integer steps that divide 1000, or any step over a range with few multiples), ``anyOf``,
 ``oneOf`` (when its branches are provably disjoint), ``allOf`` (parts constraining different
 keywords; ``properties``/``additionalProperties`` (see ``merge_members``), ``required``,
-``type``, ``not`` and unions of several parts merge), ``$ref`` to ``#...`` with
-``$defs``/``definitions``; ``not``, ``if``/``then``/``else``, ``dependentSchemas`` and
+``type``, ``not`` and unions of several parts merge), ``$ref`` by JSON pointer, ``$anchor``
+or a subschema's ``$id`` (:mod:`~sgl.constrained.schema_refs`; remote documents are not
+fetched); ``not``, ``if``/``then``/``else``, ``dependentSchemas`` and
 schema-form ``dependencies`` as unions of cases (:mod:`~sgl.constrained.schema_conditions`:
 "not S" pushed down the keywords of S, over ``type``, ``const``, ``enum``, ``required``,
 ``properties``, bounds, combinators and ``$ref``). An ``enum``/``const`` (own, or from an
@@ -92,6 +93,7 @@ from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_ref, r
 from sgl.constrained.schema_conditions import (
     CONDITIONAL_KEYWORDS, Negation, NotNegatable, condition_options, conditional, conjoin, split_conditions,
 )
+from sgl.constrained.schema_refs import RefIndex, UnresolvedRef
 from sgl.constrained.schema_values import ValueFilter
 
 __all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rules", "json_schema_to_rx", "load_schema"]
@@ -747,6 +749,8 @@ class _Converter:
         self.not_in: dict[tuple[str, ...], Rx | None] = {}  # string_not_in, memoized
         self.max_text: int | None = None  # regex mode: see json_schema_to_rx
         self.part_of: dict[str, str] = {}  # grammar mode: a shared piece's regex text -> its rule
+        self.refs = RefIndex(root)
+        self.base = self.refs.root_base  # the base URI of the schema being translated
         self.negation = Negation(lambda ref: self.resolve(ref, "#")[0], validation_keywords)
         self.forbidden: dict[str, list[frozenset]] = {}  # not: {required: [...]}, for the object at a path
 
@@ -756,23 +760,12 @@ class _Converter:
         return GrammarError(f"json_schema at {where}: {message}", PARAM)
 
     def resolve(self, ref: Any, where: str) -> tuple[Any, str]:
-        if not isinstance(ref, str) or not ref.startswith("#"):
-            raise self.fail(where, f"$ref {ref!r} is not supported: only local references ('#/...') are")
-        from urllib.parse import unquote
-
-        node: Any = self.root
-        pointer = unquote(ref[1:])
-        if pointer and not pointer.startswith("/"):
-            raise self.fail(where, f"$ref {ref!r}: anchors are not supported; use a JSON pointer like '#/$defs/Name'")
-        for token in pointer.split("/")[1:] if pointer else []:
-            token = token.replace("~1", "/").replace("~0", "~")
-            if isinstance(node, dict) and token in node:
-                node = node[token]
-            elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-                node = node[int(token)]
-            else:
-                raise self.fail(where, f"$ref {ref!r} does not resolve")
-        return node, ref
+        """The target of ``ref`` (read against the base URI of the schema being translated)
+        and its canonical key (see schema_refs)."""
+        try:
+            return self.refs.resolve(ref, self.base)
+        except UnresolvedRef as exc:
+            raise self.fail(where, str(exc)) from None
 
     def number(self, node: dict, key: str, where: str) -> float | int | None:
         v = node.get(key)
@@ -795,6 +788,16 @@ class _Converter:
     # -- the walk --------------------------------------------------------------------
 
     def convert(self, schema: Any, where: str) -> Rx | None:
+        base = self.refs.base_of.get(id(schema)) if isinstance(schema, dict) else None
+        if base is None or base == self.base:
+            return self.convert_in_scope(schema, where)
+        saved, self.base = self.base, base  # a subschema with its own $id: its $refs read against it
+        try:
+            return self.convert_in_scope(schema, where)
+        finally:
+            self.base = saved
+
+    def convert_in_scope(self, schema: Any, where: str) -> Rx | None:
         if isinstance(schema, dict):
             schema = validation_keywords(schema)
             if not schema:

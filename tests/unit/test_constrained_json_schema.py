@@ -372,8 +372,10 @@ def test_refs_defs_and_recursion() -> None:
         json_schema_to_regex({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}}, "$ref": "#/$defs/n"})
     with pytest.raises(GrammarError, match="does not resolve"):
         json_schema_to_regex({"$ref": "#/$defs/missing"})
-    with pytest.raises(GrammarError, match="only local"):
+    with pytest.raises(GrammarError, match="names another document"):
         json_schema_to_regex({"$ref": "http://example.com/schema.json"})
+    with pytest.raises(GrammarError, match="no \\$anchor"):
+        json_schema_to_regex({"$ref": "#nothere"})
 
 
 def test_combinators() -> None:
@@ -615,6 +617,18 @@ KEYWORD_CASES = [  # (schema, must accept, must reject)
      [{"b": 1}, {"a": 1, "b": 2}, {}], [{"a": 0, "b": 1}, {"a": 0}]),
     # `not` next to a union: the union's branches are not dropped (they were, before not)
     ({"type": ["string", "null"], "not": {"const": None}, "anyOf": [{"maxLength": 2}]}, ["ab", ""], ["abc", None]),
+    # $ref by $anchor, by a draft 7 "$id": "#name", by a subschema's $id (relative to the root's),
+    # and a pointer read in the resource of the nested $id it is under
+    ({"$defs": {"a": {"$anchor": "pos", "type": "integer", "minimum": 0}}, "type": "object",
+      "properties": {"n": {"$ref": "#pos"}}, "required": ["n"], "additionalProperties": False}, [{"n": 1}], [{"n": -1}]),
+    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"$id": "#pos", "type": "integer",
+      "minimum": 0}}, "type": "object", "properties": {"n": {"$ref": "#pos"}}, "required": ["n"],
+      "additionalProperties": False}, [{"n": 1}], [{"n": -1}]),
+    ({"$id": "https://example.com/root.json", "$defs": {"item": {"$id": "item.json", "type": "string", "maxLength": 3}},
+      "type": "array", "items": {"$ref": "item.json"}}, [["ab"], []], [["abcd"], [1]]),
+    ({"$id": "https://example.com/s/root.json", "$ref": "https://example.com/t/item.json",
+      "$defs": {"item": {"$id": "https://example.com/t/item.json", "$defs": {"n": {"type": "integer"}}, "type": "array",
+                         "items": {"$ref": "#/$defs/n"}}}}, [[1, 2]], [["x"]]),
     # dependentSchemas and schema-form dependencies (draft 7)
     ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}},
      [{"a": 1, "b": 2}, {"b": 1}, {}], [{"a": 1}]),
