@@ -41,7 +41,7 @@ class RefIndex:
             return
         ident = node.get("$id")
         if isinstance(ident, str):
-            uri, fragment = urldefrag(urljoin(base, ident))
+            uri, fragment = _join(base, ident)
             if fragment:  # draft 6/7 "$id": "#name": an anchor in the current document
                 self.by_uri[f"{uri}#{fragment}"] = node
             else:
@@ -60,7 +60,7 @@ class RefIndex:
         if not isinstance(ref, str):
             raise UnresolvedRef(f"$ref must be a string, got {type(ref).__name__}")
         base = self.root_base if base is None else base
-        uri, fragment = urldefrag(urljoin(base, ref))
+        uri, fragment = _join(base, ref)
         fragment = unquote(fragment)
         if fragment and not fragment.startswith("/"):
             target = self.by_uri.get(f"{uri}#{fragment}")
@@ -80,6 +80,15 @@ class RefIndex:
             # '#/...' under a nested $id that is really an annotation (generated schemas put
             # "$id": "/properties/x" on every part): the pointer from the document root
             return _pointer(self.root, fragment, ref), f"{self.root_base}#{fragment}"
+
+
+def _join(base: str, ref: str) -> tuple[str, str]:
+    """``ref`` against ``base``, as (absolute URI, fragment). A fragment alone stays in
+    ``base`` whatever its scheme (urljoin leaves "#..." as it is under a base like "urn:x")."""
+    if ref.startswith("#"):
+        return base, ref[1:]
+    uri, fragment = urldefrag(urljoin(base, ref))
+    return uri, fragment
 
 
 def _pointer(node: Any, pointer: str, ref: str) -> Any:

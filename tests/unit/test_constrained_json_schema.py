@@ -629,6 +629,8 @@ KEYWORD_CASES = [  # (schema, must accept, must reject)
     ({"$id": "https://example.com/s/root.json", "$ref": "https://example.com/t/item.json",
       "$defs": {"item": {"$id": "https://example.com/t/item.json", "$defs": {"n": {"type": "integer"}}, "type": "array",
                          "items": {"$ref": "#/$defs/n"}}}}, [[1, 2]], [["x"]]),
+    ({"$id": "urn:example:root", "$defs": {"a": {"type": "integer"}}, "type": "object",
+      "properties": {"n": {"$ref": "#/$defs/a"}}}, [{"n": 1}], [{"n": "x"}]),  # a fragment under a URN base
     # dependentSchemas and schema-form dependencies (draft 7)
     ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}},
      [{"a": 1, "b": 2}, {"b": 1}, {}], [{"a": 1}]),
