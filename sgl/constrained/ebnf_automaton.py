@@ -23,15 +23,22 @@ caller's stack and are memoized per state, so they are shared by every request.
 from __future__ import annotations
 
 import functools
+import math
 
 from sgl.constrained.ebnf_parse import Alt, CharSet, Expr, Lit, Ref, Repeat, RuleDef, Seq
 from sgl.constrained.errors import GrammarError
 
 MAX_STATES = 1_000_000  # after expanding bounded repetitions
 # A repetition counted past BLOCKED_REPEAT is built from blocks of REPEAT_BLOCK copies in a
-# helper rule, called where needed (x{0,65535}: ~2k call states, not 65535 inline copies).
-REPEAT_BLOCK = 32
-BLOCKED_REPEAT = 64
+# helper rule, called where needed (x{0,65535}: ~1k call states, not 65535 inline copies).
+# Within a block all but the last SHARE_HORIZON + 1 copies share their mask walks, so the
+# bigger the block the fewer walks, but the more states (and compile time) per bound.
+REPEAT_BLOCK = 64
+BLOCKED_REPEAT = 128
+# Tokens of up to this many bytes cannot tell apart copies of a counted repetition that
+# have as many copies left (or more than this): their mask walks are shared (see
+# Network.share). Longer tokens (~0.3% of a vocabulary) are walked from the real state.
+SHARE_HORIZON = 16
 
 # ---------------------------------------------------------------------------
 # UTF-8: code point ranges -> byte range sequences
@@ -102,6 +109,9 @@ class Network:
         self.rule_start: list[int] = []
         self.rule_final: list[int] = []
         self.root = -1
+        # per state: the state whose kernel walk stands for its own (see _share_copies)
+        self.share: list[int] = []
+        self.share_horizon = SHARE_HORIZON
         # filled by finish()
         self.pure_return: list[bool] = []
         self.byte_bits: list[int] = []  # per state: bit b set iff some byte edge reads b
@@ -195,6 +205,9 @@ class _Builder:
             net.rule_final.append(net.new_state(i))
         net.root = self.index["root"]
         self.helpers: dict[tuple[Expr, int], str] = {}
+        # counted repetitions' copies: (first state of each copy, states per copy, each
+        # copy's (mandatory, most) copies after it); inner repetitions come first
+        self.copy_runs: list[tuple[list[int], int, list[tuple[int, float]]]] = []
 
     def build(self) -> Network:
         net = self.net
@@ -203,7 +216,31 @@ class _Builder:
             entry, exit_ = self.fragment(rule.expr)
             net.eps[net.rule_start[i]].append(entry)
             net.eps[exit_].append(net.rule_final[i])
+        net.share = _share_copies(net.n_states, self.copy_runs, net.share_horizon)
         return net
+
+    def copies(self, item: Expr, n: int, cur: int, exit_: int | None = None) -> tuple[int, list[int]]:
+        """``n`` copies of ``item`` in a chain after ``cur`` (each may first leave to
+        ``exit_``); returns the last state and each copy's first state."""
+        net, starts = self.net, []
+        for _ in range(n):
+            if exit_ is not None:
+                net.eps[cur].append(exit_)
+            starts.append(net.n_states)
+            e, x = self.fragment(item)
+            net.eps[cur].append(e)
+            cur = x
+        return cur, starts
+
+    def note_copies(self, item: Expr, starts: list[int], counts: list[tuple[int, float]], end: int) -> None:
+        """Record a repetition's copies for _share_copies: only where each copy reads at
+        least a byte and calls nothing (so a token of h bytes reads at most h copies),
+        and all copies have the same states (a helper rule made in the first would not)."""
+        if len(starts) <= 1 or not _solid(item):
+            return
+        size = (end - starts[0]) // len(starts)
+        if all(b - a == size for a, b in zip(starts, starts[1:] + [end])):
+            self.copy_runs.append((starts, size, counts))
 
     def fragment(self, expr: Expr) -> tuple[int, int]:
         """Build `expr` as a fresh sub-automaton of the current rule; returns (entry, exit)."""
@@ -258,10 +295,9 @@ class _Builder:
             entry = cur = net.new_state(rule)
             if expr.max is None:
                 # {m,}: m-1 copies, then one copy that may repeat (x+), or a plain loop (x*)
-                for _ in range(expr.min - 1):
-                    e, x = self.fragment(expr.item)
-                    net.eps[cur].append(e)
-                    cur = x
+                cur, starts = self.copies(expr.item, expr.min - 1, cur)
+                self.note_copies(expr.item, starts, [(expr.min - 1 - i, math.inf) for i in range(len(starts))],
+                                 net.n_states)
                 loop = net.new_state(rule)
                 e, x = self.fragment(expr.item)
                 net.eps[loop].append(e)
@@ -274,17 +310,15 @@ class _Builder:
                 net.eps[x].append(done)
                 net.eps[done].append(loop)
                 return entry, done
-            for _ in range(expr.min):
-                e, x = self.fragment(expr.item)
-                net.eps[cur].append(e)
-                cur = x
+            cur, firsts = self.copies(expr.item, expr.min, cur)
+            end = net.n_states
             exit_ = net.new_state(rule)
-            for _ in range(expr.max - expr.min):
-                net.eps[cur].append(exit_)
-                e, x = self.fragment(expr.item)
-                net.eps[cur].append(e)
-                cur = x
+            cur, rest = self.copies(expr.item, expr.max - expr.min, cur, exit_)
             net.eps[cur].append(exit_)
+            # the mandatory copies, then the optional ones (exit_ lies between the two runs)
+            self.note_copies(expr.item, firsts, [(expr.min - 1 - i, expr.max - 1 - i) for i in range(len(firsts))], end)
+            self.note_copies(expr.item, rest, [(0, expr.max - expr.min - 1 - i) for i in range(len(rest))],
+                             net.n_states)
             return entry, exit_
         raise AssertionError(expr)
 
@@ -325,6 +359,56 @@ class _Builder:
         net.eps[exit_].append(net.rule_final[index])
         self.rule = saved
         return name
+
+
+def _solid(expr: Expr) -> bool:
+    """Whether every match of ``expr`` reads a byte and it calls no rule (nor makes a helper)."""
+    if isinstance(expr, Lit):
+        return bool(expr.text)
+    if isinstance(expr, CharSet):
+        return True
+    if isinstance(expr, Seq):
+        return all(map(_no_calls, expr.items)) and any(map(_solid, expr.items))
+    if isinstance(expr, Alt):
+        return all(map(_solid, expr.options))
+    if isinstance(expr, Repeat):
+        return expr.min > 0 and _solid(expr.item) and _no_calls(expr)
+    return False
+
+
+def _no_calls(expr: Expr) -> bool:
+    if isinstance(expr, (Lit, CharSet)):
+        return True
+    if isinstance(expr, Seq):
+        return all(map(_no_calls, expr.items))
+    if isinstance(expr, Alt):
+        return all(map(_no_calls, expr.options))
+    if isinstance(expr, Repeat):
+        return max(expr.min, expr.max or 0) <= BLOCKED_REPEAT and _no_calls(expr.item)
+    return False
+
+
+def _share_copies(n_states: int, runs: list, horizon: int) -> list[int]:
+    """Per state, the state whose kernel walk (its mask walk up to the end of its rule, see
+    ebnf_native) is its own for every token of up to ``horizon`` bytes.
+
+    The copies of ``x{lo,hi}`` are the same states, each followed by the copies left: from
+    the j-th state of copy i the rule reads the rest of x, then x at least ``a`` and at
+    most ``b`` more times, then what follows the repetition. A token of h <= horizon bytes
+    reads at most h copies (each reads a byte), so it cannot tell ``a`` or ``b`` from any
+    count past the horizon: copies whose (a, b) agree once clamped there are one kernel
+    walk. Inside a ``maxLength: 100`` string that is one walk for the first 83 characters,
+    not one per character. Inner repetitions come first in ``runs``; an outer copy maps to
+    the state its representative's inner copies map to."""
+    share = list(range(n_states))
+    cap = horizon + 1
+    for starts, size, counts in runs:
+        first: dict[tuple[float, float], int] = {}
+        for start, (a, b) in zip(starts, counts):
+            rep = first.setdefault((min(a, cap), min(b, cap)), start)
+            if rep != start:
+                share[start:start + size] = share[rep:rep + size]
+    return share
 
 
 # ---------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def native_network(net: Network, byte_class: np.ndarray, class_rep: list[int]) -
         np.asarray(net.rule_of, dtype=np.int32), np.asarray(net.rule_start, dtype=np.int32),
         np.asarray(net.rule_final, dtype=np.int32), np.asarray(net.pure_return, dtype=np.uint8),
         np.ascontiguousarray(bits), np.asarray(byte_class, dtype=np.int32), np.asarray(class_rep, dtype=np.int32),
-        int(net.root))
+        int(net.root), np.asarray(net.share, dtype=np.int32), int(net.share_horizon))
     net._native_net = made  # type: ignore[attr-defined]
     return made
 
@@ -134,6 +134,11 @@ class NativeTables(rt.TablesBase):
 
     def _compute_mask(self, did: int, trie: rt.VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
         return self.native_mask(did, trie, node_class, kernel_route)
+
+    def warm(self, kernels: np.ndarray, trie: rt.VocabTrie, node_class: np.ndarray, budget_s: float) -> int:
+        if not rt.KERNEL_ROUTE:
+            return 0
+        return self.core.warm(self._view(trie, node_class), kernels, int(budget_s * 1e6))
 
     def native_mask(self, did: int, trie: rt.VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
         """The mask of ``did`` (not cached).

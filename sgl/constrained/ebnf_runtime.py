@@ -194,6 +194,12 @@ class TablesBase(ABC):
             return hit
         return self._cache_mask(did, self._compute_mask(did, trie, node_class, kernel_route))
 
+    def warm(self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float) -> int:
+        """Make the kernel walks of ``kernels`` now, in order, for up to ``budget_s``; returns
+        how many. Only the native tables walk kernels (``native_mask``): this walks each
+        state whole, so there is nothing to make ahead here."""
+        return 0
+
     # -- what each recognizer provides (what the shared logic below reads) ------------
 
     @abstractmethod

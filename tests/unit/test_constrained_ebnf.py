@@ -683,11 +683,14 @@ def test_native_and_python_tables_give_the_same_masks(grammar, seed, dense_switc
 
 
 @pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
-def test_kernel_route_reuses_kernel_walks_under_other_stacks():
+def test_kernel_route_reuses_kernel_walks_under_other_stacks(monkeypatch):
     """The full JSON grammar along a deeply nested document: at every token the kernel
     route's mask equals the Python tables', and the same string and object kernels, met
     again under deeper stacks, come from the cache with only their returns walked."""
+    from sgl.constrained import ebnf
+
     assert ebnf_runtime.native_walk() is not None
+    monkeypatch.setattr(ebnf, "WARM_BUDGET_S", 0.0)  # every walk made by the document's masks
     doc = {"a": [{"b": "xy", "c": [1, 2.5, {"d": "é\"q"}]}, {"b": "z", "c": []}], "e": {"f": {"g": ["h", "i"]}}}
     text = json.dumps(doc)
     pieces = sorted({text[i:i + n] for n in (1, 2, 3) for i in range(len(text) - n + 1)})
@@ -743,6 +746,87 @@ def test_whole_subtrees_inside_bounded_strings_match_python(bound):
         assert_same_as_python(g, m._tables, m._hist[-1])
         assert m.accept_text(bytes([byte]))
     assert m.is_accepting()
+
+
+COUNTED_BODIES = {  # a counted repetition -> members that run it to each end and the middle
+    "[ab]{0,300}": ["", "ab" * 150, "a" * 151],
+    "[ab]{150,200}": ["a" * 150, "ab" * 100, "b" * 175],
+    '("é" | [ab]){3,90}': ["éab", "é" * 45 + "ab" * 22 + "a", "aé" * 20],
+    '("ab" [ab]{0,3}){2,100}': ["abab", "abbbb" * 100, "ab" * 50 + "abaa" * 25],
+}
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.parametrize("body", list(COUNTED_BODIES))
+def test_shared_kernel_walks_of_counted_copies_match_python(body, monkeypatch):
+    """The copies of a counted repetition that no token of up to ``share_horizon`` bytes can
+    tell apart share one kernel walk; tokens over it (here up to 41 bytes, some of "é") are
+    walked from the real state. At every parse state of members that fill the count, stop
+    short of it or sit between, the masks equal the Python tables' (which share nothing),
+    and less than half as many kernels are walked as with no sharing (horizon past every
+    count)."""
+    from sgl.constrained import ebnf, ebnf_automaton
+
+    assert ebnf_runtime.native_walk() is not None
+    monkeypatch.setattr(ebnf, "WARM_BUDGET_S", 0.0)  # every walk made by the document's masks
+    vocab = alphabet_vocab("ab", max_len=7, n_long=40, long_len=(8, 30), junk=False,
+                           extra=['"', 'a"', '"a', '",', ",", '","', 'ab"', "é", "aé", "éa", "é" * 9, "a" * 40 + '"'])
+    gbnf = f'root ::= item ("," item)*\nitem ::= "\\"" {body} "\\""'
+    text = ",".join(f'"{member}"' for member in COUNTED_BODIES[body])
+    walks = {}
+    for horizon in (ebnf_automaton.SHARE_HORIZON, 10**6):
+        monkeypatch.setattr(ebnf_automaton, "SHARE_HORIZON", horizon)
+        g = compile_ebnf(gbnf, vocab)
+        m = g.matcher()
+        tables = m._tables
+        for byte in text.encode():
+            if horizon < 10**6:
+                assert_same_as_python(g, tables, m._hist[-1])
+            else:
+                m.allowed_token_ids()
+            assert m.accept_text(bytes([byte]))
+        assert m.is_accepting()
+        walks[horizon] = tables.core.kernel_walks_done()
+    assert 2 * walks[16] < walks[10**6], walks
+
+
+def test_copies_share_a_walk_only_where_no_short_token_tells_them_apart():
+    """``x{0,100}``: the copies with 17 or more after them (0..82) are one kernel walk, each
+    of the last 17 its own; ``x{20,30}``: the first three mandatory copies (17 or more still
+    to come after each) are one, the other 17 mandatory and the 10 optional copies each
+    their own. States outside the copies stand for themselves."""
+    from sgl.constrained.ebnf_automaton import SHARE_HORIZON, build_network
+    from sgl.constrained.ebnf_parse import parse_grammar
+
+    assert SHARE_HORIZON == 16
+    for body, walks in (("[ab]{0,100}", 1 + 17), ("[ab]{20,30}", 1 + 17 + 10)):
+        net = build_network(parse_grammar(f'root ::= "x" {body} "y"'))
+        reading = [s for s in range(net.n_states) if net.byte_edges[s]]
+        assert all(net.share[net.share[s]] == net.share[s] for s in range(net.n_states))
+        assert len({net.share[s] for s in reading}) == walks + 2, body  # + the "x" and "y" states
+        lits = [s for s in reading if net.byte_edges[s][0][0] in b"xy"]
+        assert all(net.share[s] == s for s in lits)
+
+
+@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+def test_compile_walks_the_kernels_ahead(monkeypatch):
+    """With the budget to do it all, the compile makes the kernel walk of every kernel in
+    ``warm_order``, and a document's masks then make none: every kernel a mask meets is there."""
+    from sgl.constrained import ebnf
+
+    assert ebnf_runtime.native_walk() is not None
+    monkeypatch.setattr(ebnf, "WARM_BUDGET_S", 600.0)
+    text = json.dumps({"ab": ["c", {"d": 1.5e3}], "e": "f", "g": [True, None]})
+    vocab = make_vocab(sorted(set(text)) + ['"}', '",', '": ', "true", "null"])
+    g = compile_ebnf(JSON_GRAMMAR, vocab)
+    core = g._tables.core
+    assert core.kernel_walks_done() == len(ebnf.warm_order(g._net)) > 10
+    m = g.matcher()
+    token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
+    for ch in text:
+        assert token_of[ch] in m.allowed_token_ids()
+        assert m.accept(token_of[ch])
+    assert core.kernel_walks_done() == len(ebnf.warm_order(g._net))
 
 
 def test_kernel_walk_cache_is_bounded(monkeypatch):

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <list>
@@ -70,6 +71,10 @@ struct Net {
   std::vector<uint8_t> pure;
   std::vector<Bits256> byte_bits, class_bits;  // per state: bytes / byte classes it reads
   std::vector<int32_t> byte_class, class_rep;
+  // per state: the state whose kernel walk is its own for tokens of up to share_horizon
+  // bytes (copies of a counted repetition; ebnf_automaton._share_copies)
+  std::vector<int32_t> share;
+  int32_t share_horizon = 0;
   std::vector<std::unique_ptr<Closure>> closures;
   std::unordered_map<int64_t, std::unique_ptr<Closure>> steps;
   std::vector<std::vector<uint16_t>> signatures;
@@ -77,14 +82,15 @@ struct Net {
   Net(const I32& es, const I32& lo, const I32& hi, const I32& tgt, const I32& eps_s, const I32& eps_t,
       const I32& cs, const I32& cr, const I32& cret, const I32& rule_of_, const I32& rule_start_,
       const I32& rule_final_, const py::array_t<uint8_t>& pure_, const py::array_t<uint64_t>& bits,
-      const I32& byte_class_, const I32& class_rep_, int32_t root_)
+      const I32& byte_class_, const I32& class_rep_, int32_t root_, const I32& share_, int32_t share_horizon_)
       : root(root_), edge_start(to_vector(es)), edge_lo(to_vector(lo)), edge_hi(to_vector(hi)),
         edge_tgt(to_vector(tgt)), eps_start(to_vector(eps_s)), eps(to_vector(eps_t)), call_start(to_vector(cs)),
         call_rule(to_vector(cr)), call_ret(to_vector(cret)), rule_of(to_vector(rule_of_)),
         rule_start(to_vector(rule_start_)), rule_final(to_vector(rule_final_)),
         pure(pure_.data(), pure_.data() + pure_.size()), byte_class(to_vector(byte_class_)),
-        class_rep(to_vector(class_rep_)) {
+        class_rep(to_vector(class_rep_)), share(to_vector(share_)), share_horizon(share_horizon_) {
     n = static_cast<int32_t>(rule_of.size());
+    if (static_cast<int32_t>(share.size()) != n) throw std::invalid_argument("share: one entry per state");
     n_classes = static_cast<int32_t>(class_rep.size());
     byte_bits.resize(n);
     class_bits.assign(n, Bits256{0, 0, 0, 0});
@@ -899,9 +905,13 @@ class Glr {
   // (the plain walk then decides, as accept() does).
   std::optional<I32> route_mask(const Trie& trie, int32_t did) {
     std::vector<std::pair<int32_t, int32_t>> by_kernel;  // (kernel, stack)
+    bool shared = false;  // some kernel walked as another (exact up to the share horizon)
     for (int64_t cfg : ds_[did]) {
       const int32_t k = static_cast<int32_t>(cfg % M_);
-      if (k != ACCEPT_) by_kernel.emplace_back(k, static_cast<int32_t>(cfg / M_));
+      if (k == ACCEPT_) continue;
+      const int32_t walked = net_->share[k];
+      shared |= walked != k;
+      by_kernel.emplace_back(walked, static_cast<int32_t>(cfg / M_));
     }
     std::sort(by_kernel.begin(), by_kernel.end());
     I32 out(trie.n_words);
@@ -939,7 +949,63 @@ class Glr {
       for (size_t i = 0; i < tails_.size(); ++i) walk_tail(trie, *tails_[i], tail_states_[i], words, max_size);
       if (bound + with_entries * max_size > max_configs_) return std::nullopt;
     }
+    if (shared) mark_long(trie, did, words);
     return out;
+  }
+
+  // Replaces the marks of the tokens over the share horizon with a walk of them from the
+  // real state `did` (a shared kernel walk is exact only below it). The walk passes only
+  // the nodes on the way to such tokens (~1000 of a 49k vocabulary) and no transition
+  // off that way, so it makes few new states.
+  void mark_long(const Trie& trie, int32_t did, uint32_t* words) {
+    const int32_t horizon = net_->share_horizon;
+    if (long_shape_ != trie.shape) {  // the tokens over it, per vocabulary
+      long_shape_ = trie.shape;
+      long_words_.assign(trie.n_words, 0);
+      for (int64_t p = 0; p < trie.n_nodes; ++p)
+        if (trie.depth[p] > horizon) trie.mark(long_words_.data(), p);
+    }
+    for (int64_t w = 0; w < trie.n_words; ++w) words[w] &= ~long_words_[w];
+    thread_local std::vector<int32_t> stack;
+    stack.resize(trie.max_depth + 1);
+    int32_t* at_depth = stack.data();
+    const int32_t* end = trie.end.data();
+    const uint8_t* depth = trie.depth.data();
+    const uint8_t* height = trie.height.data();
+    const uint8_t* cls = trie.cls.data();
+    at_depth[0] = did;
+    for (int64_t p = 1; p < trie.n_nodes;) {
+      const int32_t d = depth[p];
+      if (d + height[p] <= horizon) {  // no token over the horizon below
+        p = end[p];
+        continue;
+      }
+      const int32_t from = at_depth[d - 1];
+      int32_t nxt = table_[static_cast<int64_t>(from) * C_ + cls[p]];
+      if (nxt < 0) nxt = transition(from, cls[p]);
+      if (nxt == DEAD) {
+        p = end[p];
+        continue;
+      }
+      if (d > horizon) trie.mark(words, p);
+      at_depth[d] = nxt;
+      ++p;
+    }
+  }
+
+  // Makes the kernel walks of `kernels` now (at compile time: see EbnfGrammar); walks of
+  // the same kernel come from the cache later. Stops after `budget_us` microseconds;
+  // returns how many it made.
+  int64_t warm(const Trie& trie, const I32& kernels, int64_t budget_us) {
+    const auto start = std::chrono::steady_clock::now();
+    const int32_t* k = kernels.data();
+    int64_t made = 0;
+    for (py::ssize_t i = 0; i < kernels.size() && budget_us > 0; ++i) {
+      if (std::chrono::steady_clock::now() - start > std::chrono::microseconds(budget_us)) break;
+      kernel_walk(trie, net_->share[k[i]]);
+      ++made;
+    }
+    return made;
   }
 
   // Marks the tokens of `tail` that `s0` reads (`max_size`: the most configurations met).
@@ -1203,6 +1269,8 @@ class Glr {
   size_t root_walk_bytes_ = 0;
   std::vector<std::shared_ptr<const Tail>> tails_;  // route_mask's walks below returns ...
   std::vector<int32_t> tail_states_;  // ... from these real states
+  std::shared_ptr<const TrieShape> long_shape_;  // mark_long's tokens over the share horizon, of this vocabulary
+  std::vector<uint32_t> long_words_;
 };
 
 }  // namespace
@@ -1212,7 +1280,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Net, std::shared_ptr<Net>>(m, "Net")
       .def(py::init<const I32&, const I32&, const I32&, const I32&, const I32&, const I32&, const I32&, const I32&,
                     const I32&, const I32&, const I32&, const I32&, const py::array_t<uint8_t>&,
-                    const py::array_t<uint64_t>&, const I32&, const I32&, int32_t>());
+                    const py::array_t<uint64_t>&, const I32&, const I32&, int32_t, const I32&, int32_t>());
   py::class_<TrieShape, std::shared_ptr<TrieShape>>(m, "TrieShape")
       .def(py::init<const I64&, const I64&, const I64&, const I64&, int64_t>());
   py::class_<Trie>(m, "Trie").def(py::init<std::shared_ptr<const TrieShape>, const I32&>());
@@ -1234,6 +1302,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("mask_words", &Glr::mask_words)
       .def("node_states", &Glr::node_states)
       .def("route_mask", &Glr::route_mask)
+      .def("warm", &Glr::warm)
       .def("kernel_walks", &Glr::kernel_walks)
       .def("kernel_walks_done", &Glr::kernel_walks_done)
       .def("lifts", &Glr::lifts);
