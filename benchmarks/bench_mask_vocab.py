@@ -52,7 +52,8 @@ def build_vocab(base: Any, size: int, seed: int = 0) -> Any:
 
     tokens = list(base.token_bytes[: base.vocab_size])
     seen = {t for t in tokens if t}
-    corpus = "".join(p.read_text(errors="ignore") for p in sorted(Path(__file__).resolve().parent.parent.glob("**/*.py")))
+    root = Path(__file__).resolve().parent.parent  # this project's own code (not .venv: the same text everywhere)
+    corpus = "".join(p.read_text(errors="ignore") for d in ("sgl", "tests", "benchmarks") for p in sorted((root / d).glob("**/*.py")))
     counts = Counter(corpus[i : i + n] for n in (3, 4, 5, 6, 8) for i in range(0, len(corpus) - n, 3))
     rng = random.Random(seed)
     for text, _ in counts.most_common():
