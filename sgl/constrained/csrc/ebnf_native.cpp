@@ -285,6 +285,29 @@ struct Bits256Hash {
   }
 };
 
+// The set of classes read below each node of a trie in preorder (`cls`: a node's last byte's
+// class; `parent`: -1 at the root), interned: `below` holds ids into `class_sets`, or -1 for
+// a subtree of kShortcutMin nodes or fewer (never tested whole, see Glr::walk).
+void intern_classes_below(const std::vector<uint8_t>& cls, const std::vector<int32_t>& parent,
+                          const std::vector<int32_t>& end, std::vector<int32_t>& below,
+                          std::vector<Bits256>& class_sets) {
+  const int64_t n = static_cast<int64_t>(cls.size());
+  std::vector<Bits256> sets(n, Bits256{0, 0, 0, 0});
+  for (int64_t q = n - 1; q > 0; --q) {  // children before parents
+    Bits256& up = sets[parent[q]];
+    for (int w = 0; w < 4; ++w) up[w] |= sets[q][w];
+    up[cls[q] >> 6] |= 1ull << (cls[q] & 63);
+  }
+  std::unordered_map<Bits256, int32_t, Bits256Hash> ids;
+  below.assign(n, -1);
+  for (int64_t q = 0; q < n; ++q) {
+    if (end[q] - q <= kShortcutMin) continue;
+    auto [it, fresh] = ids.emplace(sets[q], static_cast<int32_t>(class_sets.size()));
+    if (fresh) class_sets.push_back(sets[q]);
+    below[q] = it->second;
+  }
+}
+
 struct Trie {
   std::shared_ptr<const TrieShape> shape;
   const std::vector<int32_t>& end;
@@ -305,22 +328,7 @@ struct Trie {
     const int32_t* nc = node_class.data();
     cls.resize(n_nodes);
     for (int64_t p = 0; p < n_nodes; ++p) cls[p] = static_cast<uint8_t>(p ? nc[level_of[p]] : 0);
-    // the classes below each node, children before parents (reverse preorder)
-    std::vector<Bits256> sets(n_nodes, Bits256{0, 0, 0, 0});
-    const std::vector<int32_t>& parent = shape->parent;
-    for (int64_t q = n_nodes - 1; q > 0; --q) {
-      Bits256& up = sets[parent[q]];
-      for (int w = 0; w < 4; ++w) up[w] |= sets[q][w];
-      up[cls[q] >> 6] |= 1ull << (cls[q] & 63);
-    }
-    std::unordered_map<Bits256, int32_t, Bits256Hash> ids;
-    below.assign(n_nodes, -1);
-    for (int64_t q = 0; q < n_nodes; ++q) {
-      if (end[q] - q <= kShortcutMin) continue;  // never tested whole (see walk): not interned
-      auto [it, fresh] = ids.emplace(sets[q], static_cast<int32_t>(class_sets.size()));
-      if (fresh) class_sets.push_back(sets[q]);
-      below[q] = it->second;
-    }
+    intern_classes_below(cls, shape->parent, end, below, class_sets);
     root_children.resize(256);
     for (int64_t p = 1; p < n_nodes; p = end[p]) root_children[cls[p]].push_back(p);
     for (int32_t c = 0; c < 256; ++c)
@@ -444,23 +452,9 @@ struct Tail {
     toks.resize(marks.size());
     std::vector<int32_t> fill(tok_start.begin(), tok_start.end() - 1);
     for (const auto& [u, t] : marks) toks[fill[order[u]]++] = t;
-    // heights and the classes below each node, children before parents
-    height.assign(n, 0);
-    std::vector<Bits256> sets(n, Bits256{0, 0, 0, 0});
-    for (int32_t q = n - 1; q > 0; --q) {
-      Bits256& up = sets[parent[q]];
-      for (int w = 0; w < 4; ++w) up[w] |= sets[q][w];
-      up[cls[q] >> 6] |= 1ull << (cls[q] & 63);
-      height[parent[q]] = std::max<uint8_t>(height[parent[q]], height[q] + 1);
-    }
-    std::unordered_map<Bits256, int32_t, Bits256Hash> ids;
-    below.assign(n, -1);
-    for (int32_t q = 0; q < n; ++q) {
-      if (end[q] - q <= kShortcutMin) continue;  // never tested whole (see walk_tail)
-      auto [it, fresh] = ids.emplace(sets[q], static_cast<int32_t>(class_sets.size()));
-      if (fresh) class_sets.push_back(sets[q]);
-      below[q] = it->second;
-    }
+    height.assign(n, 0);  // children before parents
+    for (int32_t q = n - 1; q > 0; --q) height[parent[q]] = std::max<uint8_t>(height[parent[q]], height[q] + 1);
+    intern_classes_below(cls, parent, end, below, class_sets);
   }
 };
 
