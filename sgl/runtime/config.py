@@ -17,7 +17,11 @@ class EngineConfig:
 
     model_path: str = "default"
     tokenizer_path: str | None = None
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: see resolve_dtype)
+    # Weights: auto (a quantized GGUF stays quantized, int4 / int8 by its types) | none (dense
+    # in `dtype`) | int8 (per output channel) | int4 (groups of int4_group_size inputs).
+    quantization: str = "auto"
+    int4_group_size: int = 32  # 32 | 64 | 128
     device: str = "auto"  # auto | cpu | cuda
     max_total_tokens: int | None = None  # KV pool capacity; default from free memory
     mem_fraction_static: float | None = None  # share of free memory for the KV pool
@@ -43,6 +47,12 @@ class EngineConfig:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+        from sgl.runtime.model.quant import INT4_GROUP_SIZES, QUANTIZATIONS
+
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.int4_group_size not in INT4_GROUP_SIZES:
+            raise ValueError(f"int4_group_size must be one of {INT4_GROUP_SIZES}, got {self.int4_group_size}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
@@ -78,9 +88,18 @@ class EngineConfig:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
-    def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        name = self.dtype if self.dtype != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
-        return getattr(torch, name)
+    def resolve_dtype(self, device: torch.device) -> tuple[torch.dtype, str]:
+        """The dtype of weights, activations and KV, and why it was picked."""
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype), "set by the dtype option"
+        if device.type == "cuda":
+            return torch.bfloat16, "auto: bfloat16 on CUDA"
+        from sgl.runtime.cpu_features import bf16_matmul_support
+
+        why = bf16_matmul_support()
+        if why is not None:
+            return torch.bfloat16, f"auto: this CPU has {why}"
+        return torch.float32, "auto: this CPU has no AMX-BF16 or AVX512-BF16 (bf16 matmuls would be emulated)"
 
     @property
     def chunk_size(self) -> int | None:

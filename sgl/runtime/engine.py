@@ -27,6 +27,7 @@ import torch
 from sgl.runtime.chat import render_messages, validate_messages
 from sgl.runtime.config import EngineConfig, SchedulerConfig
 from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.model.quant import quantization_summary
 from sgl.runtime.messages import (
     AbortRequest,
     CloseSession,
@@ -153,7 +154,7 @@ class Engine:
         if self.config.random_seed is not None:
             torch.manual_seed(self.config.random_seed)
         self.device = self.config.resolve_device()
-        self.dtype = self.config.resolve_dtype(self.device)
+        self.dtype, self.dtype_reason = self.config.resolve_dtype(self.device)
         self._router = ResultRouter()
         self._tokenizer_lock = threading.Lock()
         self._grammar_compiler: Any = None  # built on the first constrained request
@@ -423,6 +424,9 @@ class Engine:
             "model_path": self.model_path,
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
+            "dtype_reason": self.dtype_reason,
+            "quantization": cfg.quantization,
+            "weight_layouts": quantization_summary(self.model),
             "context_length": self.context_len,
             "vocab_size": mc.vocab_size,
             "num_layers": mc.num_hidden_layers,
@@ -466,9 +470,21 @@ class Engine:
             pass
 
 
+def effective_quantization(quantization: str, device: torch.device) -> str:
+    """The weight layout policy on this device: the int8 / int4 kernels are torch's packed CPU
+    matmuls, so off the CPU "auto" loads dense weights and int8 / int4 are refused."""
+    if device.type == "cpu":
+        return quantization
+    if quantization in ("int8", "int4"):
+        raise ValueError(f"quantization={quantization!r} runs on the CPU only (torch's packed CPU matmuls); "
+                         f"on {device.type} use quantization='none' or 'auto' (dense weights)")
+    return "none"
+
+
 def _load_model_and_tokenizer(cfg: EngineConfig, dtype: torch.dtype, device: torch.device) -> tuple:
     """(model, model config, resolved model path, tokenizer)."""
-    from sgl.runtime.model.loader import load_model, resolve_model_path
+    quantization = effective_quantization(cfg.quantization, device)
+    from sgl.runtime.model.loader import QuantPolicy, load_model, quantize_model, resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer
 
     if cfg.load_format == "dummy":
@@ -476,10 +492,11 @@ def _load_model_and_tokenizer(cfg: EngineConfig, dtype: torch.dtype, device: tor
 
         path = cfg.model_path
         model, mc = load_dummy_model(cfg.model_path, dtype, device, seed=cfg.random_seed or 0)
+        quantize_model(model, QuantPolicy(quantization, cfg.int4_group_size))
         tok_path = cfg.tokenizer_path or dummy_tokenizer_source(cfg.model_path)
     else:
         path = resolve_model_path(cfg.model_path)
-        model, mc = load_model(path, dtype, device)
+        model, mc = load_model(path, dtype, device, quantization, cfg.int4_group_size)
         tok_path = cfg.tokenizer_path or path
     if tok_path is None:
         logger.warning("no tokenizer found for the dummy model %r: using a byte-level one", cfg.model_path)

@@ -21,7 +21,13 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--model-path": ("model_path", dict(default="default",
                      help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file")),
     "--tokenizer-path": ("tokenizer_path", dict(default=None, help="tokenizer directory (default: the model's)")),
-    "--dtype": ("dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"])),
+    "--dtype": ("dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                help="auto: bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, else float32")),
+    "--quantization": ("quantization", dict(
+        default="auto", choices=["auto", "none", "int8", "int4"],
+        help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, Q8_0/Q6_K/Q5_* -> int8), none "
+             "(dense in --dtype), int8 (per output channel) or int4 (groups of --int4-group-size)")),
+    "--int4-group-size": ("int4_group_size", dict(type=int, default=32, choices=[32, 64, 128])),
     "--device": ("device", dict(default="auto", help="auto, cpu, cuda or cuda:N")),
     "--max-total-tokens": ("max_total_tokens", dict(type=int, default=None, help="KV pool capacity in tokens")),
     "--mem-fraction-static": ("mem_fraction_static", dict(type=float, default=None,
@@ -43,8 +49,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
              "xgrammar when installed")),
     "--attention-backend": ("attention_backend", dict(
         default="auto", choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
-        help="auto: flashinfer, else triton on CUDA when installed; on CPU (float32) our C++ kernel "
-             "(cpu), built on first use; torch_native otherwise")),
+        help="auto: flashinfer, else triton on CUDA when installed; on CPU our C++ kernel (cpu; "
+             "float32/bf16/fp16 KV), built on first use; torch_native otherwise")),
     "--context-length": ("context_length", dict(type=int, default=None, help="cap on prompt + output tokens")),
     "--random-seed": ("random_seed", dict(type=int, default=None)),
     "--load-format": ("load_format", dict(

@@ -11,7 +11,7 @@ import dataclasses
 
 import pytest
 
-from oracle_helpers import GREEDY_MAX_NEW, TINY_POOL, greedy_prompts, hf_greedy, load_hf_model
+from oracle_helpers import ORACLE_EXACT, GREEDY_MAX_NEW, TINY_POOL, greedy_prompts, hf_greedy, load_hf_model
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +20,12 @@ def hf_model():
 
 
 def _engine(**kwargs):
+    """An engine whose greedy tokens must equal HF's float32 ones: dense float32 weights
+    (the default on a bf16-capable CPU is bf16 with the GGUF kept int4; test_cpu_fidelity
+    holds those to HF with tolerances)."""
     import sgl
 
-    return sgl.Engine(**kwargs)
+    return sgl.Engine(**{**ORACLE_EXACT, **kwargs})
 
 
 @pytest.fixture(scope="session")

@@ -31,6 +31,11 @@ _LONG_TEXT = (
 )
 
 
+# Engine options under which greedy tokens must equal HF's float32 ones on the embedded GGUF
+# (HF dequantizes it to float32): dense float32, not the bf16 / int4 default of a bf16-capable CPU.
+ORACLE_EXACT = dict(dtype="float32", quantization="none")
+
+
 def load_hf_model() -> Any:
     import transformers
 

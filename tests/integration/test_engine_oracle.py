@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from oracle_helpers import (
+    ORACLE_EXACT,
     EOS,
     GREEDY_MAX_NEW,
     TINY_POOL,
@@ -36,7 +37,7 @@ SMALL_CHUNK = 16
 def _make_engine(**kwargs):
     import sgl
 
-    return sgl.Engine(**kwargs)
+    return sgl.Engine(**{**ORACLE_EXACT, **kwargs})
 
 
 @pytest.fixture(scope="module")

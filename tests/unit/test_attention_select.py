@@ -65,10 +65,12 @@ def fake_factory(monkeypatch, name: str, make) -> None:
         ("cuda", torch.float32, {"flashinfer", "triton"}, FakeTriton),
         ("cuda", torch.float32, {"flashinfer"}, TorchNativeBackend),
         ("cuda", None, {"flashinfer", "triton"}, FakeFlashInfer),
-        # never a GPU backend on a CPU, whatever is installed; our kernel for float32
+        # never a GPU backend on a CPU, whatever is installed; our kernel for float32 / bf16 / fp16
         ("cpu", torch.float32, {"flashinfer", "triton"}, FakeCpu),
         ("cpu", None, set(), FakeCpu),
-        ("cpu", torch.bfloat16, {"flashinfer", "triton"}, TorchNativeBackend),
+        ("cpu", torch.bfloat16, {"flashinfer", "triton"}, FakeCpu),
+        ("cpu", torch.float16, set(), FakeCpu),
+        ("cpu", torch.float64, {"flashinfer", "triton"}, TorchNativeBackend),
     ],
 )
 def test_auto_picks_best_available(installed, device, dtype, packages, expected):
@@ -98,13 +100,14 @@ def test_auto_on_cpu_falls_back_when_the_kernel_cannot_be_built(installed, monke
     assert "g++ not found" in caplog.text
 
 
-def test_cpu_backend_needs_the_cpu_float32_and_a_build(installed, monkeypatch):
+def test_cpu_backend_needs_the_cpu_a_kernel_dtype_and_a_build(installed, monkeypatch):
     installed(set())
     assert type(create_attention_backend("cpu", "cpu", torch.float32)) is FakeCpu
     with pytest.raises(ValueError, match="runs on the CPU"):
         create_attention_backend("cpu", "cuda", torch.float32)
-    with pytest.raises(ValueError, match="float32 KV cache.*torch_native"):
-        create_attention_backend("cpu", "cpu", torch.bfloat16)
+    assert type(create_attention_backend("cpu", "cpu", torch.bfloat16)) is FakeCpu
+    with pytest.raises(ValueError, match="float32, bfloat16 or float16 KV cache.*torch_native"):
+        create_attention_backend("cpu", "cpu", torch.float64)
 
     fake_factory(monkeypatch, "cpu", _no_compiler)
     with pytest.raises(ValueError, match="g\\+\\+ not found; use attention_backend='torch_native'"):

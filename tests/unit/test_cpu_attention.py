@@ -75,16 +75,29 @@ def test_random_batches_match_reference():
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"{specs}: {m}")
 
 
-def test_other_dtypes_and_head_dims_take_the_torch_path():
-    """bf16 KV or a head_dim the kernel lacks: the backend is torch_native, with its tolerance."""
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
+@pytest.mark.parametrize("specs", [DECODE, MIXED, JUMP_FORWARD, LONG])
+def test_half_precision_pools_run_in_the_kernel(specs, dtype, tol):
+    """bf16 / fp16 KV: the kernel widens K/V to float32 as it reads them, so against the
+    float64 reference on the same (rounded) values the only error left is the output's
+    rounding to the pool dtype (2^-8 relative for bf16, 2^-11 for fp16, on outputs of
+    magnitude ~1) and the long rows' SDPA in that dtype."""
+    case = make_case(specs, 2, 64, dtype, heads=6)
+    backend = bound(CpuBackend(paged_attention), case)
+    assert backend.uses_kernel
+    got = run(backend, case)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.double(), reference(case), rtol=tol, atol=tol)
+
+
+def test_unsupported_head_dims_take_the_torch_path():
+    """A head_dim the kernel lacks: the backend is torch_native, with its tolerance."""
     from sgl.runtime.attention import backend_name
 
-    for dtype, head_dim, tol in ((torch.bfloat16, 64, 1e-2), (torch.float32, 24, 1e-5)):
-        case = make_case(MIXED, 2, head_dim, dtype)
-        expected = reference(case)
-        backend = bound(CpuBackend(paged_attention), case)
-        assert not backend.uses_kernel and backend_name(backend) == "torch_native"
-        torch.testing.assert_close(run(backend, case).double(), expected, rtol=tol, atol=tol)
+    case = make_case(MIXED, 2, 24, torch.float32)
+    backend = bound(CpuBackend(paged_attention), case)
+    assert not backend.uses_kernel and backend_name(backend) == "torch_native"
+    torch.testing.assert_close(run(backend, case).double(), reference(case), rtol=1e-5, atol=1e-5)
 
 
 def test_kernel_checks_its_inputs():
@@ -105,8 +118,10 @@ def test_kernel_checks_its_inputs():
     table[case.batch.req_rows[0], 0] = pool.k_buffers[0].shape[0]  # a slot past the pool
     with pytest.raises(RuntimeError, match="outside the KV pool"):
         paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="float32 queries"):
         paged_attention(q.double(), pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
+    with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
+        paged_attention(q, pool.k_buffers[0], pool.v_buffers[0].bfloat16(), table, ok, 0.125)
     with pytest.raises(RuntimeError, match="head_dim 48"):
         k48 = torch.zeros(pool.k_buffers[0].shape[0], 2, 48)
         paged_attention(torch.zeros(len(q), 4, 48), k48, k48, table, ok, 0.125)
@@ -137,7 +152,7 @@ def test_engine_greedy_tokens_equal_hf(tiny_dir):
     batch = [shared + [rng.randrange(1, VOCAB) for _ in range(n)] for n in (5, 90, 1)]
     batch += [[rng.randrange(1, VOCAB) for _ in range(n)] for n in (3, 120)]
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
-    with sgl.Engine(model_path=str(path), max_total_tokens=4096, chunked_prefill_size=100) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, chunked_prefill_size=100) as engine:
         assert engine.get_server_info()["attention_backend"] == "cpu"  # the kernel runs (head_dim 16)
         engine.generate(input_ids=batch[:1], sampling_params=params)  # the shared prefix is cached
         outs = engine.generate(input_ids=batch, sampling_params=params)

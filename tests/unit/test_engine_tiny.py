@@ -45,7 +45,7 @@ def assert_no_leak(engine) -> None:
 def test_greedy_batch_equals_hf_generate(tiny_dir):
     path, hf = tiny_dir
     batch = prompts(6)
-    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096) as engine:
         got = engine_greedy(engine, batch)
         for ids, out in zip(batch, got):
             assert out == hf_greedy(hf, ids, NEW)
@@ -68,9 +68,9 @@ def test_scheduling_options_do_not_change_greedy_tokens(tiny_dir, options):
     path, hf = tiny_dir
     batch = prompts(8, seed=1)
     batch += [batch[0] + batch[1], batch[0][:10] + [5, 6]]  # shared prefixes
-    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096) as engine:
         reference = [engine_greedy(engine, [ids])[0] for ids in batch]  # one at a time
-    with sgl.Engine(model_path=str(path), max_total_tokens=4096, **options) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, **options) as engine:
         assert engine_greedy(engine, batch) == reference
         assert engine_greedy(engine, batch) == reference  # again, now with a warm cache
         assert_no_leak(engine)
@@ -79,10 +79,10 @@ def test_scheduling_options_do_not_change_greedy_tokens(tiny_dir, options):
 def test_retraction_keeps_outputs_and_frees_memory(tiny_dir):
     path, _ = tiny_dir
     batch = prompts(8, seed=2)
-    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096) as engine:
         reference = engine_greedy(engine, batch, new=48)
     # 8 requests x (<= 40 + 48 tokens) cannot all fit in 200 slots: decode must retract.
-    with sgl.Engine(model_path=str(path), max_total_tokens=200) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=200) as engine:
         assert engine_greedy(engine, batch, new=48) == reference
         assert engine.get_server_info()["retractions"] > 0
         assert_no_leak(engine)
@@ -91,7 +91,7 @@ def test_retraction_keeps_outputs_and_frees_memory(tiny_dir):
 def test_cached_tokens_reported(tiny_dir):
     path, _ = tiny_dir
     shared = prompts(1, seed=3)[0] + prompts(1, seed=4)[0]
-    with sgl.Engine(model_path=str(path), max_total_tokens=4096) as engine:
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096) as engine:
         first = engine.generate(input_ids=shared + [7], sampling_params={"max_new_tokens": 2})
         second = engine.generate(input_ids=shared + [9], sampling_params={"max_new_tokens": 2})
         assert first["meta_info"]["cached_tokens"] == 0

@@ -51,7 +51,7 @@ def tiny_dir(tmp_path):
 
 def test_engine_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
     monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: 64 << 20)
-    with sgl.Engine(model_path=str(tiny_dir), load_format="dummy", mem_fraction_static=0.5) as engine:
+    with sgl.Engine(model_path=str(tiny_dir), load_format="dummy", dtype="float32", mem_fraction_static=0.5) as engine:
         plan = engine.get_server_info()["memory_plan"]
         capacity = engine.scheduler.kv.pool.capacity
     per_token = 2 * 2 * 2 * 16 * 4  # K/V x 2 layers x 2 KV heads x 16 dims x float32

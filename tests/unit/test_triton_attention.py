@@ -184,7 +184,7 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
         monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     results = []
-    with sgl.Engine(model_path=str(path), max_total_tokens=2048, chunked_prefill_size=16,
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=2048, chunked_prefill_size=16,
                     attention_backend="auto" if backend_factory else "torch_native") as engine:
         assert isinstance(engine.scheduler.runner.attn_backend, TritonBackend) == (backend_factory is not None)
         for batch in prompts_in_order:

@@ -92,9 +92,9 @@ def _check_cpu(device: torch.device, dtype: torch.dtype | None) -> str | None:
     if device.type != "cpu":
         return (f"attention_backend='cpu' runs on the CPU (device is {str(device)!r}); "
                 "use 'auto', or 'triton' / 'flashinfer' on CUDA")
-    if dtype is not None and dtype != torch.float32:
-        return (f"attention_backend='cpu' supports a float32 KV cache, not {dtype}; "
-                "use dtype='float32', or attention_backend='torch_native'")
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return (f"attention_backend='cpu' supports a float32, bfloat16 or float16 KV cache, not {dtype}; "
+                "use one of those dtypes, or attention_backend='torch_native'")
     return None
 
 

@@ -9,7 +9,8 @@ no longer makes one SDPA call per row, and there is no mirror to keep up to date
 is held beyond the pool). Longer rows (prefill chunks) still go to SDPA over the pool, by
 torch_native's row routine, whose matrix-multiply kernels suit them better.
 
-The kernel takes float32 and head_dim in SUPPORTED_HEAD_DIMS. `CpuBackend` (the `cpu`
+The kernel takes float32 queries, a float32, bf16 or fp16 pool, and head_dim in
+SUPPORTED_HEAD_DIMS. `CpuBackend` (the `cpu`
 backend) decides in `bind`, from the pool, between `CpuKernelBackend` and an inner
 TorchNativeBackend, which then runs every step exactly as `torch_native` would.
 """
@@ -28,11 +29,12 @@ from sgl.runtime.attention.torch_native import TorchNativeBackend, _ExtendRow, a
 # Rows with more new tokens than this go to SDPA (the kernel's cost grows with queries x keys
 # without the blocking a matrix multiply gets).
 KERNEL_MAX_EXTEND = 64
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)  # of the KV pool
 
 
 def kernel_supports(dtype: torch.dtype, head_dim: int) -> bool:
     """Whether the kernel runs on a (CPU) pool of this dtype and head_dim."""
-    return dtype == torch.float32 and head_dim in SUPPORTED_HEAD_DIMS
+    return dtype in KERNEL_DTYPES and head_dim in SUPPORTED_HEAD_DIMS
 
 
 @dataclass
@@ -43,7 +45,7 @@ class _KernelMetadata:
 
 class CpuKernelBackend(AttentionBackend):
     """The kernel for rows with <= KERNEL_MAX_EXTEND new tokens, SDPA over the pool for the
-    rest. Only for a float32 CPU pool with a supported head_dim (`kernel_supports`)."""
+    rest. Only for a CPU pool of a KERNEL_DTYPES dtype and a supported head_dim (`kernel_supports`)."""
 
     name = "cpu"
 
@@ -68,9 +70,9 @@ class CpuKernelBackend(AttentionBackend):
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
         md: _KernelMetadata = batch.metadata
-        q = q.contiguous()
-        if md.rows is not None:
-            out = self._op(q, k_buf, v_buf, batch.req_to_token.req_to_token, md.rows, scaling)
+        if md.rows is not None:  # the kernel reads float32 queries (few: one row per new token)
+            out = self._op(q.float().contiguous(), k_buf, v_buf, batch.req_to_token.req_to_token, md.rows, scaling)
+            out = out.to(q.dtype)
         else:
             out = torch.empty_like(q)
         for ext in md.extends:

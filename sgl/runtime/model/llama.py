@@ -88,16 +88,20 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
         self.register_buffer("sin", freqs.sin().float(), persistent=False)
 
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), each [T, 1, D] float32, for `rotate`: once per forward, not per layer."""
+        cos, sin = self.cos[positions], self.sin[positions]  # [T, D/2]
+        return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        cos, sin = self.tables(positions)
+        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(x.dtype)
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE of x [T, heads, D] in float32: x cos + (x2, x1) (-sin, sin)."""
+    x32 = x.float()
+    return (x32 * cos + torch.roll(x32, x.shape[-1] // 2, -1) * sin).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -112,15 +116,12 @@ class Attention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.scaling = self.head_dim**-0.5
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        q = rotate(q.view(-1, self.num_heads, self.head_dim), *rope)  # contiguous, as the kernels want
+        k = rotate(k.view(-1, self.num_kv_heads, self.head_dim), *rope)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
         out = batch.attn_backend.forward(q, k, v, self.layer_id, self.scaling, batch)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -145,10 +146,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding, batch: ForwardBatch
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, batch)
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -163,20 +162,21 @@ class LlamaForCausalLM(nn.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
-    @property
-    def lm_head_weight(self) -> torch.Tensor:
-        return self.embed_tokens.weight if self.config.tie_word_embeddings else self.lm_head.weight
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states [T, hidden] for the flat token batch (after the last norm)."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions)
         for layer in self.layers:
-            x = layer(x, positions, self.rotary, batch)
+            x = layer(x, rope, batch)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the selected hidden rows."""
-        return F.linear(hidden, self.lm_head_weight).float()
+        if not self.config.tie_word_embeddings:
+            return self.lm_head(hidden).float()
+        if isinstance(self.embed_tokens, nn.Embedding):
+            return F.linear(hidden, self.embed_tokens.weight).float()
+        return self.embed_tokens.logits(hidden)  # quantized embeddings serve as the head
 
 
 __all__ = ["LlamaForCausalLM", "AttentionBackend", "ForwardBatch"]

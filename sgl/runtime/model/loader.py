@@ -16,11 +16,16 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from sgl.runtime.model.config import ModelConfig
-from sgl.runtime.model.llama import LlamaForCausalLM, RotaryEmbedding
+from sgl.runtime.model.gguf_weights import GgufTensors
+from sgl.runtime.model.llama import Linear, LlamaForCausalLM, RotaryEmbedding
+from sgl.runtime.model.quant import (Int8Embedding, QuantizedTensor, cat_rows, int4_group_for, quantize,
+                                     quantize_int8, quantized_linear)
 
 logger = logging.getLogger(__name__)
 
@@ -55,87 +60,269 @@ def resolve_model_path(model_path: str | None) -> str:
     return str(path)
 
 
-@dataclass
-class LoadedWeights:
-    config: ModelConfig
-    hf_config: dict
-    weights_dir: Path  # HF-style directory holding config.json and safetensors
-
-
-def load_model(model_path: str, dtype: torch.dtype, device: torch.device) -> tuple[LlamaForCausalLM, ModelConfig]:
+def load_model(model_path: str, dtype: torch.dtype, device: torch.device, quantization: str = "none",
+               group_size: int = 32) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """The model at `model_path` in `dtype`, its linear layers per `quantization` (see
+    `QuantPolicy`). A GGUF under any quantization but "none" is read tensor by tensor, kept
+    quantized; under "none" it is dequantized once into the cache (`gguf_to_hf_dir`)."""
     path = Path(resolve_model_path(model_path))
-    weights_dir = gguf_to_hf_dir(path) if path.suffix == ".gguf" else path
-    hf_config = json.loads((weights_dir / "config.json").read_text())
+    if path.suffix == ".gguf" and quantization != "none":
+        hf_config, source = open_gguf(path)
+    else:
+        weights_dir = gguf_to_hf_dir(path) if path.suffix == ".gguf" else path
+        hf_config = json.loads((weights_dir / "config.json").read_text())
+        source = SafetensorsSource(weights_dir)
     config = ModelConfig.from_hf_dict(hf_config)
-    state_dict = read_safetensors_dir(weights_dir)
-    if "rope_freqs" in state_dict:
-        config.rope_freq_factors = state_dict.pop("rope_freqs").tolist()
+    if source.has("rope_freqs"):
+        config.rope_freq_factors = source.get("rope_freqs").tolist()
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    # Cast on the meta device: weights are allocated once, in their final dtype (a float32
-    # copy first would double the peak, e.g. 32 GB for an 8B model on the GPU).
-    model = model.to(dtype=dtype).to_empty(device=device)
+    load_weights(model, source, QuantPolicy(quantization, group_size), dtype, device)
     model.rotary = RotaryEmbedding(config).to(device)  # not in the checkpoint: build it for real (float32)
-    load_hf_state_dict(model, state_dict)
-    model.requires_grad_(False)  # inference only: logits computed outside inference_mode build no graph
+    left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise KeyError(f"checkpoint is missing weights: {left[:5]}")
     return model.eval(), config
 
 
-def read_safetensors_dir(weights_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+class SafetensorsSource:
+    """HF checkpoint weights by name, each read when asked (safe_open), never all at once."""
 
-    index = weights_dir / "model.safetensors.index.json"
-    if index.exists():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in weights_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no .safetensors weights in {weights_dir}")
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        state.update(load_file(str(weights_dir / name)))
-    return state
+    def __init__(self, weights_dir: Path) -> None:
+        from safetensors import safe_open
+
+        index = weights_dir / "model.safetensors.index.json"
+        if index.exists():
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        else:
+            files = sorted(p.name for p in weights_dir.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no .safetensors weights in {weights_dir}")
+        self._where: dict[str, Any] = {}
+        for name in files:
+            handle = safe_open(str(weights_dir / name), framework="pt")
+            for key in handle.keys():
+                self._where[key] = handle
+
+    def names(self) -> list[str]:
+        return list(self._where)
+
+    def has(self, name: str) -> bool:
+        return name in self._where
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._where[name].get_tensor(name)
+
+    def family(self, name: str) -> str | None:
+        return None
+
+
+class DictSource:
+    """An in-memory state dict (HF names) as a weight source."""
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        self._state = state
+
+    def names(self) -> list[str]:
+        return list(self._state)
+
+    def has(self, name: str) -> bool:
+        return name in self._state
+
+    def get(self, name: str) -> Any:
+        return self._state[name]
+
+    def family(self, name: str) -> str | None:
+        return None
+
+
+def read_safetensors_dir(weights_dir: Path) -> dict[str, torch.Tensor]:
+    source = SafetensorsSource(weights_dir)
+    return {name: source.get(name) for name in source.names()}
 
 
 def load_hf_state_dict(model: LlamaForCausalLM, state: dict[str, torch.Tensor]) -> None:
-    """Copy HF-named weights into the fused model; every model parameter must be covered."""
+    """Copy HF-named dense weights into a built model (every parameter must be covered)."""
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+    load_weights(model, DictSource(state), QuantPolicy("none"), dtype, device)
+
+
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: torch.dtype,
+                 device: torch.device) -> None:
+    """Put HF-named weights from `source` into `model` (built on any device, meta included):
+    dense parameters are replaced by tensors in `dtype` on `device`, linear layers the policy
+    quantizes by quantized modules. Nothing is allocated twice; every parameter must be covered."""
     config = model.config
-    params = dict(model.named_parameters())
+    modules = dict(model.named_modules())
     loaded: set[str] = set()
+    source = _Recorded(source)
 
-    def put(name: str, tensor: torch.Tensor) -> None:
-        if name not in params and name.endswith(".weight") and f"{name}_t" in params:
-            name, tensor = f"{name}_t", tensor.t()  # our Linear stores W transposed
-        if name not in params:
-            raise KeyError(f"unexpected weight {name}")
-        with torch.no_grad():
-            params[name].copy_(tensor.to(params[name].dtype))
-        loaded.add(name)
+    def set_param(qual: str, tensor: torch.Tensor) -> None:
+        owner, _, attr = qual.rpartition(".")
+        module = modules[owner]
+        if attr not in module._parameters:
+            raise KeyError(f"unexpected weight {qual}")
+        module._parameters[attr] = nn.Parameter(tensor.to(device=device, dtype=dtype).contiguous(),
+                                                requires_grad=False)
+        loaded.add(qual)
 
-    def strip(name: str) -> str:
-        return name[len("model.") :] if name.startswith("model.") else name
+    def put_linear(qual: str, parts: list[str]) -> None:
+        """Module `qual` from the HF weights `parts` (stacked on the output dim) and their biases."""
+        family = source.family(parts[0])
+        weights = [policy.linear_weight(source.get(p), family) for p in parts]
+        biases = [source.get(b) for b in (p[: -len("weight")] + "bias" for p in parts) if source.has(b)]
+        bias = torch.cat(biases) if biases else None
+        if isinstance(weights[0], QuantizedTensor):
+            owner, _, attr = qual.rpartition(".")
+            setattr(modules[owner], attr, quantized_linear(cat_rows(weights), bias))
+            loaded.update(f"{qual}.{x}" for x in ("weight_t", "weight", "bias"))
+            return
+        w = torch.cat([x.float() if isinstance(x, torch.Tensor) else x for x in weights])
+        module = modules[qual]
+        set_param(f"{qual}.weight_t" if "weight_t" in module._parameters else f"{qual}.weight",
+                  w.t() if "weight_t" in module._parameters else w)
+        if bias is not None:
+            set_param(f"{qual}.bias", bias)
 
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
-        for kind in ("weight", "bias"):
-            parts = [state.get(f"{p}self_attn.{x}_proj.{kind}") for x in "qkv"]
-            if all(t is not None for t in parts):
-                put(f"layers.{i}.self_attn.qkv_proj.{kind}", torch.cat(parts, dim=0))
-            gate, up = state.get(f"{p}mlp.gate_proj.{kind}"), state.get(f"{p}mlp.up_proj.{kind}")
-            if gate is not None and up is not None:
-                put(f"layers.{i}.mlp.gate_up_proj.{kind}", torch.cat([gate, up], dim=0))
-    fused = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
-    for name, tensor in state.items():
-        if any(f in name for f in fused) or "rotary_emb" in name:
-            continue
-        if name == "lm_head.weight" and config.tie_word_embeddings:
-            continue
-        put(strip(name), tensor)
-    missing = set(params) - loaded
-    if config.tie_word_embeddings:
-        missing.discard("lm_head.weight")
+        for sub, mod in (("self_attn", "qkv_proj"), ("mlp", "gate_up_proj"), ("self_attn", "o_proj"),
+                         ("mlp", "down_proj")):
+            parts = [f"{p}{sub}.{x}.weight" for x in _FUSED.get(mod, (mod,))]
+            if all(source.has(x) for x in parts):
+                put_linear(f"layers.{i}.{sub}.{mod}", parts)
+        for norm in ("input_layernorm", "post_attention_layernorm"):
+            if source.has(f"{p}{norm}.weight"):
+                set_param(f"layers.{i}.{norm}.weight", _dense(source.get(f"{p}{norm}.weight")))
+    if source.has("model.norm.weight"):
+        set_param("norm.weight", _dense(source.get("model.norm.weight")))
+    if source.has("model.embed_tokens.weight"):
+        emb = policy.embedding(source.get("model.embed_tokens.weight"), source.family("model.embed_tokens.weight"))
+        if isinstance(emb, QuantizedTensor):
+            model.embed_tokens = Int8Embedding(emb, dtype)
+            loaded.add("embed_tokens.weight")
+        else:
+            set_param("embed_tokens.weight", emb)
+    if not config.tie_word_embeddings and source.has("lm_head.weight"):
+        head = policy.embedding(source.get("lm_head.weight"), source.family("lm_head.weight"))
+        if isinstance(head, QuantizedTensor):
+            model.lm_head = quantized_linear(head, None)
+            loaded.add("lm_head.weight")
+        else:
+            set_param("lm_head.weight", head)
+    unexpected = {n for n in set(source.names()) - source.read - {"rope_freqs", "lm_head.weight"}
+                  if "rotary_emb" not in n}
+    if unexpected:
+        raise KeyError(f"unexpected weights {sorted(unexpected)[:5]} (not a part of {type(model).__name__})")
+    missing = {n for n, _ in model.named_parameters()} - loaded
     if missing:
         raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
+    model.requires_grad_(False)  # inference only: logits computed outside inference_mode build no graph
+
+
+class _Recorded:
+    """A weight source that remembers which names were read (to refuse unexpected weights)."""
+
+    def __init__(self, source) -> None:
+        self._source, self.read = source, set()
+        self.names, self.has, self.family = source.names, source.has, source.family
+
+    def get(self, name: str) -> Any:
+        self.read.add(name)
+        return self._source.get(name)
+
+
+def quantize_model(model: LlamaForCausalLM, policy: QuantPolicy) -> None:
+    """Quantize a built dense model in place (random-weight models under int8 / int4)."""
+    if policy.target(None) is None:
+        return
+    for qual, module in list(model.named_modules()):
+        if isinstance(module, Linear):
+            weight = policy.linear_weight(module.weight_t.detach().t().float(), None)
+            if isinstance(weight, QuantizedTensor):
+                owner, _, attr = qual.rpartition(".")
+                bias = None if module.bias is None else module.bias.detach().float()
+                setattr(model.get_submodule(owner), attr, quantized_linear(weight, bias))
+    model.embed_tokens = Int8Embedding(quantize_int8(model.embed_tokens.weight.detach()), model.norm.weight.dtype)
+    if not model.config.tie_word_embeddings:
+        model.lm_head = quantized_linear(quantize_int8(model.lm_head.weight.detach()), None)
+
+
+def held_hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
+    """HF-named float32 weights equal to what the model computes with (a quantized layer's
+    codes times its scales, exactly): run through HF transformers, they are the oracle that
+    leaves only our kernels' error (fused layers are split back)."""
+    def weight(module: nn.Module) -> torch.Tensor:
+        if hasattr(module, "held_weight"):
+            return module.held_weight()
+        return (module.weight_t.t() if hasattr(module, "weight_t") else module.weight).float()
+
+    c = model.config
+    state = {"model.embed_tokens.weight": weight(model.embed_tokens), "model.norm.weight": model.norm.weight.float()}
+    if not c.tie_word_embeddings:
+        state["lm_head.weight"] = weight(model.lm_head)
+    for i, layer in enumerate(model.layers):
+        p = f"model.layers.{i}."
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, module, sizes in (("self_attn", attn.qkv_proj, (c.q_size, c.kv_size, c.kv_size)),
+                                    ("mlp", mlp.gate_up_proj, (c.intermediate_size,) * 2)):
+            names = ("q_proj", "k_proj", "v_proj") if name == "self_attn" else ("gate_proj", "up_proj")
+            for part, w in zip(names, weight(module).split(sizes)):
+                state[f"{p}{name}.{part}.weight"] = w
+            if module.bias is not None:
+                for part, b in zip(names, module.bias.float().split(sizes)):
+                    state[f"{p}{name}.{part}.bias"] = b
+        for name, module in (("self_attn.o_proj", attn.o_proj), ("mlp.down_proj", mlp.down_proj)):
+            state[f"{p}{name}.weight"] = weight(module)
+            if module.bias is not None:
+                state[f"{p}{name}.bias"] = module.bias.float()
+        state[f"{p}input_layernorm.weight"] = layer.input_layernorm.weight.float()
+        state[f"{p}post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.float()
+    return state
+
+
+def _dense(value: Any) -> torch.Tensor:
+    return value.dequantize() if isinstance(value, QuantizedTensor) else value
+
+
+@dataclass
+class QuantPolicy:
+    """Which layout each weight is kept in. quantization: "none" (dense, in the model dtype),
+    "int8" / "int4" (every linear layer; embeddings and LM head int8), "auto" (a quantized
+    GGUF's layers in the layout of their type, `gguf_weights.FAMILY`; dense checkpoints dense)."""
+
+    quantization: str = "none"
+    group_size: int = 32
+
+    def target(self, family: str | None) -> str | None:
+        if self.quantization in ("int8", "int4"):
+            return self.quantization
+        return family if self.quantization == "auto" else None
+
+    def linear_weight(self, value: Any, family: str | None) -> torch.Tensor | QuantizedTensor:
+        """A linear layer's [out, in] weight in the kernel's layout (or dense)."""
+        kind = self.target(family)
+        k = value.shape[1]
+        group = int4_group_for(k, self.group_size) if kind == "int4" else k
+        if kind is None or group is None:
+            if kind is not None:
+                logger.warning("a layer with %d inputs cannot be int4 (groups of 32): kept dense", k)
+            return _dense(value)
+        if isinstance(value, QuantizedTensor) and value.kind == kind and value.group == group:
+            return value  # exact: the file's blocks are the kernel's groups
+        return quantize(_dense(value), kind, group)
+
+    def embedding(self, value: Any, family: str | None) -> torch.Tensor | QuantizedTensor:
+        """Token embeddings / LM head: int8 rows whenever the model is quantized, else dense."""
+        if self.target(family) is None:
+            return _dense(value)
+        if isinstance(value, QuantizedTensor) and value.kind == "int8" and value.group == value.shape[1]:
+            return value
+        return quantize_int8(_dense(value))
 
 
 # ----------------------------------------------------------------------------- GGUF
@@ -196,22 +383,30 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
-def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """HF config dict and HF-named float32 state dict from a GGUF file."""
+def open_gguf(path: Path) -> tuple[dict, "GgufSource"]:
+    """HF config dict and the file's weights by HF name (read one at a time, see gguf_weights)."""
     import gguf
-    import numpy as np
 
     reader = gguf.GGUFReader(str(path))
+    hf_config = _gguf_hf_config(reader)
+    return hf_config, GgufSource(GgufTensors(path, reader), hf_config)
+
+
+def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """HF config dict and HF-named float32 state dict from a GGUF file (every tensor dequantized)."""
+    hf_config, source = open_gguf(path)
+    return hf_config, {name: _dense(source.get(name)) for name in source.names()}
+
+
+def _gguf_hf_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
     if arch not in _GGUF_ARCHS:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(_GGUF_ARCHS)}")
     a = arch
     heads = int(_field(reader, f"{a}.attention.head_count"))
-    kv_heads = int(_field(reader, f"{a}.attention.head_count_kv", heads))
     hidden = int(_field(reader, f"{a}.embedding_length"))
     tensors = {t.name: t for t in reader.tensors}
     vocab = int(_field(reader, f"{a}.vocab_size", 0) or tensors["token_embd.weight"].shape[-1])
-    head_dim = int(_field(reader, f"{a}.attention.key_length", 0) or hidden // heads)
     hf_config = {
         "architectures": [_GGUF_ARCHS[arch]],
         "model_type": arch,
@@ -220,8 +415,8 @@ def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
         "intermediate_size": int(_field(reader, f"{a}.feed_forward_length")),
         "num_hidden_layers": int(_field(reader, f"{a}.block_count")),
         "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
+        "num_key_value_heads": int(_field(reader, f"{a}.attention.head_count_kv", heads)),
+        "head_dim": int(_field(reader, f"{a}.attention.key_length", 0) or hidden // heads),
         "rms_norm_eps": float(_field(reader, f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(_field(reader, f"{a}.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(_field(reader, f"{a}.context_length", 4096)),
@@ -232,25 +427,47 @@ def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     scale_type = _field(reader, f"{a}.rope.scaling.type")
     if scale_type == "linear":
         hf_config["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{a}.rope.scaling.factor"))}
+    return hf_config
 
-    state: dict[str, torch.Tensor] = {}
-    for name, t in tensors.items():
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        arr = np.asarray(arr, dtype=np.float32).reshape([int(x) for x in reversed(t.shape)])
-        tensor = torch.from_numpy(arr.copy())
-        if name in _GGUF_TOP_NAMES:
-            hf_name = _GGUF_TOP_NAMES[name]
-        else:
+
+class GgufSource:
+    """A GGUF file's weights under HF names; Q/K rows back in HF's rotate-half order."""
+
+    def __init__(self, tensors: GgufTensors, hf_config: dict) -> None:
+        self.tensors = tensors
+        self.arch = hf_config["model_type"]
+        self.heads, self.kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+        self._gguf_name: dict[str, str] = {}
+        for name in tensors.infos:
+            if name in _GGUF_TOP_NAMES:
+                self._gguf_name[_GGUF_TOP_NAMES[name]] = name
+                continue
             _, layer, kind, suffix = name.split(".", 3)
             if kind not in _GGUF_LAYER_NAMES:
                 raise ValueError(f"unexpected GGUF tensor {name}")
-            hf_name = f"model.layers.{layer}.{_GGUF_LAYER_NAMES[kind]}.{suffix}"
-            # llama.cpp's converter interleaves the rotary halves of Q and K for llama-arch
-            # models; undo it so the weights match HF's rotate-half RoPE.
-            if arch in ("llama", "mistral") and kind in ("attn_q", "attn_k"):
-                tensor = unpermute_qk(tensor, heads if kind == "attn_q" else kv_heads)
-        state[hf_name] = tensor
-    return hf_config, state
+            self._gguf_name[f"model.layers.{layer}.{_GGUF_LAYER_NAMES[kind]}.{suffix}"] = name
+
+    def names(self) -> list[str]:
+        return list(self._gguf_name)
+
+    def has(self, name: str) -> bool:
+        return name in self._gguf_name
+
+    def family(self, name: str) -> str | None:
+        return self.tensors.family(self._gguf_name[name])
+
+    def get(self, name: str) -> torch.Tensor | QuantizedTensor:
+        gname = self._gguf_name[name]
+        value = self.tensors.read(gname)
+        kind = gname.split(".")[2] if gname.startswith("blk.") else ""
+        # llama.cpp's converter interleaves the rotary halves of Q and K for llama-arch
+        # models; undo it so the weights match HF's rotate-half RoPE.
+        if self.arch in ("llama", "mistral") and kind in ("attn_q", "attn_k"):
+            heads = self.heads if kind == "attn_q" else self.kv_heads
+            if isinstance(value, QuantizedTensor):
+                return value.rows(unpermute_qk(torch.arange(value.shape[0]), heads))
+            return unpermute_qk(value, heads)
+        return value
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:

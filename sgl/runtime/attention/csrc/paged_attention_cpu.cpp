@@ -1,4 +1,4 @@
-// Paged attention for CPUs, float32: every row of a batch (decode rows and short extends
+// Paged attention for CPUs (float32 queries, float32 / bf16 / fp16 KV): every row of a batch (decode rows and short extends
 // alike) in one call, each reading its context straight from the KV pool by slot.
 //
 // Why a kernel: torch's SDPA needs a dense [rows, heads, queries, keys] layout, so a batch
@@ -11,7 +11,8 @@
 // slots are table[table row, 0 .. L). q and out: [T, H, D]; k_buf, v_buf: [S, KVH, D].
 //
 // Loops use GCC vector extensions (16 floats), so the compiler emits AVX-512 or AVX2 as the
-// machine allows; head_dim is 16, 32, 64, 96, 128 or 256 (checked).
+// machine allows; head_dim is 16, 32, 64, 96, 128 or 256 (checked). A bf16 or fp16 KV pool is
+// widened to float32 as it is loaded (the math stays float32): half the bytes read per key.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -29,7 +30,16 @@ typedef float v16 __attribute__((vector_size(64), aligned(4), may_alias));
 typedef float v8 __attribute__((vector_size(32), aligned(4), may_alias));
 typedef float v4 __attribute__((vector_size(16), aligned(4), may_alias));
 
+typedef uint16_t u16x16 __attribute__((vector_size(32), aligned(2), may_alias));
+typedef uint32_t u32x16 __attribute__((vector_size(64)));
+typedef _Float16 h16 __attribute__((vector_size(32), aligned(2), may_alias));
+
 inline v16 load16(const float* p) { return *reinterpret_cast<const v16*>(p); }
+// bf16 is the top half of a float32: widen each lane and shift it up.
+inline v16 load16(const at::BFloat16* p) {
+  return (v16)(__builtin_convertvector(*reinterpret_cast<const u16x16*>(p), u32x16) << 16);
+}
+inline v16 load16(const at::Half* p) { return __builtin_convertvector(*reinterpret_cast<const h16*>(p), v16); }
 inline void store16(float* p, v16 x) { *reinterpret_cast<v16*>(p) = x; }
 
 // Sum of the 16 lanes as a tree of half-width adds (memcpy of a vector half compiles to a
@@ -52,8 +62,8 @@ struct Shape {
 
 // One (row, kv head): the row's E query tokens x G query heads over its keys.
 // scores: scratch of at least L floats.
-template <int NV>
-void attend_row_head(const float* q, const float* k_buf, const float* v_buf, float* out, const int64_t* slots,
+template <int NV, typename KV>
+void attend_row_head(const float* q, const KV* k_buf, const KV* v_buf, float* out, const int64_t* slots,
                      int64_t first, int64_t E, int64_t L, int64_t h, Shape s, float scale, float* scores) {
   constexpr int64_t D = NV * 16;
   const int64_t prefix = L - E;
@@ -65,7 +75,7 @@ void attend_row_head(const float* q, const float* k_buf, const float* v_buf, flo
       for (int c = 0; c < NV; ++c) qv[c] = load16(q + off + 16 * c) * scale;
       // scores = q . k, and their max
       for (int64_t j = 0; j < n; ++j) {
-        const float* kr = k_buf + (slots[j] * s.KVH + h) * D;
+        const KV* kr = k_buf + (slots[j] * s.KVH + h) * D;
         v16 acc = qv[0] * load16(kr);
         for (int c = 1; c < NV; ++c) acc += qv[c] * load16(kr + 16 * c);
         scores[j] = hsum(acc);
@@ -82,7 +92,7 @@ void attend_row_head(const float* q, const float* k_buf, const float* v_buf, flo
       v16 o[NV];
       for (int c = 0; c < NV; ++c) o[c] = v16{};
       for (int64_t j = 0; j < n; ++j) {
-        const float* vr = v_buf + (slots[j] * s.KVH + h) * D;
+        const KV* vr = v_buf + (slots[j] * s.KVH + h) * D;
         const float p = scores[j];
         for (int c = 0; c < NV; ++c) o[c] += p * load16(vr + 16 * c);
       }
@@ -92,26 +102,58 @@ void attend_row_head(const float* q, const float* k_buf, const float* v_buf, flo
   }
 }
 
-using RowHeadFn = void (*)(const float*, const float*, const float*, float*, const int64_t*, int64_t, int64_t,
+template <typename KV>
+using RowHeadFn = void (*)(const float*, const KV*, const KV*, float*, const int64_t*, int64_t, int64_t,
                            int64_t, int64_t, Shape, float, float*);
 
-RowHeadFn pick(int64_t D) {
+template <typename KV>
+RowHeadFn<KV> pick(int64_t D) {
   switch (D) {
-    case 16: return attend_row_head<1>;
-    case 32: return attend_row_head<2>;
-    case 64: return attend_row_head<4>;
-    case 96: return attend_row_head<6>;
-    case 128: return attend_row_head<8>;
-    case 256: return attend_row_head<16>;
+    case 16: return attend_row_head<1, KV>;
+    case 32: return attend_row_head<2, KV>;
+    case 64: return attend_row_head<4, KV>;
+    case 96: return attend_row_head<6, KV>;
+    case 128: return attend_row_head<8, KV>;
+    case 256: return attend_row_head<16, KV>;
     default: return nullptr;
   }
+}
+
+template <typename KV>
+void run_rows(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf, at::Tensor& out,
+              const int64_t* rp, const int64_t* tp, int64_t B, int64_t C, int64_t max_len, double scale) {
+  const int64_t H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
+  RowHeadFn<KV> fn = pick<KV>(D);
+  TORCH_CHECK(fn != nullptr, "head_dim ", D, " is not supported (16, 32, 64, 96, 128 or 256)");
+  const float* qp = q.data_ptr<float>();
+  const KV* kp = k_buf.data_ptr<KV>();
+  const KV* vp = v_buf.data_ptr<KV>();
+  float* op = out.data_ptr<float>();
+  const Shape s{H, KVH, H / KVH};
+  const float sc = static_cast<float>(scale);
+  const int64_t items = B * KVH;
+  if (items == 0) return;
+  // Items are dealt round-robin to threads, so rows of unequal cost spread evenly.
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> scores(max_len);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t w = t; w < items; w += threads) {
+        const int64_t* r = rp + 4 * (w / KVH);
+        fn(qp, kp, vp, op, tp + r[0] * C, r[1], r[2], r[3], w % KVH, s, sc, scores.data());
+      }
+    }
+  });
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                            const at::Tensor& table, const at::Tensor& rows, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf must be [tokens, heads, dim]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k_buf.scalar_type() == at::kFloat && v_buf.scalar_type() == at::kFloat,
-              "paged_attention takes float32 tensors");
+  const auto kv_type = k_buf.scalar_type();
+  TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_attention takes float32 queries");
+  TORCH_CHECK(v_buf.scalar_type() == kv_type &&
+                  (kv_type == at::kFloat || kv_type == at::kBFloat16 || kv_type == at::kHalf),
+              "k_buf and v_buf must both be float32, bfloat16 or float16");
   TORCH_CHECK(table.scalar_type() == at::kLong && rows.scalar_type() == at::kLong, "table and rows must be int64");
   TORCH_CHECK(q.is_contiguous() && k_buf.is_contiguous() && v_buf.is_contiguous() && table.is_contiguous() &&
                   rows.is_contiguous(), "paged_attention takes contiguous tensors");
@@ -120,8 +162,7 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
   TORCH_CHECK(k_buf.sizes() == v_buf.sizes() && k_buf.size(2) == D, "k_buf and v_buf must be [slots, kv_heads, ", D, "]");
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "query heads (", H, ") must be a multiple of kv heads (", KVH, ")");
-  RowHeadFn fn = pick(D);
-  TORCH_CHECK(fn != nullptr, "head_dim ", D, " is not supported (16, 32, 64, 96, 128 or 256)");
+  TORCH_CHECK(pick<float>(D) != nullptr, "head_dim ", D, " is not supported (16, 32, 64, 96, 128 or 256)");
   const int64_t B = rows.size(0), R = table.size(0), C = table.size(1), S = k_buf.size(0);
   const int64_t* rp = rows.data_ptr<int64_t>();
   const int64_t* tp = table.data_ptr<int64_t>();
@@ -140,25 +181,13 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
     max_len = std::max(max_len, r[3]);
   }
   at::Tensor out = at::empty_like(q);
-  const float* qp = q.data_ptr<float>();
-  const float* kp = k_buf.data_ptr<float>();
-  const float* vp = v_buf.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const Shape s{H, KVH, H / KVH};
-  const float sc = static_cast<float>(scale);
-  const int64_t items = B * KVH;
-  if (items == 0) return out;
-  // Items are dealt round-robin to threads, so rows of unequal cost spread evenly.
-  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
-  at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(max_len);
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t w = t; w < items; w += threads) {
-        const int64_t* r = rp + 4 * (w / KVH);
-        fn(qp, kp, vp, op, tp + r[0] * C, r[1], r[2], r[3], w % KVH, s, sc, scores.data());
-      }
-    }
-  });
+  if (kv_type == at::kFloat) {
+    run_rows<float>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale);
+  } else if (kv_type == at::kBFloat16) {
+    run_rows<at::BFloat16>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale);
+  } else {
+    run_rows<at::Half>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale);
+  }
   return out;
 }
 

@@ -1,0 +1,293 @@
+"""Weight-only quantization on CPU: int8 per output channel and int4 in groups, on torch's
+packed matmuls (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`).
+
+Why these layouts: they are what torch's CPU kernels take, and on both AMX and AVX-512-only
+CPUs they move 2x / 4x fewer weight bytes than bf16 for the skinny activations of decoding,
+where a step is bound by weight bandwidth. The packed kernels cost in proportion to the rows
+(no reuse of a weight across rows), so for many tokens at once (prefill) a layer dequantizes
+its weight to bf16 for the call and uses the dense matmul (oneDNN on AMX / AVX512-BF16)
+instead. Where that pays depends on the shape (a weight that fits in cache dequantizes
+cheaply), so it is measured, once per layer shape, on the first call above
+`DEQUANT_MIN_TOKENS` rows (`crossover_rows`).
+
+A `QuantizedTensor` is the unpacked, row-editable form used while loading: codes, scales,
+zeros per row. Rows can be permuted (the GGUF Q/K head order) and concatenated (fused
+QKV / gate-up) before `pack_*` turns it into a module's buffers. Values are
+    int8:  w[n, k] = codes[n, k] * scales[n, 0]
+    int4:  w[n, k] = (codes[n, k] - 8) * scales[n, k // g] + zeros[n, k // g]
+(torch's int4 convention, so Q4_0 / Q4_1 / Q4_K blocks of 32 map onto it exactly).
+The kernels take bf16 scales: packing rounds them to bf16, the one error a repacked GGUF
+block gets (relative <= 2^-9 of a group's scale; `packing_error` measures it).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128)
+# Calls of up to this many rows always take the packed kernel; above it, a layer takes the
+# dequantize-then-bf16-matmul route past its measured crossover (`crossover_rows`).
+DEQUANT_MIN_TOKENS = 16
+_PACK_BLOCK_N = 64  # torch's CPU int4 layout: blocks of 64 output rows
+
+
+@dataclass
+class QuantizedTensor:
+    """A [N, K] weight as integer codes with per-row (int8) or per-group (int4) scales."""
+
+    kind: str  # "int8" | "int4"
+    codes: torch.Tensor  # int8 [N, K] (int8) or uint8 [N, K] in 0..15 (int4)
+    scales: torch.Tensor  # float32 [N, K // group] (int8: group = K)
+    zeros: torch.Tensor | None  # float32 [N, K // group] (int4 only)
+    group: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)  # type: ignore[return-value]
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 [N, K] weight these codes stand for."""
+        scales = self.scales.repeat_interleave(self.group, dim=1)
+        if self.kind == "int8":
+            return self.codes.float() * scales
+        return (self.codes.float() - 8) * scales + self.zeros.repeat_interleave(self.group, dim=1)
+
+    def rows(self, index: torch.Tensor) -> "QuantizedTensor":
+        """The rows `index` (a permutation or a selection), codes and scales together."""
+        zeros = None if self.zeros is None else self.zeros[index]
+        return QuantizedTensor(self.kind, self.codes[index], self.scales[index], zeros, self.group)
+
+    def rounded_scales(self) -> "QuantizedTensor":
+        """The same codes with scales and zeros rounded to bf16, as the packed kernels hold them."""
+        zeros = None if self.zeros is None else self.zeros.bfloat16().float()
+        return QuantizedTensor(self.kind, self.codes, self.scales.bfloat16().float(), zeros, self.group)
+
+
+def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
+    """Stack weights along the output dim (fused QKV, gate-up); all must share kind and group."""
+    kinds = {(p.kind, p.group, p.codes.shape[1]) for p in parts}
+    if len(kinds) != 1:
+        raise ValueError(f"cannot fuse quantized weights of different layouts: {sorted(kinds)}")
+    zeros = None if parts[0].zeros is None else torch.cat([p.zeros for p in parts])
+    return QuantizedTensor(parts[0].kind, torch.cat([p.codes for p in parts]),
+                           torch.cat([p.scales for p in parts]), zeros, parts[0].group)
+
+
+# ----------------------------------------------------------------------------- quantizers
+
+
+def quantize_int8(w: torch.Tensor) -> QuantizedTensor:
+    """Symmetric int8 per output row: scale = max|w| / 127."""
+    w = w.float()
+    scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
+    codes = torch.round(w / scale).clamp_(-127, 127).to(torch.int8)
+    return QuantizedTensor("int8", codes, scale, None, w.shape[1])
+
+
+def int4_group_for(k: int, group: int) -> int | None:
+    """The largest supported group <= `group` that divides K (None: K is not a multiple of 32)."""
+    for g in sorted(INT4_GROUP_SIZES, reverse=True):
+        if g <= group and k % g == 0:
+            return g
+    return None
+
+
+def quantize_int4(w: torch.Tensor, group: int) -> QuantizedTensor:
+    """Asymmetric int4 per group of `group` inputs: the group's [min, max] on 16 levels."""
+    w = w.float()
+    n, k = w.shape
+    wg = w.reshape(n, k // group, group)
+    lo, hi = wg.amin(dim=2), wg.amax(dim=2)
+    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    codes = torch.round((wg - lo.unsqueeze(2)) / scale.unsqueeze(2)).clamp_(0, 15).to(torch.uint8)
+    return QuantizedTensor("int4", codes.reshape(n, k), scale, lo + 8 * scale, group)
+
+
+def quantize(w: torch.Tensor, kind: str, group: int) -> QuantizedTensor:
+    return quantize_int8(w) if kind == "int8" else quantize_int4(w, group)
+
+
+# ----------------------------------------------------------------------------- packing
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K] codes -> torch's CPU int4 layout ([N, K/2] bytes)."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
+
+
+def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """Inverse of `pack_int4` for N a multiple of 64: per block of 64 rows, byte (k, j)
+    holds row j in its low nibble and row j + 32 in its high one."""
+    blocks = packed.reshape(n // _PACK_BLOCK_N, k, _PACK_BLOCK_N // 2)
+    both = torch.cat([blocks & 15, blocks >> 4], dim=2)  # [N/64, K, 64]
+    return both.transpose(1, 2).reshape(n, k)
+
+
+def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
+    extra = -q.codes.shape[0] % multiple
+    if not extra:
+        return q
+    pad = torch.arange(extra) * 0  # row 0, repeated; sliced off the output
+    return cat_rows([q, q.rows(pad)])
+
+
+_CROSSOVERS: dict[tuple, int] = {}
+
+
+def _best_seconds(fn, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def crossover_rows(layer: nn.Module) -> int:
+    """Rows above which dequantize + bf16 matmul beats the packed kernel for this layer's
+    shape: one dequantization against the packed kernel's cost per row, measured once per
+    (layout, shape) in this process (a few ms; at most ~0.3 s for a 1B layer)."""
+    key = (type(layer).__name__, layer.out_features, layer.in_features, getattr(layer, "group", 0))
+    if key not in _CROSSOVERS:
+        x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
+        per_row = _best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
+        dequant = _best_seconds(layer.dequantized, 2)
+        _CROSSOVERS[key] = max(DEQUANT_MIN_TOKENS, int(dequant / per_row))
+    return _CROSSOVERS[key]
+
+
+class Int8Linear(nn.Module):
+    """y = x W^T (+ b) with W int8 per output channel, computed in bf16."""
+
+    def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        assert q.kind == "int8"
+        self.out_features, self.in_features = q.shape
+        self.register_buffer("qweight", q.codes.contiguous())
+        self.register_buffer("scales", q.scales[:, 0].to(torch.bfloat16).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
+
+    def dequantized(self) -> torch.Tensor:
+        """The bf16 [N, K] weight (one call's worth; prefill)."""
+        return self.qweight.to(torch.bfloat16) * self.scales.unsqueeze(1)
+
+    def held_weight(self) -> torch.Tensor:
+        """The float32 [N, K] weight the kernel computes with (codes x bf16 scales), exactly."""
+        return self.qweight.float() * self.scales.float().unsqueeze(1)
+
+    def packed_mm(self, xb: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if xb.shape[0] > DEQUANT_MIN_TOKENS and xb.shape[0] > crossover_rows(self):
+            y = F.linear(xb, self.dequantized(), self.bias)
+        else:
+            y = self.packed_mm(xb)
+            if self.bias is not None:
+                y = y + self.bias
+        return y.to(x.dtype)
+
+
+class Int4Linear(nn.Module):
+    """y = x W^T (+ b) with W int4 in groups along the input dim, computed in bf16."""
+
+    def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        assert q.kind == "int4"
+        self.out_features, self.in_features = q.shape
+        self.group = q.group
+        padded = _pad_rows(q, _PACK_BLOCK_N)
+        self.padded_out = padded.codes.shape[0]
+        self.register_buffer("qweight", pack_int4(padded.codes))
+        sz = torch.stack([padded.scales.t(), padded.zeros.t()], dim=2)  # [K/g, N, 2]
+        self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
+        self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
+
+    def dequantized(self) -> torch.Tensor:
+        """The bf16 [N, K] weight (padded rows included; one call's worth: prefill)."""
+        n, k = self.padded_out, self.in_features
+        codes = unpack_int4(self.qweight, n, k).to(torch.bfloat16).reshape(n, k // self.group, self.group)
+        scales, zeros = self.scales_zeros.permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
+        return ((codes - 8) * scales + zeros).reshape(n, k)
+
+    def held_weight(self) -> torch.Tensor:
+        """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros), exactly."""
+        n, k = self.padded_out, self.in_features
+        codes = unpack_int4(self.qweight, n, k).float().reshape(n, k // self.group, self.group)
+        scales, zeros = self.scales_zeros.float().permute(2, 1, 0).unsqueeze(3)
+        return ((codes - 8) * scales + zeros).reshape(n, k)[: self.out_features]
+
+    def packed_mm(self, xb: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group, self.scales_zeros)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = x.to(torch.bfloat16)
+        if xb.shape[0] > DEQUANT_MIN_TOKENS and xb.shape[0] > crossover_rows(self):
+            y = F.linear(xb, self.dequantized())
+        else:
+            y = self.packed_mm(xb)
+        if self.padded_out != self.out_features:
+            y = y[:, : self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.to(x.dtype)
+
+
+class Int8Embedding(nn.Module):
+    """Token embeddings as int8 rows (per-row scale); doubles as a tied int8 LM head."""
+
+    def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
+        super().__init__()
+        assert q.kind == "int8"
+        self.num_embeddings, self.embedding_dim = q.shape
+        self.dtype = dtype
+        self.register_buffer("qweight", q.codes.contiguous())
+        self.register_buffer("scales", q.scales[:, 0].to(torch.bfloat16).contiguous())
+
+    def held_weight(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float().unsqueeze(1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.qweight[ids].to(torch.bfloat16) * self.scales[ids].unsqueeze(-1)
+        return rows.to(self.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """float32 [N, vocab] = hidden @ E^T (the LM head)."""
+        return torch.ops.aten._weight_int8pack_mm(hidden.to(torch.bfloat16), self.qweight, self.scales).float()
+
+
+def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module:
+    return Int8Linear(q, bias) if q.kind == "int8" else Int4Linear(q, bias)
+
+
+def packing_error(q: QuantizedTensor) -> float:
+    """Largest |w - w'| / max|w| between the codes' exact weight and what the kernel holds
+    (bf16 scales): the error a GGUF block gets from being repacked."""
+    exact = q.dequantize()
+    held = q.rounded_scales().dequantize()
+    return float((exact - held).abs().max() / exact.abs().max().clamp_min(1e-30))
+
+
+def quantization_summary(model: nn.Module) -> dict[str, int]:
+    """How many layers of each weight layout the model holds (for get_server_info)."""
+    counts: dict[str, int] = {}
+    for module in model.modules():
+        if isinstance(module, Int4Linear):
+            key = f"int4_g{module.group}"
+        elif isinstance(module, Int8Linear):
+            key = "int8"
+        elif isinstance(module, Int8Embedding):
+            key = "int8_embedding"
+        elif isinstance(module, (nn.Linear, nn.Embedding)) or type(module).__name__ == "Linear":
+            key = "dense"
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    return counts
