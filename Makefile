@@ -33,7 +33,7 @@ demo: setup
 	$(PY) examples/engine_quickstart.py
 
 serve: setup
-	$(PY) -m sgl.launch_server --model-path default --host 127.0.0.1 --port 30000
+	$(PY) -m sgl.launch_server --model-path default --host 127.0.0.1 --port 30000 --torch-compile
 
 bench: setup
 	$(PY) benchmarks/bench_throughput.py

@@ -6,7 +6,8 @@ Each engine runs in its own process, one after another, on the same token-id pro
     prefix   48 prompts = one ~1k-token prefix + 8 own tokens, 8 new tokens each: seconds
     batch1   one prompt, 128 new tokens: tokens/s (llama.cpp also by `llama-bench -n 128`)
 
-Engines: sgl fp32 / bf16 (dense), int8 / int4 (weights quantized); llama.cpp `llama-server`
+Engines: sgl fp32 / bf16 (dense), int8 / int4 (weights quantized), each with the batch-1
+decode forward compiled (`torch_compile=True`; load_s includes the compile); llama.cpp `llama-server`
 (Q4_1 and Q8_0 GGUF, 16 slots, continuous batching, prompt cache on); vLLM CPU (bf16,
 prefix caching on); HF transformers fp32 (static batches of 16; no prefix workload: it has
 no prefix cache). Models: the embedded SmolLM2-135M (its Q4_1 file; a Q8_0 file and an HF
@@ -69,6 +70,19 @@ def peak_rss_mb(pid: int | str = "self") -> float:
     return float("nan")
 
 
+def tree_peak_rss_mb(pid: int | str = "self") -> float:
+    """Sum of the peak RSS of a process and its descendants (vLLM runs its engine core in a
+    child process): an upper bound of their peak together."""
+    total = peak_rss_mb(pid)
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        total += sum(tree_peak_rss_mb(child) for child in children)
+    return total
+
+
 def summarize(name: str, wall: float, tokens: int) -> dict:
     return {"seconds": round(wall, 3), "tokens": tokens, "tok_per_s": round(tokens / wall, 1)}
 
@@ -83,9 +97,10 @@ def worker_sgl(args, wl: dict) -> dict:
     dtype, quantization, _ = SGL_VARIANTS[args.engine]
     t = time.perf_counter()
     engine = sgl.Engine(model_path=args.model_file, dtype=dtype, quantization=quantization,
-                        max_total_tokens=24000, max_running_requests=64)
+                        max_total_tokens=24000, max_running_requests=64, torch_compile=True)
     out = {"load_s": round(time.perf_counter() - t, 1), "info": {
-        k: engine.get_server_info()[k] for k in ("dtype", "dtype_reason", "weight_layouts", "attention_backend")}}
+        k: engine.get_server_info()[k] for k in ("dtype", "dtype_reason", "weight_layouts", "attention_backend",
+                                                 "torch_compile")}}
     engine.generate(input_ids=[[5, 6, 7]] * 2, sampling_params={"max_new_tokens": 4})  # warm up
     for name, w in wl.items():
         engine.flush_cache()
@@ -115,7 +130,7 @@ def worker_vllm(args, wl: dict) -> dict:
         t = time.perf_counter()
         res = llm.generate(prompts, sp, use_tqdm=False)
         out[name] = summarize(name, time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in res))
-    out["peak_rss_mb"] = round(peak_rss_mb(), 0)  # the engine core may be a child process: see note
+    out["peak_rss_mb"] = round(tree_peak_rss_mb(), 0)  # with the engine core's process
     return out
 
 

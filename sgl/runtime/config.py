@@ -41,6 +41,9 @@ class EngineConfig:
     load_format: str = "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)
     cuda_graph_max_bs: int = 160  # decode steps of up to this many requests replay CUDA graphs
     disable_cuda_graph: bool = False
+    # CPU: compile the batch-1 decode forward with torch.compile (inductor) at start-up
+    # (15-45 s the first time, cached on disk by inductor); other steps run eagerly.
+    torch_compile: bool = False
 
     def validate(self) -> None:
         if self.schedule_policy not in SCHEDULE_POLICIES:

@@ -14,6 +14,7 @@ import torch
 
 from sgl.runtime.attention import ForwardBatch, create_attention_backend, supports_cuda_graph
 from sgl.runtime.config import EngineConfig, cuda_graph_max_bs
+from sgl.runtime.cpu_compile import CompiledDecode
 from sgl.runtime.cuda_graph import CudaGraphRunner, DecodeInputs
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.request import Req
@@ -45,11 +46,14 @@ class ModelRunner:
         self.graph_max_bs = max_bs if max_bs > 0 and supports_cuda_graph(self.attn_backend) else 0
         self.graph_runner: CudaGraphRunner | None = None
         self.cuda_graph_steps = 0
+        self.compiled_decode = CompiledDecode(model) if cfg.torch_compile and device.type == "cpu" else None
+        self.compiled_steps = 0
 
     @property
     def padding_rows(self) -> int:
-        """Table rows the runner keeps for itself: CUDA graphs pad with a row of zeros."""
-        return 1 if self.graph_max_bs else 0
+        """Table rows the runner keeps for itself: CUDA graphs pad with a row of zeros, and the
+        CPU compile warms up on one."""
+        return 1 if self.graph_max_bs or self.compiled_decode is not None else 0
 
     def backend_reserved_bytes(self, max_total_tokens: int, dtype: torch.dtype) -> int:
         """What the attention backend may allocate beyond a pool of this size (memory plan)."""
@@ -66,6 +70,25 @@ class ModelRunner:
             self.graph_runner = CudaGraphRunner(
                 self.model, self.attn_backend, kv_pool, req_to_token, self.graph_max_bs, padding_row
             )
+        if self.compiled_decode is not None:
+            padding_row = req_to_token.alloc()  # never freed; its one key is slot 0 (padding)
+            self.compiled_decode.warm(lambda: self._batch([0], [0], torch.zeros(1, dtype=torch.int64), [padding_row],
+                                                          [0], [1]), self.attn_backend)
+
+    def _batch(self, input_ids: list[int], positions: list[int], slots: torch.Tensor, rows: list[int],
+               prefix_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+        return ForwardBatch(
+            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
+            out_cache_loc=slots.to(self.device),
+            req_rows=rows,
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            kv_pool=self.kv_pool,
+            req_to_token=self.req_to_token,
+            attn_backend=self.attn_backend,
+            row_epochs=[self.req_to_token.epochs[row] for row in rows],
+        )
 
     # ------------------------------------------------------------------ forward
 
@@ -85,21 +108,14 @@ class ModelRunner:
             self.cuda_graph_steps += 1  # pure decode: replay the captured forward
             return runner.replay(DecodeInputs(input_ids, positions, slots.tolist(), rows,
                                               [r.kv_len + 1 for r in step.reqs]))
-        batch = ForwardBatch(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
-            out_cache_loc=slots.to(self.device),
-            req_rows=rows,
-            prefix_lens=[r.kv_len for r in step.reqs],
-            extend_lens=list(step.extend_lens),
-            kv_pool=self.kv_pool,
-            req_to_token=self.req_to_token,
-            attn_backend=self.attn_backend,
-            row_epochs=[self.req_to_token.epochs[row] for row in rows],
-        )
+        batch = self._batch(input_ids, positions, slots, rows, [r.kv_len for r in step.reqs], list(step.extend_lens))
         self.attn_backend.init_forward_metadata(batch)
+        forward = self.model
+        if self.compiled_decode is not None and self.compiled_decode.takes(batch.extend_lens):
+            forward = self.compiled_decode.forward
+            self.compiled_steps += 1
         with torch.inference_mode():
-            return self.model(batch.input_ids, batch.positions, batch)
+            return forward(batch.input_ids, batch.positions, batch)
 
     def logits(self, hidden: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         return self.model.compute_logits(hidden[torch.tensor(list(rows), device=hidden.device)])

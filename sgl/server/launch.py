@@ -60,6 +60,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--cuda-graph-max-bs": ("cuda_graph_max_bs", dict(type=int, default=160,
                             help="decode steps of up to this many requests replay CUDA graphs")),
     "--disable-cuda-graph": ("disable_cuda_graph", dict(action="store_true")),
+    "--torch-compile": ("torch_compile", dict(
+        action="store_true", help="CPU: compile the batch-1 decode forward with torch.compile at start-up "
+                                  "(15-45 s the first time, cached on disk)")),
 }
 
 

@@ -51,6 +51,21 @@ def test_int4_pack_roundtrip(n, k):
     assert torch.equal(unpack_int4(pack_int4(codes), n, k), codes)
 
 
+def test_chunked_packing_and_requantization_equal_whole():
+    """pack_int4 and quantize go a few million weights at a time: the result is the same."""
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 16, (320, 128), dtype=torch.uint8, generator=gen)
+    assert torch.equal(pack_int4(codes, chunk_elems=64 * 128), pack_int4(codes))
+    w = torch.randn(300, 128, generator=gen)
+    for kind in ("int8", "int4"):
+        whole, chunked = quant.quantize(w, kind, 32), quant.quantize(w, kind, 32, chunk_elems=7 * 128)
+        assert torch.equal(whole.codes, chunked.codes) and torch.equal(whole.scales, chunked.scales)
+    q8 = quant.QuantizedTensor("int8", torch.randint(-127, 128, (300, 128), dtype=torch.int8, generator=gen),
+                               torch.rand(300, 4, generator=gen), None, 32)  # Q8_0-like groups of 32
+    per_row = quant.quantize(q8, "int8", 128, chunk_elems=5 * 128)
+    assert torch.equal(per_row.codes, quantize_int8(q8.dequantize()).codes)
+
+
 def test_quantizers_round_to_the_nearest_level():
     w = torch.randn(40, 256, generator=torch.Generator().manual_seed(1))
     q8 = quantize_int8(w)

@@ -109,16 +109,33 @@ def quantize_int4(w: torch.Tensor, group: int) -> QuantizedTensor:
     return QuantizedTensor("int4", codes.reshape(n, k), scale, lo + 8 * scale, group)
 
 
-def quantize(w: torch.Tensor, kind: str, group: int) -> QuantizedTensor:
-    return quantize_int8(w) if kind == "int8" else quantize_int4(w, group)
+def quantize(w: torch.Tensor | QuantizedTensor, kind: str, group: int,
+             chunk_elems: int = 1 << 22) -> QuantizedTensor:
+    """`w` (dense, or codes in another layout) in `kind`'s layout. Rows are independent, so
+    it goes a few million weights at a time: the float32 temporaries stay small (a 128k x 4k
+    embedding would otherwise need several 2 GB copies at once)."""
+    rows = max(1, chunk_elems // w.shape[1])
+    parts = []
+    for start in range(0, w.shape[0], rows):
+        index = torch.arange(start, min(start + rows, w.shape[0]))
+        chunk = w.rows(index).dequantize() if isinstance(w, QuantizedTensor) else w[start : start + rows].float()
+        parts.append(quantize_int8(chunk) if kind == "int8" else quantize_int4(chunk, group))
+    return cat_rows(parts)
 
 
 # ----------------------------------------------------------------------------- packing
 
 
-def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 [N, K] codes -> torch's CPU int4 layout ([N, K/2] bytes)."""
-    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
+def pack_int4(codes: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
+    """uint8 [N, K] codes -> torch's CPU int4 layout ([N, K/2] bytes). The op takes int32
+    codes, so it goes a few million at a time, in whole blocks of 64 rows (blocks are packed
+    independently): a 4-byte copy of a whole large weight never exists."""
+    n, k = codes.shape
+    if n % _PACK_BLOCK_N:
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
+    rows = max(_PACK_BLOCK_N, chunk_elems // k // _PACK_BLOCK_N * _PACK_BLOCK_N)
+    return torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[i : i + rows].to(torch.int32), 2)
+                      for i in range(0, n, rows)])
 
 
 def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
