@@ -77,7 +77,7 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate-half) RoPE from a cos/sin table indexed by absolute position."""
+    """Neox-style (rotate-half) RoPE tables indexed by absolute position (`tables`, applied by `rotate`)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -92,10 +92,6 @@ class RotaryEmbedding(nn.Module):
         """(cos, signed sin), each [T, 1, D] float32, for `rotate`: once per forward, not per layer."""
         cos, sin = self.cos[positions], self.sin[positions]  # [T, D/2]
         return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.tables(positions)
-        return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
