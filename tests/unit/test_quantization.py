@@ -104,6 +104,25 @@ def test_quantized_linear_matches_its_held_weights(kind, group, rows, out_featur
     assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
 
 
+@pytest.mark.parametrize("kernel", ["C++", "torch ops"])
+def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
+    """The bf16 W^T of the prefill route: the held (float32) weight rounded once to bf16 (C++),
+    or through bf16 torch ops (the fallback where no compiler is present)."""
+    if kernel == "torch ops":
+        monkeypatch.setattr(quant, "int4_dequant_op", lambda: None)
+    elif quant.int4_dequant_op() is None:
+        pytest.skip("no C++ compiler: the int4 dequantize kernel cannot be built here")
+    for n, k, g in ((192, 256, 32), (97, 128, 64), (640, 512, 128)):
+        layer = Int4Linear(quantize_int4(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), g), None)
+        got = layer.dequantized_t()
+        assert got.shape == (k, layer.padded_out) and got.dtype == torch.bfloat16
+        held = layer.held_weight().t()
+        if kernel == "C++":
+            assert torch.equal(got[:, :n], held.bfloat16())  # one rounding, to nearest even
+        else:
+            assert (got[:, :n].float() - held).abs().max() <= 2 ** -7 * held.abs().max()
+
+
 def test_crossover_is_measured_once_per_shape():
     q = quantize_int8(torch.randn(128, 256) * 0.05)
     a, b = Int8Linear(q, None), Int8Linear(q, None)

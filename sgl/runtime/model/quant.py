@@ -6,9 +6,9 @@ CPUs they move 2x / 4x fewer weight bytes than bf16 for the skinny activations o
 where a step is bound by weight bandwidth. The packed kernels cost in proportion to the rows
 (no reuse of a weight across rows), so for many tokens at once (prefill) a layer dequantizes
 its weight to bf16 for the call and uses the dense matmul (oneDNN on AMX / AVX512-BF16)
-instead. Where that pays depends on the shape (a weight that fits in cache dequantizes
-cheaply), so it is measured, once per layer shape, on the first call above
-`DEQUANT_MIN_TOKENS` rows (`crossover_rows`).
+instead (int4 in one C++ pass, csrc/int4_dequant_cpu.cpp). Where that pays depends on the
+shape (a weight that fits in cache dequantizes cheaply), so it is measured, once per layer
+shape, on the first call above `DEQUANT_MIN_TOKENS` rows (`crossover_rows`).
 
 A `QuantizedTensor` is the unpacked, row-editable form used while loading: codes, scales,
 zeros per row. Rows can be permuted (the GGUF Q/K head order) and concatenated (fused
@@ -22,12 +22,18 @@ block gets (relative <= 2^-9 of a group's scale; `packing_error` measures it).
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -155,6 +161,26 @@ def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
 
 
 _CROSSOVERS: dict[tuple, int] = {}
+_DEQUANT_SOURCE = Path(__file__).parent / "csrc" / "int4_dequant_cpu.cpp"
+_dequant_lock = threading.Lock()
+_dequant_op: list = []  # [op or None], once tried
+
+
+def int4_dequant_op() -> Callable | None:
+    """torch.ops.sgl_quant.int4_dequant_t (C++, built on first use like the attention kernel),
+    or None where it cannot be built: `Int4Linear` then dequantizes with torch ops (slower)."""
+    with _dequant_lock:
+        if not _dequant_op:
+            try:
+                from sgl import native
+
+                native.build("sgl_int4_dequant", _DEQUANT_SOURCE, ["-O3", "-march=native", "-fopenmp"],
+                             ldflags=["-fopenmp"], python_module=False)
+                _dequant_op.append(torch.ops.sgl_quant.int4_dequant_t)
+            except Exception as e:  # no compiler: the torch-ops route serves
+                logger.warning("the int4 dequantize kernel could not be built (%s); using torch ops", e)
+                _dequant_op.append(None)
+        return _dequant_op[0]
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -174,7 +200,7 @@ def crossover_rows(layer: nn.Module) -> int:
     if key not in _CROSSOVERS:
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
         per_row = _best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
-        dequant = _best_seconds(layer.dequantized, 2)
+        dequant = _best_seconds(getattr(layer, "dequantized_t", layer.dequantized), 2)
         _CROSSOVERS[key] = max(DEQUANT_MIN_TOKENS, int(dequant / per_row))
     return _CROSSOVERS[key]
 
@@ -227,8 +253,16 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
 
+    def dequantized_t(self) -> torch.Tensor:
+        """The bf16 W^T [K, N] (padded rows included; one call's worth: prefill), in one C++
+        pass where the kernel is built, else through `dequantized`."""
+        op = int4_dequant_op() if self.padded_out % _PACK_BLOCK_N == 0 else None
+        if op is None:
+            return self.dequantized().t()
+        return op(self.qweight, self.scales_zeros, self.group)
+
     def dequantized(self) -> torch.Tensor:
-        """The bf16 [N, K] weight (padded rows included; one call's worth: prefill)."""
+        """The bf16 [N, K] weight (padded rows included), with torch ops."""
         n, k = self.padded_out, self.in_features
         codes = unpack_int4(self.qweight, n, k).to(torch.bfloat16).reshape(n, k // self.group, self.group)
         scales, zeros = self.scales_zeros.permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
@@ -247,7 +281,7 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
         if xb.shape[0] > DEQUANT_MIN_TOKENS and xb.shape[0] > crossover_rows(self):
-            y = F.linear(xb, self.dequantized())
+            y = torch.mm(xb, self.dequantized_t())
         else:
             y = self.packed_mm(xb)
         if self.padded_out != self.out_features:
