@@ -156,7 +156,7 @@ def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
     extra = -q.codes.shape[0] % multiple
     if not extra:
         return q
-    pad = torch.arange(extra) * 0  # row 0, repeated; sliced off the output
+    pad = torch.zeros(extra, dtype=torch.long)  # row 0, repeated; sliced off the output
     return cat_rows([q, q.rows(pad)])
 
 
