@@ -353,10 +353,11 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
 
 @dataclass
 class SampleOutput:
-    """One step's result: tokens [B] int64 (-1 = nothing allowed), raw logprobs [B] float32."""
+    """One step's result: tokens [B] int64 (-1 = nothing allowed), raw logprobs [B] float32
+    (None when not asked for: `sample(with_logprobs=False)`)."""
 
     token_ids: torch.Tensor
-    logprobs: torch.Tensor
+    logprobs: torch.Tensor | None
     top_logprobs: list[list[tuple[int, float]] | None]
 
 
@@ -505,9 +506,12 @@ def sample(
     generators: list[torch.Generator | None],
     top_logprobs_num: list[int] | None = None,
     allowed_mask: torch.Tensor | None = None,
+    with_logprobs: bool = True,
 ) -> SampleOutput:
     """Pick one token per row; see the module docstring for the processing order (one step
-    per stage of that order, kept in one function so the order reads top to bottom)."""
+    per stage of that order, kept in one function so the order reads top to bottom).
+    with_logprobs=False (no row wants logprobs) skips the logsumexp over the vocabulary:
+    ~5% of a 48-row decode step on CPU."""
     if logits.dim() != 2 or logits.shape[0] != batch.size or logits.shape[1] != batch.vocab_size:
         raise ValueError(
             f"logits must be [{batch.size}, {batch.vocab_size}], got {tuple(logits.shape)}"
@@ -517,10 +521,12 @@ def sample(
         allowed_mask.shape != (B, V) or allowed_mask.dtype != torch.bool
     ):
         raise ValueError(f"allowed_mask must be bool [{B}, {V}], got {tuple(allowed_mask.shape)}")
+    if not with_logprobs and top_logprobs_num and any(top_logprobs_num):
+        raise ValueError("top_logprobs_num needs with_logprobs=True")
     raw = logits.float()
     # Raw-distribution statistics first, so the edits below may reuse `raw`'s storage.
-    lse = torch.logsumexp(raw, dim=-1)
-    top_logprobs = _top_logprobs(raw, lse, top_logprobs_num, B)
+    lse = torch.logsumexp(raw, dim=-1) if with_logprobs else None
+    top_logprobs = _top_logprobs(raw, lse, top_logprobs_num, B) if with_logprobs else [None] * B
 
     active_min_new = [r for r in batch.min_new_rows if len(output_ids[r]) < batch.min_new_tokens[r]]
     edits = (
@@ -549,6 +555,8 @@ def sample(
             _apply_frequency_presence(flat, batch, output_ids)
 
     token_ids = _choose_tokens(x, batch, generators)
+    if lse is None:
+        return SampleOutput(token_ids=token_ids, logprobs=None, top_logprobs=top_logprobs)
 
     # Logprob under the raw distribution: logits[id] - logsumexp(logits).
     picked = logits.gather(1, token_ids.clamp(min=0).unsqueeze(1)).squeeze(1).float() - lse

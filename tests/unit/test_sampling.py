@@ -552,6 +552,25 @@ def test_logprobs_are_raw_log_softmax() -> None:
         assert all(got[i][1] >= got[i + 1][1] for i in range(len(got) - 1))
 
 
+def test_without_logprobs_the_same_tokens_are_picked() -> None:
+    """with_logprobs=False (no request asked) skips the logsumexp: same tokens, seeded draws
+    included, and no logprobs; asking for top logprobs then is an error."""
+    torch.manual_seed(4)
+    B, V = 6, 80
+    logits = torch.randn(B, V) * 2
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_p=0.9),
+              SamplingParams(temperature=1.2, top_k=5, repetition_penalty=1.3)] * 2
+    runs = []
+    for with_logprobs in (True, False):
+        gens = [make_generator(11 + r) for r in range(B)]
+        runs.append(run_sample(logits, params, outputs=[[1, 2]] * B, prompts=[[3]] * B, generators=gens,
+                               with_logprobs=with_logprobs))
+    assert torch.equal(runs[0].token_ids, runs[1].token_ids)
+    assert runs[1].logprobs is None and runs[1].top_logprobs == [None] * B
+    with pytest.raises(ValueError, match="with_logprobs"):
+        run_sample(logits, params, top_logprobs_num=[1] * B, with_logprobs=False)
+
+
 def test_empty_batch() -> None:
     out = run_sample(torch.empty(0, 10), [])
     assert out.token_ids.shape == (0,) and out.logprobs.shape == (0,) and out.top_logprobs == []
