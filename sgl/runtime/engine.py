@@ -484,6 +484,7 @@ def effective_quantization(quantization: str, device: torch.device) -> str:
 def _load_model_and_tokenizer(cfg: EngineConfig, dtype: torch.dtype, device: torch.device) -> tuple:
     """(model, model config, resolved model path, tokenizer)."""
     quantization = effective_quantization(cfg.quantization, device)
+    from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
     from sgl.runtime.model.loader import QuantPolicy, load_model, quantize_model, resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer
 
@@ -498,6 +499,8 @@ def _load_model_and_tokenizer(cfg: EngineConfig, dtype: torch.dtype, device: tor
         path = resolve_model_path(cfg.model_path)
         model, mc = load_model(path, dtype, device, quantization, cfg.int4_group_size)
         tok_path = cfg.tokenizer_path or path
+    if packing_applies(dtype, device):
+        pack_dense_layers(model)
     if tok_path is None:
         logger.warning("no tokenizer found for the dummy model %r: using a byte-level one", cfg.model_path)
         tokenizer = byte_level_tokenizer()

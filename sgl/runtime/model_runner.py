@@ -47,7 +47,7 @@ class ModelRunner:
         self.graph_runner: CudaGraphRunner | None = None
         self.cuda_graph_steps = 0
         self.compiled_decode = CompiledDecode(model) if cfg.torch_compile and device.type == "cpu" else None
-        self.compiled_steps = 0
+        self.compiled_steps = {"batch 1": 0, "batch 2+": 0}  # steps each compiled graph ran
 
     @property
     def padding_rows(self) -> int:
@@ -72,8 +72,8 @@ class ModelRunner:
             )
         if self.compiled_decode is not None:
             padding_row = req_to_token.alloc()  # never freed; its one key is slot 0 (padding)
-            self.compiled_decode.warm(lambda: self._batch([0], [0], torch.zeros(1, dtype=torch.int64), [padding_row],
-                                                          [0], [1]), self.attn_backend)
+            self.compiled_decode.warm(lambda n: self._batch([0] * n, [0] * n, torch.zeros(n, dtype=torch.int64),
+                                                            [padding_row] * n, [0] * n, [1] * n), self.attn_backend)
 
     def _batch(self, input_ids: list[int], positions: list[int], slots: torch.Tensor, rows: list[int],
                prefix_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
@@ -111,9 +111,10 @@ class ModelRunner:
         batch = self._batch(input_ids, positions, slots, rows, [r.kv_len for r in step.reqs], list(step.extend_lens))
         self.attn_backend.init_forward_metadata(batch)
         forward = self.model
-        if self.compiled_decode is not None and self.compiled_decode.takes(batch.extend_lens):
-            forward = self.compiled_decode.forward
-            self.compiled_steps += 1
+        compiled = self.compiled_decode.pick(batch.extend_lens) if self.compiled_decode is not None else None
+        if compiled is not None:
+            forward = compiled
+            self.compiled_steps["batch 1" if len(batch.extend_lens) == 1 else "batch 2+"] += 1
         with torch.inference_mode():
             return forward(batch.input_ids, batch.positions, batch)
 
@@ -128,6 +129,7 @@ class ModelRunner:
         allowed = self._grammar_mask(reqs, logits.device)
         sbatch = SamplingBatch.build([r.sampling_params for r in reqs], logits.device, self.vocab_size, eos_token_ids)
         need_prompt = bool(sbatch.repetition_rows)
+        want_logprobs = any(r.logprobs.enabled for r in reqs)
         out = sample(
             logits,
             sbatch,
@@ -136,8 +138,9 @@ class ModelRunner:
             generators=[r.generator for r in reqs],
             top_logprobs_num=[r.logprobs.top_n if r.logprobs.enabled else 0 for r in reqs],
             allowed_mask=allowed,
+            with_logprobs=want_logprobs,
         )
-        logprobs = out.logprobs.tolist() if any(r.logprobs.enabled for r in reqs) else None
+        logprobs = out.logprobs.tolist() if want_logprobs else None
         return Sampled(out.token_ids.tolist(), logprobs, out.top_logprobs)
 
     def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:

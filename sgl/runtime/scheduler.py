@@ -267,6 +267,6 @@ class Scheduler:
             "jump_forward_tokens": self.output.jump_forward_tokens,
             "cuda_graph_steps": self.runner.cuda_graph_steps,
             "torch_compile": {**(self.runner.compiled_decode.info if self.runner.compiled_decode else {"enabled": False}),
-                              "steps": self.runner.compiled_steps},
+                              "steps": dict(self.runner.compiled_steps)},
         }
 

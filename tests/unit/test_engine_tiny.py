@@ -112,9 +112,10 @@ def test_load_errors_surface_on_the_callers_thread(tiny_dir):
     assert not {name for name in after - before if name.startswith("sgl-")}
 
 
-def test_compiled_batch1_decode_equals_hf_generate(tiny_dir):
-    """torch_compile=True: decode steps of one request run the inductor-compiled forward
-    (the rest eagerly); greedy tokens still equal HF's, prompt by prompt."""
+def test_compiled_decode_equals_hf_generate(tiny_dir):
+    """torch_compile=True: decode steps of one request run the static batch-1 graph, decode
+    steps of several the dynamic-batch one (the rest eagerly); greedy tokens still equal
+    HF's, alone and in batches of changing size (requests of different lengths finish apart)."""
     import shutil
 
     if not (shutil.which("c++") or shutil.which("g++")):
@@ -122,8 +123,17 @@ def test_compiled_batch1_decode_equals_hf_generate(tiny_dir):
     path, hf = tiny_dir
     with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, torch_compile=True) as engine:
         info = engine.get_server_info()["torch_compile"]
-        assert info["enabled"] and info["compile_seconds"] > 0, info
+        assert info["enabled"] and set(info["graphs"]) == {"batch 1", "batch 2+"}, info
+        assert all(s > 0 for s in info["graphs"].values()), info
         for ids in prompts(4, seed=5):
             assert engine_greedy(engine, [ids]) == [hf_greedy(hf, ids, NEW)]
-        assert engine.get_server_info()["torch_compile"]["steps"] >= 4 * (NEW - 1)
+        steps = engine.get_server_info()["torch_compile"]["steps"]
+        assert steps["batch 1"] >= 4 * (NEW - 1) and steps["batch 2+"] == 0, steps
+        batch = prompts(5, seed=6)
+        lengths = [NEW - 2 * i for i in range(len(batch))]  # rows finish one by one: batch sizes 5, 4, ... 2
+        got = engine.generate(input_ids=batch, sampling_params=[
+            {"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths])
+        assert [r["output_ids"] for r in got] == [hf_greedy(hf, ids, n) for ids, n in zip(batch, lengths)]
+        steps = engine.get_server_info()["torch_compile"]["steps"]
+        assert steps["batch 2+"] >= lengths[-2] - 1, steps
         assert_no_leak(engine)

@@ -104,6 +104,36 @@ def test_quantized_linear_matches_its_held_weights(kind, group, rows, out_featur
     assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
 
 
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_dynamic_batch_compile_chooses_the_route_at_run_time(kind):
+    """Compiled with a symbolic row count (cpu_compile's batched graph), a quantized layer
+    decides packed-or-dequantized inside a custom op on each call's real rows: one graph
+    serves row counts on both sides of the crossover, each equal to the held-weight reference."""
+    from torch._dynamo.utils import counters
+
+    gen = torch.Generator().manual_seed(11)
+    w = torch.randn(192, 256, generator=gen) * 0.05
+    module = Int8Linear(quantize_int8(w), None) if kind == "int8" else Int4Linear(quantize_int4(w, 32), None)
+    if not quant.linear_ops_built():
+        pytest.skip("no C++ compiler: compiled graphs trace the torch-ops route")
+    quant.prepare_for_compile(module)
+    module.crossover = 20
+    torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = torch.compile(module, dynamic=None)
+    packed = "_weight_int8pack_mm" if kind == "int8" else "_weight_int4pack_mm_for_cpu"
+    for rows in (3, 40, 7, 25):
+        x = torch.randn(rows, 256, generator=gen)
+        torch._dynamo.mark_dynamic(x, 0)
+        ref = _held_reference(module, x)
+        with torch.profiler.profile() as prof:
+            y = compiled(x)
+        assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+        ran_packed = any(packed in e.key for e in prof.key_averages())
+        assert ran_packed == (rows <= 20), (rows, [e.key for e in prof.key_averages()])
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+
+
 @pytest.mark.parametrize("kernel", ["C++", "torch ops"])
 def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
     """The bf16 W^T of the prefill route: the held (float32) weight rounded once to bf16 (C++),

@@ -54,12 +54,13 @@ def ours_from_hf(hf_model) -> LlamaForCausalLM:
 class TinyRunner:
     """Drives our model over explicit (request, chunk) steps with a real KV pool."""
 
-    def __init__(self, model: LlamaForCausalLM, capacity: int = 4096, max_reqs: int = 16, use_mirror: bool = True) -> None:
+    def __init__(self, model: LlamaForCausalLM, capacity: int = 4096, max_reqs: int = 16, use_mirror: bool = True,
+                 kv_dtype: torch.dtype = torch.float32) -> None:
         c = model.config
         self.model = model
-        self.pool = TokenToKVPool(capacity, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, torch.float32, "cpu")
+        self.pool = TokenToKVPool(capacity, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype, "cpu")
         self.table = ReqToTokenPool(max_reqs, c.max_position_embeddings, "cpu")
-        self.backend = create_attention_backend("torch_native", "cpu")
+        self.backend = create_attention_backend("torch_native", "cpu", kv_dtype)
         self.backend.use_mirror = use_mirror
         self.rows: dict[int, int] = {}
         self.lens: dict[int, int] = {}

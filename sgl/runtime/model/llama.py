@@ -168,8 +168,9 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the selected hidden rows."""
-        if not self.config.tie_word_embeddings:
-            return self.lm_head(hidden).float()
+        head = getattr(self, "lm_head", None)  # untied, or a tied table's packed copy (cpu_packed)
+        if head is not None:
+            return head(hidden).float()
         if isinstance(self.embed_tokens, nn.Embedding):
             return F.linear(hidden, self.embed_tokens.weight).float()
         return self.embed_tokens.logits(hidden)  # quantized embeddings serve as the head

@@ -6,7 +6,7 @@ CPUs they move 2x / 4x fewer weight bytes than bf16 for the skinny activations o
 where a step is bound by weight bandwidth. The packed kernels cost in proportion to the rows
 (no reuse of a weight across rows), so for many tokens at once (prefill) a layer dequantizes
 its weight to bf16 for the call and uses the dense matmul (oneDNN on AMX / AVX512-BF16)
-instead (int4 in one C++ pass, csrc/int4_dequant_cpu.cpp). Where that pays depends on the
+instead (int4 in one C++ pass, csrc/linear_ops_cpu.cpp). Where that pays depends on the
 shape (a weight that fits in cache dequantizes cheaply), so it is measured, once per layer
 shape, on the first call above `DEQUANT_MIN_TOKENS` rows (`crossover_rows`).
 
@@ -22,18 +22,15 @@ block gets (relative <= 2^-9 of a group's scale; `packing_error` measures it).
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -161,26 +158,12 @@ def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
 
 
 _CROSSOVERS: dict[tuple, int] = {}
-_DEQUANT_SOURCE = Path(__file__).parent / "csrc" / "int4_dequant_cpu.cpp"
-_dequant_lock = threading.Lock()
-_dequant_op: list = []  # [op or None], once tried
 
 
 def int4_dequant_op() -> Callable | None:
-    """torch.ops.sgl_quant.int4_dequant_t (C++, built on first use like the attention kernel),
+    """torch.ops.sgl_linear.int4_dequant_t (C++, built on first use like the attention kernel),
     or None where it cannot be built: `Int4Linear` then dequantizes with torch ops (slower)."""
-    with _dequant_lock:
-        if not _dequant_op:
-            try:
-                from sgl import native
-
-                native.build("sgl_int4_dequant", _DEQUANT_SOURCE, ["-O3", "-march=native", "-fopenmp"],
-                             ldflags=["-fopenmp"], python_module=False)
-                _dequant_op.append(torch.ops.sgl_quant.int4_dequant_t)
-            except Exception as e:  # no compiler: the torch-ops route serves
-                logger.warning("the int4 dequantize kernel could not be built (%s); using torch ops", e)
-                _dequant_op.append(None)
-        return _dequant_op[0]
+    return torch.ops.sgl_linear.int4_dequant_t if linear_ops_built() else None
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -205,6 +188,62 @@ def crossover_rows(layer: nn.Module) -> int:
     return _CROSSOVERS[key]
 
 
+def _crossover(layer: nn.Module, rows: int) -> int:
+    """The row count above which `layer` dequantizes: measured only when a call is above
+    DEQUANT_MIN_TOKENS (small calls never pay the measurement)."""
+    return crossover_rows(layer) if rows > DEQUANT_MIN_TOKENS else DEQUANT_MIN_TOKENS
+
+
+def _in_compiled_graph() -> bool:
+    """Whether a layer is being traced by torch.compile with the C++ ops at hand (cpu_compile):
+    it then calls one op that makes the packed-or-dequantize choice on each call's real row
+    count, so a graph compiled with a symbolic row count neither guards on it nor traces the
+    crossover's measurement."""
+    return torch.compiler.is_compiling() and compiled_ops_ready()
+
+
+def _prepared_crossover(layer: nn.Module) -> int:
+    if layer.crossover is None:
+        raise RuntimeError("compiling a quantized layer needs prepare_for_compile(model) first")
+    return layer.crossover
+
+
+def prepare_for_compile(model: nn.Module) -> None:
+    """Build the C++ ops and measure every quantized layer's crossover now, before a compiled
+    graph reads them."""
+    linear_ops_built()
+    for module in model.modules():
+        if isinstance(module, (Int8Linear, Int4Linear)):
+            module.crossover = crossover_rows(module)
+
+
+def int8_mm(xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int) -> torch.Tensor:
+    """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows, else dequantized."""
+    if xb.shape[0] > crossover:
+        return F.linear(xb, qweight.to(torch.bfloat16) * scales.unsqueeze(1))
+    return torch.ops.aten._weight_int8pack_mm(xb, qweight, scales)
+
+
+def int4_mm(xb: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, padded_out: int,
+            crossover: int) -> torch.Tensor:
+    """bf16 x [M, K] @ W^T for torch's packed int4 W (padded_out rows): packed kernel up to
+    `crossover` rows, else dequantized (one C++ pass where it builds)."""
+    if xb.shape[0] > crossover:
+        op = int4_dequant_op() if padded_out % _PACK_BLOCK_N == 0 else None
+        if op is not None:
+            return torch.mm(xb, op(qweight, scales_zeros, group))
+        return torch.mm(xb, _int4_dequantized(qweight, scales_zeros, group, padded_out, xb.shape[1]).t())
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qweight, group, scales_zeros)
+
+
+def _int4_dequantized(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int,
+                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The [N, K] weight (padded rows included) of torch's packed int4 layout, with torch ops."""
+    codes = unpack_int4(qweight, n, k).to(dtype).reshape(n, k // group, group)
+    scales, zeros = scales_zeros.to(dtype).permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
+    return ((codes - 8) * scales + zeros).reshape(n, k)
+
+
 class Int8Linear(nn.Module):
     """y = x W^T (+ b) with W int8 per output channel, computed in bf16."""
 
@@ -215,6 +254,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", q.codes.contiguous())
         self.register_buffer("scales", q.scales[:, 0].to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
+        self.crossover: int | None = None  # set by prepare_for_compile
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (one call's worth; prefill)."""
@@ -229,12 +269,12 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
-        if xb.shape[0] > DEQUANT_MIN_TOKENS and xb.shape[0] > crossover_rows(self):
-            y = F.linear(xb, self.dequantized(), self.bias)
+        if _in_compiled_graph():
+            y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, _prepared_crossover(self))
         else:
-            y = self.packed_mm(xb)
-            if self.bias is not None:
-                y = y + self.bias
+            y = int8_mm(xb, self.qweight, self.scales, _crossover(self, xb.shape[0]))
+        if self.bias is not None:
+            y = y + self.bias
         return y.to(x.dtype)
 
 
@@ -252,6 +292,7 @@ class Int4Linear(nn.Module):
         sz = torch.stack([padded.scales.t(), padded.zeros.t()], dim=2)  # [K/g, N, 2]
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
+        self.crossover: int | None = None  # set by prepare_for_compile
 
     def dequantized_t(self) -> torch.Tensor:
         """The bf16 W^T [K, N] (padded rows included; one call's worth: prefill), in one C++
@@ -263,27 +304,25 @@ class Int4Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (padded rows included), with torch ops."""
-        n, k = self.padded_out, self.in_features
-        codes = unpack_int4(self.qweight, n, k).to(torch.bfloat16).reshape(n, k // self.group, self.group)
-        scales, zeros = self.scales_zeros.permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
-        return ((codes - 8) * scales + zeros).reshape(n, k)
+        return _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features)
 
     def held_weight(self) -> torch.Tensor:
         """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros), exactly."""
-        n, k = self.padded_out, self.in_features
-        codes = unpack_int4(self.qweight, n, k).float().reshape(n, k // self.group, self.group)
-        scales, zeros = self.scales_zeros.float().permute(2, 1, 0).unsqueeze(3)
-        return ((codes - 8) * scales + zeros).reshape(n, k)[: self.out_features]
+        w = _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
+                              torch.float32)
+        return w[: self.out_features]
 
     def packed_mm(self, xb: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group, self.scales_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
-        if xb.shape[0] > DEQUANT_MIN_TOKENS and xb.shape[0] > crossover_rows(self):
-            y = torch.mm(xb, self.dequantized_t())
+        if _in_compiled_graph():
+            y = torch.ops.sgl_linear.int4_linear(xb, self.qweight, self.scales_zeros, self.group,
+                                                 _prepared_crossover(self))
         else:
-            y = self.packed_mm(xb)
+            y = int4_mm(xb, self.qweight, self.scales_zeros, self.group, self.padded_out,
+                        _crossover(self, xb.shape[0]))
         if self.padded_out != self.out_features:
             y = y[:, : self.out_features]
         if self.bias is not None:
@@ -298,6 +337,7 @@ class Int8Embedding(nn.Module):
         super().__init__()
         assert q.kind == "int8"
         self.num_embeddings, self.embedding_dim = q.shape
+        self.out_features, self.in_features = q.shape  # as the LM head
         self.dtype = dtype
         self.register_buffer("qweight", q.codes.contiguous())
         self.register_buffer("scales", q.scales[:, 0].to(torch.bfloat16).contiguous())
@@ -305,13 +345,19 @@ class Int8Embedding(nn.Module):
     def held_weight(self) -> torch.Tensor:
         return self.qweight.float() * self.scales.float().unsqueeze(1)
 
+    def packed_mm(self, xb: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.to(torch.bfloat16) * self.scales.unsqueeze(1)
+
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.qweight[ids].to(torch.bfloat16) * self.scales[ids].unsqueeze(-1)
         return rows.to(self.dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] = hidden @ E^T (the LM head)."""
-        return torch.ops.aten._weight_int8pack_mm(hidden.to(torch.bfloat16), self.qweight, self.scales).float()
+        return int8_mm(hidden.to(torch.bfloat16).contiguous(), self.qweight, self.scales, _crossover(self, hidden.shape[0])).float()
 
 
 def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module:
@@ -336,6 +382,8 @@ def quantization_summary(model: nn.Module) -> dict[str, int]:
             key = "int8"
         elif isinstance(module, Int8Embedding):
             key = "int8_embedding"
+        elif type(module).__name__ == "PackedLinear":
+            key = "dense_packed"
         elif isinstance(module, (nn.Linear, nn.Embedding)) or type(module).__name__ == "Linear":
             key = "dense"
         else:

@@ -1,6 +1,16 @@
-// Dequantize torch's CPU int4 weight layout to a bf16 W^T [K, N], for prefill-sized calls.
+// CPU linear-layer ops (library sgl_linear), built on first use like the attention kernel:
 //
-// Why: torch's packed int4 matmul costs in proportion to the rows it multiplies, so for
+//   int4_dequant_t   torch's packed int4 weight -> bf16 W^T [K, N] in one pass (prefill);
+//   int8_linear      x @ W^T for an int8 weight: torch's packed kernel up to `crossover`
+//   int4_linear      rows, else dequantize + bf16 matmul (AMX / AVX512-BF16);
+//   packed_linear    x @ W^T (+ b) for a weight prepacked by oneDNN (model/cpu_packed.py).
+//
+// The last three are what a torch.compile'd graph calls (model/cpu_compile.py): one C++
+// dispatch each, where a Python custom op costs ~20 us a call, and the route choice of the
+// quantized ones is made on each call's real row count, so a graph compiled with a
+// symbolic row count neither guards on it nor recompiles.
+//
+// int4_dequant_t, why: torch's packed int4 matmul costs in proportion to the rows it multiplies, so for
 // more than a few rows a layer is better off dequantizing its weight once and running the
 // bf16 matmul (AMX / AVX512-BF16). Doing that in torch ops takes ~8 passes over the weight;
 // here it is one pass that reads N*K/2 bytes and writes N*K bf16 values.
@@ -12,7 +22,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
 #include <torch/library.h>
+
+#include <optional>
+#include <string>
 
 #include <cstdint>
 #include <cstring>
@@ -76,8 +91,48 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
   return out;
 }
 
+
+
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, int64_t crossover) {
+  if (x.size(0) > crossover) {
+    return at::linear(x, qweight.to(at::kBFloat16) * scales.unsqueeze(1));
+  }
+  return at::_weight_int8pack_mm(x, qweight, scales);
+}
+
+at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales_zeros, int64_t group,
+                       int64_t crossover) {
+  if (x.size(0) > crossover) {
+    return at::mm(x, int4_dequant_t(qweight, scales_zeros, group));
+  }
+  return at::_weight_int4pack_mm_for_cpu(x, qweight, group, scales_zeros);
+}
+
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  torch::jit::Stack stack{x, packed, bias, std::string("none"), c10::List<std::optional<at::Scalar>>(),
+                          std::optional<std::string>()};
+  op.callBoxed(&stack);
+  return stack[0].toTensor();
+}
+
 }  // namespace
 
-TORCH_LIBRARY(sgl_quant, m) { m.def("int4_dequant_t(Tensor packed, Tensor scales_zeros, int group) -> Tensor"); }
+TORCH_LIBRARY(sgl_linear, m) {
+  m.def("int4_dequant_t(Tensor packed, Tensor scales_zeros, int group) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int crossover) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor qweight, Tensor scales_zeros, int group, int crossover) -> Tensor");
+  m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
 
-TORCH_LIBRARY_IMPL(sgl_quant, CPU, m) { m.impl("int4_dequant_t", &int4_dequant_t); }
+}
+
+TORCH_LIBRARY_IMPL(sgl_linear, CPU, m) {
+  m.impl("int4_dequant_t", &int4_dequant_t);
+  m.impl("int8_linear", &int8_linear);
+  m.impl("int4_linear", &int4_linear);
+  m.impl("packed_linear", &packed_linear);
+}
+
+// The packed weight is an mkldnn-layout tensor: calls dispatch on its key.
+TORCH_LIBRARY_IMPL(sgl_linear, MkldnnCPU, m) { m.impl("packed_linear", &packed_linear); }

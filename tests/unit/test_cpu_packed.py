@@ -1,0 +1,95 @@
+"""Dense bf16 layers prepacked for oneDNN (model/cpu_packed.py), held to float64 and HF.
+
+PackedLinear's output is checked against float64 x W^T on the same bf16 input and weight
+(the layer's only error is its bf16 output rounding, ~2^-8 relative); a packed model against
+HF float32 on exactly the weights it holds.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sgl.runtime import cpu_features
+from sgl.runtime.model.cpu_packed import PackedLinear, pack_dense_layers, packing_applies
+from sgl.runtime.model.linear_ops import linear_ops_built
+from tiny_models import TinyRunner, hf_tiny
+
+needs_packing = pytest.mark.skipif(not packing_applies(torch.bfloat16, torch.device("cpu")),
+                                   reason="this CPU has no native bf16 matmul (oneDNN packing is not used here)")
+
+
+def _reference(layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
+    y = x.bfloat16().double() @ layer.held_weight().double().t()
+    return y if layer.bias is None else y + layer.bias.double()
+
+
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 5, 48, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_matches_float64(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(192, 256, generator=gen) * 0.05
+    b = torch.randn(192, generator=gen) if bias else None
+    layer = PackedLinear(w, b)
+    assert torch.equal(layer.held_weight(), w.bfloat16().float())  # packing changes the layout only
+    x = torch.randn(rows, 256, generator=gen).bfloat16()
+    y = layer(x)
+    assert y.shape == (rows, 192) and y.dtype == torch.bfloat16
+    ref = _reference(layer, x)
+    assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+@needs_packing
+def test_compiled_packed_linear_serves_every_row_count_in_one_graph():
+    """Under torch.compile the layer calls our C++ op (inductor cannot lower oneDNN's packed
+    linear for a weight it did not pack itself): one graph with a symbolic row count."""
+    from torch._dynamo.utils import counters
+
+    if not linear_ops_built():
+        pytest.skip("no C++ compiler")
+    gen = torch.Generator().manual_seed(3)
+    layer = PackedLinear(torch.randn(96, 64, generator=gen), torch.randn(96, generator=gen))
+    torch._dynamo.reset()
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = torch.compile(lambda x: layer(x) * 2, dynamic=None)
+    for rows in (2, 33, 5):
+        x = torch.randn(rows, 64, generator=gen).bfloat16()
+        torch._dynamo.mark_dynamic(x, 0)
+        ref = 2 * _reference(layer, x)
+        assert (compiled(x).double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    assert counters["stats"]["unique_graphs"] - graphs == 1
+
+
+@needs_packing
+@pytest.mark.parametrize("tie", [False, True])
+def test_packed_model_matches_hf_on_its_weights(tmp_path, tie):
+    """Every dense layer and the LM head packed (a tied head as its own packed copy): logits
+    vs HF float32 on the weights the model holds, within bf16's error over 2 layers."""
+    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    from sgl.runtime.model.quant import quantization_summary
+
+    hf = hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9)
+    hf.save_pretrained(tmp_path)
+    ours, _ = load_model(str(tmp_path), torch.bfloat16, torch.device("cpu"))
+    assert pack_dense_layers(ours) == 4 * 2 + 1
+    assert quantization_summary(ours) == {"dense_packed": 9, "dense": 1}  # + the embedding lookup
+    oracle = hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9)
+    missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    ids = list(range(2, 40))
+    got = TinyRunner(ours, kv_dtype=torch.bfloat16).step({0: ids})[0]
+    with torch.no_grad():
+        want = oracle(torch.tensor([ids])).logits[0]
+    assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
+
+
+def test_packing_needs_native_bf16(monkeypatch):
+    monkeypatch.setenv("SGL_CPU_FLAGS_OVERRIDE", "avx2 fma")
+    cpu_features.cpu_flags.cache_clear()
+    try:
+        assert not packing_applies(torch.bfloat16, torch.device("cpu"))
+    finally:
+        monkeypatch.delenv("SGL_CPU_FLAGS_OVERRIDE")
+        cpu_features.cpu_flags.cache_clear()
+    assert not packing_applies(torch.float32, torch.device("cpu"))
