@@ -155,6 +155,9 @@ class LlguidanceMatcher:
     def forced_text(self) -> str:
         return _forced(bytes(self.m.compute_ff_bytes()))
 
+    def completion_fits(self, budget: int) -> bool:
+        return True  # no distances here (no budget-aware completion)
+
     def rollback(self, n: int) -> None:
         if n:
             self.m.rollback(n)
@@ -216,6 +219,9 @@ class XgrammarMatcher:
     def forced_text(self) -> str:
         text = self.m.find_jump_forward_string()
         return text if isinstance(text, str) else _forced(text)
+
+    def completion_fits(self, budget: int) -> bool:
+        return True  # no distances here (no budget-aware completion)
 
     def rollback(self, n: int) -> None:
         if n:

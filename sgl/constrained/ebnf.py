@@ -203,6 +203,14 @@ class EbnfMatcher:
             src = src.to(row.device)
         row.bitwise_or_(src)
 
+    def completion_fits(self, budget: int) -> bool:
+        with self._g._lock:
+            tables = self._sync()
+            cur = self._hist[-1]
+            if cur == _DONE or tables.completions is None:
+                return True
+            return tables.need(cur) <= budget
+
     def allowed_token_ids(self) -> list[int]:
         """The allowed ids as a list (for tests and debugging)."""
         import torch

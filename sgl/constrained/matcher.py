@@ -47,6 +47,12 @@ class Matcher(Protocol):
     def forced_text(self) -> str:
         """Jump-forward text: what every continuation must start with ("" if nothing)."""
 
+    def completion_fits(self, budget: int) -> bool:
+        """Whether a complete member (EOS included where one is needed) still fits in
+        ``budget`` more tokens from here, as far as the matcher knows its distances (those
+        that do not always say True). Jump-forward checks it under ``budget_aware``: the
+        forced text's canonical tokens may be more than the budget masks planned for."""
+
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens."""
 

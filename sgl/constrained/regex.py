@@ -857,6 +857,12 @@ class RegexMatcher:
             src = src.to(row.device, non_blocking=True)
         row.bitwise_or_(src)
 
+    def completion_fits(self, budget: int) -> bool:
+        state, pending = self._hist[-1]
+        if state == _DONE or pending:  # done, or mid-character (no distance known): no objection
+            return True
+        return self._g._need(state) <= budget
+
     def accept(self, token_id: int) -> bool:
         """Advance by one token; returns False (and changes nothing) if it is not allowed."""
         token_id = int(token_id)

@@ -176,6 +176,10 @@ class OutputProcessor:
         forced = r.matcher.forced_text()
         if not forced:
             return [], ""
+        sp = r.sampling_params
+        # Under budget_aware, a jump that fits now must still leave room to finish after it.
+        budgeted = (sp.budget_aware and sp.max_new_tokens is not None
+                    and r.matcher.completion_fits(sp.max_new_tokens - len(r.output_ids)))
         plan = self._retokenize(r, forced, reserve)
         if plan is None:
             return [], ""
@@ -187,7 +191,11 @@ class OutputProcessor:
             if not r.matcher.accept(t):
                 break
             accepted += 1
-        if accepted < len(added):  # not in the language after all: restore and decode normally
+        left = sp.max_new_tokens - (len(r.output_ids) - roll + len(added)) if budgeted else 0
+        if accepted < len(added) or (budgeted and not r.matcher.completion_fits(left)):
+            # Not in the language after all, or the forced text's canonical tokens leave no
+            # room to finish (the budget masks planned with other tokens): restore and decode
+            # it token by token, under those masks.
             r.matcher.rollback(accepted)
             for t in tail_ids[common:]:
                 r.matcher.accept(t)
