@@ -9,7 +9,8 @@ calls (measured on SmolLM2 int4 at batch 1: 14.0 -> 10.6-12 ms per forward; bf16
 mixed steps run eagerly. The batch-1 graph is static (one shape, guards never change); the
 batched one is compiled once with the row count symbolic (`mark_dynamic`), so every batch
 size from 2 up runs it without recompiling. A quantized layer's packed-or-dequantize choice,
-which depends on the row count, is made at run time inside a custom op (quant.py). Both are
+which depends on the row count, is made at run time inside one C++ op per layer
+(model/csrc/linear_ops_cpu.cpp), so the graph neither guards on it nor recompiles. Both are
 compiled at start-up (`warm`, on padding rows), timed and reported; inductor caches the
 generated code on disk, so a restart pays a fraction (SmolLM2 bf16 batched: 52 s cold, 8 s
 warm). Any failure leaves the eager path for that graph, with the reason reported.
