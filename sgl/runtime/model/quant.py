@@ -220,8 +220,13 @@ def prepare_for_compile(model: nn.Module) -> None:
 def int8_mm(xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int) -> torch.Tensor:
     """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows, else dequantized."""
     if xb.shape[0] > crossover:
-        return F.linear(xb, qweight.to(torch.bfloat16) * scales.unsqueeze(1))
+        return F.linear(xb, _int8_dequantized(qweight, scales))
     return torch.ops.aten._weight_int8pack_mm(xb, qweight, scales)
+
+
+def _int8_dequantized(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The bf16 [N, K] weight of int8 codes with per-row bf16 scales."""
+    return qweight.to(torch.bfloat16) * scales.unsqueeze(1)
 
 
 def int4_mm(xb: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, padded_out: int,
@@ -229,11 +234,16 @@ def int4_mm(xb: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor,
     """bf16 x [M, K] @ W^T for torch's packed int4 W (padded_out rows): packed kernel up to
     `crossover` rows, else dequantized (one C++ pass where it builds)."""
     if xb.shape[0] > crossover:
-        op = int4_dequant_op() if padded_out % _PACK_BLOCK_N == 0 else None
-        if op is not None:
-            return torch.mm(xb, op(qweight, scales_zeros, group))
-        return torch.mm(xb, _int4_dequantized(qweight, scales_zeros, group, padded_out, xb.shape[1]).t())
+        return torch.mm(xb, _int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1]))
     return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qweight, group, scales_zeros)
+
+
+def _int4_dequantized_t(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int) -> torch.Tensor:
+    """The bf16 W^T [K, N] (padded rows included): one C++ pass where the op is built, else torch ops."""
+    op = int4_dequant_op()
+    if op is None:
+        return _int4_dequantized(qweight, scales_zeros, group, n, k).t()
+    return op(qweight, scales_zeros, group)
 
 
 def _int4_dequantized(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int,
@@ -258,7 +268,7 @@ class Int8Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (one call's worth; prefill)."""
-        return self.qweight.to(torch.bfloat16) * self.scales.unsqueeze(1)
+        return _int8_dequantized(self.qweight, self.scales)
 
     def held_weight(self) -> torch.Tensor:
         """The float32 [N, K] weight the kernel computes with (codes x bf16 scales), exactly."""
@@ -295,12 +305,8 @@ class Int4Linear(nn.Module):
         self.crossover: int | None = None  # set by prepare_for_compile
 
     def dequantized_t(self) -> torch.Tensor:
-        """The bf16 W^T [K, N] (padded rows included; one call's worth: prefill), in one C++
-        pass where the kernel is built, else through `dequantized`."""
-        op = int4_dequant_op() if self.padded_out % _PACK_BLOCK_N == 0 else None
-        if op is None:
-            return self.dequantized().t()
-        return op(self.qweight, self.scales_zeros, self.group)
+        """The bf16 W^T [K, N] (padded rows included; one call's worth: prefill)."""
+        return _int4_dequantized_t(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features)
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (padded rows included), with torch ops."""
@@ -349,7 +355,7 @@ class Int8Embedding(nn.Module):
         return torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
 
     def dequantized(self) -> torch.Tensor:
-        return self.qweight.to(torch.bfloat16) * self.scales.unsqueeze(1)
+        return _int8_dequantized(self.qweight, self.scales)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.qweight[ids].to(torch.bfloat16) * self.scales[ids].unsqueeze(-1)
