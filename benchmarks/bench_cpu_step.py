@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from common import print_table, write_result  # noqa: E402
 
 MATMUL = ("_weight_int4pack_mm", "_weight_int8pack_mm", "aten::mm", "aten::addmm", "aten::linear", "aten::matmul",
-          "_linear_pointwise", "packed_linear")
+          "_linear_pointwise", "packed_linear", "sgl_qmm::")
 
 
 class DecodeRows:
@@ -75,7 +75,7 @@ class DecodeRows:
         return self.step([[token]] * len(self.rows), forward)
 
 
-def split(req: DecodeRows, forward, steps: int) -> dict[str, float]:
+def split(req: DecodeRows, forward, steps: int, top: int = 0) -> dict[str, float]:
     from torch.profiler import ProfilerActivity, profile
 
     for i in range(3):
@@ -98,6 +98,8 @@ def split(req: DecodeRows, forward, steps: int) -> dict[str, float]:
             groups["compiled graph code"] += ms
         elif ev.key.startswith(("aten::", "quantized::", "sgl_cpu::", "sgl_linear::", "mkldnn::")):
             groups["other ops"] += ms
+    for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"  {ev.self_cpu_time_total / 1e3 / steps:7.3f} ms  {ev.count // steps:4d} calls  {ev.key[:90]}")
     profiled_ms = sum(groups.values())
     out = {k: round(v, 3) for k, v in groups.items()}
     out["python and dispatch"] = round(max(0.0, wall_ms - profiled_ms), 3)
@@ -114,6 +116,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64, help="tokens each row holds before the timed steps")
     ap.add_argument("--no-compile", action="store_true", help="the eager split only")
     ap.add_argument("--no-pack", action="store_true", help="plain bf16 weights (no oneDNN prepacking)")
+    ap.add_argument("--top", type=int, default=0, help="also print the N ops of most self time a step")
     ap.add_argument("--name", default="cpu_step")
     args = ap.parse_args()
     from sgl.runtime.cpu_compile import _register_attention_fake
@@ -128,7 +131,7 @@ def main() -> None:
     req = DecodeRows(model, getattr(torch, args.dtype), args.batch)
     # the context: one prefill of every row
     req.step([list(range(1000 + r, 1000 + r + args.context)) for r in range(args.batch)], model.forward)
-    results["eager"] = split(req, model.forward, args.steps)
+    results["eager"] = split(req, model.forward, args.steps, args.top)
     compile_s = None
     if not args.no_compile:
         _register_attention_fake()
@@ -137,7 +140,7 @@ def main() -> None:
         compiled = torch.compile(model.forward, dynamic=False)
         req.decode(7, compiled)
         compile_s = round(time.perf_counter() - t, 1)
-        results["compiled"] = split(req, compiled, args.steps)
+        results["compiled"] = split(req, compiled, args.steps, args.top)
     keys = list(results["eager"])
     print_table(f"decode step of {args.batch} row(s) at ~{args.context} tokens, ms (SmolLM2, {args.dtype}, "
                 f"quantization={args.quantization})", [(k, *(r[k] for r in results.values())) for k in keys],

@@ -26,8 +26,8 @@ from torch import nn
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.gguf_weights import GgufTensors
 from sgl.runtime.model.llama import Linear, LlamaForCausalLM, RotaryEmbedding
-from sgl.runtime.model.quant import (Int8Embedding, QuantizedTensor, cat_rows, int4_group_for, quantize,
-                                     quantize_int8, quantized_linear)
+from sgl.runtime.model.quant import (QuantizedTensor, cat_rows, int4_group_for, int8_embedding, per_row_int8,
+                                     quantize, quantize_int8, quantized_linear)
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +202,8 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
         biases = [source.get(b) for b in (p[: -len("weight")] + "bias" for p in parts) if source.has(b)]
         bias = torch.cat(biases) if biases else None
         if isinstance(weights[0], QuantizedTensor):
+            if len({w.group for w in weights}) > 1:  # int8 in a file's groups fused with one per row
+                weights = [per_row_int8(w) for w in weights]
             owner, _, attr = qual.rpartition(".")
             setattr(modules[owner], attr, quantized_linear(cat_rows(weights), bias))
             loaded.update(f"{qual}.{x}" for x in ("weight_t", "weight", "bias"))
@@ -235,7 +237,7 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
             set_param(f"{attr}.weight", value)
 
     if source.has("model.embed_tokens.weight"):
-        put_vocab_table("model.embed_tokens.weight", "embed_tokens", lambda q: Int8Embedding(q, dtype))
+        put_vocab_table("model.embed_tokens.weight", "embed_tokens", lambda q: int8_embedding(q, dtype))
     if not config.tie_word_embeddings and source.has("lm_head.weight"):
         put_vocab_table("lm_head.weight", "lm_head", lambda q: quantized_linear(q, None))
     unexpected = {n for n in set(source.names()) - source.read - {"rope_freqs", "lm_head.weight"}
@@ -271,7 +273,7 @@ def quantize_model(model: LlamaForCausalLM, policy: QuantPolicy) -> None:
                 owner, _, attr = qual.rpartition(".")
                 bias = None if module.bias is None else module.bias.detach().float()
                 setattr(model.get_submodule(owner), attr, quantized_linear(weight, bias))
-    model.embed_tokens = Int8Embedding(quantize_int8(model.embed_tokens.weight.detach()), model.norm.weight.dtype)
+    model.embed_tokens = int8_embedding(quantize_int8(model.embed_tokens.weight.detach()), model.norm.weight.dtype)
     if not model.config.tie_word_embeddings:
         model.lm_head = quantized_linear(quantize_int8(model.lm_head.weight.detach()), None)
 
@@ -336,16 +338,16 @@ class QuantPolicy:
             if kind is not None:
                 logger.warning("a layer with %d inputs cannot be int4 (groups of 32): kept dense", k)
             return _dense(value)
-        if isinstance(value, QuantizedTensor) and value.kind == kind and value.group == group:
-            return value  # exact: the file's blocks are the kernel's groups
+        if isinstance(value, QuantizedTensor) and value.kind == kind and (value.group == group or kind == "int8"):
+            return value  # exact: the file's blocks are the kernel's groups (int8: any group; quantized_linear)
         return quantize(value, kind, group)
 
     def embedding(self, value: Any, family: str | None) -> torch.Tensor | QuantizedTensor:
         """Token embeddings / LM head: int8 rows whenever the model is quantized, else dense."""
         if self.target(family) is None:
             return _dense(value)
-        if isinstance(value, QuantizedTensor) and value.kind == "int8" and value.group == value.shape[1]:
-            return value
+        if isinstance(value, QuantizedTensor) and value.kind == "int8":
+            return value  # in its groups where the kernel takes them (int8_embedding)
         return quantize(value, "int8", value.shape[1])
 
 
