@@ -43,3 +43,17 @@ def test_constrained_decoding_example_outputs_are_in_their_languages():
     assert "city" in lines["json_schema"]
     email = r"[a-z]+@[a-z]+\.(com|org)"  # the example's, written out: 8 tokens, sampled, yet complete
     assert all(re.fullmatch(email, t) for t in json.loads(lines["budget"]))
+
+
+def test_cpu_quantized_example_reports_each_layout():
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "cpu_quantized.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    heads = [line for line in lines if line.split(":")[0].startswith(("bf16", "int4", "int8"))]
+    assert len(heads) == 3
+    assert "'int4_g32': 120" in heads[1]  # every linear layer of the 30 kept int4
+    assert "'int8': 120" in heads[2] or "'int8_g32': 120" in heads[2]
+    assert "int4" not in heads[0] and "int8" not in heads[0]  # quantization="none": dense
+    assert sum(" 48 tokens in " in line for line in lines) == 3

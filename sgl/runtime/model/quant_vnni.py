@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sgl.runtime.model.quant import QuantizedTensor
+from sgl.runtime.model.quant import QuantizedTensor, _crossover, _in_compiled_graph, _prepared_crossover
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +148,6 @@ class _TiledLinear(nn.Module):
         return op(self.qweight, self.qscales, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from sgl.runtime.model.quant import _crossover, _in_compiled_graph, _prepared_crossover
-
         crossover = _prepared_crossover(self) if _in_compiled_graph() else _crossover(self, x.shape[0])
         y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, crossover)
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -205,7 +203,5 @@ class VnniInt8Embedding(VnniInt8Linear):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] = hidden @ E^T (the LM head)."""
-        from sgl.runtime.model.quant import _crossover
-
         return self._op()(hidden.float().contiguous(), self.qweight, self.qscales, self.group, self.out_features,
                           _crossover(self, hidden.shape[0]))
