@@ -79,14 +79,14 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 def _q4_0(raw: np.ndarray, n: int, k: int) -> QuantizedTensor:
     b = _blocks(raw, n, k, 32, 18)
     d = _f16(b[..., 0:2])
-    codes = torch.from_numpy(_nibbles(b[..., 2:]).reshape(n, k).copy())
+    codes = torch.from_numpy(_nibbles(b[..., 2:]).reshape(n, k))  # a new array already: no copy
     return QuantizedTensor("int4", codes, d, torch.zeros_like(d), 32)  # w = d (q - 8)
 
 
 def _q4_1(raw: np.ndarray, n: int, k: int) -> QuantizedTensor:
     b = _blocks(raw, n, k, 32, 20)
     d, m = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-    codes = torch.from_numpy(_nibbles(b[..., 4:]).reshape(n, k).copy())
+    codes = torch.from_numpy(_nibbles(b[..., 4:]).reshape(n, k))
     return QuantizedTensor("int4", codes, d, m + 8 * d, 32)  # w = d q + m
 
 
@@ -100,7 +100,7 @@ def _q4_k(raw: np.ndarray, n: int, k: int) -> QuantizedTensor:
     scale = d.unsqueeze(1) * torch.from_numpy(sc.astype(np.float32))  # [blocks, 8]
     low = dmin.unsqueeze(1) * torch.from_numpy(mn.astype(np.float32))
     qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
-    codes = torch.from_numpy((qs & 15).reshape(n, k).copy())
+    codes = torch.from_numpy((qs & 15).reshape(n, k))
     groups = k // 32
     scale, low = scale.reshape(n, groups), low.reshape(n, groups)
     return QuantizedTensor("int4", codes, scale, 8 * scale - low, 32)
@@ -109,7 +109,7 @@ def _q4_k(raw: np.ndarray, n: int, k: int) -> QuantizedTensor:
 def _q8_0(raw: np.ndarray, n: int, k: int) -> QuantizedTensor:
     b = _blocks(raw, n, k, 32, 34)
     d = _f16(b[..., 0:2])
-    codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k).copy())
+    codes = torch.from_numpy(np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(n, k))
     return QuantizedTensor("int8", codes, d, None, 32)  # w = d q, groups of 32
 
 
