@@ -128,16 +128,21 @@ def main() -> None:
     if packing_applies(getattr(torch, args.dtype), torch.device("cpu")) and not args.no_pack:
         pack_dense_layers(model)  # as the engine does
     results = {}
-    req = DecodeRows(model, getattr(torch, args.dtype), args.batch)
-    # the context: one prefill of every row
-    req.step([list(range(1000 + r, 1000 + r + args.context)) for r in range(args.batch)], model.forward)
-    results["eager"] = split(req, model.forward, args.steps, args.top)
+
+    def fresh_rows() -> DecodeRows:
+        """Rows holding `context` tokens each (one prefill), so every column starts at the same context."""
+        req = DecodeRows(model, getattr(torch, args.dtype), args.batch)
+        req.step([list(range(1000 + r, 1000 + r + args.context)) for r in range(args.batch)], model.forward)
+        return req
+
+    results["eager"] = split(fresh_rows(), model.forward, args.steps, args.top)
     compile_s = None
     if not args.no_compile:
         _register_attention_fake()
         prepare_for_compile(model)
         t = time.perf_counter()
         compiled = torch.compile(model.forward, dynamic=False)
+        req = fresh_rows()
         req.decode(7, compiled)
         compile_s = round(time.perf_counter() - t, 1)
         results["compiled"] = split(req, compiled, args.steps, args.top)
