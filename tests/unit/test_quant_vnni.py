@@ -162,3 +162,17 @@ def test_quantized_linear_picks_the_vnni_layers_and_keeps_int8_groups(monkeypatc
     monkeypatch.setattr(quant_vnni, "vnni_available", lambda: False)
     torch_layer = quant.quantized_linear(q8, None)
     assert isinstance(torch_layer, quant.Int8Linear) and torch_layer.layout == "int8"  # requantized per row
+
+
+@pytest.mark.parametrize("n", [64, 97])
+def test_consumed_codes_pack_in_place_to_the_same_tiles(n):
+    """The loader's embeddings are packed in their own storage (a tile's rows are the same bytes
+    in both layouts); a part tile (97 rows) cannot be, and is copied instead."""
+    q = _int8_groups(torch.randn(n, 256, generator=torch.Generator().manual_seed(n)), 32)
+    want_codes, want_scales = quant_vnni.pack_int8_tiles(q)
+    original = q.codes.clone()
+    got_codes, got_scales = quant_vnni.pack_int8_tiles(q, consume=True, chunk_tiles=3)
+    assert torch.equal(got_codes, want_codes) and torch.equal(got_scales, want_scales)
+    assert (got_codes.data_ptr() == q.codes.data_ptr()) == (n % 16 == 0)
+    if n % 16:
+        assert torch.equal(q.codes, original)  # not consumed: left as it was

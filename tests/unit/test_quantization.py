@@ -45,6 +45,31 @@ def test_gguf_blocks_stand_for_what_gguf_dequantizes(qtype):
     torch.testing.assert_close(q.dequantize(), torch.from_numpy(want), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "Q4_K"])
+def test_block_tensors_read_in_row_chunks_equal_the_whole(tmp_path, qtype):
+    """GgufTensors reads a quantized tensor a few rows at a time (peak memory): the result is the
+    decoder's on the whole tensor, at chunk sizes that do and do not divide the rows."""
+    from sgl.runtime.model.gguf_weights import _EXACT, GgufTensors
+
+    n, k = 37, 512
+    raw = _random_blocks(qtype, n, k, seed=2)
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("t", raw.reshape(n, -1), raw_dtype=gguf.GGMLQuantizationType[qtype])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    tensors = GgufTensors(path, gguf.GGUFReader(str(path)))
+    whole = _EXACT[qtype](raw, n, k)
+    for chunk in (k, 5 * k, 1 << 22):
+        got = tensors._read_blocks("t", qtype, n, k, chunk_elems=chunk)
+        assert torch.equal(got.codes, whole.codes) and torch.equal(got.scales, whole.scales)
+        assert (got.zeros is None) == (whole.zeros is None)
+        assert got.zeros is None or torch.equal(got.zeros, whole.zeros)
+    assert torch.equal(tensors.read("t").codes, whole.codes)
+
+
 @pytest.mark.parametrize("n,k", [(64, 64), (192, 96), (960, 576)])
 def test_int4_pack_roundtrip(n, k):
     codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))

@@ -54,13 +54,36 @@ class GgufTensors:
         t = self.infos[name]
         shape = [int(x) for x in reversed(t.shape)]
         kind = t.tensor_type.name
-        raw = self._raw(name)
         if kind in _EXACT and len(shape) == 2:
-            return _EXACT[kind](raw, *shape)
+            return self._read_blocks(name, kind, *shape)
         import gguf
 
-        arr = gguf.quants.dequantize(raw.reshape(-1), t.tensor_type)
+        arr = gguf.quants.dequantize(self._raw(name).reshape(-1), t.tensor_type)
         return torch.from_numpy(np.asarray(arr, dtype=np.float32).reshape(shape).copy())
+
+
+    def _read_blocks(self, name: str, kind: str, n: int, k: int, chunk_elems: int = 1 << 22) -> QuantizedTensor:
+        """A block-quantized tensor, a few million weights (whole rows) at a time into its codes
+        and scales: neither the file's bytes nor the decoders' temporaries exist whole at once
+        (a 128k-token Q8_0 embedding would otherwise cost ~3x its size while read)."""
+        t = self.infos[name]
+        row_bytes = int(t.n_bytes) // n
+        rows = max(1, chunk_elems // k)
+        out: QuantizedTensor | None = None
+        with open(self.path, "rb") as f:
+            f.seek(int(t.data_offset))
+            for start in range(0, n, rows):
+                m = min(rows, n - start)
+                part = _EXACT[kind](np.frombuffer(f.read(m * row_bytes), dtype=np.uint8), m, k)
+                if out is None:
+                    zeros = None if part.zeros is None else torch.empty(n, part.zeros.shape[1])
+                    out = QuantizedTensor(part.kind, torch.empty(n, k, dtype=part.codes.dtype),
+                                          torch.empty(n, part.scales.shape[1]), zeros, part.group)
+                out.codes[start : start + m] = part.codes
+                out.scales[start : start + m] = part.scales
+                if out.zeros is not None:
+                    out.zeros[start : start + m] = part.zeros
+        return out
 
 
 def _blocks(raw: np.ndarray, n: int, k: int, block_elems: int, block_bytes: int) -> np.ndarray:

@@ -113,6 +113,8 @@ def large_buffers_returned():
 class SafetensorsSource:
     """HF checkpoint weights by name, each read when asked (safe_open), never all at once."""
 
+    fresh_reads = True
+
     def __init__(self, weights_dir: Path) -> None:
         from safetensors import safe_open
 
@@ -227,19 +229,21 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
                 set_param(f"layers.{i}.{norm}.weight", _dense(source.get(f"{p}{norm}.weight")))
     if source.has("model.norm.weight"):
         set_param("norm.weight", _dense(source.get("model.norm.weight")))
-    def put_vocab_table(hf_name: str, attr: str, make: Callable[[QuantizedTensor], nn.Module]) -> None:
-        """The embeddings or the LM head: int8 rows when the model is quantized, else dense."""
-        value = policy.embedding(source.get(hf_name), source.family(hf_name))
+    def put_vocab_table(hf_name: str, attr: str, make: Callable[[QuantizedTensor, bool], nn.Module]) -> None:
+        """The embeddings or the LM head: int8 rows when the model is quantized, else dense.
+        `make` may rearrange the codes in place when nothing else holds them (`consume`)."""
+        raw = source.get(hf_name)
+        value = policy.embedding(raw, source.family(hf_name))
         if isinstance(value, QuantizedTensor):
-            setattr(model, attr, make(value))
+            setattr(model, attr, make(value, value is not raw or source.fresh_reads))
             loaded.add(f"{attr}.weight")
         else:
             set_param(f"{attr}.weight", value)
 
     if source.has("model.embed_tokens.weight"):
-        put_vocab_table("model.embed_tokens.weight", "embed_tokens", lambda q: int8_embedding(q, dtype))
+        put_vocab_table("model.embed_tokens.weight", "embed_tokens", lambda q, consume: int8_embedding(q, dtype, consume))
     if not config.tie_word_embeddings and source.has("lm_head.weight"):
-        put_vocab_table("lm_head.weight", "lm_head", lambda q: quantized_linear(q, None))
+        put_vocab_table("lm_head.weight", "lm_head", lambda q, consume: quantized_linear(q, None))
     unexpected = {n for n in set(source.names()) - source.read - {"rope_freqs", "lm_head.weight"}
                   if "rotary_emb" not in n}
     if unexpected:
@@ -255,6 +259,7 @@ class _Recorded:
 
     def __init__(self, source) -> None:
         self._source, self.read = source, set()
+        self.fresh_reads = getattr(source, "fresh_reads", False)
         self.names, self.has, self.family = source.names, source.has, source.family
 
     def get(self, name: str) -> Any:
@@ -458,6 +463,8 @@ def _gguf_hf_config(reader) -> dict:
 
 class GgufSource:
     """A GGUF file's weights under HF names; Q/K rows back in HF's rotate-half order."""
+
+    fresh_reads = True  # every get() builds new tensors: the loader may reuse them in place
 
     def __init__(self, tensors: GgufTensors, hf_config: dict) -> None:
         self.tensors = tensors

@@ -383,12 +383,13 @@ def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module
     return Int4Linear(q, bias)
 
 
-def int8_embedding(q: QuantizedTensor, dtype: torch.dtype) -> nn.Module:
-    """Token embeddings (and tied LM head) of int8 codes, on the VNNI kernels where they are had."""
+def int8_embedding(q: QuantizedTensor, dtype: torch.dtype, consume: bool = False) -> nn.Module:
+    """Token embeddings (and tied LM head) of int8 codes, on the VNNI kernels where they are had.
+    consume: `q`'s codes may be reused in place (the loader's: it drops `q`)."""
     from sgl.runtime.model import quant_vnni
 
     if quant_vnni.vnni_available() and quant_vnni.fits(q):
-        return quant_vnni.VnniInt8Embedding(q, dtype)
+        return quant_vnni.VnniInt8Embedding(q, dtype, consume)
     return Int8Embedding(per_row_int8(q), dtype)
 
 

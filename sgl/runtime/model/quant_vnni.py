@@ -88,12 +88,23 @@ def pack_int4_tiles(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), scale_min.half().contiguous()
 
 
-def pack_int8_tiles(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> int8 [N/16, K/2, 32] codes, fp16 [N/16, K/g, 16] scales (w = q s)."""
+def pack_int8_tiles(q: QuantizedTensor, consume: bool = False, chunk_tiles: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> int8 [N/16, K/2, 32] codes, fp16 [N/16, K/g, 16] scales (w = q s).
+
+    consume: `q.codes` may be overwritten (the caller drops `q`). A tile's 16 rows occupy the
+    same bytes in both layouts, so the codes are then rearranged in place, a few tiles at a
+    time, and a large table (the embeddings) never exists twice while loading."""
     n, k = q.shape
     tiles = -(-n // TILE)
-    c = _padded(q.codes, tiles * TILE).reshape(tiles, TILE, k // 2, 2)
-    return c.permute(0, 2, 1, 3).reshape(tiles, k // 2, 2 * TILE).contiguous(), _tiled_groups(q.scales, tiles).half().contiguous()
+    scales = _tiled_groups(q.scales, tiles).half().contiguous()
+    in_place = consume and n % TILE == 0 and q.codes.is_contiguous()
+    codes = q.codes if in_place else _padded(q.codes, tiles * TILE).clone()
+    flat = codes.view(tiles, TILE * k)
+    step = chunk_tiles or max(1, (1 << 22) // (TILE * k))
+    for t in range(0, tiles, step):
+        block = flat[t : t + step]
+        block.copy_(block.view(-1, TILE, k // 2, 2).permute(0, 2, 1, 3).reshape(block.shape))
+    return codes.view(tiles, k // 2, 2 * TILE), scales
 
 
 def _untiled(groups: torch.Tensor, n: int) -> torch.Tensor:
@@ -171,9 +182,9 @@ class VnniInt4Linear(_TiledLinear):
 class VnniInt8Linear(_TiledLinear):
     kind = "int8"
 
-    def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None) -> None:
+    def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None, consume: bool = False) -> None:
         super().__init__(q, bias)
-        qweight, scales = pack_int8_tiles(q)
+        qweight, scales = pack_int8_tiles(q, consume)
         self.register_buffer("qweight", qweight)
         self.register_buffer("qscales", scales)
 
@@ -185,8 +196,8 @@ class VnniInt8Linear(_TiledLinear):
 class VnniInt8Embedding(VnniInt8Linear):
     """Token embeddings as int8 codes in the tile layout; doubles as a tied LM head (`logits`)."""
 
-    def __init__(self, q: QuantizedTensor, dtype: torch.dtype) -> None:
-        super().__init__(q, None)
+    def __init__(self, q: QuantizedTensor, dtype: torch.dtype, consume: bool = False) -> None:
+        super().__init__(q, None, consume)
         self.num_embeddings, self.embedding_dim = q.shape
         self.dtype = dtype
         self.layout = self.layout.replace("int8", "int8_embedding")
