@@ -241,7 +241,7 @@ def test_quantized_gguf_model_matches_hf_on_its_held_weights(tmp_path, qtype, em
 def test_quantized_weights_track_the_file_weights(tmp_path, kernel, monkeypatch):
     """What repacking costs against the GGUF's own values. On the VNNI kernels nothing: they
     hold Q4_1's and Q8_0's fp16 scales and mins as they are. On torch's, Q4_1 rounds its scales
-    to bf16 (<= 2^-9 of a group's scale) and a Q8_0 LM head is requantized per row (<= half a level)."""
+    to bf16 (<= 2^-8 of a group's scale) and a Q8_0 LM head is requantized per row (<= half a level)."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.loader import held_hf_state_dict, load_model, read_gguf
 
@@ -289,3 +289,55 @@ def test_quantization_is_a_cpu_layout():
     assert effective_quantization("auto", cuda) == "none"  # a GGUF loads dense on the GPU
     with pytest.raises(ValueError, match="CPU only"):
         effective_quantization("int4", cuda)
+
+
+def _random_k_blocks(qtype: str, n: int, k: int, seed: int) -> np.ndarray:
+    """Random [n, k] blocks of a type whose fp16 fields sit elsewhere than _random_blocks's
+    (Q6_K: d last; Q5_K: d and dmin first; Q5_0: d first), with sane values."""
+    rng = np.random.default_rng(seed)
+    elems, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[qtype]]
+    raw = rng.integers(0, 256, size=(n, k // elems, size), dtype=np.uint8)
+    halves = rng.uniform(0.001, 0.05, size=(n, k // elems, 2)).astype(np.float16).view(np.uint8)
+    if qtype == "Q6_K":
+        raw[..., size - 2 :] = halves[..., :2]
+    elif qtype == "Q5_K":
+        raw[..., :4] = halves
+    else:
+        raw[..., :2] = halves[..., :2]
+    return raw.reshape(-1)
+
+
+@pytest.mark.parametrize("kernel", ["vnni", "torch"])
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q5_K", "Q5_0"])
+def test_requantized_types_stay_within_their_stated_error(qtype, kernel, monkeypatch):
+    """Types without an exact layout are dequantized and requantized to int8 per row (what the
+    loader does, QuantPolicy "auto"). Stated error against the file's own values: half a level
+    of the row's scale (max|w| / 127), plus the scale's rounding as the kernel holds it
+    (fp16 on the VNNI kernels: 127 x 2^-11 of a level; bf16 on torch's: 127 x 2^-8)."""
+    from sgl.runtime.model.loader import QuantPolicy
+
+    _use_kernels(kernel, monkeypatch)
+    n, k = 24, 512
+    raw = _random_k_blocks(qtype, n, k, seed=4)
+    exact = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k).copy())
+    q = QuantPolicy("auto").linear_weight(exact, "int8")
+    held = quant.quantized_linear(q, None).held_weight()
+    level = exact.abs().amax(dim=1) / 127
+    scale_rounding = 127 * (2 ** -11 if kernel == "vnni" else 2 ** -8)
+    assert ((held - exact).abs().amax(dim=1) <= level * (0.5 + scale_rounding) * 1.001).all()
+
+
+def test_q4_k_on_vnni_within_fp16_rounding_of_its_scales(monkeypatch):
+    """Q4_K's scale and min are products (d x sc, dmin x m) that the VNNI layout holds in fp16:
+    each weight is off by at most 2^-11 of (15 x its group's scale + |its min|)."""
+    from sgl.runtime.model.gguf_weights import _EXACT
+
+    _use_kernels("vnni", monkeypatch)
+    n, k = 32, 512
+    raw = _random_blocks("Q4_K", n, k, seed=5)
+    exact = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(n, k).copy())
+    q = _EXACT["Q4_K"](raw, n, k)
+    held = quant.quantized_linear(q, None).held_weight()
+    low = q.zeros - 8 * q.scales
+    bound = (2 ** -11 * (15 * q.scales.abs() + low.abs())).repeat_interleave(32, dim=1) + 1e-7
+    assert ((held - exact).abs() <= bound).all()

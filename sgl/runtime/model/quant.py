@@ -19,7 +19,7 @@ QKV / gate-up) before `pack_*` turns it into a module's buffers. Values are
     int4:  w[n, k] = (codes[n, k] - 8) * scales[n, k // g] + zeros[n, k // g]
 (torch's int4 convention, so Q4_0 / Q4_1 / Q4_K blocks of 32 map onto it exactly).
 The kernels take bf16 scales: packing rounds them to bf16, the one error a repacked GGUF
-block gets (relative <= 2^-9 of a group's scale; `packing_error` measures it).
+block gets (relative <= 2^-8 of a group's scale; `packing_error` measures it).
 """
 
 from __future__ import annotations
