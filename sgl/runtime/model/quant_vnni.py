@@ -97,8 +97,9 @@ def pack_int8_tiles(q: QuantizedTensor, consume: bool = False, chunk_tiles: int 
     n, k = q.shape
     tiles = -(-n // TILE)
     scales = _tiled_groups(q.scales, tiles).half().contiguous()
-    in_place = consume and n % TILE == 0 and q.codes.is_contiguous()
-    codes = q.codes if in_place else _padded(q.codes, tiles * TILE).clone()
+    codes = _padded(q.codes, tiles * TILE)
+    if codes is q.codes and not (consume and codes.is_contiguous()):
+        codes = codes.clone(memory_format=torch.contiguous_format)  # q's codes are left as they are
     flat = codes.view(tiles, TILE * k)
     step = chunk_tiles or max(1, (1 << 22) // (TILE * k))
     for t in range(0, tiles, step):
