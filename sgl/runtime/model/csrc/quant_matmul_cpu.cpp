@@ -34,6 +34,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #define SGL_QMM 1
@@ -56,43 +57,56 @@ void check_x(const at::Tensor& x, int64_t K) {
 }
 
 // Per-row int16 activations: xq = round(x / scale), scale = max|x| / 32767; and, for int4,
-// each group's float sum of x (the `min` term).
+// each group's float sum of x (the `min` term). Read straight from bf16 or float32 into
+// per-thread scratch that lives across calls: a decode step makes ~120 of these calls, and
+// a float copy of x plus three fresh tensors per call cost more than the quantizing.
 struct QuantizedRows {
-  at::Tensor xq;      // int16 [M, K]
-  at::Tensor scale;   // float [M]
-  at::Tensor gsum;    // float [M, K / group] (int4 only)
+  const int16_t* xq;   // [M, K]
+  const float* scale;  // [M]
+  const float* gsum;   // [M, K / group] (int4 only)
 };
 
-QuantizedRows quantize_rows(const at::Tensor& x, int64_t group, bool group_sums) {
-  const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const int64_t M = xf.size(0), K = xf.size(1);
-  QuantizedRows q{at::empty({M, K}, xf.options().dtype(at::kShort)), at::empty({M}, xf.options()),
-                  group_sums ? at::empty({M, K / group}, xf.options()) : at::Tensor()};
-  const float* src = xf.data_ptr<float>();
-  int16_t* dst = q.xq.data_ptr<int16_t>();
-  float* scale = q.scale.data_ptr<float>();
-  for (int64_t m = 0; m < M; ++m) {
-    const float* row = src + m * K;
-    float amax = 0.f;
-    bool finite = true;
-    for (int64_t k = 0; k < K; ++k) {
-      amax = std::max(amax, std::fabs(row[k]));
-      finite = finite && std::isfinite(row[k]);
-    }
-    // A non-finite input makes its row's outputs NaN, as a float matmul would.
-    const float inv = amax > 0.f && finite ? 32767.f / amax : 0.f;
-    scale[m] = finite ? amax / 32767.f : NAN;
-    for (int64_t k = 0; k < K; ++k) dst[m * K + k] = static_cast<int16_t>(std::nearbyint(row[k] * inv));
-    if (group_sums) {
-      float* gs = q.gsum.data_ptr<float>() + m * (K / group);
-      for (int64_t g = 0; g < K / group; ++g) {
-        float s = 0.f;
-        for (int64_t k = g * group; k < (g + 1) * group; ++k) s += row[k];
-        gs[g] = s;
-      }
-    }
+template <typename T>
+void quantize_row(const T* row, int64_t K, int64_t group, int16_t* dst, float* scale, float* gsum) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int64_t k = 0; k < K; ++k) {
+    const float v = static_cast<float>(row[k]);
+    amax = std::max(amax, std::fabs(v));
+    finite = finite && std::isfinite(v);
   }
-  return q;
+  // A non-finite input makes its row's outputs NaN, as a float matmul would.
+  const float inv = amax > 0.f && finite ? 32767.f / amax : 0.f;
+  *scale = finite ? amax / 32767.f : NAN;
+  for (int64_t k = 0; k < K; ++k) dst[k] = static_cast<int16_t>(std::nearbyint(static_cast<float>(row[k]) * inv));
+  if (gsum == nullptr) return;
+  for (int64_t g = 0; g < K / group; ++g) {
+    float s = 0.f;
+    for (int64_t k = g * group; k < (g + 1) * group; ++k) s += static_cast<float>(row[k]);
+    gsum[g] = s;
+  }
+}
+
+// The scratch is the calling thread's: valid until its next call, which is after the
+// kernel that reads it has returned (parallel_for joins before returning).
+QuantizedRows quantize_rows(const at::Tensor& x, int64_t group, bool group_sums) {
+  thread_local std::vector<int16_t> xq_buf;
+  thread_local std::vector<float> float_buf;
+  const at::Tensor xc = x.contiguous();
+  const int64_t M = xc.size(0), K = xc.size(1), G = group_sums ? K / group : 0;
+  if (static_cast<int64_t>(xq_buf.size()) < M * K) xq_buf.resize(M * K);
+  if (static_cast<int64_t>(float_buf.size()) < M * (1 + G)) float_buf.resize(M * (1 + G));
+  float* scale = float_buf.data();
+  float* gsum = group_sums ? float_buf.data() + M : nullptr;
+  for (int64_t m = 0; m < M; ++m) {
+    int16_t* dst = xq_buf.data() + m * K;
+    float* gs = gsum ? gsum + m * G : nullptr;
+    if (xc.scalar_type() == at::kBFloat16)
+      quantize_row(xc.data_ptr<at::BFloat16>() + m * K, K, group, dst, scale + m, gs);
+    else
+      quantize_row(xc.data_ptr<float>() + m * K, K, group, dst, scale + m, gs);
+  }
+  return {xq_buf.data(), scale, gsum};
 }
 
 #if SGL_QMM
@@ -226,9 +240,9 @@ at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
 #if SGL_QMM
   const uint8_t* w = qweight.data_ptr<uint8_t>();
   const uint16_t* sm = reinterpret_cast<const uint16_t*>(scale_min.data_ptr<at::Half>());
-  const int16_t* xq = q.xq.data_ptr<int16_t>();
-  const float* gsum = q.gsum.data_ptr<float>();
-  const float* xscale = q.scale.data_ptr<float>();
+  const int16_t* xq = q.xq;
+  const float* gsum = q.gsum;
+  const float* xscale = q.scale;
   return run_tiles(x, qweight.size(0), out_features, [&](int64_t t, int64_t m0, int R, float* res) {
     const uint8_t* tw = w + t * K * 8;
     const uint16_t* ts = sm + t * G * 2 * kTile;
@@ -259,8 +273,8 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& qweight, const at::Ten
 #if SGL_QMM
   const int8_t* w = qweight.data_ptr<int8_t>();
   const uint16_t* sc = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
-  const int16_t* xq = q.xq.data_ptr<int16_t>();
-  const float* xscale = q.scale.data_ptr<float>();
+  const int16_t* xq = q.xq;
+  const float* xscale = q.scale;
   return run_tiles(x, qweight.size(0), out_features, [&](int64_t t, int64_t m0, int R, float* res) {
     const int8_t* tw = w + t * K * 16;
     const uint16_t* ts = sc + t * G * kTile;
