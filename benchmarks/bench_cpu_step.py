@@ -8,7 +8,7 @@ torch ops, and the compiled graph's own generated code; "python and dispatch" is
 time per step not inside any op (module calls, argument handling, dynamo's guards).
 
     .venv/bin/python benchmarks/bench_cpu_step.py [--quantization auto] [--dtype bfloat16] [--steps 40]
-        [--batch 1] [--context 64] [--no-compile] [--name cpu_step]
+        [--batch 1] [--context 64] [--no-compile] [--wrapper cpp|python] [--name cpu_step]
 """
 
 from __future__ import annotations
@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1, help="decode rows per step")
     ap.add_argument("--context", type=int, default=64, help="tokens each row holds before the timed steps")
     ap.add_argument("--no-compile", action="store_true", help="the eager split only")
+    ap.add_argument("--wrapper", choices=("cpp", "python"), default="cpp",
+                    help="inductor's wrapper around the generated kernels (the engine tries cpp first)")
     ap.add_argument("--no-pack", action="store_true", help="plain bf16 weights (no oneDNN prepacking)")
     ap.add_argument("--top", type=int, default=0, help="also print the N ops of most self time a step")
     ap.add_argument("--name", default="cpu_step")
@@ -141,7 +143,7 @@ def main() -> None:
         _register_attention_fake()
         prepare_for_compile(model)
         t = time.perf_counter()
-        compiled = torch.compile(model.forward, dynamic=False)
+        compiled = torch.compile(model.forward, dynamic=False, options={"cpp_wrapper": args.wrapper == "cpp"})
         req = fresh_rows()
         req.decode(7, compiled)
         compile_s = round(time.perf_counter() - t, 1)
@@ -151,7 +153,7 @@ def main() -> None:
                 f"quantization={args.quantization})", [(k, *(r[k] for r in results.values())) for k in keys],
                 ("part", *results))
     write_result(args.name, {"dtype": args.dtype, "quantization": args.quantization, "batch": args.batch,
-                             "context": args.context, "compile_s": compile_s, "split_ms": results})
+                             "context": args.context, "compile_s": compile_s, "wrapper": args.wrapper, "split_ms": results})
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def test_compiled_decode_equals_hf_generate(tiny_dir):
         info = engine.get_server_info()["torch_compile"]
         assert info["enabled"] and set(info["graphs"]) == {"batch 1", "batch 2+"}, info
         assert all(s > 0 for s in info["graphs"].values()), info
+        assert info["wrappers"] == {"batch 1": "cpp", "batch 2+": "cpp"}, info  # the faster wrapper builds here
         for ids in prompts(4, seed=5):
             assert engine_greedy(engine, [ids]) == [hf_greedy(hf, ids, NEW)]
         steps = engine.get_server_info()["torch_compile"]["steps"]
