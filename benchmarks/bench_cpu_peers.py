@@ -342,7 +342,7 @@ def main() -> None:
                          r.get("llama_bench_tg128", "-"), r.get("peak_rss_mb", "-"), r.get("skipped", "")[:40]))
         print_table(f"{model}", rows, ("engine", "decode tok/s", "prefix s", "batch-1 tok/s", "llama-bench tg128",
                                        "peak RSS MB", "skipped"))
-    write_result(args.name, results)
+        write_result(args.name, results)  # after each model, so an interrupted run keeps what it measured
 
 
 if __name__ == "__main__":
