@@ -41,7 +41,7 @@ def _register_attention_fake() -> None:
     global _fake_registered
     if not _fake_registered:
         torch.library.register_fake("sgl_cpu::paged_attention")(
-            lambda q, k_buf, v_buf, table, rows, scale: torch.empty_like(q))
+            lambda q, k_buf, v_buf, table, rows, scale, window=0, logit_cap=0.0: torch.empty_like(q))
         _fake_registered = True
 
 

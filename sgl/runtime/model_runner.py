@@ -41,7 +41,8 @@ class ModelRunner:
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
-        self.attn_backend = create_attention_backend(cfg.attention_backend, str(device), dtype)
+        self.attn_backend = create_attention_backend(cfg.attention_backend, str(device), dtype,
+                                                     needs=model.config.attention_features)
         max_bs = cuda_graph_max_bs(cfg, device)
         self.graph_max_bs = max_bs if max_bs > 0 and supports_cuda_graph(self.attn_backend) else 0
         self.graph_runner: CudaGraphRunner | None = None

@@ -25,7 +25,7 @@ TOLERANCES = {"float32": (1e-2, 1e-2), "bfloat16": (0.5, 0.5)}
 )
 def test_graph_replay_matches_eager(backend, dtype, monkeypatch):
     if backend == "dense_test":
-        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: DenseDecodeBackend())
+        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): DenseDecodeBackend())
         name = "torch_native"
     elif backend == "triton" and not attn.triton_available():
         pytest.skip("the triton backend is not installed")

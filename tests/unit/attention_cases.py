@@ -57,8 +57,9 @@ def make_case(specs: list[tuple[int, int]], kv_heads: int, head_dim: int, dtype:
     return Case(batch, q, k, v, head_dim**-0.5)
 
 
-def reference(case: Case) -> torch.Tensor:
-    """float64 attention per request: keys = pool prefix + new tokens, causal with prefix offset."""
+def reference(case: Case, sliding_window: int = 0, logit_cap: float = 0.0) -> torch.Tensor:
+    """float64 attention per request: keys = pool prefix + new tokens, causal with prefix offset;
+    with a window, only each query's last `sliding_window` keys; with a cap, scores soft-capped."""
     b = case.batch
     kb, vb = b.kv_pool.k_buffers[0].double(), b.kv_pool.v_buffers[0].double()
     group = case.q.shape[1] // kb.shape[1]
@@ -69,14 +70,19 @@ def reference(case: Case) -> torch.Tensor:
         vals = torch.cat([vb[ctx], case.v[tok : tok + ext].double()]).repeat_interleave(group, 1)
         q = case.q[tok : tok + ext].double()
         scores = torch.einsum("qhd,khd->hqk", q, keys) * case.scale
-        visible = torch.arange(prefix + ext)[None, :] <= torch.arange(prefix, prefix + ext)[:, None]
+        if logit_cap:
+            scores = logit_cap * torch.tanh(scores / logit_cap)
+        key_pos, q_pos = torch.arange(prefix + ext)[None, :], torch.arange(prefix, prefix + ext)[:, None]
+        visible = key_pos <= q_pos
+        if sliding_window:
+            visible &= key_pos > q_pos - sliding_window
         probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
         out.append(torch.einsum("hqk,khd->qhd", probs, vals))
         tok += ext
     return torch.cat(out)
 
 
-def run(backend, case: Case) -> torch.Tensor:
+def run(backend, case: Case, **features) -> torch.Tensor:
     case.batch.attn_backend = backend
     backend.init_forward_metadata(case.batch)
-    return backend.forward(case.q, case.k, case.v, 0, case.scale, case.batch)
+    return backend.forward(case.q, case.k, case.v, 0, case.scale, case.batch, **features)

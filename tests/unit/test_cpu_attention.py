@@ -65,6 +65,31 @@ def test_matches_float64_reference_and_torch_native(specs, heads, kv_heads, head
     torch.testing.assert_close(got, run(TorchNativeBackend(), case), rtol=1e-5, atol=1e-5)
 
 
+FEATURES = [dict(sliding_window=1), dict(sliding_window=5), dict(sliding_window=40), dict(logit_cap=0.7),
+            dict(sliding_window=8, logit_cap=0.3)]
+
+
+@pytest.mark.parametrize("features", FEATURES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("specs", [DECODE, MIXED, JUMP_FORWARD, LONG], ids=["decode", "mixed", "jump", "long"])
+def test_sliding_window_and_logit_cap_match_reference(specs, features):
+    """Windows shorter and longer than the contexts, caps that bend the scores: the kernel rows,
+    the SDPA rows (LONG) and torch_native with and without its mirror, against float64."""
+    case = make_case(specs, 2, 32, torch.float32, heads=6, max_context=256, capacity=1200, seed=11)
+    expected = reference(case, **features)
+    backend = bound(CpuBackend(paged_attention), case)
+    torch.testing.assert_close(run(backend, case, **features).double(), expected, rtol=1e-5, atol=1e-5)
+    for mirror in (True, False):
+        got = run(TorchNativeBackend(use_mirror=mirror), case, **features)
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_pool_with_window_and_cap():
+    case = make_case(MIXED, 2, 64, torch.bfloat16, heads=4, max_context=256, capacity=1200, seed=12)
+    expected = reference(case, sliding_window=6, logit_cap=0.5)
+    got = run(bound(CpuBackend(paged_attention), case), case, sliding_window=6, logit_cap=0.5)
+    torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2)
+
+
 def test_random_batches_match_reference():
     """Random mixes of decodes, short extends over cached prefixes and fresh prompts."""
     rng = random.Random(7)

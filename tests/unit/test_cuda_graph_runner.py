@@ -94,7 +94,7 @@ def test_decode_through_the_runner_matches_eager(dummy_dir, monkeypatch):
 
     backend = DenseDecodeBackend()
     monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: 8)
-    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: backend)
+    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): backend)
     with _engine(dummy_dir) as graphed:
         got = _greedy(graphed, prompts, new_tokens)
         info = graphed.get_server_info()
@@ -118,7 +118,7 @@ def test_steps_beyond_the_graph_limit_and_extends_run_eagerly(dummy_dir, monkeyp
         expected = _greedy(plain, prompts, new_tokens)
     backend = DenseDecodeBackend()
     monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: 4)
-    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: backend)
+    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): backend)
     with _engine(dummy_dir) as graphed:
         assert _greedy(graphed, prompts, new_tokens) == expected
         info = graphed.get_server_info()

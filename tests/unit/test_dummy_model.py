@@ -108,3 +108,16 @@ def test_dummy_engine_generates_on_cpu(tmp_path):
 def test_unknown_shape_is_a_clear_error():
     with pytest.raises(FileNotFoundError, match="llama3-8b"):
         sgl.Engine(model_path="llama9-1t", load_format="dummy")
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "gemma2-2b", "gemma3-1b", "phi3-mini", "qwen3-30b-a3b", "mixtral-8x7b"])
+def test_family_shapes_have_hfs_parameter_count(name):
+    """Each named shape builds the same parameters as HF transformers' model of that config
+    (both on the meta device; tied tables counted once)."""
+    import transformers
+
+    hf_cfg = dict(NAMED_SHAPES[name])
+    config = transformers.AutoConfig.for_model(hf_cfg.pop("model_type"), **hf_cfg)
+    with torch.device("meta"):
+        hf = transformers.AutoModelForCausalLM.from_config(config)
+    assert _param_count(name) == sum(p.numel() for p in hf.parameters())

@@ -70,6 +70,18 @@ def test_matches_float64_reference_and_torch_native(specs, kv_heads, head_dim, d
     torch.testing.assert_close(got.double(), native.double(), **TOL[dtype])
 
 
+@pytest.mark.parametrize("features", [dict(sliding_window=1), dict(sliding_window=6), dict(sliding_window=50),
+                                      dict(logit_cap=0.7), dict(sliding_window=9, logit_cap=0.3)],
+                         ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize("specs", [DECODE, MIXED], ids=["decode", "mixed"])
+def test_sliding_window_and_logit_cap_match_reference(specs, features):
+    """Windows that empty whole key blocks and decode splits (rows must stay NaN-free) and caps."""
+    case = make_case(specs, 2, 32, torch.float32, seed=5)
+    expected = reference(case, **features)
+    got = run(TritonBackend(num_kv_splits=4), case, **features)
+    torch.testing.assert_close(got.double(), expected, **TOL[torch.float32])
+
+
 def test_decode_metadata_and_split_counts():
     """A decode step takes the split-K path; the split count changes nothing but rounding."""
     case = make_case(DECODE, 2, 32, torch.float32, seed=3)
@@ -179,7 +191,7 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
     import sgl.runtime.model_runner as runner_mod
 
     if backend_factory is not None:
-        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None: backend_factory())
+        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): backend_factory())
     if graph_max_bs:
         monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
@@ -236,21 +248,23 @@ def test_kernels_compile_for_sm90(tmp_path):
         from sgl.runtime.attention import triton_kernels as tk
 
         def compile(fn, ptrs, consts, **options):
-            sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n == "sm_scale" else "i32")
+            floats = ("sm_scale", "logit_cap")
+            sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32")
                    for n in fn.arg_names}
             triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
 
         i32 = "*i32"
-        for ty, dot_dtype, precision, head_dim, group in (("*bf16", tl.bfloat16, "tf32", 128, 4),
-                                                          ("*fp32", tl.float32, "ieee", 64, 1)):
-            dot = dict(DOT_DTYPE=dot_dtype, DOT_PRECISION=precision)
+        for ty, dot_dtype, precision, head_dim, group, features in (
+                ("*bf16", tl.bfloat16, "tf32", 128, 4, False), ("*bf16", tl.bfloat16, "tf32", 128, 4, True),
+                ("*fp32", tl.float32, "ieee", 64, 1, False)):
+            dot = dict(DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, USE_WINDOW=features, USE_CAP=features)
             dims = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim)
             compile(tk._decode_split_kernel,
                     dict(Q=ty, K_buf=ty, V_buf=ty, Req_to_token="*i64", Req_rows=i32, Seq_lens=i32,
                          Part_out="*fp32", Part_lse="*fp32"),
                     dict(GROUP=group, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=8, **dims, **dot), num_warps=4)
             compile(tk._decode_reduce_kernel, dict(Part_out="*fp32", Part_lse="*fp32", Out=ty),
-                    dict(NUM_SPLITS=8, **dims), num_warps=4)
+                    dict(NUM_SPLITS=8, **dims), num_warps=4)  # (no features: the splits are combined as before)
             compile(tk._extend_kernel,
                     dict(Q=ty, K_new=ty, V_new=ty, Out=ty, K_buf=ty, V_buf=ty, Req_to_token="*i64",
                          Req_rows=i32, Prefix_lens=i32, Extend_lens=i32, Qo_start=i32),

@@ -11,6 +11,34 @@ from sgl.runtime.model.llama import LlamaForCausalLM
 from sgl.runtime.model.loader import load_hf_state_dict
 
 
+# Tiny configs of each family, with the features that make it differ switched on (windows
+# shorter than the test prompts, caps small enough that tanh bends random-weight scores).
+FAMILY_CONFIGS = {
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16)),
+    "qwen3-sliding": ("Qwen3Config", "Qwen3ForCausalLM",
+                      dict(head_dim=16, use_sliding_window=True, sliding_window=8, max_window_layers=1)),
+    "mistral-sliding": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=8)),
+    "ministral": ("MinistralConfig", "MinistralForCausalLM",
+                  dict(head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"])),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(head_dim=16, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=0.5,
+                    final_logit_softcapping=2.0)),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
+               dict(head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+                    layer_types=["sliding_attention", "full_attention"],
+                    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0, sliding_window=8, partial_rotary_factor=0.5)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False,
+                       shared_expert_intermediate_size=48, mlp_only_layers=[1])),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       norm_topk_prob=True)),
+}
+
+
 def hf_tiny(arch: str = "llama", tie: bool = False, kv_heads: int = 2, seed: int = 0, **extra):
     import transformers
 
@@ -27,7 +55,12 @@ def hf_tiny(arch: str = "llama", tie: bool = False, kv_heads: int = 2, seed: int
         rms_norm_eps=1e-5,
         **extra,
     )
-    if arch == "qwen2":
+    if arch in FAMILY_CONFIGS:
+        config_cls, model_cls, features = FAMILY_CONFIGS[arch]
+        cfg = getattr(transformers, config_cls)(**{**common, **features})
+        cfg._attn_implementation = "eager"  # the reference math, soft-capping included
+        model = getattr(transformers, model_cls)(cfg)
+    elif arch == "qwen2":
         cfg = transformers.Qwen2Config(**common)
         model = transformers.Qwen2ForCausalLM(cfg)
     elif arch == "mistral":
@@ -36,7 +69,7 @@ def hf_tiny(arch: str = "llama", tie: bool = False, kv_heads: int = 2, seed: int
     else:
         cfg = transformers.LlamaConfig(**common)
         model = transformers.LlamaForCausalLM(cfg)
-    # Random init leaves biases at zero; make them matter.
+    # Random init leaves biases at zero and norms at one (Gemma's at zero); make them matter.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
@@ -55,13 +88,14 @@ class TinyRunner:
     """Drives our model over explicit (request, chunk) steps with a real KV pool."""
 
     def __init__(self, model: LlamaForCausalLM, capacity: int = 4096, max_reqs: int = 16, use_mirror: bool = True,
-                 kv_dtype: torch.dtype = torch.float32) -> None:
+                 kv_dtype: torch.dtype = torch.float32, backend: str = "torch_native") -> None:
         c = model.config
         self.model = model
         self.pool = TokenToKVPool(capacity, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype, "cpu")
         self.table = ReqToTokenPool(max_reqs, c.max_position_embeddings, "cpu")
-        self.backend = create_attention_backend("torch_native", "cpu", kv_dtype)
+        self.backend = create_attention_backend(backend, "cpu", kv_dtype, needs=c.attention_features)
         self.backend.use_mirror = use_mirror
+        self.backend.bind(self.pool, self.table, c.num_attention_heads)
         self.rows: dict[int, int] = {}
         self.lens: dict[int, int] = {}
 
@@ -109,9 +143,10 @@ class TinyRunner:
         del self.lens[req]
 
 
-def save_tiny_engine_dir(path, vocab: int = 320):
-    """A tiny random Llama saved as an HF directory (sharded safetensors + an index) with a
-    byte-level BPE tokenizer, as `Engine(model_path=...)` loads it; returns (path, hf model)."""
+def save_tiny_engine_dir(path, vocab: int = 320, arch: str = "llama", chat_template: str | None = None):
+    """A tiny random model of `arch` (Llama by default) saved as an HF directory (sharded
+    safetensors + an index) with a byte-level BPE tokenizer (and `chat_template`), as
+    `Engine(model_path=...)` loads it; returns (path, hf model)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -124,8 +159,10 @@ def save_tiny_engine_dir(path, vocab: int = 320):
     )
     tok.train_from_iterator(corpus, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    if chat_template is not None:
+        fast.chat_template = chat_template
     fast.save_pretrained(path)
-    hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=7, initializer_range=0.15)
+    hf = hf_tiny(arch=arch, tie=False, kv_heads=2, seed=7, initializer_range=0.15)
     hf.config.vocab_size = vocab
     hf.resize_token_embeddings(vocab)
     with torch.no_grad():

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from sgl.runtime.attention.base import AttentionBackend, CudaGraphHooks, ForwardBatch, supports_cuda_graph
+from sgl.runtime.attention.base import FEATURES, AttentionBackend, CudaGraphHooks, ForwardBatch, supports_cuda_graph
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +49,31 @@ class RegisteredBackend:
     make: Callable[[], AttentionBackend]
     # Why the backend cannot run on (device, KV dtype; None: not yet known), naming the fix; None: it can.
     check: Callable[[torch.device, torch.dtype | None], str | None]
+    # Which of base.FEATURES it implements (known without importing it).
+    features: frozenset[str] = frozenset()
 
 
 REGISTRY: dict[str, RegisteredBackend] = {}
 
 
 def register(name: str, make: Callable[[], AttentionBackend],
-             check: Callable[[torch.device, torch.dtype | None], str | None]) -> None:
-    REGISTRY[name] = RegisteredBackend(name, make, check)
+             check: Callable[[torch.device, torch.dtype | None], str | None],
+             features: frozenset[str] = frozenset()) -> None:
+    REGISTRY[name] = RegisteredBackend(name, make, check, features)
+
+
+_FEATURE_NAMES = {"sliding_window": "sliding-window attention", "logit_cap": "attention logit soft-capping"}
+
+
+def missing_features(entry: RegisteredBackend, needs: frozenset[str]) -> str | None:
+    """Why the backend cannot run a model needing `needs`, naming the backends that can; None: it can."""
+    lacking = sorted(needs - entry.features)
+    if not lacking:
+        return None
+    able = [n for n, e in REGISTRY.items() if needs <= e.features]
+    what = " and ".join(_FEATURE_NAMES.get(f, f) for f in lacking)
+    return (f"attention_backend={entry.name!r} does not implement {what}, which this model's layers use; "
+            f"use attention_backend='auto' or one of {able}")
 
 
 def auto_order(device: torch.device) -> tuple[str, ...]:
@@ -134,17 +151,19 @@ def _check_flashinfer(device: torch.device, dtype: torch.dtype | None) -> str | 
     return None
 
 
-register("cpu", _make_cpu, _check_cpu)
-register("torch_native", _make_torch_native, _check_torch_native)
-register("triton", _make_triton, _check_triton)
-register("flashinfer", _make_flashinfer, _check_flashinfer)
+_ALL = frozenset(FEATURES)
+register("cpu", _make_cpu, _check_cpu, _ALL)
+register("torch_native", _make_torch_native, _check_torch_native, _ALL)
+register("triton", _make_triton, _check_triton, _ALL)
+register("flashinfer", _make_flashinfer, _check_flashinfer)  # not yet: window_left / logits_soft_cap per layer
 
 
 # ---------------------------------------------------------------------------- choosing
 
 
-def _auto(device: torch.device, dtype: torch.dtype | None) -> AttentionBackend:
-    candidates = [REGISTRY[n] for n in auto_order(device) if REGISTRY[n].check(device, dtype) is None]
+def _auto(device: torch.device, dtype: torch.dtype | None, needs: frozenset[str]) -> AttentionBackend:
+    candidates = [REGISTRY[n] for n in auto_order(device)
+                  if REGISTRY[n].check(device, dtype) is None and missing_features(REGISTRY[n], needs) is None]
     for i, entry in enumerate(candidates):
         try:
             backend = entry.make()
@@ -159,20 +178,21 @@ def _auto(device: torch.device, dtype: torch.dtype | None) -> AttentionBackend:
 
 
 def create_attention_backend(
-    name: str, device: str | torch.device, dtype: torch.dtype | None = None
+    name: str, device: str | torch.device, dtype: torch.dtype | None = None, needs: frozenset[str] = frozenset()
 ) -> AttentionBackend:
-    """The backend called `name` for `device` (and the KV dtype, which rules flashinfer in or out).
+    """The backend called `name` for `device` (and the KV dtype, which rules flashinfer in or out)
+    that implements the attention features the model `needs` (`ModelConfig.attention_features`).
 
-    `auto` takes the fastest one that is installed and fits the device; naming a backend that
-    cannot run raises a ValueError that says why and what to do instead.
+    `auto` takes the fastest one that is installed, fits the device and has the features; naming
+    a backend that cannot run raises a ValueError that says why and what to do instead.
     """
     if name not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}; got {name!r}")
     device = torch.device(device)
     if name == "auto":
-        return _auto(device, dtype)
+        return _auto(device, dtype, needs)
     entry = REGISTRY[name]
-    reason = entry.check(device, dtype)
+    reason = entry.check(device, dtype) or missing_features(entry, needs)
     if reason is not None:
         raise ValueError(reason)
     try:
@@ -197,6 +217,7 @@ __all__ = [
     "backend_name",
     "create_attention_backend",
     "flashinfer_available",
+    "missing_features",
     "register",
     "supports_cuda_graph",
     "triton_available",

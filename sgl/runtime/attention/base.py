@@ -43,11 +43,17 @@ class ForwardBatch:
         return [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
 
 
+# Per-layer attention features a model may need (`ModelConfig.attention_features`).
+FEATURES = ("sliding_window", "logit_cap")
+
+
 class AttentionBackend(ABC):
     """Computes causal attention for a ForwardBatch over the paged KV pool."""
 
     # Short name for server info and reports: the registered backends' registry names.
     name: str = "custom"
+    # Which of FEATURES `forward` implements (a model needing others is refused at start-up).
+    features: frozenset[str] = frozenset()
 
     def reserved_memory_bytes(
         self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
@@ -76,8 +82,13 @@ class AttentionBackend(ABC):
         layer_id: int,
         scaling: float,
         batch: ForwardBatch,
+        **features: Any,
     ) -> torch.Tensor:
-        """Store k/v at batch.out_cache_loc and return the attention output [T, heads, head_dim]."""
+        """Store k/v at batch.out_cache_loc and return the attention output [T, heads, head_dim].
+
+        `features` are passed only when a layer uses them (so a backend without them runs every
+        model that does not): `sliding_window=W` (a query sees the last W keys, itself
+        included) and `logit_cap=c` (scores -> c * tanh(scores / c), after scaling)."""
 
 
 @runtime_checkable

@@ -48,6 +48,7 @@ class CpuKernelBackend(AttentionBackend):
     rest. Only for a CPU pool of a KERNEL_DTYPES dtype and a supported head_dim (`kernel_supports`)."""
 
     name = "cpu"
+    features = frozenset({"sliding_window", "logit_cap"})
 
     def __init__(self, op: Callable) -> None:
         self._op = op
@@ -65,18 +66,25 @@ class CpuKernelBackend(AttentionBackend):
             first += ext
         batch.metadata = _KernelMetadata(torch.tensor(rows, dtype=torch.int64) if rows else None, extends)
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, sliding_window: int = 0,
+                logit_cap: float = 0.0) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
         md: _KernelMetadata = batch.metadata
         if md.rows is not None:  # the kernel reads float32 queries (few: one row per new token)
-            out = self._op(q.float().contiguous(), k_buf, v_buf, batch.req_to_token.req_to_token, md.rows, scaling)
+            table = batch.req_to_token.req_to_token
+            if sliding_window or logit_cap:
+                out = self._op(q.float().contiguous(), k_buf, v_buf, table, md.rows, scaling, sliding_window,
+                               logit_cap)
+            else:
+                out = self._op(q.float().contiguous(), k_buf, v_buf, table, md.rows, scaling)
             out = out.to(q.dtype)
         else:
             out = torch.empty_like(q)
         for ext in md.extends:
-            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out)
+            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, sliding_window=sliding_window,
+                              logit_cap=logit_cap)
         return out
 
 
@@ -88,6 +96,8 @@ class CpuBackend(AttentionBackend):
         self._kernel = CpuKernelBackend(op)
         self._torch = TorchNativeBackend()
         self._impl: AttentionBackend = self._kernel  # until bind has seen the pool
+
+    features = frozenset({"sliding_window", "logit_cap"})  # both of its implementations have them
 
     @property
     def name(self) -> str:
@@ -116,5 +126,5 @@ class CpuBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         self._impl.init_forward_metadata(batch)
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
-        return self._impl.forward(q, k, v, layer_id, scaling, batch)
+    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, **features) -> torch.Tensor:
+        return self._impl.forward(q, k, v, layer_id, scaling, batch, **features)

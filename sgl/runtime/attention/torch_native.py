@@ -59,6 +59,16 @@ class _ExtendRow:
     mask: torch.Tensor | None  # [E, S] bool causal mask with prefix offset; None: plain causal
     mirror_row: int | None = None  # context from the mirror; None: from the pool
     slots: torch.Tensor | None = None  # pool slots of the context (None with no prefix: fresh k/v)
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, made once a step
+
+    def mask_for(self, window: int, device) -> torch.Tensor | None:
+        """The causal mask, narrowed to the last `window` keys of each query where window > 0."""
+        if not window:
+            return self.mask
+        if window not in self.windowed:
+            q_pos = torch.arange(self.seq_len - (self.tok_end - self.tok_start), self.seq_len, device=device)
+            self.windowed[window] = window_mask(self.mask, q_pos.unsqueeze(1), self.seq_len, window)
+        return self.windowed[window]
 
 
 @dataclass
@@ -72,7 +82,16 @@ class _Batched:
     tok: torch.Tensor  # [N] flat token index of each batched token
     slot: torch.Tensor  # [N] its place row * q_len + query index in the padded queries
     identity: bool  # the batch is single-token rows 0..N-1, in token order
+    q_pos: torch.Tensor  # [rows, 1, q_len, 1] each query's position (the mask's causal limit)
     gather_slots: torch.Tensor | None = None  # [rows, ctx_len] pool slots when there is no mirror
+    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, made once a step
+
+    def mask_for(self, window: int) -> torch.Tensor:
+        if not window:
+            return self.mask
+        if window not in self.windowed:
+            self.windowed[window] = window_mask(self.mask, self.q_pos, self.ctx_len, window)
+        return self.windowed[window]
 
 
 @dataclass
@@ -111,6 +130,31 @@ def _causal_mask(prefix: int, seq: int, device) -> torch.Tensor | None:
     return torch.arange(seq, device=device).unsqueeze(0) <= q_pos
 
 
+def window_mask(causal: torch.Tensor | None, q_pos: torch.Tensor, ctx_len: int, window: int) -> torch.Tensor:
+    """`causal` (None: plain causal over q_pos) and only keys inside each query's window: key
+    position > query position - window, so a query sees `window` keys, itself included (HF's
+    sliding-window rule)."""
+    keys = torch.arange(ctx_len, device=q_pos.device)
+    recent = keys > q_pos - window
+    return (keys <= q_pos) & recent if causal is None else causal & recent
+
+
+def attend(q, k, v, mask: torch.Tensor | None, scale: float, logit_cap: float = 0.0) -> torch.Tensor:
+    """softmax(q k^T * scale [soft-capped] + mask) v over [..., heads, len, D] (GQA: k/v heads
+    divide q's). mask None: causal. SDPA where there is no cap (it has none); else in float32."""
+    if not logit_cap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                              enable_gqa=True)
+    group = q.shape[-3] // k.shape[-3]
+    k32, v32 = k.float().repeat_interleave(group, -3), v.float().repeat_interleave(group, -3)
+    scores = torch.matmul(q.float(), k32.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / logit_cap) * logit_cap
+    if mask is None:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return torch.matmul(probs, v32).to(q.dtype)
+
+
 def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first: int) -> _ExtendRow:
     """A multi-token row whose context is read from the pool (or, with no prefix, is its own k/v)."""
     seq = prefix + ext
@@ -119,9 +163,10 @@ def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first
 
 
 def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor,
-                      ke: torch.Tensor | None = None, ve: torch.Tensor | None = None) -> None:
-    """One SDPA call for a multi-token row, written into out[tok_start:tok_end]. Its context
-    is (ke, ve) when given, else the fresh k/v (no prefix) or the pool at ext.slots."""
+                      ke: torch.Tensor | None = None, ve: torch.Tensor | None = None, sliding_window: int = 0,
+                      logit_cap: float = 0.0) -> None:
+    """One attention call for a multi-token row, written into out[tok_start:tok_end]. Its
+    context is (ke, ve) when given, else the fresh k/v (no prefix) or the pool at ext.slots."""
     qe = q[ext.tok_start : ext.tok_end].transpose(0, 1).unsqueeze(0)  # [1, h, E, D]
     if ke is None:
         if ext.slots is None:
@@ -130,9 +175,7 @@ def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, ou
             ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
     ke = ke.transpose(0, 1).unsqueeze(0)
     ve = ve.transpose(0, 1).unsqueeze(0)
-    oe = F.scaled_dot_product_attention(
-        qe, ke, ve, attn_mask=ext.mask, is_causal=ext.mask is None, scale=scaling, enable_gqa=True
-    )
+    oe = attend(qe, ke, ve, ext.mask_for(sliding_window, q.device), scaling, logit_cap)
     out[ext.tok_start : ext.tok_end] = oe.squeeze(0).transpose(0, 1)
 
 
@@ -151,6 +194,7 @@ def mirror_bound_bytes(max_total_tokens: int, bytes_per_token: int, num_layers: 
 
 class TorchNativeBackend(AttentionBackend):
     name = "torch_native"
+    features = frozenset({"sliding_window", "logit_cap"})
 
     def __init__(self, use_mirror: bool = True) -> None:
         self.use_mirror = use_mirror
@@ -203,6 +247,7 @@ class TorchNativeBackend(AttentionBackend):
                 tok=torch.tensor([r[4] for r in decodes], device=device),
                 slot=torch.arange(len(decodes), device=device),
                 identity=len(decodes) == num_tokens,
+                q_pos=(lens - 1).view(-1, 1, 1, 1),
                 gather_slots=table[prows, :ctx_len].masked_fill(~valid, 0),
             )
         return _Metadata(decode, extends, None)
@@ -319,11 +364,12 @@ class TorchNativeBackend(AttentionBackend):
         mask = torch.arange(ctx_len, device=device).view(1, 1, 1, -1) <= limit_t
         identity = q_len == 1 and num_rows == len(rows) == num_tokens and tok == slot
         return _Batched(num_rows, q_len, ctx_len, mask, torch.tensor(tok, device=device),
-                        torch.tensor(slot, device=device), identity)
+                        torch.tensor(slot, device=device), identity, q_pos=limit_t)
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, sliding_window: int = 0,
+                logit_cap: float = 0.0) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
@@ -349,7 +395,7 @@ class TorchNativeBackend(AttentionBackend):
                 qb = q.new_zeros((b.num_rows * b.q_len, *q.shape[1:]))
                 qb.index_copy_(0, b.slot, q.index_select(0, b.tok))
                 qb = qb.view(b.num_rows, b.q_len, *q.shape[1:]).transpose(1, 2)
-            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=b.mask, scale=scaling, enable_gqa=True)
+            ob = attend(qb, kb, vb, b.mask_for(sliding_window), scaling, logit_cap)
             if b.identity:
                 out = ob.squeeze(2)
             else:
@@ -360,7 +406,7 @@ class TorchNativeBackend(AttentionBackend):
             ke = ve = None
             if ext.mirror_row is not None:
                 ke, ve = mk[ext.mirror_row, : ext.seq_len], mv[ext.mirror_row, : ext.seq_len]
-            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, ke, ve)
+            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, ke, ve, sliding_window, logit_cap)
         return out
 
     def _update_mirror(self, k, v, k_buf, v_buf, layer_id: int, w: _MirrorWrite) -> tuple[torch.Tensor, torch.Tensor]:

@@ -73,6 +73,7 @@ class TritonBackend(AttentionBackend):
     """
 
     name = "triton"
+    features = frozenset({"sliding_window", "logit_cap"})
 
     def __init__(
         self, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS, block_m: int | None = None, block_n: int | None = None
@@ -182,7 +183,8 @@ class TritonBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, sliding_window: int = 0,
+                logit_cap: float = 0.0) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
@@ -193,12 +195,13 @@ class TritonBackend(AttentionBackend):
             part_out, part_lse = self._decode_scratch(md, q)
             triton_kernels.decode_attention(
                 q, k_buf, v_buf, out, table, md.req_rows, md.seq_lens, scaling, part_out, part_lse,
-                block_n=self.decode_block_n,
+                block_n=self.decode_block_n, window=sliding_window, logit_cap=logit_cap,
             )  # fmt: skip
         else:
             triton_kernels.extend_attention(
                 q, k, v, out, k_buf, v_buf, table, md.req_rows, md.prefix_lens, md.extend_lens, md.qo_start,
-                md.max_extend_len, scaling, block_m=self.block_m, block_n=self.block_n,
+                md.max_extend_len, scaling, block_m=self.block_m, block_n=self.block_n, window=sliding_window,
+                logit_cap=logit_cap,
             )  # fmt: skip
         return out
 

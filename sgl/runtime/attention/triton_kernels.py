@@ -16,6 +16,12 @@ request's context never has to be contiguous.
   slot, then the new tokens' keys, read from the step's k/v tensors, with the causal mask;
   online softmax keeps one pass.
 
+Sliding-window layers (`window` W > 0: a query at position p sees keys p - W + 1 .. p) start
+each loop at the first key some query of the program can see and mask the rest per query;
+soft-capped layers (`logit_cap` c > 0) map the scaled scores to c * tanh(s / c). A row that
+sees no key of a block (possible under a window) keeps its running max at -inf and adds
+nothing (`_online_update`).
+
 Everything accumulates in float32; inputs may be float32, bfloat16 or float16. Under
 `TRITON_INTERPRET=1` (set before triton is imported) the same kernels run on CPU tensors,
 which is how the tests check them.
@@ -31,30 +37,50 @@ import triton.language as tl
 
 
 @triton.jit
+def _scores(q, k, sm_scale, logit_cap, USE_CAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+            DOT_PRECISION: tl.constexpr):
+    """q k^T * scale, soft-capped when USE_CAP (tanh(x) = 2 sigmoid(2x) - 1)."""
+    s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
+    if USE_CAP:
+        s = logit_cap * (2.0 * tl.sigmoid(2.0 * s / logit_cap) - 1.0)
+    return s
+
+
+@triton.jit
+def _online_update(s, m_i, l_i, acc, v, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One block of online softmax; rows whose scores are all -inf so far stay empty (no NaN)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _attend_pool_keys(
-    q, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
-    stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
-    BLOCK_N: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    q, q_pos, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
+    window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
+    BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """Online softmax of the queries `q` [rows, D] over context positions [start, end) of
-    request row `row`, whose keys and values are gathered from the pool by slot; returns the
-    updated running max, sum and (unnormalised) output."""
+    """Online softmax of the queries `q` [rows, D] (at positions `q_pos` [rows]) over context
+    positions [start, end) of request row `row`, whose keys and values are gathered from the
+    pool by slot; returns the updated running max, sum and (unnormalised) output."""
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < end
         slots = tl.load(Req_to_token + row * stride_row + offs_n, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(K_buf + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
-        s = tl.where(n_mask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = _scores(q, k, sm_scale, logit_cap, USE_CAP, DOT_DTYPE, DOT_PRECISION)
+        visible = (q_pos[:, None] >= 0) & n_mask[None, :]  # [rows, BLOCK_N]
+        if USE_WINDOW:
+            visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         v = tl.load(V_buf + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = v.to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_update(s, m_i, l_i, acc, v, DOT_DTYPE, DOT_PRECISION)
     return m_i, l_i, acc
 
 
@@ -69,6 +95,8 @@ def _decode_split_kernel(
     Part_out,  # [bs, heads, NUM_SPLITS, D] float32
     Part_lse,  # [bs, heads, NUM_SPLITS] float32
     sm_scale,
+    window,  # keys a query sees (USE_WINDOW)
+    logit_cap,  # (USE_CAP)
     stride_qt,
     stride_qh,
     stride_ks,
@@ -87,6 +115,8 @@ def _decode_split_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_CAP: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operand type of the tl.dot products (see _dot_dtype)
     DOT_PRECISION: tl.constexpr,
 ):
@@ -96,8 +126,11 @@ def _decode_split_kernel(
 
     seq_len = tl.load(Seq_lens + b)
     row = tl.load(Req_rows + b).to(tl.int64)
-    split_len = tl.cdiv(seq_len, NUM_SPLITS)
-    start = split * split_len
+    first = seq_len * 0  # the splits share the keys the query sees: all, or its window's
+    if USE_WINDOW:
+        first = tl.maximum(seq_len - window, 0)
+    split_len = tl.cdiv(seq_len - first, NUM_SPLITS)
+    start = first + split * split_len
     end = tl.minimum(start + split_len, seq_len)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -114,9 +147,11 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    q_pos = tl.full([BLOCK_H], 0, tl.int32) + seq_len - 1
     m_i, l_i, acc = _attend_pool_keys(
-        q, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
-        stride_ks, stride_kh, stride_vs, stride_vh, stride_row, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+        q, q_pos, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
+        window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row, BLOCK_N, False, USE_CAP,
+        DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
 
     # An empty split (a context shorter than the split count) leaves l_i == 0: it reports
@@ -181,6 +216,8 @@ def _extend_kernel(
     Extend_lens,  # [bs]
     Qo_start,  # [bs] first flat token of each request
     sm_scale,
+    window,  # keys a query sees (USE_WINDOW)
+    logit_cap,  # (USE_CAP)
     stride_qt,
     stride_qh,
     stride_knt,
@@ -199,6 +236,8 @@ def _extend_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_CAP: tl.constexpr,
     DOT_DTYPE: tl.constexpr,  # operand type of the tl.dot products (see _dot_dtype)
     DOT_PRECISION: tl.constexpr,
 ):
@@ -227,34 +266,36 @@ def _extend_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
-    # The prefix: every query sees all of it; keys are gathered from the pool by slot.
+    # The prefix: every query sees all of it (under a window, its last keys); keys are
+    # gathered from the pool by slot.
+    q_pos = prefix + offs_m  # absolute positions of the tile's queries
+    first = prefix * 0
+    if USE_WINDOW:
+        first = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0)  # the tile's first query's window
     m_i, l_i, acc = _attend_pool_keys(
-        q, m_i, l_i, acc, 0, prefix, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
-        stride_ks, stride_kh, stride_vs, stride_vh, stride_row, BLOCK_N, DOT_DTYPE, DOT_PRECISION,
+        q, q_pos, m_i, l_i, acc, tl.minimum(first, prefix), prefix, K_buf, V_buf, Req_to_token, row, kv_head,
+        offs_d, d_mask, sm_scale, window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
+        BLOCK_N, USE_WINDOW, USE_CAP, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
 
     # The new tokens, causally: query i sees new keys 0..i, so this tile stops at its last query.
     end_n = tl.minimum(ext, (m_block + 1) * BLOCK_M)
-    for n0 in range(0, end_n, BLOCK_N):
+    for n0 in range(tl.maximum(first - prefix, 0), end_n, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         n_mask = offs_n < ext
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(
             K_new + (qo + offs_n)[:, None] * stride_knt + kv_head * stride_knh + offs_d[None, :], mask=kv_mask, other=0.0
         )
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
-        s = tl.where(n_mask[None, :] & (offs_n[None, :] <= offs_m[:, None]), s, float("-inf"))
-        # Key 0 is visible to every query, so after the first block no row's maximum is -inf.
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        s = _scores(q, k, sm_scale, logit_cap, USE_CAP, DOT_DTYPE, DOT_PRECISION)
+        visible = n_mask[None, :] & (offs_n[None, :] <= offs_m[:, None])
+        if USE_WINDOW:
+            visible = visible & (offs_n[None, :] > offs_m[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
         v = tl.load(
             V_new + (qo + offs_n)[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :], mask=kv_mask, other=0.0
         )
-        v = v.to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = _online_update(s, m_i, l_i, acc, v, DOT_DTYPE, DOT_PRECISION)
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]
     tl.store(
@@ -323,6 +364,8 @@ def decode_attention(
     part_lse: torch.Tensor,
     block_n: int = 64,
     num_warps: int = 4,
+    window: int = 0,
+    logit_cap: float = 0.0,
 ) -> None:
     """One query per request (q [bs, heads, D], request b's is row b) over its pool context.
 
@@ -341,12 +384,13 @@ def decode_attention(
     group = num_heads // num_kv_heads
     block_d = _block_d(head_dim)
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
-        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_out, part_lse, sm_scale,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_out, part_lse, sm_scale, window,
+        float(logit_cap), q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, **_dot_options(q.dtype),
+        BLOCK_N=block_n, NUM_SPLITS=num_splits, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0,
+        **_dot_options(q.dtype),
         num_warps=num_warps,
     )  # fmt: skip
     _decode_reduce_kernel[(bs, num_heads)](
@@ -376,6 +420,8 @@ def extend_attention(
     block_n: int = 32,
     num_warps: int = 4,
     num_stages: int = 2,
+    window: int = 0,
+    logit_cap: float = 0.0,
 ) -> None:
     """Flat queries q [T, heads, D] of many requests, each over its prefix and its new tokens.
 
@@ -392,9 +438,9 @@ def extend_attention(
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
         q, k, v, out, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens, qo_start, sm_scale,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
+        window, float(logit_cap), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
-        BLOCK_M=block_m, BLOCK_N=block_n, **_dot_options(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0, **_dot_options(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from sgl.runtime.model.config import ModelConfig
-from sgl.runtime.model.llama import LlamaForCausalLM, RotaryEmbedding
+from sgl.runtime.model.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,132 @@ NAMED_SHAPES: dict[str, dict[str, Any]] = {
         "bos_token_id": 1,
         "eos_token_id": 2,
     },
+    # Qwen3-0.6B (q/k norms)
+    "qwen3-0.6b": {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
+    # gemma-2-2b (sliding window on alternate layers, soft-capping, sandwich norms)
+    "gemma2-2b": {
+        "architectures": ["Gemma2ForCausalLM"],
+        "model_type": "gemma2",
+        "vocab_size": 256000,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 4096,
+        "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+    },
+    # gemma-3-1b (5 local layers per global one, each kind with its own RoPE base)
+    "gemma3-1b": {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "vocab_size": 262144,
+        "hidden_size": 1152,
+        "intermediate_size": 6912,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 256,
+        "query_pre_attn_scalar": 256,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "bos_token_id": 2,
+        "eos_token_id": 1,
+    },
+    # Phi-3-mini-4k-instruct (qkv and gate/up fused in its checkpoints, a 2047-token window)
+    "phi3-mini": {
+        "architectures": ["Phi3ForCausalLM"],
+        "model_type": "phi3",
+        "vocab_size": 32064,
+        "hidden_size": 3072,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 4096,
+        "sliding_window": 2047,
+        "tie_word_embeddings": False,
+        "pad_token_id": 32000,
+        "bos_token_id": 1,
+        "eos_token_id": 32000,
+    },
+    # Qwen3-30B-A3B (128 experts, 8 per token; ~61 GB in bf16: benchmark a few of its layers
+    # by giving a config file with fewer num_hidden_layers)
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    },
+    # Mixtral-8x7B (8 experts, 2 per token; ~93 GB in bf16, as above)
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
     # Seconds on a CPU; the vocabulary fits the embedded tokenizer's ids.
     "tiny-llama": {
         "architectures": ["LlamaForCausalLM"],
@@ -101,12 +227,15 @@ def dummy_hf_config(model_path: str) -> dict[str, Any]:
 
 
 def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = DUMMY_STD) -> None:
-    """Fill every parameter in place: norm weights 1, biases 0, the rest normal(0, std)."""
+    """Fill every parameter in place: norms scale by 1 (Gemma's stored w - 1: 0), biases 0,
+    the rest normal(0, std)."""
     generators: dict[torch.device, torch.Generator] = {}
+    config = getattr(model, "config", None)
+    norm_value = 1.0 - (config.norm_offset if config is not None else 0.0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.fill_(1.0)
+                p.fill_(norm_value)
             elif name.endswith(".bias"):
                 p.zero_()
             else:
@@ -126,7 +255,7 @@ def load_dummy_model(
         model = LlamaForCausalLM(config)
     # Cast on the meta device, so the weights are allocated once, in their final dtype.
     model = model.to(dtype=dtype).to_empty(device=device)
-    model.rotary = RotaryEmbedding(config).to(device)  # float32 RoPE tables, computed for real
+    model.build_rotary(device)  # float32 RoPE tables, computed for real
     init_dummy_weights(model, seed)
     model.requires_grad_(False)
     return model.eval(), config

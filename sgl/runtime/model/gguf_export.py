@@ -1,5 +1,5 @@
-"""Write a Llama-family model (HF config + HF-named weights) as a GGUF file, the way
-llama.cpp's converter lays it out (Q/K rows permuted), quantized by the `gguf` package.
+"""Write a Llama, Qwen2 or Qwen3 model (HF config + HF-named weights) as a GGUF file, the way
+llama.cpp's converter lays it out (Q/K rows permuted for llama), quantized by the `gguf` package.
 
 For benchmarks and tests: every engine (sgl, llama.cpp, vLLM, HF) can then load the same
 weights, e.g. a random-weight 1B shape written once as Q4_1, Q8_0 and an HF directory.
@@ -19,7 +19,10 @@ _LAYER = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
+PERMUTED_ARCHS = ("llama", "mistral")  # llama.cpp's converter interleaves their Q/K rotary halves
+WRITABLE_ARCHS = ("llama", "qwen2", "qwen3")
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
@@ -38,15 +41,17 @@ def gguf_name(hf_name: str) -> str:
 
 
 def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torch.Tensor]], qtype: str = "F32",
-                     tokenizer_from: Path | None = None, embed_qtype: str | None = None) -> None:
-    """Write `weights` (HF names, any order) as a llama-arch GGUF. 2-D weights are stored as
-    `qtype` (F32, F16, Q8_0, Q4_0, Q4_1, ...), the token embedding / LM head as `embed_qtype`
-    (default: qtype); norms stay F32."""
+                     tokenizer_from: Path | None = None, embed_qtype: str | None = None, arch: str = "llama") -> None:
+    """Write `weights` (HF names, any order) as a GGUF of `arch` (WRITABLE_ARCHS). 2-D weights
+    are stored as `qtype` (F32, F16, Q8_0, Q4_0, Q4_1, ...), the token embedding / LM head as
+    `embed_qtype` (default: qtype); norms stay F32."""
     import gguf
 
+    if arch not in WRITABLE_ARCHS:
+        raise ValueError(f"arch must be one of {WRITABLE_ARCHS}, got {arch!r}")
     qt = gguf.GGMLQuantizationType[qtype]
     et = gguf.GGMLQuantizationType[embed_qtype or qtype]
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), arch)
     if tokenizer_from is not None:
         _copy_tokenizer(w, Path(tokenizer_from))
     w.add_block_count(config["num_hidden_layers"])
@@ -61,7 +66,9 @@ def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torc
     w.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
     for name, tensor in weights:
         arr = tensor.float().numpy()
-        if name.endswith("q_proj.weight"):
+        if arch not in PERMUTED_ARCHS:
+            pass
+        elif name.endswith("q_proj.weight"):
             arr = permute_qk(arr, config["num_attention_heads"])
         elif name.endswith("k_proj.weight"):
             arr = permute_qk(arr, config["num_key_value_heads"])

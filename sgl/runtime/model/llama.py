@@ -1,4 +1,9 @@
-"""One Llama-family decoder (Llama 2/3, Mistral, Qwen2/2.5, SmolLM): GQA, RoPE, RMSNorm, SwiGLU.
+"""The decoder of the dense families sgl runs (Llama 2/3, Mistral/Ministral, Qwen2/2.5, Qwen3,
+Gemma 2/3 text, Phi-3, SmolLM) and the mixture-of-experts ones (Mixtral, Qwen2/3-MoE: `moe.py`
+blocks in place of the MLP): GQA, RoPE, RMSNorm, a gated MLP, with the per-family switches
+that `ModelConfig` reads (q/k norms, Gemma's (1 + w) norms around both blocks and scaled
+embeddings, GeGLU, logit soft-capping, sliding-window layers with their own RoPE base,
+RoPE over part of each head).
 
 The model works on a flat batch of tokens from many requests (no padding). Attention is
 delegated to an `AttentionBackend`, which writes the new K/V into the paged pool and reads
@@ -16,6 +21,7 @@ from torch import nn
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.moe import SparseMoE
 
 
 class Linear(nn.Module):
@@ -38,25 +44,32 @@ class Linear(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
+    """x / rms(x) * w; Gemma's variant (offset 1) scales by (1 + w), in float32 as HF does."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (x32 * (self.offset + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies, with llama3 / linear scaling or GGUF per-frequency factors applied."""
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = config.rope_scaling or {}
+def rope_inv_freq(config: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Inverse frequencies, with llama3 / linear scaling or GGUF per-frequency factors applied;
+    `local`: those of the sliding-window layers where their base differs (unscaled)."""
+    dim = config.rope_dim
+    theta = config.local_rope_theta if local else config.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    scaling = {} if local else config.rope_scaling or {}
     kind = scaling.get("rope_type", scaling.get("type"))
-    if config.rope_freq_factors is not None:
+    if config.rope_freq_factors is not None and not local:
         inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float64)
     elif kind == "llama3":
         factor = scaling["factor"]
@@ -79,10 +92,10 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """Neox-style (rotate-half) RoPE tables indexed by absolute position (`tables`, applied by `rotate`)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, local: bool = False) -> None:
         super().__init__()
-        self.head_dim = config.head_dim
-        inv_freq = rope_inv_freq(config)
+        self.head_dim = config.rope_dim
+        inv_freq = rope_inv_freq(config, local)
         t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos", freqs.cos().float(), persistent=False)
@@ -95,9 +108,14 @@ class RotaryEmbedding(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of x [T, heads, D] in float32: x cos + (x2, x1) (-sin, sin)."""
+    """Rotate-half RoPE of x [T, heads, D] in float32: x cos + (x2, x1) (-sin, sin), over the
+    first R = cos.shape[-1] dims of each head (all of them but with partial rotary)."""
     x32 = x.float()
-    return (x32 * cos + torch.roll(x32, x.shape[-1] // 2, -1) * sin).to(x.dtype)
+    r = cos.shape[-1]
+    if r == x.shape[-1]:
+        return (x32 * cos + torch.roll(x32, r // 2, -1) * sin).to(x.dtype)
+    part = x32[..., :r]
+    return torch.cat((part * cos + torch.roll(part, r // 2, -1) * sin, x32[..., r:]), -1).to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -110,39 +128,63 @@ class Attention(nn.Module):
         self.q_size, self.kv_size = config.q_size, config.kv_size
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
-        self.scaling = self.head_dim**-0.5
+        self.scaling = config.attn_scale or self.head_dim**-0.5
+        if config.qk_norm:  # per head, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
+        # Only what the layer uses is passed on, so backends without these features still run
+        # the models that do not need them.
+        self.features = {k: v for k, v in (("sliding_window", config.window_of(layer_id)),
+                                           ("logit_cap", config.attn_logit_cap)) if v}
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = rotate(q.view(-1, self.num_heads, self.head_dim), *rope)  # contiguous, as the kernels want
-        k = rotate(k.view(-1, self.num_kv_heads, self.head_dim), *rope)
+        q, k = q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = rotate(q, *rope), rotate(k, *rope)  # contiguous, as the kernels want
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = batch.attn_backend.forward(q, k, v, self.layer_id, self.scaling, batch)
+        out = batch.attn_backend.forward(q, k, v, self.layer_id, self.scaling, batch, **self.features)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.intermediate_size = size = intermediate_size or config.intermediate_size
+        self.gate_up_proj = Linear(config.hidden_size, 2 * size, bias=config.mlp_bias)
+        self.down_proj = Linear(size, config.hidden_size, bias=config.mlp_bias)
+        self.gelu = config.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(gate * up)
 
 
 class DecoderLayer(nn.Module):
+    """Pre-norm blocks; with `sandwich_norms` (Gemma 2/3) each block's output is normed too
+    (`post_attention_layernorm` then norms the attention output, not the MLP input)."""
+
     def __init__(self, config: ModelConfig, layer_id: int) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)  # noqa: E731
+        self.input_layernorm = norm()
         self.self_attn = Attention(config, layer_id)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.post_attention_layernorm = norm()
+        self.mlp = SparseMoE(config, MLP) if config.is_sparse(layer_id) else MLP(config)
+        self.sandwich = config.sandwich_norms
+        if self.sandwich:
+            self.pre_feedforward_layernorm = norm()
+            self.post_feedforward_layernorm = norm()
+        # Sliding-window layers with their own RoPE base read the model's local tables.
+        self.local_rope = bool(config.window_of(layer_id)) and config.local_rope_theta is not None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch))
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
         x = x + self.self_attn(self.input_layernorm(x), rope, batch)
         return x + self.mlp(self.post_attention_layernorm(x))
 
@@ -153,27 +195,43 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.build_rotary()
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def build_rotary(self, device: torch.device | str | None = None) -> None:
+        """The float32 RoPE tables (not in checkpoints: loaders build them for real after a
+        meta-device construction), and the local layers' own where their base differs."""
+        self.rotary = RotaryEmbedding(self.config)
+        if any(layer.local_rope for layer in self.layers):
+            self.rotary_local = RotaryEmbedding(self.config, local=True)
+        if device is not None:
+            self.rotary.to(device)
+            getattr(self, "rotary_local", self.rotary).to(device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states [T, hidden] for the flat token batch (after the last norm)."""
         x = self.embed_tokens(input_ids)
+        if self.config.embed_scale is not None:  # rounded to the activations' dtype first, as HF does
+            x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         rope = self.rotary.tables(positions)
+        local = self.rotary_local.tables(positions) if hasattr(self, "rotary_local") else rope
         for layer in self.layers:
-            x = layer(x, rope, batch)
+            x = layer(x, local if layer.local_rope else rope, batch)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [N, vocab] for the selected hidden rows."""
+        """Float32 logits [N, vocab] for the selected hidden rows (soft-capped where the model is)."""
         head = getattr(self, "lm_head", None)  # untied, or a tied table's packed copy (cpu_packed)
         if head is not None:
-            return head(hidden).float()
-        if isinstance(self.embed_tokens, nn.Embedding):
-            return F.linear(hidden, self.embed_tokens.weight).float()
-        return self.embed_tokens.logits(hidden)  # quantized embeddings serve as the head
+            logits = head(hidden).float()
+        elif isinstance(self.embed_tokens, nn.Embedding):
+            logits = F.linear(hidden, self.embed_tokens.weight).float()
+        else:
+            logits = self.embed_tokens.logits(hidden)  # quantized embeddings serve as the head
+        cap = self.config.final_logit_cap
+        return logits if not cap else torch.tanh(logits / cap) * cap
 
 
 __all__ = ["LlamaForCausalLM", "AttentionBackend", "ForwardBatch"]

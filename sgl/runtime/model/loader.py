@@ -25,7 +25,7 @@ from torch import nn
 
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.gguf_weights import GgufTensors
-from sgl.runtime.model.llama import Linear, LlamaForCausalLM, RotaryEmbedding
+from sgl.runtime.model.llama import Linear, LlamaForCausalLM
 from sgl.runtime.model.quant import (QuantizedTensor, cat_rows, int4_group_for, int8_embedding, per_row_int8,
                                      quantize, quantize_int8, quantized_linear)
 
@@ -81,7 +81,7 @@ def load_model(model_path: str, dtype: torch.dtype, device: torch.device, quanti
         model = LlamaForCausalLM(config)
     with large_buffers_returned():
         load_weights(model, source, QuantPolicy(quantization, group_size), dtype, device)
-    model.rotary = RotaryEmbedding(config).to(device)  # not in the checkpoint: build it for real (float32)
+    model.build_rotary(device)  # not in the checkpoint: build it for real (float32)
     left = [name for name, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise KeyError(f"checkpoint is missing weights: {left[:5]}")
@@ -175,6 +175,10 @@ def load_hf_state_dict(model: LlamaForCausalLM, state: dict[str, torch.Tensor]) 
     load_weights(model, DictSource(state), QuantPolicy("none"), dtype, device)
 
 
+FUSED_CHECKPOINT_ARCHS = ("phi3",)  # checkpoints with qkv_proj / gate_up_proj, as our layers are
+# Per-layer norms under their HF names (which a family has: `DecoderLayer`).
+_LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
 _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
@@ -190,9 +194,13 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
 
     def set_param(qual: str, tensor: torch.Tensor) -> None:
         owner, _, attr = qual.rpartition(".")
-        module = modules[owner]
-        if attr not in module._parameters:
-            raise KeyError(f"unexpected weight {qual}")
+        module = modules.get(owner)
+        if module is None or attr not in module._parameters:
+            raise KeyError(f"unexpected weight {qual} (not a part of {config.arch}'s layers)")
+        want = module._parameters[attr].shape
+        if tuple(tensor.shape) != tuple(want):
+            raise ValueError(f"weight {qual} has shape {tuple(tensor.shape)} but the model's config gives "
+                             f"{tuple(want)}: the checkpoint and config.json disagree")
         module._parameters[attr] = nn.Parameter(tensor.to(device=device, dtype=dtype).contiguous(),
                                                 requires_grad=False)
         loaded.add(qual)
@@ -221,12 +229,15 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
         p = f"model.layers.{i}."
         for sub, mod in (("self_attn", "qkv_proj"), ("mlp", "gate_up_proj"), ("self_attn", "o_proj"),
                          ("mlp", "down_proj")):
-            parts = [f"{p}{sub}.{x}.weight" for x in _FUSED.get(mod, (mod,))]
+            fused = f"{p}{sub}.{mod}.weight"  # Phi-3 checkpoints hold qkv and gate/up fused already
+            parts = [fused] if source.has(fused) else [f"{p}{sub}.{x}.weight" for x in _FUSED.get(mod, (mod,))]
             if all(source.has(x) for x in parts):
                 put_linear(f"layers.{i}.{sub}.{mod}", parts)
-        for norm in ("input_layernorm", "post_attention_layernorm"):
+        for norm in _LAYER_NORMS:
             if source.has(f"{p}{norm}.weight"):
                 set_param(f"layers.{i}.{norm}.weight", _dense(source.get(f"{p}{norm}.weight")))
+        if config.is_sparse(i):
+            load_moe_layer(i, source, set_param, put_linear, modules, dtype, device, loaded)
     if source.has("model.norm.weight"):
         set_param("norm.weight", _dense(source.get("model.norm.weight")))
     def put_vocab_table(hf_name: str, attr: str, make: Callable[[QuantizedTensor, bool], nn.Module]) -> None:
@@ -252,6 +263,49 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
     if missing:
         raise KeyError(f"checkpoint is missing weights: {sorted(missing)[:5]}")
     model.requires_grad_(False)  # inference only: logits computed outside inference_mode build no graph
+
+
+def _first_present(source, names: list[str]) -> str:
+    for name in names:
+        if source.has(name):
+            return name
+    raise KeyError(f"checkpoint is missing weights: {names[0]}")
+
+
+def load_moe_layer(i: int, source, set_param, put_linear, modules: dict, dtype: torch.dtype,
+                   device: torch.device, loaded: set[str]) -> None:
+    """Layer i's router, stacked experts and shared expert, from transformers >= 5 names
+    (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) or the
+    per-expert names of checkpoints on the Hub (Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`,
+    Qwen-MoE's `mlp.experts.{e}.gate_proj/up_proj/down_proj`), stacked in place. Experts stay
+    dense in the model dtype under every quantization (no quantized expert kernel yet)."""
+    p, q = f"model.layers.{i}.", f"layers.{i}.mlp"
+    config = modules[""].config
+    set_param(f"{q}.gate.weight", _dense(source.get(_first_present(
+        source, [f"{p}mlp.gate.weight", f"{p}block_sparse_moe.gate.weight"]))))
+    if source.has(f"{p}mlp.experts.gate_up_proj"):
+        set_param(f"{q}.experts.gate_up_proj", _dense(source.get(f"{p}mlp.experts.gate_up_proj")))
+        set_param(f"{q}.experts.down_proj", _dense(source.get(f"{p}mlp.experts.down_proj")))
+    else:
+        experts: nn.Module = modules[f"{q}.experts"]
+        size, hidden = config.moe_intermediate_size, config.hidden_size
+        gate_up = torch.empty((config.num_experts, 2 * size, hidden), dtype=dtype, device=device)
+        down = torch.empty((config.num_experts, hidden, size), dtype=dtype, device=device)
+        for e in range(config.num_experts):
+            mixtral = f"{p}block_sparse_moe.experts.{e}."
+            names = ([mixtral + x for x in ("w1.weight", "w3.weight", "w2.weight")] if source.has(mixtral + "w1.weight")
+                     else [f"{p}mlp.experts.{e}.{x}.weight" for x in ("gate_proj", "up_proj", "down_proj")])
+            gate_up[e, :size].copy_(_dense(source.get(names[0])))
+            gate_up[e, size:].copy_(_dense(source.get(names[1])))
+            down[e].copy_(_dense(source.get(names[2])))
+        experts._parameters["gate_up_proj"] = nn.Parameter(gate_up, requires_grad=False)
+        experts._parameters["down_proj"] = nn.Parameter(down, requires_grad=False)
+        loaded.update({f"{q}.experts.gate_up_proj", f"{q}.experts.down_proj"})
+    if config.shared_expert_intermediate_size:
+        shared = f"{p}mlp.shared_expert."
+        put_linear(f"{q}.shared_expert.gate_up_proj", [shared + "gate_proj.weight", shared + "up_proj.weight"])
+        put_linear(f"{q}.shared_expert.down_proj", [shared + "down_proj.weight"])
+        set_param(f"{q}.shared_expert_gate.weight", _dense(source.get(f"{p}mlp.shared_expert_gate.weight")))
 
 
 class _Recorded:
@@ -287,11 +341,7 @@ def held_hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     """HF-named float32 weights equal to what the model computes with (a quantized layer's
     codes times its scales, exactly): run through HF transformers, they are the oracle that
     leaves only our kernels' error (fused layers are split back)."""
-    def weight(module: nn.Module) -> torch.Tensor:
-        if hasattr(module, "held_weight"):
-            return module.held_weight()
-        return (module.weight_t.t() if hasattr(module, "weight_t") else module.weight).float()
-
+    weight = _held_weight
     c = model.config
     state = {"model.embed_tokens.weight": weight(model.embed_tokens), "model.norm.weight": model.norm.weight.float()}
     if not c.tie_word_embeddings:
@@ -299,21 +349,59 @@ def held_hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
         attn, mlp = layer.self_attn, layer.mlp
-        for name, module, sizes in (("self_attn", attn.qkv_proj, (c.q_size, c.kv_size, c.kv_size)),
-                                    ("mlp", mlp.gate_up_proj, (c.intermediate_size,) * 2)):
+        fused = [("self_attn", attn.qkv_proj, (c.q_size, c.kv_size, c.kv_size))]
+        if c.is_sparse(i):
+            state.update(_held_moe(p, mlp))
+        else:
+            fused.append(("mlp", mlp.gate_up_proj, (mlp.intermediate_size,) * 2))
+        for name, module, sizes in fused:
             names = ("q_proj", "k_proj", "v_proj") if name == "self_attn" else ("gate_proj", "up_proj")
+            if c.arch in FUSED_CHECKPOINT_ARCHS:  # kept fused, as the family's checkpoints are
+                names, sizes = (("qkv_proj",) if name == "self_attn" else ("gate_up_proj",)), (sum(sizes),)
             for part, w in zip(names, weight(module).split(sizes)):
                 state[f"{p}{name}.{part}.weight"] = w
             if module.bias is not None:
                 for part, b in zip(names, module.bias.float().split(sizes)):
                     state[f"{p}{name}.{part}.bias"] = b
-        for name, module in (("self_attn.o_proj", attn.o_proj), ("mlp.down_proj", mlp.down_proj)):
+        for name, module in [("self_attn.o_proj", attn.o_proj)] + ([] if c.is_sparse(i) else
+                                                                  [("mlp.down_proj", mlp.down_proj)]):
             state[f"{p}{name}.weight"] = weight(module)
             if module.bias is not None:
                 state[f"{p}{name}.bias"] = module.bias.float()
-        state[f"{p}input_layernorm.weight"] = layer.input_layernorm.weight.float()
-        state[f"{p}post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.float()
+        for norm in _LAYER_NORMS:
+            module = layer.get_submodule(norm) if _has_submodule(layer, norm) else None
+            if module is not None:
+                state[f"{p}{norm}.weight"] = module.weight.float()
     return state
+
+
+def _held_weight(module: nn.Module) -> torch.Tensor:
+    """A layer's [out, in] weight as float32, exactly what it computes with."""
+    if hasattr(module, "held_weight"):
+        return module.held_weight()
+    return (module.weight_t.t() if hasattr(module, "weight_t") else module.weight).float()
+
+
+def _held_moe(p: str, moe: nn.Module) -> dict[str, torch.Tensor]:
+    """A MoE block's weights under transformers 5's names (shared expert split back)."""
+    state = {f"{p}mlp.gate.weight": moe.gate.weight.float(),
+             f"{p}mlp.experts.gate_up_proj": moe.experts.gate_up_proj.float(),
+             f"{p}mlp.experts.down_proj": moe.experts.down_proj.float()}
+    if hasattr(moe, "shared_expert"):
+        shared = moe.shared_expert
+        gate, up = _held_weight(shared.gate_up_proj).split(shared.intermediate_size)
+        state.update({f"{p}mlp.shared_expert.gate_proj.weight": gate, f"{p}mlp.shared_expert.up_proj.weight": up,
+                      f"{p}mlp.shared_expert.down_proj.weight": _held_weight(shared.down_proj),
+                      f"{p}mlp.shared_expert_gate.weight": moe.shared_expert_gate.weight.float()})
+    return state
+
+
+def _has_submodule(module: nn.Module, name: str) -> bool:
+    try:
+        module.get_submodule(name)
+        return True
+    except AttributeError:
+        return False
 
 
 def _dense(value: Any) -> torch.Tensor:
@@ -368,6 +456,8 @@ _GGUF_LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
 }
 _GGUF_TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -375,7 +465,8 @@ _GGUF_TOP_NAMES = {
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": "rope_freqs",
 }
-_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+               "mistral": "MistralForCausalLM"}
 
 
 def gguf_cache_key(path: Path) -> str:

@@ -7,8 +7,10 @@
 // item per (row, kv head): cost follows the real number of (query, key) pairs.
 //
 // rows: [B, 4] int64, per row (table row, first query token, query count E, context length L).
-// Query i of a row attends keys 0 .. L - E + i (causal over the new tokens). The row's key
-// slots are table[table row, 0 .. L). q and out: [T, H, D]; k_buf, v_buf: [S, KVH, D].
+// Query i of a row attends keys 0 .. L - E + i (causal over the new tokens); with window W > 0
+// only the last W of them (itself included: sliding-window layers). The row's key slots are
+// table[table row, 0 .. L). q and out: [T, H, D]; k_buf, v_buf: [S, KVH, D]. logit_cap c > 0
+// soft-caps the scaled scores, s -> c * tanh(s / c) (Gemma 2), before the softmax.
 //
 // Loops use GCC vector extensions (16 floats), so the compiler emits AVX-512 or AVX2 as the
 // machine allows; head_dim is 16, 32, 64, 96, 128 or 256 (checked). A bf16 or fp16 KV pool is
@@ -107,16 +109,23 @@ struct Shape {
 // One (row, kv head): the row's E query tokens x G query heads over its keys. The G heads
 // that share this kv head are taken GC at a time, so each key and value row is loaded (and
 // widened) once per chunk, not once per head. scores: scratch of at least GC * L floats.
+struct Extras {
+  int64_t window;  // 0: every key up to the query
+  float cap;       // 0: no soft-capping
+};
+
 template <int NV, int GC, typename KV>
 void attend_row_head(const float* q, const KV* k_buf, const KV* v_buf, float* out, const int64_t* slots,
-                     int64_t first, int64_t E, int64_t L, int64_t h, Shape s, float scale, float* scores) {
+                     int64_t first, int64_t E, int64_t L, int64_t h, Shape s, float scale, Extras x,
+                     float* scores) {
   constexpr int64_t D = NV * 16;
   const int64_t prefix = L - E;
   const int64_t stride = (s.KVH * D);  // between consecutive slots' rows of this head
   const KV* k_head = k_buf + h * D;
   const KV* v_head = v_buf + h * D;
   for (int64_t i = 0; i < E; ++i) {
-    const int64_t n = prefix + i + 1;  // keys this query sees
+    const int64_t n = prefix + i + 1;  // keys up to this query; it sees lo .. n - 1
+    const int64_t lo = x.window > 0 ? std::max<int64_t>(0, n - x.window) : 0;
     for (int64_t g0 = 0; g0 < s.G; g0 += GC) {
       const int gc = static_cast<int>(std::min<int64_t>(GC, s.G - g0));
       const int64_t off = ((first + i) * s.H + h * s.G + g0) * D;  // the chunk's first head
@@ -125,7 +134,7 @@ void attend_row_head(const float* q, const KV* k_buf, const KV* v_buf, float* ou
         for (int c = 0; c < NV; ++c) qv[g][c] = g < gc ? load16(q + off + g * D + 16 * c) * scale : v16{};
       // scores[g][j] = q_g . k_j, 16 keys at a time: the 16 lane-sums are formed together
       // (reduce16), a few shuffles per key instead of a full horizontal sum per key and head.
-      for (int64_t j0 = 0; j0 < n; j0 += 16) {
+      for (int64_t j0 = lo; j0 < n; j0 += 16) {
         const int64_t nb = std::min<int64_t>(16, n - j0);
         v16 acc[GC][16];
         for (int64_t jj = 0; jj < 16; ++jj) {
@@ -147,16 +156,18 @@ void attend_row_head(const float* q, const KV* k_buf, const KV* v_buf, float* ou
         for (int g = 0; g < gc; ++g) {
           float sums[16];
           store16(sums, reduce16(acc[g]));
+          if (x.cap > 0.f)
+            for (int64_t jj = 0; jj < nb; ++jj) sums[jj] = x.cap * std::tanh(sums[jj] / x.cap);
           std::memcpy(scores + g * n + j0, sums, nb * sizeof(float));
         }
       }
       float inv[GC];
       for (int g = 0; g < gc; ++g) {
         float* sg = scores + g * n;
-        float m = sg[0];
-        for (int64_t j = 1; j < n; ++j) m = std::max(m, sg[j]);
+        float m = sg[lo];
+        for (int64_t j = lo + 1; j < n; ++j) m = std::max(m, sg[j]);
         float sum = 0.f;
-        for (int64_t j = 0; j < n; ++j) {
+        for (int64_t j = lo; j < n; ++j) {
           const float e = std::exp(sg[j] - m);
           sg[j] = e;
           sum += e;
@@ -167,7 +178,7 @@ void attend_row_head(const float* q, const KV* k_buf, const KV* v_buf, float* ou
       v16 o[GC][NV];
       for (int g = 0; g < GC; ++g)
         for (int c = 0; c < NV; ++c) o[g][c] = v16{};
-      for (int64_t j = 0; j < n; ++j) {
+      for (int64_t j = lo; j < n; ++j) {
         if (j + PREFETCH_AHEAD < n) prefetch_row(v_head + slots[j + PREFETCH_AHEAD] * stride, D);
         const KV* vr = v_head + slots[j] * stride;
         v16 vv[NV];
@@ -190,7 +201,7 @@ constexpr int64_t MAX_CHUNK = 4;
 
 template <typename KV>
 using RowHeadFn = void (*)(const float*, const KV*, const KV*, float*, const int64_t*, int64_t, int64_t,
-                           int64_t, int64_t, Shape, float, float*);
+                           int64_t, int64_t, Shape, float, Extras, float*);
 
 template <typename KV>
 RowHeadFn<KV> pick(int64_t D) {
@@ -207,7 +218,8 @@ RowHeadFn<KV> pick(int64_t D) {
 
 template <typename KV>
 void run_rows(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf, at::Tensor& out,
-              const int64_t* rp, const int64_t* tp, int64_t B, int64_t C, int64_t max_len, double scale) {
+              const int64_t* rp, const int64_t* tp, int64_t B, int64_t C, int64_t max_len, double scale,
+              Extras x) {
   const int64_t H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
   RowHeadFn<KV> fn = pick<KV>(D);
   TORCH_CHECK(fn != nullptr, "head_dim ", D, " is not supported (16, 32, 64, 96, 128 or 256)");
@@ -226,14 +238,15 @@ void run_rows(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t w = t; w < items; w += threads) {
         const int64_t* r = rp + 4 * (w / KVH);
-        fn(qp, kp, vp, op, tp + r[0] * C, r[1], r[2], r[3], w % KVH, s, sc, scores.data());
+        fn(qp, kp, vp, op, tp + r[0] * C, r[1], r[2], r[3], w % KVH, s, sc, x, scores.data());
       }
     }
   });
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
-                           const at::Tensor& table, const at::Tensor& rows, double scale) {
+                           const at::Tensor& table, const at::Tensor& rows, double scale, int64_t window,
+                           double logit_cap) {
   TORCH_CHECK(q.dim() == 3 && k_buf.dim() == 3 && v_buf.dim() == 3, "q, k_buf, v_buf must be [tokens, heads, dim]");
   const auto kv_type = k_buf.scalar_type();
   TORCH_CHECK(q.scalar_type() == at::kFloat, "paged_attention takes float32 queries");
@@ -245,6 +258,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
                   rows.is_contiguous(), "paged_attention takes contiguous tensors");
   TORCH_CHECK(rows.dim() == 2 && rows.size(1) == 4, "rows must be [B, 4]");
   TORCH_CHECK(table.dim() == 2, "table must be [table rows, max context]");
+  TORCH_CHECK(window >= 0 && logit_cap >= 0, "window and logit_cap must be >= 0 (0: off)");
+  const Extras x{window, static_cast<float>(logit_cap)};
   const int64_t T = q.size(0), H = q.size(1), D = q.size(2), KVH = k_buf.size(1);
   TORCH_CHECK(k_buf.sizes() == v_buf.sizes() && k_buf.size(2) == D, "k_buf and v_buf must be [slots, kv_heads, ", D, "]");
   TORCH_CHECK(KVH > 0 && H % KVH == 0, "query heads (", H, ") must be a multiple of kv heads (", KVH, ")");
@@ -268,11 +283,11 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
   }
   at::Tensor out = at::empty_like(q);
   if (kv_type == at::kFloat) {
-    run_rows<float>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale);
+    run_rows<float>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale, x);
   } else if (kv_type == at::kBFloat16) {
-    run_rows<at::BFloat16>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale);
+    run_rows<at::BFloat16>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale, x);
   } else {
-    run_rows<at::Half>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale);
+    run_rows<at::Half>(q, k_buf, v_buf, out, rp, tp, B, C, max_len, scale, x);
   }
   return out;
 }
@@ -280,7 +295,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
 }  // namespace
 
 TORCH_LIBRARY(sgl_cpu, m) {
-  m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor table, Tensor rows, float scale) -> Tensor");
+  m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor table, Tensor rows, float scale, "
+        "int window=0, float logit_cap=0.0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sgl_cpu, CPU, m) { m.impl("paged_attention", &paged_attention); }

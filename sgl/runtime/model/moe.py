@@ -1,0 +1,79 @@
+"""Mixture-of-experts MLP blocks (Mixtral, Qwen2-MoE, Qwen3-MoE): a router picks `top_k` of
+E experts per token, each a gated MLP; the block's output is their weighted sum (plus, in
+Qwen2-MoE, a shared expert scaled by a sigmoid gate).
+
+Expert weights are stacked ([E, 2I, H] gate/up, [E, H, I] down), as transformers >= 5 keeps
+them, so loading is a copy and a future grouped-GEMM kernel reads one tensor. The compute is
+grouped: the (token, expert) pairs are sorted by expert, each expert's rows are gathered once
+and run through its two matmuls as one batch, and the results are scattered back with their
+routing weights. The Python loop runs over experts that received tokens, never over tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sgl.runtime.model.config import ModelConfig
+
+
+def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh") if kind == "gelu_tanh" else F.silu(x)
+
+
+class StackedExperts(nn.Module):
+    """E gated MLPs in two stacked parameters; `forward` runs the tokens routed to each."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.num_experts, self.intermediate, self.act = num_experts, intermediate, act
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+
+    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """x [T, H]; experts, weights [T, k] (each token's chosen experts and their weights)."""
+        k = experts.shape[1]
+        flat = experts.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        tokens = order // k
+        rows = x.index_select(0, tokens)
+        out_rows = torch.empty_like(rows)
+        start = 0
+        for e, n in enumerate(counts):
+            if n:
+                gate, up = F.linear(rows[start : start + n], self.gate_up_proj[e]).split(self.intermediate, -1)
+                out_rows[start : start + n] = F.linear(activation(gate, self.act) * up, self.down_proj[e])
+                start += n
+        out_rows = out_rows * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out_rows.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, out_rows)
+
+
+class SparseMoE(nn.Module):
+    """Router (softmax over all experts in float32, top-k, renormalized where the model says)
+    -> stacked experts (+ the gated shared expert of Qwen2-MoE)."""
+
+    def __init__(self, config: ModelConfig, dense_mlp: type[nn.Module]) -> None:
+        super().__init__()
+        self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
+        self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
+        self.experts = StackedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
+                                      config.hidden_act)
+        if config.shared_expert_intermediate_size:
+            self.shared_expert = dense_mlp(config, config.shared_expert_intermediate_size)
+            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(experts [T, k], weights [T, k] float32) for each token."""
+        probs = F.linear(x, self.gate.weight).float().softmax(-1)
+        weights, experts = probs.topk(self.top_k, -1)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return experts, weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, *self.route(x))
+        if hasattr(self, "shared_expert"):
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

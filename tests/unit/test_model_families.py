@@ -1,0 +1,280 @@
+"""Each supported family against HF transformers (eager attention) on the same random weights,
+fp32, with the features that make it differ switched on: q/k norms (Qwen3, Gemma 3), sliding
+windows shorter than the prompts (Mistral, Ministral, Qwen3, Gemma 2/3), logit soft-capping
+and sandwich norms (Gemma 2), per-layer RoPE bases (Gemma 3). Both CPU attention backends.
+
+Tolerance: 2e-4 absolute on logits, as for the Llama tests (float32 end to end; what is left
+is summation order).
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+from sgl.runtime.model.config import ModelConfig, UnsupportedConfigError
+from tiny_models import FAMILY_CONFIGS, TinyRunner, hf_tiny, ours_from_hf
+
+ATOL = 2e-4
+FAMILIES = sorted(FAMILY_CONFIGS)
+BACKENDS = ["torch_native", "cpu"]
+
+
+def hf_logits(hf, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.fixture(scope="module")
+def models():
+    cache: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            cache[arch] = hf_tiny(arch=arch, tie=arch.startswith("gemma"), seed=5)
+        return cache[arch]
+
+    return get
+
+
+def test_each_family_reads_its_features(models):
+    """The config fields the decoder acts on, so the oracle tests below exercise them."""
+    cfg = {arch: ModelConfig.from_hf_dict(models(arch).config.to_dict()) for arch in FAMILIES}
+    assert cfg["qwen3"].qk_norm and not cfg["qwen3"].qkv_bias and cfg["qwen3"].layer_windows == []
+    assert cfg["qwen3-sliding"].layer_windows == [0, 8]
+    assert cfg["mistral-sliding"].layer_windows == [8, 8]
+    assert cfg["ministral"].layer_windows == [8, 0]
+    g2 = cfg["gemma2"]
+    assert (g2.layer_windows, g2.attn_logit_cap, g2.final_logit_cap) == ([8, 0], 0.5, 2.0)
+    assert g2.sandwich_norms and g2.norm_offset == 1.0 and g2.hidden_act == "gelu_tanh" and g2.attn_scale == 24**-0.5
+    g3 = cfg["gemma3"]
+    assert g3.qk_norm and g3.layer_windows == [8, 0] and g3.local_rope_theta == 1e4 and g3.rope_theta == 1e6
+    assert g3.rope_scaling["rope_type"] == "linear"
+    assert cfg["gemma2"].attention_features == {"sliding_window", "logit_cap"}
+    assert cfg["phi3"].rotary_dim == 8 and cfg["phi3"].layer_windows == [8, 8]
+    assert (cfg["mixtral"].num_experts, cfg["mixtral"].experts_per_token, cfg["mixtral"].norm_topk_prob) == (4, 2, True)
+    q2 = cfg["qwen2_moe"]
+    assert q2.sparse_layers == [True, False] and q2.shared_expert_intermediate_size == 48 and not q2.norm_topk_prob
+    assert q2.qkv_bias and cfg["qwen3_moe"].qk_norm and cfg["qwen3_moe"].norm_topk_prob
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_prefill_logits_match_hf(models, arch, backend):
+    hf = models(arch)
+    runner = TinyRunner(ours_from_hf(hf), backend=backend)
+    rng = random.Random(1)
+    seqs = {i: [rng.randrange(97) for _ in range(n)] for i, n in enumerate((3, 9, 40, 70))}  # windows are 8
+    out = runner.step(seqs)  # four prompts in one flat batch (the 70-token one past the cpu kernel's 64)
+    for i, ids in seqs.items():
+        torch.testing.assert_close(out[i], hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("arch", FAMILIES)
+def test_chunked_prefill_and_batched_decode_match_hf(models, arch, backend):
+    hf = models(arch)
+    runner = TinyRunner(ours_from_hf(hf), backend=backend)
+    rng = random.Random(2)
+    seqs = {i: [rng.randrange(97) for _ in range(rng.randint(5, 60))] for i in range(5)}
+    got: dict[int, list[torch.Tensor]] = {i: [] for i in seqs}
+    cursor = {i: 0 for i in seqs}
+    while any(cursor[i] < len(s) - 4 for i, s in seqs.items()):  # uneven chunks, several requests a step
+        step = {}
+        for i, s in seqs.items():
+            end = min(len(s) - 4, cursor[i] + rng.randint(1, 17))
+            if end > cursor[i]:
+                step[i] = s[cursor[i] : end]
+                cursor[i] = end
+        for i, lg in runner.step(step).items():
+            got[i].append(lg)
+    for k in range(4):  # decode everyone together, mixed lengths
+        for i, lg in runner.step({i: [s[len(s) - 4 + k]] for i, s in seqs.items()}).items():
+            got[i].append(lg)
+    for i, ids in seqs.items():
+        torch.testing.assert_close(torch.cat(got[i]), hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+def test_loaded_families_reject_what_they_do_not_implement():
+    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    cases = [
+        (dict(architectures=["PhiMoEForCausalLM"]), "'architectures'"),
+        (dict(architectures=["LlamaForCausalLM"], sliding_window=8), "'sliding_window'"),
+        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
+        (dict(architectures=["MistralForCausalLM"], layer_types=["sliding_attention", "chunked_attention"],
+              sliding_window=8), "'layer_types'"),
+        (dict(architectures=["LlamaForCausalLM"], partial_rotary_factor=0.1), "'partial_rotary_factor'"),
+        (dict(architectures=["Phi3ForCausalLM"], rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                                               "long_factor": [2.0] * 8}), "longrope"),
+        (dict(architectures=["LlamaForCausalLM"], hidden_act="relu"), "'hidden_act'"),
+        (dict(architectures=["Gemma3ForCausalLM"], use_bidirectional_attention=True), "use_bidirectional_attention"),
+    ]
+    for extra, key in cases:
+        with pytest.raises(UnsupportedConfigError, match=key):
+            ModelConfig.from_hf_dict({**base, **extra})
+
+
+def test_qwen_window_applies_only_with_use_sliding_window():
+    """Qwen2.5 configs carry `sliding_window` with use_sliding_window false: HF ignores it, so do we."""
+    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4)
+    off = ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32768,
+                                    "use_sliding_window": False, "max_window_layers": 2})
+    on = ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16,
+                                   "use_sliding_window": True, "max_window_layers": 2})
+    assert off.layer_windows == [] and on.layer_windows == [0, 0, 16, 16]
+
+
+def test_backend_without_the_features_is_refused_with_the_alternatives():
+    from sgl.runtime.attention import REGISTRY, create_attention_backend, missing_features
+
+    needs = frozenset({"sliding_window", "logit_cap"})
+    msg = missing_features(REGISTRY["flashinfer"], needs)
+    assert "sliding-window" in msg and "soft-capping" in msg and "'triton'" in msg and "'torch_native'" in msg
+    assert create_attention_backend("auto", "cpu", torch.float32, needs=needs).features >= needs
+
+
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+ENGINE_FAMILIES = ["qwen3-sliding", "mistral-sliding", "gemma2", "gemma3", "phi3", "mixtral", "qwen2_moe"]
+
+
+@pytest.fixture(scope="module", params=ENGINE_FAMILIES)
+def family_engine(request, tmp_path_factory):
+    import sgl
+    from tiny_models import save_tiny_engine_dir
+
+    path, hf = save_tiny_engine_dir(tmp_path_factory.mktemp(request.param), 320, arch=request.param,
+                                    chat_template=CHAT_TEMPLATE)
+    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, chunked_prefill_size=48) as engine:
+        yield engine, hf
+
+
+def test_engine_greedy_tokens_equal_hf_generate(family_engine):
+    """Several prompts submitted together, longer than the windows, one sharing a cached
+    prefix (the radix cache keeps every token's KV; windows are masks, so reuse stays exact),
+    prefills chunked: 32 greedy tokens each equal HF generate's."""
+    engine, hf = family_engine
+    rng = random.Random(3)
+    shared = [rng.randrange(1, 320) for _ in range(20)]
+    batch = [shared + [rng.randrange(1, 320) for _ in range(n)] for n in (4, 70)]
+    batch += [[rng.randrange(1, 320) for _ in range(n)] for n in (2, 13, 100)]
+    params = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    engine.generate(input_ids=batch[:1], sampling_params=params)  # the shared prefix is now cached
+    outs = engine.generate(input_ids=batch, sampling_params=params)
+    assert outs[1]["meta_info"]["cached_tokens"] >= len(shared)
+    for ids, out in zip(batch, outs):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0)
+        assert out["output_ids"] == want[0, len(ids):].tolist()
+
+
+def test_program_with_roles_gen_select_regex_and_fork(family_engine):
+    """A DSL program runs on each family with its chat template; oracles: the template itself,
+    re.fullmatch, and the choices offered."""
+    import re
+
+    import sgl
+
+    engine, _ = family_engine
+
+    @sgl.function
+    def program(s):
+        s += sgl.system("You answer briefly.")
+        s += sgl.user("Pick a color and a number.")
+        with s.assistant():
+            s += "Color: " + sgl.select("color", ["red", "green", "blue"])
+            s += " Number: " + sgl.gen("num", regex=r"[0-9]{1,3}", max_tokens=8)
+        forks = s.fork(2)
+        forks += lambda i: sgl.user(f"Variant {i}?") + sgl.assistant(sgl.gen("v", max_tokens=6, temperature=0))
+        forks.join()
+
+    state = program.run(backend=sgl.as_backend(engine), temperature=0)
+    assert state["color"] in ("red", "green", "blue") and re.fullmatch(r"[0-9]{1,3}", state["num"])
+    msgs = state.messages()
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant"]
+    assert state.text() == engine.tokenizer.apply_chat_template(msgs, tokenize=False)
+
+
+def test_qwen3_gguf_roundtrip_matches_hf(tmp_path, models):
+    """A Qwen3 GGUF as llama.cpp's converter writes it (q/k norms as attn_q_norm / attn_k_norm,
+    no Q/K permutation): loaded dense, logits equal HF's; loaded quantized (Q8_0 kept as int8),
+    equal to HF run on the weights our kernels hold (tolerance as for the Llama GGUF test:
+    3e-2 of the logits' range, activations enter the int kernels rounded to bf16)."""
+    from sgl.runtime.model.gguf_export import write_llama_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
+    from sgl.runtime.model.loader import held_hf_state_dict, load_hf_state_dict, load_model, read_gguf
+
+    hf = models("qwen3")
+    ids = list(range(3, 50))
+    dense_path, q8_path = tmp_path / "qwen3-f32.gguf", tmp_path / "qwen3-q8.gguf"
+    write_llama_gguf(dense_path, hf.config.to_dict(), hf.state_dict().items(), "F32", arch="qwen3")
+    hf_config, state = read_gguf(dense_path)
+    ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_config))
+    load_hf_state_dict(ours, state)
+    assert ours.config.qk_norm
+    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+    write_llama_gguf(q8_path, hf.config.to_dict(), hf.state_dict().items(), "Q8_0", arch="qwen3")
+    quantized, _ = load_model(str(q8_path), torch.float32, torch.device("cpu"), quantization="auto")
+    oracle = copy.deepcopy(hf)
+    missing, unexpected = oracle.load_state_dict(held_hf_state_dict(quantized), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    got, want = TinyRunner(quantized).step({0: ids})[0], hf_logits(oracle, ids)
+    assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
+
+
+def test_moe_routes_each_token_to_its_top_k_experts():
+    """The grouped expert compute against a per-token loop over the chosen experts (the
+    definition), on a block with many experts and uneven loads, some experts unused."""
+    from sgl.runtime.model.moe import StackedExperts
+
+    torch.manual_seed(0)
+    experts = StackedExperts(16, 32, 24, "silu")
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.2)
+        experts.down_proj.normal_(0, 0.2)
+    x = torch.randn(37, 32)
+    chosen = torch.randint(0, 6, (37, 3))  # experts 6..15 get nothing
+    weights = torch.rand(37, 3)
+    want = torch.zeros_like(x)
+    for t in range(37):
+        for j in range(3):
+            e = int(chosen[t, j])
+            gate, up = (experts.gate_up_proj[e] @ x[t]).split(24)
+            want[t] += weights[t, j] * (experts.down_proj[e] @ (torch.nn.functional.silu(gate) * up))
+    torch.testing.assert_close(experts(x, chosen, weights).detach(), want.detach(), atol=1e-5, rtol=1e-5)
+
+
+def test_moe_loads_hub_checkpoint_names(tmp_path, models):
+    """Checkpoints on the Hub name each expert (Mixtral: block_sparse_moe.experts.{e}.w1/w3/w2;
+    Qwen-MoE: mlp.experts.{e}.gate_proj/up_proj/down_proj): stacked on load, same logits as HF."""
+    from sgl.runtime.model.llama import LlamaForCausalLM
+    from sgl.runtime.model.loader import load_hf_state_dict
+
+    for arch, old in (("mixtral", "block_sparse_moe.experts.{e}.{w}"), ("qwen3_moe", "mlp.experts.{e}.{w}")):
+        hf = models(arch)
+        names = {"gate": "w1", "up": "w3", "down": "w2"} if arch == "mixtral" else \
+            {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+        state = {}
+        for key, value in hf.state_dict().items():
+            prefix, _, rest = key.partition("mlp.")
+            if rest == "gate.weight" and arch == "mixtral":
+                state[prefix + "block_sparse_moe.gate.weight"] = value
+            elif rest == "experts.gate_up_proj":
+                size = value.shape[1] // 2
+                for e in range(value.shape[0]):
+                    state[prefix + old.format(e=e, w=names["gate"]) + ".weight"] = value[e, :size]
+                    state[prefix + old.format(e=e, w=names["up"]) + ".weight"] = value[e, size:]
+            elif rest == "experts.down_proj":
+                for e in range(value.shape[0]):
+                    state[prefix + old.format(e=e, w=names["down"]) + ".weight"] = value[e]
+            else:
+                state[key] = value
+        ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf.config.to_dict()))
+        load_hf_state_dict(ours, state)
+        ids = list(range(5, 40))
+        got = TinyRunner(ours.eval()).step({0: ids})[0]
+        torch.testing.assert_close(got, hf_logits(hf, ids), atol=ATOL, rtol=0)
