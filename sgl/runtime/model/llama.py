@@ -129,6 +129,7 @@ class Attention(nn.Module):
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
         self.scaling = config.attn_scale or self.head_dim**-0.5
+        self.qk_norm = config.qk_norm
         if config.qk_norm:  # per head, before RoPE
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
@@ -141,7 +142,7 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim)
-        if hasattr(self, "q_norm"):
+        if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate(q, *rope), rotate(k, *rope)  # contiguous, as the kernels want
         v = v.view(-1, self.num_kv_heads, self.head_dim)
