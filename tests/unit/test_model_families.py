@@ -55,6 +55,8 @@ def test_each_family_reads_its_features(models):
     assert g3.rope_scaling["rope_type"] == "linear"
     assert cfg["gemma2"].attention_features == {"sliding_window", "logit_cap"}
     assert cfg["phi3"].rotary_dim == 8 and cfg["phi3"].layer_windows == [8, 8]
+    assert cfg["qwen3-yarn"].rope_scaling["original_max_position_embeddings"] == 32
+    assert cfg["phi3-longrope"].rope_scaling["original_max_position_embeddings"] == 160
     assert (cfg["mixtral"].num_experts, cfg["mixtral"].experts_per_token, cfg["mixtral"].norm_topk_prob) == (4, 2, True)
     q2 = cfg["qwen2_moe"]
     assert q2.sparse_layers == [True, False] and q2.shared_expert_intermediate_size == 48 and not q2.norm_topk_prob
@@ -103,12 +105,12 @@ def test_loaded_families_reject_what_they_do_not_implement():
     cases = [
         (dict(architectures=["PhiMoEForCausalLM"]), "'architectures'"),
         (dict(architectures=["LlamaForCausalLM"], sliding_window=8), "'sliding_window'"),
-        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "yarn", "factor": 4.0}), "yarn"),
         (dict(architectures=["MistralForCausalLM"], layer_types=["sliding_attention", "chunked_attention"],
               sliding_window=8), "'layer_types'"),
         (dict(architectures=["LlamaForCausalLM"], partial_rotary_factor=0.1), "'partial_rotary_factor'"),
+        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
         (dict(architectures=["Phi3ForCausalLM"], rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
-                                                               "long_factor": [2.0] * 8}), "longrope"),
+                                                               "long_factor": [2.0] * 7}), "long_factor"),
         (dict(architectures=["LlamaForCausalLM"], hidden_act="relu"), "'hidden_act'"),
         (dict(architectures=["Gemma3ForCausalLM"], use_bidirectional_attention=True), "use_bidirectional_attention"),
     ]
@@ -278,3 +280,22 @@ def test_moe_loads_hub_checkpoint_names(tmp_path, models):
         ids = list(range(5, 40))
         got = TinyRunner(ours.eval()).step({0: ids})[0]
         torch.testing.assert_close(got, hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+def test_longrope_takes_the_long_factors_from_the_pretraining_length_on(models):
+    """Past `original_max_position_embeddings` (160 here) positions are rotated with the long
+    factors: the tables equal cos/sin of position x the long inverse frequencies there, scaled
+    by the attention factor (HF switches a whole forward instead; see model/rope.py)."""
+    import math
+
+    from sgl.runtime.model.rope import RotaryEmbedding, rope_attention_factor
+
+    config = ModelConfig.from_hf_dict(models("phi3-longrope").config.to_dict())
+    rope = RotaryEmbedding(config)
+    base = 10000.0 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    factor = rope_attention_factor(config)
+    assert factor == pytest.approx(math.sqrt(1 + math.log(256 / 160) / math.log(160)))
+    for pos, key in ((159, "short_factor"), (160, "long_factor"), (255, "long_factor")):
+        inv = 1.0 / (torch.tensor(config.rope_scaling[key], dtype=torch.float64) * base)
+        torch.testing.assert_close(rope.cos[pos].double(), (pos * inv).cos() * factor, atol=1e-6, rtol=0)
+        torch.testing.assert_close(rope.sin[pos].double(), (pos * inv).sin() * factor, atol=1e-6, rtol=0)

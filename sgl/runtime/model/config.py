@@ -39,8 +39,8 @@ SUPPORTED_ARCHITECTURES = {
     "qwen3_moe": "qwen3_moe",
 }
 SUPPORTED_NAMES = ("Llama 2/3, Mistral, Ministral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3 (text), "
-                   "Phi-3 (without longrope), Mixtral, Qwen2-MoE, Qwen3-MoE, SmolLM")
-ROPE_KINDS = ("default", "linear", "llama3")
+                   "Phi-3 / 3.5 / Phi-4-mini, Mixtral, Qwen2-MoE, Qwen3-MoE, SmolLM")
+ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
 # The activation each family's MLP gate uses (HF `hidden_act` / `hidden_activation`).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -215,7 +215,28 @@ def _rope_settings(d: dict[str, Any], arch: str) -> tuple[float, dict | None, fl
             raise UnsupportedConfigError(
                 f"config key 'rope_scaling' has rope_type {kind!r}, which sgl does not implement yet "
                 f"(supported: {', '.join(ROPE_KINDS)})")
+        else:
+            _complete_scaling(scaling, kind, d)
     return float(theta), scaling, local_theta
+
+
+def _complete_scaling(scaling: dict[str, Any], kind: str, d: dict[str, Any]) -> None:
+    """The pre-training context these kinds scale from (a top-level `original_max_position_embeddings`
+    wins, as Phi-3 configs keep it there; else the model's own), and LongRoPE's factor lists
+    checked against the rotary dims."""
+    if kind in ("llama3", "yarn", "longrope"):
+        top = d.get("original_max_position_embeddings")
+        if top:
+            scaling["original_max_position_embeddings"] = top
+        elif kind != "llama3":  # llama3 keeps its own default (8192)
+            scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 4096))
+    if kind == "longrope":
+        head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
+        half = (_rotary_dim(d) or head_dim) // 2
+        for key in ("short_factor", "long_factor"):
+            if len(scaling.get(key) or []) != half:
+                raise UnsupportedConfigError(f"config key 'rope_scaling.{key}' must list {half} factors (one per "
+                                             f"rotary frequency), got {len(scaling.get(key) or [])}")
 
 
 def _rope_kind(scaling: dict[str, Any]) -> str:

@@ -1,5 +1,5 @@
 """The decoder of the dense families sgl runs (Llama 2/3, Mistral/Ministral, Qwen2/2.5, Qwen3,
-Gemma 2/3 text, Phi-3, SmolLM) and the mixture-of-experts ones (Mixtral, Qwen2/3-MoE: `moe.py`
+Gemma 2/3 text, Phi-3/3.5/4-mini, SmolLM) and the mixture-of-experts ones (Mixtral, Qwen2/3-MoE: `moe.py`
 blocks in place of the MLP): GQA, RoPE, RMSNorm, a gated MLP, with the per-family switches
 that `ModelConfig` reads (q/k norms, Gemma's (1 + w) norms around both blocks and scaled
 embeddings, GeGLU, logit soft-capping, sliding-window layers with their own RoPE base,
@@ -13,8 +13,6 @@ are fused into one matmul each.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +20,7 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.moe import SparseMoE
+from sgl.runtime.model.rope import RotaryEmbedding, rotate
 
 
 class Linear(nn.Module):
@@ -59,63 +58,6 @@ class RMSNorm(nn.Module):
         if self.offset:
             return (x32 * (self.offset + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)
-
-
-def rope_inv_freq(config: ModelConfig, local: bool = False) -> torch.Tensor:
-    """Inverse frequencies, with llama3 / linear scaling or GGUF per-frequency factors applied;
-    `local`: those of the sliding-window layers where their base differs (unscaled)."""
-    dim = config.rope_dim
-    theta = config.local_rope_theta if local else config.rope_theta
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = {} if local else config.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type"))
-    if config.rope_freq_factors is not None and not local:
-        inv_freq = inv_freq / torch.tensor(config.rope_freq_factors, dtype=torch.float64)
-    elif kind == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
-        old_ctx = scaling.get("original_max_position_embeddings", 8192)
-        low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        scaled = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
-        mid = (1 - smooth) * scaled / factor + smooth * scaled
-        is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-        inv_freq = torch.where(is_mid, mid, scaled)
-    elif kind == "linear":
-        inv_freq = inv_freq / scaling["factor"]
-    elif kind not in (None, "default"):
-        raise ValueError(f"rope scaling type {kind!r} is not supported (supported: llama3, linear)")
-    return inv_freq
-
-
-class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate-half) RoPE tables indexed by absolute position (`tables`, applied by `rotate`)."""
-
-    def __init__(self, config: ModelConfig, local: bool = False) -> None:
-        super().__init__()
-        self.head_dim = config.rope_dim
-        inv_freq = rope_inv_freq(config, local)
-        t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
-        freqs = torch.outer(t, inv_freq)
-        self.register_buffer("cos", freqs.cos().float(), persistent=False)
-        self.register_buffer("sin", freqs.sin().float(), persistent=False)
-
-    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed sin), each [T, 1, D] float32, for `rotate`: once per forward, not per layer."""
-        cos, sin = self.cos[positions], self.sin[positions]  # [T, D/2]
-        return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE of x [T, heads, D] in float32: x cos + (x2, x1) (-sin, sin), over the
-    first R = cos.shape[-1] dims of each head (all of them but with partial rotary)."""
-    x32 = x.float()
-    r = cos.shape[-1]
-    if r == x.shape[-1]:
-        return (x32 * cos + torch.roll(x32, r // 2, -1) * sin).to(x.dtype)
-    part = x32[..., :r]
-    return torch.cat((part * cos + torch.roll(part, r // 2, -1) * sin, x32[..., r:]), -1).to(x.dtype)
 
 
 class Attention(nn.Module):
