@@ -299,3 +299,23 @@ def test_longrope_takes_the_long_factors_from_the_pretraining_length_on(models):
         inv = 1.0 / (torch.tensor(config.rope_scaling[key], dtype=torch.float64) * base)
         torch.testing.assert_close(rope.cos[pos].double(), (pos * inv).cos() * factor, atol=1e-6, rtol=0)
         torch.testing.assert_close(rope.sin[pos].double(), (pos * inv).sin() * factor, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_gguf_roundtrip_matches_hf(tmp_path, arch):
+    """A Gemma GGUF laid out as llama.cpp's converter writes it (norms stored as 1 + w, its
+    norm names, window and caps as keys, no query_pre_attn_scalar: the head size, as
+    llama.cpp assumes), read back: logits equal HF's on prompts longer than the window."""
+    from sgl.runtime.model.gguf_export import write_llama_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
+    from sgl.runtime.model.loader import load_hf_state_dict, read_gguf
+
+    hf = hf_tiny(arch=arch, tie=True, seed=6, query_pre_attn_scalar=16)
+    path = tmp_path / f"{arch}.gguf"
+    write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), "F32", arch=arch)
+    hf_config, state = read_gguf(path)
+    ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_config))
+    load_hf_state_dict(ours, state)
+    assert ours.config.layer_windows == [8, 0] and ours.config.norm_offset == 1.0
+    ids = list(range(3, 50))
+    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)

@@ -64,7 +64,7 @@ def hf_tiny(arch: str = "llama", tie: bool = False, kv_heads: int = 2, seed: int
     )
     if arch in FAMILY_CONFIGS:
         config_cls, model_cls, features = FAMILY_CONFIGS[arch]
-        cfg = getattr(transformers, config_cls)(**{**common, **features})
+        cfg = getattr(transformers, config_cls)(**{**common, **features, **extra})  # the caller's keys win
         cfg._attn_implementation = "eager"  # the reference math, soft-capping included
         model = getattr(transformers, model_cls)(cfg)
     elif arch == "qwen2":

@@ -21,8 +21,11 @@ _LAYER = {
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
 }
+_GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm"}
 PERMUTED_ARCHS = ("llama", "mistral")  # llama.cpp's converter interleaves their Q/K rotary halves
-WRITABLE_ARCHS = ("llama", "qwen2", "qwen3")
+NORM_SHIFTED_ARCHS = ("gemma2", "gemma3")  # the converter stores Gemma's norm weights as 1 + w
+WRITABLE_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
@@ -32,12 +35,13 @@ def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     if hf_name in _TOP:
         return _TOP[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{_LAYER[module]}.{kind}"
+    names = {**_LAYER, **_GEMMA_LAYER} if arch in NORM_SHIFTED_ARCHS else _LAYER
+    return f"blk.{layer}.{names[module]}.{kind}"
 
 
 def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torch.Tensor]], qtype: str = "F32",
@@ -61,11 +65,17 @@ def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torc
     w.add_head_count(config["num_attention_heads"])
     w.add_head_count_kv(config["num_key_value_heads"])
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    w.add_rope_freq_base(float(config.get("rope_theta", 10000.0)))
+    w.add_rope_freq_base(_rope_theta(config))
     w.add_vocab_size(config["vocab_size"])
     w.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    if arch in NORM_SHIFTED_ARCHS:
+        _add_gemma_fields(w, arch, config)
     for name, tensor in weights:
+        if arch in NORM_SHIFTED_ARCHS and name == "lm_head.weight" and config.get("tie_word_embeddings", True):
+            continue  # llama.cpp's Gemma has no output tensor when the head is tied
         arr = tensor.float().numpy()
+        if arch in NORM_SHIFTED_ARCHS and name.endswith("norm.weight"):
+            arr = arr + 1.0
         if arch not in PERMUTED_ARCHS:
             pass
         elif name.endswith("q_proj.weight"):
@@ -74,13 +84,50 @@ def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torc
             arr = permute_qk(arr, config["num_key_value_heads"])
         kind = et if name in ("model.embed_tokens.weight", "lm_head.weight") else qt
         if arr.ndim == 1 or kind == gguf.GGMLQuantizationType.F32:
-            w.add_tensor(gguf_name(name), arr.astype(np.float32))
+            w.add_tensor(gguf_name(name, arch), arr.astype(np.float32))
         else:
-            w.add_tensor(gguf_name(name), gguf.quants.quantize(arr, kind), raw_dtype=kind)
+            w.add_tensor(gguf_name(name, arch), gguf.quants.quantize(arr, kind), raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def _add_gemma_fields(w, arch: str, config: dict) -> None:
+    """Gemma's keys as llama.cpp's converter writes them, plus the local RoPE base and the
+    sliding-layer period where a config's differ from llama.cpp's fixed ones (10000, 6)."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    if config.get("sliding_window"):
+        w.add_sliding_window(config["sliding_window"])
+    if config.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if arch == "gemma2":
+        if config.get("attn_logit_softcapping"):
+            w.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        return
+    import gguf
+
+    rope = config.get("rope_parameters") or {}
+    scaling = (rope.get("full_attention") or {}) if rope else (config.get("rope_scaling") or {})
+    if scaling.get("rope_type", scaling.get("type")) == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+    local = (rope.get("sliding_attention") or {}).get("rope_theta") or config.get("rope_local_base_freq")
+    if local:
+        w.add_key_value(f"{arch}.rope.freq_base_swa", float(local), gguf.GGUFValueType.FLOAT32)
+    types = config.get("layer_types")
+    if types:
+        w.add_key_value(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types],
+                        gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
+
+
+def _rope_theta(config: dict) -> float:
+    """The (global layers') RoPE base, from either config format (transformers 5's rope_parameters)."""
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention") or rope
+    return float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)
 
 
 def _copy_tokenizer(writer, source: Path) -> None:

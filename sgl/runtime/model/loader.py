@@ -466,7 +466,12 @@ _GGUF_TOP_NAMES = {
     "rope_freqs.weight": "rope_freqs",
 }
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "mistral": "MistralForCausalLM"}
+               "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+# Gemma's norms around both blocks: llama.cpp's names (its `ffn_norm` is the pre-MLP norm, as
+# for Llama), and the converter stores every Gemma norm weight as 1 + w (undone on read).
+_GGUF_GEMMA_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
+                     "post_ffw_norm": "post_feedforward_layernorm"}
+GGUF_NORM_SHIFTED = ("gemma2", "gemma3")
 
 
 def gguf_cache_key(path: Path) -> str:
@@ -549,7 +554,31 @@ def _gguf_hf_config(reader) -> dict:
     scale_type = _field(reader, f"{a}.rope.scaling.type")
     if scale_type == "linear":
         hf_config["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{a}.rope.scaling.factor"))}
+    if arch in GGUF_NORM_SHIFTED:
+        hf_config.update(_gguf_gemma_config(reader, a, hf_config))
     return hf_config
+
+
+def _gguf_gemma_config(reader, a: str, c: dict) -> dict:
+    """What llama.cpp keeps of a Gemma config: the window, the caps, the local RoPE base and the
+    layer pattern (keys, else llama.cpp's fixed values: base 10000, 5 local layers per global
+    one for Gemma 3). It stores no query_pre_attn_scalar: like llama.cpp, the head size, except
+    Gemma 2 27B's hidden / heads."""
+    out = {"sliding_window": _field(reader, f"{a}.attention.sliding_window"),
+           "final_logit_softcapping": _field(reader, f"{a}.final_logit_softcapping"),
+           "query_pre_attn_scalar": c["head_dim"]}
+    if a == "gemma2":
+        out["attn_logit_softcapping"] = _field(reader, f"{a}.attn_logit_softcapping")
+        if (c["hidden_size"], c["num_hidden_layers"]) == (4608, 46):  # Gemma 2 27B
+            out["query_pre_attn_scalar"] = c["hidden_size"] // c["num_attention_heads"]
+    else:
+        out["rope_local_base_freq"] = float(_field(reader, f"{a}.rope.freq_base_swa", 10000.0))
+        pattern = _field(reader, f"{a}.attention.sliding_window_pattern", 6)
+        if isinstance(pattern, list):  # a flag per layer (true: sliding)
+            out["layer_types"] = ["sliding_attention" if p else "full_attention" for p in pattern]
+        else:
+            out["sliding_window_pattern"] = int(pattern)
+    return {k: v for k, v in out.items() if v is not None}
 
 
 class GgufSource:
@@ -561,15 +590,16 @@ class GgufSource:
         self.tensors = tensors
         self.arch = hf_config["model_type"]
         self.heads, self.kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
+        layer_names = {**_GGUF_LAYER_NAMES, **(_GGUF_GEMMA_NAMES if self.arch in GGUF_NORM_SHIFTED else {})}
         self._gguf_name: dict[str, str] = {}
         for name in tensors.infos:
             if name in _GGUF_TOP_NAMES:
                 self._gguf_name[_GGUF_TOP_NAMES[name]] = name
                 continue
             _, layer, kind, suffix = name.split(".", 3)
-            if kind not in _GGUF_LAYER_NAMES:
+            if kind not in layer_names:
                 raise ValueError(f"unexpected GGUF tensor {name}")
-            self._gguf_name[f"model.layers.{layer}.{_GGUF_LAYER_NAMES[kind]}.{suffix}"] = name
+            self._gguf_name[f"model.layers.{layer}.{layer_names[kind]}.{suffix}"] = name
 
     def names(self) -> list[str]:
         return list(self._gguf_name)
@@ -591,6 +621,8 @@ class GgufSource:
             if isinstance(value, QuantizedTensor):
                 return value.rows(unpermute_qk(torch.arange(value.shape[0]), heads))
             return unpermute_qk(value, heads)
+        if self.arch in GGUF_NORM_SHIFTED and gname.endswith("norm.weight"):
+            return _dense(value) - 1.0  # stored as 1 + w (Gemma's RMSNorm scales by 1 + w)
         return value
 
 
