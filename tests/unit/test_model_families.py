@@ -319,3 +319,24 @@ def test_gemma_gguf_roundtrip_matches_hf(tmp_path, arch):
     assert ours.config.layer_windows == [8, 0] and ours.config.norm_offset == 1.0
     ids = list(range(3, 50))
     torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["phi3", "phi3-longrope"])
+def test_phi3_gguf_roundtrip_matches_hf(tmp_path, arch):
+    """Phi-3 as llama.cpp's converter writes it: attn_qkv and ffn_up (gate and up) fused, the
+    rotary dims, the window, LongRoPE's factors as two tensors and its context / attention
+    factor as keys; read back, logits equal HF's."""
+    from sgl.runtime.model.gguf_export import write_llama_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
+    from sgl.runtime.model.loader import load_hf_state_dict, read_gguf
+
+    hf = hf_tiny(arch=arch, seed=8)
+    path = tmp_path / f"{arch}.gguf"
+    write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), "F32", arch="phi3")
+    hf_config, state = read_gguf(path)
+    ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_config))
+    load_hf_state_dict(ours, state)
+    want = ModelConfig.from_hf_dict(hf.config.to_dict())
+    assert (ours.config.rotary_dim, ours.config.layer_windows) == (want.rotary_dim, want.layer_windows)
+    ids = list(range(3, 60))
+    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)

@@ -9,6 +9,7 @@ llama.cpp needs one in the file.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Iterable
 
@@ -25,7 +26,8 @@ _GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforw
                  "post_feedforward_layernorm": "post_ffw_norm"}
 PERMUTED_ARCHS = ("llama", "mistral")  # llama.cpp's converter interleaves their Q/K rotary halves
 NORM_SHIFTED_ARCHS = ("gemma2", "gemma3")  # the converter stores Gemma's norm weights as 1 + w
-WRITABLE_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3")
+_PHI3_LAYER = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # fused, as in its checkpoints
+WRITABLE_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 _TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight"}
 
@@ -40,7 +42,7 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
         return _TOP[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    names = {**_LAYER, **_GEMMA_LAYER} if arch in NORM_SHIFTED_ARCHS else _LAYER
+    names = {**_LAYER, **(_GEMMA_LAYER if arch in NORM_SHIFTED_ARCHS else {}), **(_PHI3_LAYER if arch == "phi3" else {})}
     return f"blk.{layer}.{names[module]}.{kind}"
 
 
@@ -67,9 +69,13 @@ def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torc
     w.add_layer_norm_rms_eps(config["rms_norm_eps"])
     w.add_rope_freq_base(_rope_theta(config))
     w.add_vocab_size(config["vocab_size"])
-    w.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    partial = config.get("partial_rotary_factor") or (config.get("rope_parameters") or {}).get("partial_rotary_factor")
+    w.add_rope_dimension_count(int(head_dim * (partial or 1.0)))
     if arch in NORM_SHIFTED_ARCHS:
         _add_gemma_fields(w, arch, config)
+    if arch == "phi3":
+        _add_phi3_fields(w, config)
     for name, tensor in weights:
         if arch in NORM_SHIFTED_ARCHS and name == "lm_head.weight" and config.get("tie_word_embeddings", True):
             continue  # llama.cpp's Gemma has no output tensor when the head is tied
@@ -121,6 +127,23 @@ def _add_gemma_fields(w, arch: str, config: dict) -> None:
     if types:
         w.add_key_value(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types],
                         gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
+
+
+def _add_phi3_fields(w, config: dict) -> None:
+    """Phi-3's window and LongRoPE as llama.cpp's converter writes them: the factors as two F32
+    tensors, the pre-training context and the attention factor (computed when the config has none)."""
+    if config.get("sliding_window"):
+        w.add_sliding_window(config["sliding_window"])
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type")) != "longrope":
+        return
+    old_ctx = config.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
+    scale = config["max_position_embeddings"] / old_ctx
+    attn = rope.get("attention_factor") or (math.sqrt(1 + math.log(scale) / math.log(old_ctx)) if scale > 1 else 1.0)
+    w.add_rope_scaling_attn_factors(float(attn))
+    w.add_rope_scaling_orig_ctx_len(int(old_ctx))
+    w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
+    w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
 
 
 def _rope_theta(config: dict) -> float:

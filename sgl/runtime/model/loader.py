@@ -466,7 +466,11 @@ _GGUF_TOP_NAMES = {
     "rope_freqs.weight": "rope_freqs",
 }
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+               "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+               "phi3": "Phi3ForCausalLM"}
+# Phi-3 keeps q/k/v fused (attn_qkv) and gate/up fused in ffn_up, as its HF checkpoints do.
+_GGUF_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+_GGUF_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # LongRoPE, read into the config
 # Gemma's norms around both blocks: llama.cpp's names (its `ffn_norm` is the pre-MLP norm, as
 # for Llama), and the converter stores every Gemma norm weight as 1 + w (undone on read).
 _GGUF_GEMMA_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
@@ -556,7 +560,26 @@ def _gguf_hf_config(reader) -> dict:
         hf_config["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{a}.rope.scaling.factor"))}
     if arch in GGUF_NORM_SHIFTED:
         hf_config.update(_gguf_gemma_config(reader, a, hf_config))
+    if arch == "phi3":
+        hf_config.update(_gguf_phi3_config(reader, a, hf_config, tensors))
     return hf_config
+
+
+def _gguf_phi3_config(reader, a: str, c: dict, tensors: dict) -> dict:
+    """Phi-3's window, rotary dims and LongRoPE (factors as two small tensors, the pre-training
+    context and the attention factor as keys), as llama.cpp's converter writes them."""
+    out: dict[str, Any] = {"sliding_window": _field(reader, f"{a}.attention.sliding_window") or None}
+    rope_dims = _field(reader, f"{a}.rope.dimension_count")
+    if rope_dims and rope_dims != c["head_dim"]:
+        out["partial_rotary_factor"] = rope_dims / c["head_dim"]
+    if all(name in tensors for name in _GGUF_ROPE_FACTORS):
+        long, short = (tensors[name].data.astype("float64").reshape(-1).tolist() for name in _GGUF_ROPE_FACTORS)
+        out["original_max_position_embeddings"] = int(_field(reader, f"{a}.rope.scaling.original_context_length"))
+        out["rope_scaling"] = {"rope_type": "longrope", "long_factor": long, "short_factor": short}
+        attn_factor = _field(reader, f"{a}.rope.scaling.attn_factor")
+        if attn_factor is not None:
+            out["rope_scaling"]["attention_factor"] = float(attn_factor)
+    return out
 
 
 def _gguf_gemma_config(reader, a: str, c: dict) -> dict:
@@ -590,9 +613,12 @@ class GgufSource:
         self.tensors = tensors
         self.arch = hf_config["model_type"]
         self.heads, self.kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-        layer_names = {**_GGUF_LAYER_NAMES, **(_GGUF_GEMMA_NAMES if self.arch in GGUF_NORM_SHIFTED else {})}
+        layer_names = {**_GGUF_LAYER_NAMES, **(_GGUF_GEMMA_NAMES if self.arch in GGUF_NORM_SHIFTED else {}),
+                       **(_GGUF_PHI3_NAMES if self.arch == "phi3" else {})}
         self._gguf_name: dict[str, str] = {}
         for name in tensors.infos:
+            if name in _GGUF_ROPE_FACTORS:
+                continue  # in the config already
             if name in _GGUF_TOP_NAMES:
                 self._gguf_name[_GGUF_TOP_NAMES[name]] = name
                 continue
