@@ -103,7 +103,7 @@ class ModelConfig:
         eos = d.get("eos_token_id")
         eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
         gemma = arch in ("gemma2", "gemma3")
-        config = cls(
+        return cls(
             vocab_size=d["vocab_size"],
             hidden_size=d["hidden_size"],
             intermediate_size=d["intermediate_size"],
@@ -136,7 +136,6 @@ class ModelConfig:
             rotary_dim=_rotary_dim(d),
             **_moe_settings(d, arch),
         )
-        return config
 
     @property
     def rope_dim(self) -> int:
