@@ -422,6 +422,9 @@ class Engine:
         mc, cfg = self.model_config, self.config
         info.update({
             "model_path": self.model_path,
+            "architecture": mc.arch,
+            "attention_features": sorted(mc.attention_features),
+            "num_experts": mc.num_experts,
             "device": str(self.device),
             "dtype": str(self.dtype).replace("torch.", ""),
             "dtype_reason": self.dtype_reason,

@@ -167,6 +167,9 @@ def test_engine_greedy_tokens_equal_hf_generate(family_engine):
     engine.generate(input_ids=batch[:1], sampling_params=params)  # the shared prefix is now cached
     outs = engine.generate(input_ids=batch, sampling_params=params)
     assert outs[1]["meta_info"]["cached_tokens"] >= len(shared)
+    info = engine.get_server_info()
+    assert info["architecture"] == engine.model_config.arch and info["attention_backend"] == "cpu"
+    assert info["attention_features"] == sorted(engine.model_config.attention_features)
     for ids, out in zip(batch, outs):
         with torch.no_grad():
             want = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0)
