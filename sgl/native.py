@@ -28,7 +28,7 @@ STALE_LOCK_SECONDS = 600
 _CPU_KEYS = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU part")
 
 
-def _cpu_identity() -> str:
+def cpu_identity() -> str:
     """The CPU's model and feature lines (x86 and Arm spell them differently)."""
     try:
         with open("/proc/cpuinfo") as f:
@@ -42,7 +42,7 @@ def build_name(prefix: str, source: Path, cflags: list[str]) -> str:
     import torch
 
     h = hashlib.sha1()
-    for part in (source.read_bytes(), " ".join(cflags).encode(), torch.__version__.encode(), _cpu_identity().encode()):
+    for part in (source.read_bytes(), " ".join(cflags).encode(), torch.__version__.encode(), cpu_identity().encode()):
         h.update(part)
         h.update(b"\0")
     return f"{prefix}_{h.hexdigest()[:12]}"

@@ -8,6 +8,8 @@ run on those held weights (so only our kernels' error remains).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -178,12 +180,25 @@ def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
             assert (got[:, :n].float() - held).abs().max() <= 2 ** -7 * held.abs().max()
 
 
-def test_crossover_is_measured_once_per_shape():
+def test_crossover_is_measured_once_per_shape_and_kept_on_disk(tmp_path, monkeypatch):
+    """Measured once per shape on this machine, then read back by a later process (here: a
+    cleared in-memory table), so compiled graphs that embed it stay the same between starts."""
+    from sgl.runtime.model import crossovers
+
+    monkeypatch.setenv("SGL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(crossovers, "_table", None)
     q = quantize_int8(torch.randn(128, 256) * 0.05)
     a, b = Int8Linear(q, None), Int8Linear(q, None)
-    quant._CROSSOVERS.clear()
+    calls = []
+    measure = a.packed_mm
+    monkeypatch.setattr(a, "packed_mm", lambda x: calls.append(1) or measure(x))
     rows = quant.crossover_rows(a)
-    assert rows >= DEQUANT_MIN_TOKENS and quant.crossover_rows(b) == rows and len(quant._CROSSOVERS) == 1
+    assert rows >= DEQUANT_MIN_TOKENS and quant.crossover_rows(b) == rows and calls  # b: not measured again
+    measured_calls = len(calls)
+    path = crossovers.crossover_file()
+    assert path.is_relative_to(tmp_path) and list(json.loads(path.read_text()).values()) == [rows]
+    monkeypatch.setattr(crossovers, "_table", None)  # a new process
+    assert quant.crossover_rows(a) == rows and len(calls) == measured_calls
 
 
 def _hf_with(hf, state: dict[str, torch.Tensor]):

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sgl.runtime.model import crossovers
 from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
@@ -159,9 +160,6 @@ def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
     return cat_rows([q, q.rows(pad)])
 
 
-_CROSSOVERS: dict[tuple, int] = {}
-
-
 def int4_dequant_op() -> Callable | None:
     """torch.ops.sgl_linear.int4_dequant_t (C++, built on first use like the attention kernel),
     or None where it cannot be built: `Int4Linear` then dequantizes with torch ops (slower)."""
@@ -180,14 +178,17 @@ def _best_seconds(fn, repeats: int) -> float:
 def crossover_rows(layer: nn.Module) -> int:
     """Rows above which dequantize + bf16 matmul beats the packed kernel for this layer's
     shape: one dequantization against the packed kernel's cost per row, measured once per
-    (layout, shape) in this process (a few ms; at most ~0.3 s for a 1B layer)."""
-    key = (type(layer).__name__, layer.out_features, layer.in_features, getattr(layer, "group", 0))
-    if key not in _CROSSOVERS:
+    (layout, shape) on this machine (a few ms; at most ~0.3 s for a 1B layer) and kept on disk
+    (`crossovers.py`), so compiled graphs stay the same from one start to the next."""
+    key = f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)}"
+
+    def measure() -> int:
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
         per_row = _best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
         dequant = _best_seconds(layer.dequantized_t if hasattr(layer, "dequantized_t") else layer.dequantized, 2)
-        _CROSSOVERS[key] = max(DEQUANT_MIN_TOKENS, int(dequant / per_row))
-    return _CROSSOVERS[key]
+        return max(DEQUANT_MIN_TOKENS, int(dequant / per_row))
+
+    return crossovers.measured(key, measure)
 
 
 def _crossover(layer: nn.Module, rows: int) -> int:
