@@ -343,3 +343,26 @@ def test_phi3_gguf_roundtrip_matches_hf(tmp_path, arch):
     assert (ours.config.rotary_dim, ours.config.layer_windows) == (want.rotary_dim, want.layer_windows)
     ids = list(range(3, 60))
     torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch,file_arch", [("mixtral", "mixtral"), ("qwen2_moe", "qwen2moe"), ("qwen3_moe", "qwen3moe")])
+def test_moe_gguf_roundtrip_matches_hf(tmp_path, arch, file_arch):
+    """MoE GGUF as llama.cpp lays it out (experts stacked as ffn_gate_exps / ffn_up_exps /
+    ffn_down_exps, router ffn_gate_inp, Qwen2-MoE's shared expert and its gate vector; Mixtral
+    as `llama` with an expert count): read back, logits equal HF's."""
+    from sgl.runtime.model.gguf_export import write_llama_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
+    from sgl.runtime.model.loader import load_hf_state_dict, read_gguf
+
+    hf = hf_tiny(arch=arch, seed=9)
+    path = tmp_path / f"{arch}.gguf"
+    write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), "F32", arch=file_arch)
+    hf_config, state = read_gguf(path)
+    ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_config))
+    load_hf_state_dict(ours, state)
+    want = ModelConfig.from_hf_dict(hf.config.to_dict())
+    got = ours.config
+    assert (got.arch, got.num_experts, got.experts_per_token, got.norm_topk_prob, got.sparse_layers) == \
+        (want.arch, want.num_experts, want.experts_per_token, want.norm_topk_prob, want.sparse_layers)
+    ids = list(range(3, 50))
+    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)

@@ -286,6 +286,11 @@ def load_moe_layer(i: int, source, set_param, put_linear, modules: dict, dtype: 
     if source.has(f"{p}mlp.experts.gate_up_proj"):
         set_param(f"{q}.experts.gate_up_proj", _dense(source.get(f"{p}mlp.experts.gate_up_proj")))
         set_param(f"{q}.experts.down_proj", _dense(source.get(f"{p}mlp.experts.down_proj")))
+    elif source.has(f"{p}mlp.experts.gate_proj.weight"):  # GGUF: gate and up stacked apart
+        gate, up = (_dense(source.get(f"{p}mlp.experts.{x}_proj.weight")) for x in ("gate", "up"))
+        set_param(f"{q}.experts.gate_up_proj", torch.cat([gate, up], dim=1))
+        del gate, up
+        set_param(f"{q}.experts.down_proj", _dense(source.get(f"{p}mlp.experts.down_proj.weight")))
     else:
         experts: nn.Module = modules[f"{q}.experts"]
         size, hidden = config.moe_intermediate_size, config.hidden_size
@@ -467,7 +472,15 @@ _GGUF_TOP_NAMES = {
 }
 _GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-               "phi3": "Phi3ForCausalLM"}
+               "phi3": "Phi3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+# Expert tensors as llama.cpp stacks them ([E, I, H] gate and up apart, [E, H, I] down) and the
+# shared expert of Qwen2-MoE; `load_moe_layer` joins gate and up.
+_GGUF_MOE_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj",
+                   "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj",
+                   "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+                   "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
+# llama.cpp's default renormalization of the chosen experts' weights, where the file has no key.
+_GGUF_MOE_NORM = {"llama": True, "qwen2moe": False, "qwen3moe": True}
 # Phi-3 keeps q/k/v fused (attn_qkv) and gate/up fused in ffn_up, as its HF checkpoints do.
 _GGUF_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 _GGUF_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # LongRoPE, read into the config
@@ -562,7 +575,26 @@ def _gguf_hf_config(reader) -> dict:
         hf_config.update(_gguf_gemma_config(reader, a, hf_config))
     if arch == "phi3":
         hf_config.update(_gguf_phi3_config(reader, a, hf_config, tensors))
+    if _field(reader, f"{a}.expert_count"):
+        hf_config.update(_gguf_moe_config(reader, a, hf_config, tensors))
     return hf_config
+
+
+def _gguf_moe_config(reader, a: str, c: dict, tensors: dict) -> dict:
+    """Experts: Mixtral is llama.cpp's `llama` with an expert count; Qwen2/3-MoE their own archs,
+    a layer without a router (`ffn_gate_inp`) being a dense one (`mlp_only_layers`)."""
+    experts, used = int(_field(reader, f"{a}.expert_count")), int(_field(reader, f"{a}.expert_used_count"))
+    norm = _field(reader, f"{a}.expert_weights_norm")
+    out: dict[str, Any] = {"num_experts_per_tok": used,
+                           "norm_topk_prob": bool(_GGUF_MOE_NORM.get(a, True) if norm is None else norm)}
+    if a == "llama":
+        return {**out, "architectures": ["MixtralForCausalLM"], "num_local_experts": experts}
+    out.update(num_experts=experts, moe_intermediate_size=int(_field(reader, f"{a}.expert_feed_forward_length")),
+               mlp_only_layers=[i for i in range(c["num_hidden_layers"]) if f"blk.{i}.ffn_gate_inp.weight" not in tensors])
+    shared = _field(reader, f"{a}.expert_shared_feed_forward_length")
+    if shared:
+        out["shared_expert_intermediate_size"] = int(shared)
+    return out
 
 
 def _gguf_phi3_config(reader, a: str, c: dict, tensors: dict) -> dict:
@@ -614,7 +646,7 @@ class GgufSource:
         self.arch = hf_config["model_type"]
         self.heads, self.kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
         layer_names = {**_GGUF_LAYER_NAMES, **(_GGUF_GEMMA_NAMES if self.arch in GGUF_NORM_SHIFTED else {}),
-                       **(_GGUF_PHI3_NAMES if self.arch == "phi3" else {})}
+                       **(_GGUF_PHI3_NAMES if self.arch == "phi3" else {}), **_GGUF_MOE_NAMES}
         self._gguf_name: dict[str, str] = {}
         for name in tensors.infos:
             if name in _GGUF_ROPE_FACTORS:
@@ -649,6 +681,8 @@ class GgufSource:
             return unpermute_qk(value, heads)
         if self.arch in GGUF_NORM_SHIFTED and gname.endswith("norm.weight"):
             return _dense(value) - 1.0  # stored as 1 + w (Gemma's RMSNorm scales by 1 + w)
+        if kind == "ffn_gate_inp_shexp":
+            return _dense(value).reshape(1, -1)  # [H] in the file, HF's Linear(H, 1) weight
         return value
 
 
