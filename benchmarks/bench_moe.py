@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import print_table, write_result  # noqa: E402
+from common import call_seconds, print_table, write_result  # noqa: E402
 
 from sgl.runtime.model.config import ModelConfig  # noqa: E402
 from sgl.runtime.model.llama import MLP  # noqa: E402
@@ -51,14 +50,7 @@ def layers(hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype)
 
 
 def median_ms(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[len(times) // 2] * 1e3
+    return call_seconds(fn, repeats) * 1e3
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -26,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import print_table, write_result  # noqa: E402
+from common import call_seconds, print_table, write_result  # noqa: E402
 
 SHAPES = {  # (out_features, in_features)
     "SmolLM2-135M": [(960, 576), (576, 576), (3072, 576), (576, 1536), (49152, 576)],
@@ -35,15 +34,7 @@ SHAPES = {  # (out_features, in_features)
 
 
 def quarter_us(fn, repeats: int) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    times.sort()
-    return times[len(times) // 4] * 1e6
+    return call_seconds(fn, repeats, quantile=0.25, warmup=5) * 1e6
 
 
 def main() -> None:

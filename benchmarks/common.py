@@ -58,6 +58,18 @@ def hf_generate_static(model, prompts: list[list[int]], max_new_tokens: int, bat
     return total
 
 
+def call_seconds(fn, repeats: int, quantile: float = 0.5, warmup: int = 3) -> float:
+    """Seconds of one `fn()` call: the `quantile` of `repeats` timed calls after `warmup` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[int(len(times) * quantile)]
+
+
 def measure_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
     """Device memory bandwidth in bytes/s from a large copy (bytes read + bytes written)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32)

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from tiny_models import TinyRunner, hf_tiny, ours_from_hf
+from tiny_models import TinyRunner, hf_tiny, ours_from_hf, prefill_in_chunks_then_decode
 
 ATOL = 2e-4
 
@@ -59,24 +59,9 @@ def test_chunked_prefill_and_batched_decode_match_hf(spec):
     runner = TinyRunner(ours_from_hf(hf))
     rng = random.Random(2)
     seqs = {i: [rng.randrange(97) for _ in range(rng.randint(5, 60))] for i in range(5)}
-    got: dict[int, list[torch.Tensor]] = {i: [] for i in seqs}
-    # Prefill in uneven chunks, several requests per step, then decode everyone together.
-    cursor = {i: 0 for i in seqs}
-    while any(cursor[i] < len(s) - 3 for i, s in seqs.items()):
-        step = {}
-        for i, s in seqs.items():
-            end = min(len(s) - 3, cursor[i] + rng.randint(1, 17))
-            if end > cursor[i]:
-                step[i] = s[cursor[i] : end]
-                cursor[i] = end
-        for i, lg in runner.step(step).items():
-            got[i].append(lg)
-    for k in range(3):  # three decode steps, each request's next token
-        step = {i: [s[len(s) - 3 + k]] for i, s in seqs.items()}
-        for i, lg in runner.step(step).items():
-            got[i].append(lg)
+    got = prefill_in_chunks_then_decode(runner, seqs, rng, decode_steps=3)
     for i, ids in seqs.items():
-        torch.testing.assert_close(torch.cat(got[i]), hf_logits(hf, ids), atol=ATOL, rtol=0)
+        torch.testing.assert_close(got[i], hf_logits(hf, ids), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("use_mirror", [True, False], ids=["mirror", "gather"])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sgl.runtime.model.config import ModelConfig, UnsupportedConfigError
-from tiny_models import FAMILY_CONFIGS, TinyRunner, hf_tiny, ours_from_hf
+from tiny_models import FAMILY_CONFIGS, TinyRunner, hf_tiny, ours_from_hf, prefill_in_chunks_then_decode
 
 ATOL = 2e-4
 FAMILIES = sorted(FAMILY_CONFIGS)
@@ -82,22 +82,9 @@ def test_chunked_prefill_and_batched_decode_match_hf(models, arch, backend):
     runner = TinyRunner(ours_from_hf(hf), backend=backend)
     rng = random.Random(2)
     seqs = {i: [rng.randrange(97) for _ in range(rng.randint(5, 60))] for i in range(5)}
-    got: dict[int, list[torch.Tensor]] = {i: [] for i in seqs}
-    cursor = {i: 0 for i in seqs}
-    while any(cursor[i] < len(s) - 4 for i, s in seqs.items()):  # uneven chunks, several requests a step
-        step = {}
-        for i, s in seqs.items():
-            end = min(len(s) - 4, cursor[i] + rng.randint(1, 17))
-            if end > cursor[i]:
-                step[i] = s[cursor[i] : end]
-                cursor[i] = end
-        for i, lg in runner.step(step).items():
-            got[i].append(lg)
-    for k in range(4):  # decode everyone together, mixed lengths
-        for i, lg in runner.step({i: [s[len(s) - 4 + k]] for i, s in seqs.items()}).items():
-            got[i].append(lg)
+    got = prefill_in_chunks_then_decode(runner, seqs, rng, decode_steps=4)  # mixed-length decodes
     for i, ids in seqs.items():
-        torch.testing.assert_close(torch.cat(got[i]), hf_logits(hf, ids), atol=ATOL, rtol=0)
+        torch.testing.assert_close(got[i], hf_logits(hf, ids), atol=ATOL, rtol=0)
 
 
 def test_loaded_families_reject_what_they_do_not_implement():

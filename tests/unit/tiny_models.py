@@ -150,6 +150,28 @@ class TinyRunner:
         del self.lens[req]
 
 
+def prefill_in_chunks_then_decode(runner: "TinyRunner", seqs: dict[int, list[int]], rng,
+                                  decode_steps: int) -> dict[int, torch.Tensor]:
+    """Each sequence but its last `decode_steps` tokens prefilled in uneven chunks (1-17
+    tokens, several requests a step), then those tokens decoded by everyone together; the
+    logits of every position, per request, to compare with HF's on the whole sequence."""
+    got: dict[int, list[torch.Tensor]] = {i: [] for i in seqs}
+    cursor = {i: 0 for i in seqs}
+    while any(cursor[i] < len(s) - decode_steps for i, s in seqs.items()):
+        step = {}
+        for i, s in seqs.items():
+            end = min(len(s) - decode_steps, cursor[i] + rng.randint(1, 17))
+            if end > cursor[i]:
+                step[i] = s[cursor[i] : end]
+                cursor[i] = end
+        for i, lg in runner.step(step).items():
+            got[i].append(lg)
+    for k in range(decode_steps):
+        for i, lg in runner.step({i: [s[len(s) - decode_steps + k]] for i, s in seqs.items()}).items():
+            got[i].append(lg)
+    return {i: torch.cat(parts) for i, parts in got.items()}
+
+
 def save_tiny_engine_dir(path, vocab: int = 320, arch: str = "llama", chat_template: str | None = None):
     """A tiny random model of `arch` (Llama by default) saved as an HF directory (sharded
     safetensors + an index) with a byte-level BPE tokenizer (and `chat_template`), as
