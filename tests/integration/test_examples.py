@@ -57,3 +57,16 @@ def test_cpu_quantized_example_reports_each_layout():
     assert "'int8': 120" in heads[2] or "'int8_g32': 120" in heads[2]
     assert "int4" not in heads[0] and "int8" not in heads[0]  # quantization="none": dense
     assert sum(" 48 tokens in " in line for line in lines) == 3
+
+
+def test_model_families_example_loads_each_and_refuses_an_unknown_key():
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "model_families.py")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = {line.split(":")[0]: line for line in proc.stdout.splitlines() if ":" in line}
+    assert "features=['logit_cap', 'sliding_window']" in lines["Gemma2ForCausalLM"]
+    assert "features=['sliding_window']" in lines["MistralForCausalLM"]
+    assert "experts=4" in lines["MixtralForCausalLM"] and "experts=8" in lines["Qwen3MoeForCausalLM"]
+    assert sum(line.endswith("tokens=8") for line in lines.values()) == 7
+    assert "rope_type 'dynamic'" in lines["refused"]
