@@ -95,7 +95,8 @@ def test_loaded_families_reject_what_they_do_not_implement():
         (dict(architectures=["MistralForCausalLM"], layer_types=["sliding_attention", "chunked_attention"],
               sliding_window=8), "'layer_types'"),
         (dict(architectures=["LlamaForCausalLM"], partial_rotary_factor=0.1), "'partial_rotary_factor'"),
-        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
+        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "dynamic", "factor": 0.5}), "factor"),
+        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "mrope", "factor": 2.0}), "mrope"),
         (dict(architectures=["Phi3ForCausalLM"], rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
                                                                "long_factor": [2.0] * 7}), "long_factor"),
         (dict(architectures=["LlamaForCausalLM"], hidden_act="relu"), "'hidden_act'"),
@@ -289,6 +290,28 @@ def test_longrope_takes_the_long_factors_from_the_pretraining_length_on(models):
         inv = 1.0 / (torch.tensor(config.rope_scaling[key], dtype=torch.float64) * base)
         torch.testing.assert_close(rope.cos[pos].double(), (pos * inv).cos() * factor, atol=1e-6, rtol=0)
         torch.testing.assert_close(rope.sin[pos].double(), (pos * inv).sin() * factor, atol=1e-6, rtol=0)
+
+
+def test_dynamic_ntk_rope_equals_hf_decoding_past_the_pretraining_context():
+    """Dynamic NTK (pre-training context 24, factor 4): the model serves 4x the positions;
+    prompts within the context give HF's logits, and each step of greedy decoding across the boundary
+    gives HF generate's logits (HF rescales the base per step from the newest position, as sgl does
+    per position; see model/rope.py)."""
+    hf = hf_tiny(seed=11, max_position_embeddings=24, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    ours = ours_from_hf(hf)
+    assert ours.config.max_position_embeddings == 96
+    ids = [5, 17, 33, 2, 64, 8, 41, 90, 12, 7, 3, 55, 28, 71, 19, 44, 6, 81, 30, 9]
+    runner = TinyRunner(ours)
+    logits = runner.step({0: ids})[0]
+    torch.testing.assert_close(logits, hf_logits(hf, ids), atol=ATOL, rtol=0)
+    with torch.no_grad():
+        want = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, pad_token_id=0,
+                           return_dict_in_generate=True, output_logits=True)
+    tokens = want.sequences[0, len(ids):].tolist()
+    torch.testing.assert_close(logits[-1], want.logits[0][0].float(), atol=ATOL, rtol=0)
+    for step, token in enumerate(tokens[:-1], start=1):  # each decode step to position 59, well past 24
+        logits = runner.step({0: [token]})[0]
+        torch.testing.assert_close(logits[-1], want.logits[step][0].float(), atol=ATOL, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])

@@ -60,8 +60,8 @@ def hf_tiny(arch: str = "llama", tie: bool = False, kv_heads: int = 2, seed: int
         max_position_embeddings=256,
         tie_word_embeddings=tie,
         rms_norm_eps=1e-5,
-        **extra,
     )
+    common.update(extra)
     if arch in FAMILY_CONFIGS:
         config_cls, model_cls, features = FAMILY_CONFIGS[arch]
         cfg = getattr(transformers, config_cls)(**{**common, **features, **extra})  # the caller's keys win

@@ -40,7 +40,7 @@ SUPPORTED_ARCHITECTURES = {
 }
 SUPPORTED_NAMES = ("Llama 2/3, Mistral, Ministral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3 (text), "
                    "Phi-3 / 3.5 / Phi-4-mini, Mixtral, Qwen2-MoE, Qwen3-MoE, SmolLM")
-ROPE_KINDS = ("default", "linear", "llama3", "yarn", "longrope")
+ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 # The activation each family's MLP gate uses (HF `hidden_act` / `hidden_activation`).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 
@@ -114,7 +114,7 @@ class ModelConfig:
             rms_norm_eps=d.get("rms_norm_eps", 1e-6),
             rope_theta=float(theta),
             rope_scaling=scaling,
-            max_position_embeddings=d.get("max_position_embeddings", 4096),
+            max_position_embeddings=_max_positions(d, scaling),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
             qkv_bias=(arch == "qwen2" or bool(d.get("attention_bias", False))
                       or (arch == "qwen2_moe" and d.get("qkv_bias", True))),
@@ -229,6 +229,11 @@ def _complete_scaling(scaling: dict[str, Any], kind: str, d: dict[str, Any]) -> 
             scaling["original_max_position_embeddings"] = top
         elif kind != "llama3":  # llama3 keeps its own default (8192)
             scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 4096))
+    if kind == "dynamic":  # HF scales from the model's own max_position_embeddings, whatever else is set
+        factor = scaling.get("factor")
+        if not isinstance(factor, (int, float)) or factor < 1:
+            raise UnsupportedConfigError(f"config key 'rope_scaling.factor' = {factor!r}: dynamic NTK needs a factor >= 1")
+        scaling["original_max_position_embeddings"] = d.get("max_position_embeddings", 4096)
     if kind == "longrope":
         head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
         half = (_rotary_dim(d) or head_dim) // 2
@@ -236,6 +241,15 @@ def _complete_scaling(scaling: dict[str, Any], kind: str, d: dict[str, Any]) -> 
             if len(scaling.get(key) or []) != half:
                 raise UnsupportedConfigError(f"config key 'rope_scaling.{key}' must list {half} factors (one per "
                                              f"rotary frequency), got {len(scaling.get(key) or [])}")
+
+
+def _max_positions(d: dict[str, Any], scaling: dict[str, Any] | None) -> int:
+    """Positions the model serves: the config's, times the factor for dynamic NTK (whose config
+    keeps the pre-training length, the one its formula scales from), as vLLM counts it."""
+    n = d.get("max_position_embeddings", 4096)
+    if scaling is not None and _rope_kind(scaling) == "dynamic":
+        return int(n * scaling["factor"])
+    return n
 
 
 def _rope_kind(scaling: dict[str, Any]) -> str:

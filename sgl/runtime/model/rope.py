@@ -1,5 +1,5 @@
 """Rotary position embeddings: the inverse frequencies of every scaling kind the supported
-configs use (linear, llama3, YaRN, LongRoPE; GGUF's per-frequency factors), float32 cos/sin
+configs use (linear, dynamic NTK, llama3, YaRN, LongRoPE; GGUF's per-frequency factors), float32 cos/sin
 tables indexed by absolute position, and the rotate-half rotation over all or the leading
 part of each head.
 
@@ -9,6 +9,14 @@ takes the long ones for a whole forward once the sequence passes
 picks per position: the short factors below that length, the long ones from it on, so a
 request's cached keys never change meaning and requests in one batch do not affect each
 other. Up to `original_max_position_embeddings` tokens both agree exactly.
+
+Dynamic NTK scales the RoPE base with the sequence length once it passes the pre-training
+context: HF recomputes the frequencies for the longest position of each forward. sgl again
+picks per position: position p uses the base HF computes for a sequence of p + 1 tokens. That
+is exactly HF's token-by-token decoding (where the newest position is the longest), and exact
+for every prompt within the pre-training context; a long prompt prefilled at once differs from
+HF's single-base prefill, as it does in vLLM and SGLang, which use one base for the longest
+context instead (and so differ from HF on short prompts too).
 """
 
 from __future__ import annotations
@@ -39,11 +47,13 @@ def rope_inv_freq(config: ModelConfig, local: bool = False, long: bool = False) 
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "yarn":
         inv_freq = _yarn(base_freq, dim, theta, scaling, config)
+    elif kind == "dynamic":  # the pre-training context's frequencies; RotaryEmbedding scales past it
+        pass
     elif kind == "longrope":
         factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
         inv_freq = 1.0 / (factors * base_freq)
     elif kind not in (None, "default"):
-        raise ValueError(f"rope scaling type {kind!r} is not supported (supported: llama3, linear, yarn, longrope)")
+        raise ValueError(f"rope scaling type {kind!r} is not supported (supported: llama3, linear, dynamic, yarn, longrope)")
     return inv_freq
 
 
@@ -60,6 +70,17 @@ def _llama3(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     mid = (1 - smooth) * scaled / factor + smooth * scaled
     is_mid = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return torch.where(is_mid, mid, scaled)
+
+
+def _dynamic_ntk_inv_freq(config: ModelConfig, positions: torch.Tensor) -> torch.Tensor:
+    """[P, rope_dim / 2] inverse frequencies per position: past the pre-training context L, the
+    base grows to theta * (factor * (p + 1) / L - (factor - 1)) ** (dim / (dim - 2)), HF's
+    formula for a sequence of p + 1 tokens; below L it is theta."""
+    dim, scaling = config.rope_dim, config.rope_scaling
+    factor, old_ctx = scaling["factor"], scaling["original_max_position_embeddings"]
+    seq_len = (positions + 1).clamp(min=old_ctx)
+    base = config.rope_theta * (factor * seq_len / old_ctx - (factor - 1)) ** (dim / (dim - 2))
+    return 1.0 / base[:, None] ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
 
 
 def _yarn_factor(scaling: dict, config: ModelConfig) -> float:
@@ -120,9 +141,12 @@ class RotaryEmbedding(nn.Module):
         t = torch.arange(config.max_position_embeddings, dtype=torch.float64)
         freqs = torch.outer(t, rope_inv_freq(config, local))
         scaling = {} if local else config.rope_scaling or {}
-        if scaling.get("rope_type", scaling.get("type")) == "longrope":  # long factors from the old context on
+        kind = scaling.get("rope_type", scaling.get("type"))
+        if kind == "longrope":  # long factors from the old context on
             long = torch.outer(t, rope_inv_freq(config, local, long=True))
             freqs = torch.where(t[:, None] >= scaling["original_max_position_embeddings"], long, freqs)
+        elif kind == "dynamic":
+            freqs = t[:, None] * _dynamic_ntk_inv_freq(config, t)
         factor = 1.0 if local else rope_attention_factor(config)
         self.register_buffer("cos", (freqs.cos() * factor).float(), persistent=False)
         self.register_buffer("sin", (freqs.sin() * factor).float(), persistent=False)
