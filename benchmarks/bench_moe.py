@@ -10,8 +10,13 @@ decode step of few rows reads up to top_k x rows experts (more bytes than the de
 while large batches amortize the per-expert calls.
 
     .venv/bin/python benchmarks/bench_moe.py [--dtype bfloat16] [--rows 1,8,64,512]
+    python3 benchmarks/bench_moe.py --device cuda      # on a GPU (gpu_check.sh runs it)
 
-Results: results/moe_layer.json.
+On CUDA the block runs the Triton grouped kernels (moe_triton.py); the torch grouped path
+(one matmul pair per hit expert, a host sync for the counts) is timed beside them, and
+Mixtral's layer at full size.
+
+Results: results/moe_layer.json (CPU), results/moe_layer_cuda.json.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ SHAPES = {  # name: (hidden, experts, expert intermediate, top_k)
     "qwen3-30b-a3b layer": (2048, 128, 768, 8),
     "mixtral-8x7b layer / 4": (1024, 8, 3584, 2),
 }
+CUDA_SHAPES = {"qwen3-30b-a3b layer": (2048, 128, 768, 8), "mixtral-8x7b layer": (4096, 8, 14336, 2)}
 
 
 def layers(hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype) -> tuple[SparseMoE, MLP]:
@@ -49,7 +55,12 @@ def layers(hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype)
     return moe.to(dtype).eval(), dense.to(dtype).eval()
 
 
-def median_ms(fn, repeats: int) -> float:
+def median_ms(fn, repeats: int, device: str) -> float:
+    if device == "cuda":
+        def synced():
+            fn()
+            torch.cuda.synchronize()
+        return call_seconds(synced, repeats) * 1e3
     return call_seconds(fn, repeats) * 1e3
 
 
@@ -58,26 +69,36 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--rows", default="1,8,64,512")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
-    dtype = getattr(torch, args.dtype)
-    results, rows_out = {"dtype": args.dtype, "threads": torch.get_num_threads(), "shapes": {}}, []
-    for name, shape in SHAPES.items():
-        moe, dense = layers(*shape, dtype)
+    dtype, cuda = getattr(torch, args.dtype), args.device == "cuda"
+    where = torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} threads"
+    results = {"dtype": args.dtype, "device": args.device, "where": where, "shapes": {}}
+    rows_out = []
+    for name, shape in (CUDA_SHAPES if cuda else SHAPES).items():
+        moe, dense = (m.to(args.device) for m in layers(*shape, dtype))
         per_rows = results["shapes"][name] = {}
         for n in map(int, args.rows.split(",")):
-            x = torch.randn(n, shape[0]).to(dtype)
+            x = torch.randn(n, shape[0], device=args.device).to(dtype)
             with torch.inference_mode():
-                t_moe = median_ms(lambda: moe(x), args.repeats)  # noqa: B023
-                t_dense = median_ms(lambda: dense(x), args.repeats)  # noqa: B023
-                experts_hit = int(moe.route(x)[0].unique().numel())
+                t_moe = median_ms(lambda: moe(x), args.repeats, args.device)  # noqa: B023
+                t_dense = median_ms(lambda: dense(x), args.repeats, args.device)  # noqa: B023
+                experts, weights = moe.route(x)
+                experts_hit = int(experts.unique().numel())
+                t_torch = median_ms(lambda: moe.experts.grouped_matmuls(x, experts, weights), args.repeats,  # noqa: B023
+                                    args.device) if cuda else None
             per_rows[n] = {"moe_ms": round(t_moe, 3), "dense_ms": round(t_dense, 3),
                            "ratio": round(t_moe / t_dense, 2), "experts_hit": experts_hit}
-            rows_out.append((name, n, experts_hit, f"{t_moe:.2f}", f"{t_dense:.2f}", f"{t_moe / t_dense:.2f}"))
+            row = (name, n, experts_hit, f"{t_moe:.2f}", f"{t_dense:.2f}", f"{t_moe / t_dense:.2f}")
+            if cuda:
+                per_rows[n]["torch_grouped_experts_ms"] = round(t_torch, 3)
+                row += (f"{t_torch:.2f}",)
+            rows_out.append(row)
         del moe, dense
-    print_table(f"MoE block vs dense MLP with the same active parameters ({args.dtype}, "
-                f"{torch.get_num_threads()} threads)", rows_out,
-                ("shape", "rows", "experts hit", "moe ms", "dense ms", "moe / dense"))
-    write_result("moe_layer", results)
+    columns = ("shape", "rows", "experts hit", "moe ms", "dense ms", "moe / dense")
+    print_table(f"MoE block vs dense MLP with the same active parameters ({args.dtype}, {where})", rows_out,
+                columns + (("torch grouped experts ms",) if cuda else ()))
+    write_result("moe_layer_cuda" if cuda else "moe_layer", results)
 
 
 if __name__ == "__main__":

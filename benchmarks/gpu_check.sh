@@ -2,8 +2,9 @@
 # GPU check: the GPU-only correctness tests (tests/gpu), then the GPU benchmark
 # (benchmarks/bench_gpu.py), in one go on an NVIDIA machine without network access.
 # Written for an H200 whose python3 has torch 2.11 (cu130), triton 3.6, transformers 5.x,
-# numpy, pytest, tokenizers and safetensors. At most ~8 minutes: tests <= 200 s, benchmark
-# <= 300 s (each under `timeout`; the benchmark skips its later phases past its own budget).
+# numpy, pytest, tokenizers and safetensors. At most ~9.5 minutes: tests <= 200 s, benchmark
+# <= 300 s (each under `timeout`; the benchmark skips its later phases past its own budget),
+# the MoE layer benchmark <= 90 s (results/moe_layer_cuda.json).
 #
 #   bash benchmarks/gpu_check.sh          # from anywhere; writes benchmarks/results/gpu.{json,md}
 #                                         # and benchmarks/results/gpu_tests.log
@@ -61,6 +62,7 @@ tests_rc=${PIPESTATUS[0]}
 
 timeout 300 python3 benchmarks/bench_gpu.py --budget-s 270
 bench_rc=$?
+timeout 90 python3 benchmarks/bench_moe.py --device cuda --repeats 10 || bench_rc=$?
 
 echo "gpu_check: tests exit $tests_rc, benchmark exit $bench_rc"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -330,7 +330,7 @@ def _dot_dtype(dtype: torch.dtype) -> tl.dtype:
     return _TL_DTYPES[dtype]
 
 
-def _dot_options(dtype: torch.dtype) -> dict:
+def dot_options(dtype: torch.dtype) -> dict:
     """float32 products run exact (IEEE): tf32 would cost ~1e-3 relative error."""
     dot_dtype = _dot_dtype(dtype)
     return dict(DOT_DTYPE=dot_dtype, DOT_PRECISION="ieee" if dot_dtype == tl.float32 else "tf32")
@@ -390,7 +390,7 @@ def decode_attention(
         part_lse.stride(0), part_lse.stride(1),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
         BLOCK_N=block_n, NUM_SPLITS=num_splits, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0,
-        **_dot_options(q.dtype),
+        **dot_options(q.dtype),
         num_warps=num_warps,
     )  # fmt: skip
     _decode_reduce_kernel[(bs, num_heads)](
@@ -441,6 +441,6 @@ def extend_attention(
         window, float(logit_cap), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
-        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0, **_dot_options(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0, **dot_options(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

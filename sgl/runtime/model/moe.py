@@ -7,9 +7,13 @@ them, so loading is a copy and a future grouped-GEMM kernel reads one tensor. Th
 grouped: the (token, expert) pairs are sorted by expert, each expert's rows are gathered once
 and run through its two matmuls as one batch, and the results are scattered back with their
 routing weights. The Python loop runs over experts that received tokens, never over tokens.
+On CUDA with Triton the same grouping runs as two kernels that read the stacked weights in
+place and need no host sync (`moe_triton.py`).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +37,12 @@ class StackedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; experts, weights [T, k] (each token's chosen experts and their weights)."""
+        if x.is_cuda and _triton_grouped_experts() is not None:
+            return _triton_grouped_experts()(x, self.gate_up_proj, self.down_proj, experts, weights, self.act)
+        return self.grouped_matmuls(x, experts, weights)
+
+    def grouped_matmuls(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The torch path: one gate/up and one down matmul per expert that received rows."""
         k = experts.shape[1]
         flat = experts.reshape(-1)
         order = torch.argsort(flat, stable=True)  # the (token, slot) pairs grouped by expert
@@ -48,6 +58,16 @@ class StackedExperts(nn.Module):
                 start += n
         out_rows = out_rows * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out_rows.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, out_rows)
+
+
+@functools.cache
+def _triton_grouped_experts():
+    """`moe_triton.grouped_experts`, or None where Triton is not installed."""
+    try:
+        from sgl.runtime.model.moe_triton import grouped_experts
+    except ImportError:
+        return None
+    return grouped_experts
 
 
 class SparseMoE(nn.Module):
