@@ -579,7 +579,7 @@ def _item(ctx: _Ctx, op, av, flags: int, head: bool, tail: bool) -> Rx | None:
     if op is _OP.AT:
         if (av in _START_ANCHORS and head) or (av in _END_ANCHORS and tail):
             return EMPTY
-        if ctx.search:
+        if ctx.search and (av in _START_ANCHORS or av in _END_ANCHORS):
             raise GrammarError(
                 f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported as the first and last character", ctx.param
             )

@@ -28,6 +28,7 @@ from sgl.lang.api import (
 )
 from sgl.lang.backends.base import Backend
 from sgl.lang.chat_template import ChatTemplate
+from sgl.lang.global_config import global_config
 from sgl.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
 from sgl.lang.interpreter import ProgramError, ProgramState, ProgramStateGroup
 
@@ -48,6 +49,7 @@ __all__ = [
     "gen_int",
     "gen_string",
     "get_default_backend",
+    "global_config",
     "get_server_info",
     "greedy_token_selection",
     "select",

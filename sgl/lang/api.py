@@ -12,6 +12,7 @@ from typing import Any, Callable
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend
 from sgl.lang.choices import ChoicesMethod
+from sgl.lang.global_config import global_config
 from sgl.lang.interpreter import DTYPE_REGEX, ProgramState, run_program, run_program_batch
 
 logger = logging.getLogger(__name__)
@@ -25,6 +26,7 @@ def gen(
     min_tokens: int | None = None,
     stop: str | list[str] | None = None,
     stop_token_ids: list[int] | None = None,
+    stop_regex: str | list[str] | None = None,
     temperature: float | None = None,
     top_p: float | None = None,
     top_k: int | None = None,
@@ -61,6 +63,7 @@ def gen(
         "min_new_tokens": min_new_tokens if min_new_tokens is not None else min_tokens,
         "stop": stop,
         "stop_token_ids": stop_token_ids,
+        "stop_regex": stop_regex,
         "temperature": temperature,
         "top_p": top_p,
         "top_k": top_k,
@@ -327,7 +330,7 @@ class SglFunction:
             else:
                 raise TypeError(f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}")
         be = _resolve(backend)
-        if items:
+        if items and global_config.enable_precache_with_tracing:
             try:
                 self.cache(be)
             except Exception as e:  # only an optimisation: the items still run (and report errors)

@@ -26,6 +26,11 @@ class StateBuilder(ABC):
     def set_var(self, name: str, value: Any) -> None:
         self._add(ir.SetVar(name, value))
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        """`s["x"] = v` is `s.set_var("x", v)` (in order with the other expressions; SGLang
+        programs write it this way)."""
+        self.set_var(name, value)
+
     @contextlib.contextmanager
     def role(self, role: str) -> Iterator[None]:
         self._add(ir.RoleBegin(role))

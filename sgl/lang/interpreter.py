@@ -107,7 +107,7 @@ class StreamExecutor:
         self._closed = False
         # Stream events, (variable name or None, text piece), kept so that every reader
         # (text_iter of all text, of one variable, a second pass) sees all of them.
-        self._events: list[tuple[str | None, str]] = []
+        self._events: list[tuple[str | None, str, dict | None]] = []  # (variable, text, its meta so far)
         self._events_done = False  # set when the state's expressions have all run
         self._events_cond = threading.Condition()
         self.body_thread: threading.Thread | None = None  # stream mode: runs the program body
@@ -226,11 +226,11 @@ class StreamExecutor:
         self.variables[name] = value
         self.assigned[name] = None
 
-    def _append(self, text: str, var: str | None = None) -> None:
+    def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         self.text_ += text
         if self.stream:
             with self._events_cond:
-                self._events.append((var, text))
+                self._events.append((var, text, meta))
                 self._events_cond.notify_all()
 
     @property
@@ -298,6 +298,9 @@ class StreamExecutor:
             # the cache, so the state goes on without one; nothing was generated yet.
             self._session = None
             text, meta = self._generate(gen, sampling, logprobs, {})
+        self.backend.token_usage.add(meta)
+        logger.info("gen %r: %r (%s prompt tokens, %s completion tokens)", gen.name, text[:80],
+                    meta.get("prompt_tokens"), meta.get("completion_tokens"))
         if gen.name is not None:
             self.set_variable(gen.name, text)
             self.meta_info[gen.name] = meta
@@ -312,11 +315,11 @@ class StreamExecutor:
         pieces = []
         meta: dict[str, Any] = {}
         for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **session):
+            if m is not None:  # the meta info so far (completion tokens, logprobs), final on the last piece
+                meta = m
             if piece:
                 pieces.append(piece)
-                self._append(piece, gen.name)
-            if m is not None:
-                meta = m
+                self._append(piece, gen.name, meta)
         return "".join(pieces), meta
 
     def _select(self, sel: ir.Select) -> None:
@@ -329,7 +332,7 @@ class StreamExecutor:
 
     # ------------------------------------------------------------------ streaming
 
-    def events(self) -> Iterator[tuple[str | None, str]]:
+    def events(self) -> Iterator[tuple[str | None, str, dict | None]]:
         i = 0
         while True:
             with self._events_cond:
@@ -417,22 +420,34 @@ class ProgramState(StateBuilder):
 
         Without stream=True there are no pieces to wait for: yields the final text once.
         """
+        for piece, _meta in self._pieces(var_name):
+            yield piece
+
+    def _pieces(self, var_name: str | None) -> Iterator[tuple[str, dict | None]]:
+        """(text, meta info so far of the generation it came from, or None) as produced."""
         ex = self.stream_executor
         if not ex.stream:
-            yield self.get_var(var_name) if var_name is not None else self.text()
+            if var_name is None:
+                yield self.text(), None
+            else:
+                yield self.get_var(var_name), self.stream_executor.meta_info.get(var_name)
             return
-        for var, piece in ex.events():
+        for var, piece, meta in ex.events():
             if var_name is None or var == var_name:
-                yield piece
+                yield piece, meta
 
-    async def text_async_iter(self, var_name: str | None = None) -> AsyncIterator[str]:
-        it = self.text_iter(var_name)
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False
+                              ) -> AsyncIterator[Any]:
+        """`text_iter` for asyncio. With `return_meta_data` (give `var_name`) each item is
+        (text, meta): the generation's meta info so far (completion tokens, and logprobs when
+        asked for, up to this piece); without streaming, the final value and meta once."""
+        it = self._pieces(var_name)
         done = object()
         while True:
-            piece = await asyncio.to_thread(next, it, done)
-            if piece is done:
+            item = await asyncio.to_thread(next, it, done)
+            if item is done:
                 return
-            yield piece
+            yield item if return_meta_data else item[0]
 
     def __repr__(self) -> str:
         ex = self.stream_executor

@@ -10,12 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+# SGLang's patterns for gens of a type (`sglang.lang.ir`), for programs that import them.
+REGEX_INT = r"[-+]?[0-9]+[ \n]*"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
 # Sampling parameters a program (run defaults) or a gen() call can set; names follow SGLang.
 SAMPLING_KEYS = (
     "max_new_tokens",
     "min_new_tokens",
     "stop",
     "stop_token_ids",
+    "stop_regex",
     "temperature",
     "top_p",
     "top_k",

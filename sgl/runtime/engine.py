@@ -34,6 +34,7 @@ from sgl.runtime.messages import (
     FlushCache,
     GenerateRequest,
     GetInfo,
+    Profile,
     OpenSession,
     ReqEvent,
     SchedulerMessage,
@@ -413,6 +414,18 @@ class Engine:
         type 'abort' and frees its KV."""
         self._send(AbortRequest(rid))
 
+    def start_profile(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
+                      record_shapes: bool = False, with_stack: bool = False) -> str:
+        """Record the scheduler's forward steps with the torch profiler until `stop_profile`
+        (or `num_steps` steps); `activities` from "CPU", "GPU". The trace goes to `output_dir`."""
+        options = dict(output_dir=output_dir, num_steps=num_steps, activities=activities,
+                       record_shapes=record_shapes, with_stack=with_stack)
+        return self._query(lambda rid: Profile(rid, options)).result(QUERY_TIMEOUT_S)
+
+    def stop_profile(self) -> str:
+        """End the running profile; returns the Chrome trace file it wrote."""
+        return self._query(lambda rid: Profile(rid, None)).result(QUERY_TIMEOUT_S)
+
     def flush_cache(self) -> bool:
         """Drop the radix cache. Refused (False) while requests are in flight."""
         return self._query(FlushCache).result(QUERY_TIMEOUT_S)
@@ -421,7 +434,8 @@ class Engine:
         info = self._query(GetInfo).result(QUERY_TIMEOUT_S)
         mc, cfg = self.model_config, self.config
         info.update({
-            "model_path": self.model_path,
+            "model_path": self.config.model_path,  # as given (clients pick chat templates by it)
+            "resolved_model_path": str(self.model_path),
             "architecture": mc.arch,
             "attention_features": sorted(mc.attention_features),
             "num_experts": mc.num_experts,

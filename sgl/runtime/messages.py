@@ -104,8 +104,9 @@ class ReqEvent:
     # Logprob entries: added this step (streamed), or all of them (the final non-streamed event).
     output_token_logprobs: list[tuple] = field(default_factory=list)
     output_top_logprobs: list[list[tuple] | None] = field(default_factory=list)
-    input_token_logprobs: list[tuple] | None = None  # with the last event only
+    input_token_logprobs: list[tuple] | None = None  # with the request's first event only
     input_top_logprobs: list[list[tuple] | None] | None = None
+    logprob_top_n: int | None = None  # the request asked for logprobs (with this many top entries); else None
 
     @property
     def finished(self) -> bool:
@@ -151,11 +152,20 @@ class GetInfo:
 
 
 @dataclass
+class Profile:
+    """Start (`options`: StepProfiler.start's arguments) or stop (`options` None) the profiler."""
+
+    reply_id: str
+    options: dict[str, Any] | None = None
+
+
+@dataclass
 class Shutdown:
     pass
 
 
-SchedulerMessage = Union[SubmitRequest, AbortRequest, OpenSession, CloseSession, FlushCache, GetInfo, Shutdown]
+SchedulerMessage = Union[SubmitRequest, AbortRequest, OpenSession, CloseSession, FlushCache, GetInfo, Profile,
+                         Shutdown]
 
 
 @dataclass

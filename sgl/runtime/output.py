@@ -17,6 +17,7 @@ from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
 from sgl.runtime.sampling import make_generator
+from sgl.runtime.stop_regex import StopRegexMatcher
 from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
 
 # Jump-forward re-tokenizes this many trailing output tokens together with the forced text.
@@ -53,6 +54,7 @@ class OutputProcessor:
         req.generator = make_generator(sp.seed, self.device) if sp.seed is not None else None
         req.detokenizer = self._detokenizer(req, req.origin_input_ids)
         req.stop_matcher = StopStringMatcher(sp.stop or [])
+        req.stop_regex_matcher = StopRegexMatcher(sp.stop_regex, sp.no_stop_trim) if sp.stop_regex else None
         if not req.logprobs.enabled or req.logprobs.start_len < 0:
             req.input_logprobs_done = True
         if self._jump_forward_allowed(req):
@@ -140,9 +142,23 @@ class OutputProcessor:
                 new_text += forced_text
             if r.matcher.is_done():  # the output is a complete member of the language
                 reason = FinishReason.stop(tid if tid in self.eos_token_ids else None)
-        out.text, out.finish = self._stop_strings(r, new_text, reason)
+        out.text, out.finish = self._stop_regex(r, *self._stop_strings(r, new_text, reason))
         r.text += out.text
         return out
+
+    @staticmethod
+    def _stop_regex(r: Req, text: str, reason: FinishReason | None) -> tuple[str, FinishReason | None]:
+        """Run the text the stop strings let through past `stop_regex` (a match there stops
+        the request, earlier than any stop string); at the end, flush what it held back."""
+        matcher = r.stop_regex_matcher
+        if matcher is None:
+            return text, reason
+        piece, matched = matcher.feed(text)
+        if matched:
+            return piece, FinishReason.stop(matcher.matched_text)
+        if reason is not None:
+            piece += matcher.flush()
+        return piece, reason
 
     def _stop_strings(self, r: Req, new_text: str, reason: FinishReason | None) -> tuple[str, FinishReason | None]:
         """Run the new text through the stop strings; at the end, flush what they held back."""
@@ -235,22 +251,47 @@ class OutputProcessor:
 
     # ------------------------------------------------------------------ events
 
-    def stream_event(self, r: Req, out: TokenOutput) -> ReqEvent:
-        return ReqEvent(r.rid, out.text, out.ids, r.stats(), output_token_logprobs=out.logprobs,
-                        output_top_logprobs=out.top_logprobs)
+    def stream_event(self, r: Req, out: TokenOutput) -> ReqEvent | None:
+        """The event for a streamed token, or None while `stream_interval` holds it back
+        (its text, ids and logprobs then go out with the next event)."""
+        held = r.unsent_stream
+        if held is not None:
+            out = TokenOutput(held.text + out.text, held.ids + out.ids, held.logprobs + out.logprobs,
+                              held.top_logprobs + out.top_logprobs)
+        interval = r.sampling_params.stream_interval or 1
+        r.tokens_held += 1
+        if r.tokens_held < interval:
+            r.unsent_stream = out
+            return None
+        r.unsent_stream, r.tokens_held = None, 0
+        event = ReqEvent(r.rid, out.text, out.ids, r.stats(), output_token_logprobs=out.logprobs,
+                         output_top_logprobs=out.top_logprobs)
+        self._attach_logprobs(r, event)
+        return event
 
-    def final_event(self, r: Req, delta: TokenOutput | None, error: BaseException | None = None) -> ReqEvent:
-        """The last event: a streamed request gets its last delta of text and ids, others
-        everything at once; both get every logprob entry."""
-        if r.stream:
-            delta = delta or TokenOutput()
-            text, ids = delta.text, delta.ids
-        else:
-            text, ids = r.text, list(r.output_ids)
-        event = ReqEvent(r.rid, text, ids, r.stats(time.monotonic()), r.finish, error,
-                         list(r.output_token_logprobs), list(r.output_top_logprobs))
-        if r.logprobs.enabled:
+    @staticmethod
+    def _attach_logprobs(r: Req, event: ReqEvent) -> None:
+        """Mark an event of a request that asked for logprobs; the prompt's entries go with
+        its first event (streamed: each event carries its own tokens' entries, in order)."""
+        if not r.logprobs.enabled:
+            return
+        event.logprob_top_n = r.logprobs.top_n
+        if not r.input_logprobs_sent:
+            r.input_logprobs_sent = True
             event.input_token_logprobs = r.input_token_logprobs
             if r.logprobs.top_n > 0:
                 event.input_top_logprobs = r.input_top_logprobs
+
+    def final_event(self, r: Req, delta: TokenOutput | None, error: BaseException | None = None) -> ReqEvent:
+        """The last event: a streamed request gets its last delta (with what `stream_interval`
+        held back) of text, ids and logprob entries; others everything at once."""
+        if r.stream:
+            held, delta = r.unsent_stream or TokenOutput(), delta or TokenOutput()
+            text, ids = held.text + delta.text, held.ids + delta.ids
+            logprobs, tops = held.logprobs + delta.logprobs, held.top_logprobs + delta.top_logprobs
+        else:
+            text, ids = r.text, list(r.output_ids)
+            logprobs, tops = list(r.output_token_logprobs), list(r.output_top_logprobs)
+        event = ReqEvent(r.rid, text, ids, r.stats(time.monotonic()), r.finish, error, logprobs, tops)
+        self._attach_logprobs(r, event)
         return event

@@ -34,15 +34,20 @@ class Req:
     matcher: Any = None  # the constraint's per-request matcher (sgl.constrained)
     detokenizer: Any = None
     stop_matcher: Any = None
+    stop_regex_matcher: Any = None  # StopRegexMatcher when sampling_params.stop_regex is set
     text: str = ""
     # Forced at admission (jump-forward from the constraint's start state): already in
     # output_ids, sent to the caller with the first sampled token.
     unsent_forced_ids: list[int] = field(default_factory=list)
     unsent_forced_text: str = ""
+    # Streamed with stream_interval > 1: what the next event carries, and tokens held since the last.
+    unsent_stream: Any = None
+    tokens_held: int = 0
     finish: FinishReason | None = None
     first_token_at: float | None = None
 
     input_logprobs_done: bool = False
+    input_logprobs_sent: bool = False  # the prompt's entries went out (with the first event)
     input_token_logprobs: list[tuple] = field(default_factory=list)
     input_top_logprobs: list[list[tuple] | None] = field(default_factory=list)
     output_token_logprobs: list[tuple] = field(default_factory=list)

@@ -116,6 +116,18 @@ class ResultRouter:
             sink.put(ReqEvent(rid, "", [], RequestStats(0, 0, 0, 0.0), FinishReason.abort(str(error)), error))
 
 
+LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")
+
+
+def merge_logprobs(into: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """Append a streamed chunk's logprob entries (meta_info) to `into` (the entries so far);
+    returns `into`. Concatenated in order they equal the non-streamed result's."""
+    for key in LOGPROB_KEYS:
+        if key in meta:
+            into.setdefault(key, []).extend(meta[key])
+    return into
+
+
 def event_to_dict(event: ReqEvent, index: int | None = None) -> dict[str, Any]:
     """The public result shape: {"text", "output_ids", "meta_info"} (+ "index" in multi-streams)."""
     s = event.stats
@@ -131,11 +143,13 @@ def event_to_dict(event: ReqEvent, index: int | None = None) -> dict[str, Any]:
         meta["ttft"] = s.ttft
     if s.num_retractions:
         meta["num_retractions"] = s.num_retractions
-    if event.input_token_logprobs is not None:  # the last event of a request that asked for logprobs
-        meta["input_token_logprobs"] = event.input_token_logprobs
+    if event.logprob_top_n is not None:  # asked for: this event's entries (streamed: its own tokens')
+        if event.input_token_logprobs is not None:  # the request's first event
+            meta["input_token_logprobs"] = event.input_token_logprobs
+            if event.input_top_logprobs is not None:
+                meta["input_top_logprobs"] = event.input_top_logprobs
         meta["output_token_logprobs"] = event.output_token_logprobs
-        if event.input_top_logprobs is not None:  # top_logprobs_num > 0
-            meta["input_top_logprobs"] = event.input_top_logprobs
+        if event.logprob_top_n > 0:
             meta["output_top_logprobs"] = event.output_top_logprobs
     out: dict[str, Any] = {"text": event.text, "output_ids": event.output_ids, "meta_info": meta}
     if index is not None:

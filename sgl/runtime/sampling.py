@@ -101,6 +101,12 @@ class SamplingParams:
     # Constrained: near max_new_tokens, allow only tokens after which a complete member of
     # the language still fits (regex and JSON-schema constraints compiled as automata).
     budget_aware: bool = True
+    # --- SGLang 0.5's other names, accepted so its clients run unchanged
+    stop_regex: str | list[str] | None = None  # stop where the output first matches; trimmed like stop
+    sampling_seed: int | None = None  # SGLang's name for seed
+    stream_interval: int | None = None  # streamed: a chunk every this many tokens (and the last)
+    structural_tag: str | dict | None = None  # refused: not supported (see validate)
+    custom_params: dict | None = None  # for SGLang's custom logit processors, which sgl has none of: ignored
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -282,6 +288,29 @@ class SamplingParams:
             self.stop_token_ids = list(self.stop_token_ids)
         if self.logit_bias is not None:
             self.logit_bias = _normalize_logit_bias(self.logit_bias)
+        self._check_sglang_names()
+
+    def _check_sglang_names(self) -> None:
+        """SGLang's fields: sampling_seed folds into seed, stop_regex into a list ([] is none,
+        as SGLang's frontend sends it), stream_interval >= 1; structural_tag is refused."""
+        if self.sampling_seed is not None:
+            if not _is_int(self.sampling_seed):
+                raise InvalidRequestError(f"sampling_seed must be an integer or null, got "
+                                          f"{_type_name(self.sampling_seed)} {self.sampling_seed!r}", param="sampling_seed")
+            if self.seed is not None and self.seed != self.sampling_seed:
+                raise InvalidRequestError(f"seed ({self.seed}) and sampling_seed ({self.sampling_seed}) differ; give one",
+                                          param="sampling_seed")
+            self.seed = self.sampling_seed
+        self.stop_regex = _normalize_stop_regex(self.stop_regex)
+        if self.stream_interval is not None and (not _is_int(self.stream_interval) or self.stream_interval < 1):
+            raise InvalidRequestError(f"stream_interval must be an integer >= 1 or null, got {self.stream_interval!r}",
+                                      param="stream_interval")
+        if self.structural_tag is not None:
+            raise InvalidRequestError("structural_tag is not supported by sgl; constrain the output with regex, "
+                                      "json_schema or ebnf instead", param="structural_tag")
+        if self.custom_params is not None and not isinstance(self.custom_params, dict):
+            raise InvalidRequestError(f"custom_params must be an object or null, got {_type_name(self.custom_params)}",
+                                      param="custom_params")
 
 
 def _unknown_key_message(key: Any, names: list[str]) -> str:
@@ -307,6 +336,24 @@ def _normalize_stop(stop: Any) -> list[str] | None:
             "stop strings must be non-empty; remove the empty string from stop", param="stop"
         )
     return list(items)
+
+
+def _normalize_stop_regex(stop_regex: Any) -> list[str] | None:
+    """A pattern or a list of them -> a list (None when empty), each one checked to compile
+    the way the stop matcher runs it (an error names the pattern)."""
+    if stop_regex is None:
+        return None
+    items = [stop_regex] if isinstance(stop_regex, str) else stop_regex
+    if not isinstance(items, (list, tuple)) or not all(isinstance(p, str) for p in items):
+        raise InvalidRequestError(f"stop_regex must be a regex string or a list of them, got {stop_regex!r}",
+                                  param="stop_regex")
+    if any(p == "" for p in items):
+        raise InvalidRequestError("stop_regex patterns must be non-empty", param="stop_regex")
+    from sgl.runtime.stop_regex import check_stop_regex
+
+    for pattern in items:
+        check_stop_regex(pattern)
+    return list(items) or None
 
 
 def _normalize_logit_bias(bias: Any) -> dict[int, float]:

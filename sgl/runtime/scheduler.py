@@ -30,6 +30,7 @@ from sgl.runtime.messages import (
     CloseSession,
     FinishReason,
     FlushCache,
+    Profile,
     GetInfo,
     OpenSession,
     Reply,
@@ -40,6 +41,7 @@ from sgl.runtime.messages import (
 )
 from sgl.runtime.model_runner import ModelRunner, StepInput
 from sgl.runtime.output import OutputProcessor, TokenOutput
+from sgl.runtime.profiler import StepProfiler
 from sgl.runtime.request import Req
 from sgl.runtime.request_builder import check_fit
 from sgl.runtime.session import SessionRegistry
@@ -76,8 +78,9 @@ class Scheduler:
         self._handlers: dict[type, Callable[[Any], None]] = {
             SubmitRequest: self._on_submit, AbortRequest: self._on_abort, OpenSession: self._on_open_session,
             CloseSession: self._on_close_session, FlushCache: self._on_flush, GetInfo: self._on_info,
-            Shutdown: self._on_shutdown,
+            Profile: self._on_profile, Shutdown: self._on_shutdown,
         }
+        self.profiler = StepProfiler()
 
     # ------------------------------------------------------------------ the loop
 
@@ -143,6 +146,8 @@ class Scheduler:
         self.output.input_logprobs(hidden, [(it.req, start, it.extend_len) for it, start in zip(items, starts)],
                                    self.runner.score)
         self._sample(self.batches.advance(items), hidden)
+        if self.profiler.running:
+            self.profiler.after_step()
         return True
 
     def _sample(self, ready: list[tuple[BatchItem, int]], hidden: torch.Tensor) -> None:
@@ -161,7 +166,9 @@ class Scheduler:
             if token.finish is not None:
                 self._finish(r, token.finish, token)
             elif r.stream:
-                self.emit(self.output.stream_event(r, token))
+                event = self.output.stream_event(r, token)
+                if event is not None:
+                    self.emit(event)
 
     # ------------------------------------------------------------------ requests
 
@@ -244,6 +251,12 @@ class Scheduler:
         """Refused (False) while requests are in flight."""
         busy = bool(self.batches.running or self.batches.waiting)
         self.emit(Reply(msg.reply_id, False if busy else self.kv.flush()))
+
+    def _on_profile(self, msg: Profile) -> None:
+        if msg.options is None:
+            self._reply(msg.reply_id, self.profiler.stop)
+        else:
+            self._reply(msg.reply_id, lambda: self.profiler.start(**msg.options))
 
     def _on_info(self, msg: GetInfo) -> None:
         self.emit(Reply(msg.reply_id, self.info()))

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
 import sgl
+from sgl.runtime.errors import InvalidRequestError
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
 from sgl.server.protocol import (
@@ -16,6 +18,7 @@ from sgl.server.protocol import (
     ErrorResponse,
     HealthResponse,
     ModelInfo,
+    ProfileReqInput,
     SuccessResponse,
 )
 from sgl.server.state import get_state
@@ -63,8 +66,10 @@ async def get_model_info(request: Request) -> JSONBody:
 
 
 @router.get("/get_server_info", responses=ERRORS)
+@router.get("/server_info", responses=ERRORS)
 async def get_server_info(request: Request) -> JSONBody:
-    """The engine's configuration and live scheduler numbers (KV pool, queue, counters)."""
+    """The engine's configuration and live scheduler numbers (KV pool, queue, counters);
+    `/server_info` is SGLang's current name for it."""
     state = get_state(request)
     info = await asyncio.to_thread(state.engine.get_server_info)
     info.update({"served_model_name": state.served_model_name, "version": sgl.__version__})
@@ -91,3 +96,50 @@ async def metrics(request: Request) -> PlainTextResponse:
     state = get_state(request)
     info = await asyncio.to_thread(state.engine.get_server_info)
     return PlainTextResponse(state.metrics.render(info), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.post("/start_profile", response_model=SuccessResponse, responses={**ERRORS, 400: {"model": ErrorResponse}})
+@router.get("/start_profile", include_in_schema=False)  # SGLang answers GET too
+async def start_profile(request: Request, req: ProfileReqInput | None = None) -> JSONBody:
+    """Record the engine's forward steps with the torch profiler until /stop_profile (or
+    `num_steps`). Traces go under the server's --profile-dir (`output_dir`: a subdirectory
+    of it); 400 when the server runs without one."""
+    state = get_state(request)
+    if state.profile_dir is None:
+        raise APIError(400, "profiling is not enabled: start the server with --profile-dir DIR "
+                       "(or $SGL_TORCH_PROFILER_DIR)", "output_dir")
+    req = req or ProfileReqInput()
+    where = _profile_subdir(state.profile_dir, req.output_dir)
+    try:
+        await asyncio.to_thread(state.engine.start_profile, where, req.num_steps, req.activities,
+                                req.record_shapes, req.with_stack)
+    except InvalidRequestError as e:
+        raise APIError(400, e.message, e.param) from e
+    return JSONBody({"success": True, "message": f"profiling; traces go to {where}"})
+
+
+@router.post("/stop_profile", response_model=SuccessResponse, responses={**ERRORS, 400: {"model": ErrorResponse}})
+@router.get("/stop_profile", include_in_schema=False)  # SGLang answers GET too
+async def stop_profile(request: Request) -> JSONBody:
+    """End the profile started by /start_profile; the message names the trace file."""
+    state = get_state(request)
+    if state.profile_dir is None:
+        raise APIError(400, "profiling is not enabled: start the server with --profile-dir DIR")
+    try:
+        path = await asyncio.to_thread(state.engine.stop_profile)
+    except InvalidRequestError as e:
+        raise APIError(400, e.message, e.param) from e
+    return JSONBody({"success": True, "message": f"trace written to {path}"})
+
+
+def _profile_subdir(root: str, sub: str | None) -> str:
+    """`sub` under `root`, refusing anything that would leave it (clients never pick where the
+    server writes)."""
+    if not sub:
+        return root
+    base = os.path.realpath(root)
+    where = os.path.realpath(os.path.join(base, sub))
+    if os.path.commonpath([base, where]) != base:
+        raise APIError(400, f"output_dir {sub!r} must be a subdirectory of the server's profile directory",
+                       "output_dir")
+    return where

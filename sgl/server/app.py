@@ -25,12 +25,14 @@ from sgl.server.state import ServerState
 DESCRIPTION = """Serves an sgl engine: the native `/generate` (the engine's result dicts, as JSON or
 server-sent events), OpenAI-compatible `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
 JSON-schema extraction at `/v1/extract`, and operations endpoints (`/health`, `/get_model_info`,
-`/get_server_info`, `/flush_cache`, `/abort_request`, `/metrics`), and sessions (`/open_session`,
+`/get_server_info` or `/server_info`, `/flush_cache`, `/abort_request`, `/metrics`,
+`/start_profile`, `/stop_profile`), and sessions (`/open_session`,
 `/close_session`, `session_params` on `/generate`). Errors have the body
 `{"error": {"message", "type", "param", "code"}}`."""
 
 
-def create_app(engine: Any, served_model_name: str, api_key: str | None = None) -> FastAPI:
+def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
+               profile_dir: str | None = None) -> FastAPI:
     from sgl import __version__
 
     metrics = Metrics(served_model_name)
@@ -40,11 +42,12 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None) 
         served_model_name=served_model_name,
         metrics=metrics,
         chat_template=ChatTemplate.from_hf_tokenizer(engine.tokenizer),
-        model_path=str(engine.model_path),
+        model_path=str(engine.config.model_path),  # as given, as SGLang reports it
         context_len=int(engine.context_len),
         created=int(time.time()),
         bos_token_id=getattr(engine.tokenizer, "bos_token_id", None),
         extract_backend=EngineBackend(engine),
+        profile_dir=profile_dir,
     )
     app = FastAPI(title="sgl", version=__version__, description=DESCRIPTION)
     app.state.sgl = state

@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     server.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--profile-dir", default=os.environ.get("SGL_TORCH_PROFILER_DIR"),
+                        help="enable /start_profile and /stop_profile; torch profiler traces are written "
+                             "under this directory (default: $SGL_TORCH_PROFILER_DIR; unset: profiling off)")
     return p
 
 
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(**kwargs)
     try:
         name = args.served_model_name or default_served_name(engine.model_path)
-        app = create_app(engine, name, api_key=args.api_key)
+        app = create_app(engine, name, api_key=args.api_key, profile_dir=args.profile_dir)
         logger.info("serving %r (%s) on http://%s:%d", name, engine.model_path, args.host, args.port)
         # uvicorn handles SIGTERM / SIGINT while it runs (stop accepting, drain, stop) and then
         # re-raises the signal under the handler found before it; a no-op one lets us exit 0.

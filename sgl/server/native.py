@@ -10,6 +10,7 @@ from typing import Any, AsyncIterator, Union
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from sgl.runtime.results import merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
 from sgl.server.protocol import ErrorResponse, GenerateOutput, GenerateReqInput, TokenizeRequest, TokenizeResponse
@@ -60,16 +61,21 @@ def _new_rids(req: GenerateReqInput) -> str | list[str]:
 
 
 async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
-    """The engine's chunks (text and ids since the request's previous chunk) as SSE events
-    with each request's text and ids so far; several requests' chunks keep their "index"."""
+    """The engine's chunks (text, ids and logprob entries since the request's previous chunk)
+    as SSE events with each request's text, ids and logprob entries so far; several
+    requests' chunks keep their "index"."""
     texts: dict[Any, str] = {}
     ids: dict[Any, list[int]] = {}
+    logprobs: dict[Any, dict[str, list]] = {}
     try:
         async for chunk in chunks:
             i = chunk.get("index")
             texts[i] = texts.get(i, "") + chunk["text"]
             ids.setdefault(i, []).extend(chunk["output_ids"])
-            out: dict[str, Any] = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": chunk["meta_info"]}
+            meta = chunk["meta_info"]
+            if "output_token_logprobs" in meta:  # the entries so far, like the text (as SGLang streams them)
+                meta = {**meta, **merge_logprobs(logprobs.setdefault(i, {}), meta)}  # (serialized at once)
+            out: dict[str, Any] = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta}
             if i is not None:
                 out["index"] = i
             yield sse(out)

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.results import LOGPROB_KEYS, merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
 from sgl.server.protocol import (
@@ -175,6 +176,7 @@ class _Choices:
             base["usage"] = None
         started: set[int] = set()
         finals: dict[int, dict] = {}
+        held: dict[int, dict] = {}  # logprob entries of chunks that had no text to send yet
         try:
             async for chunk in chunks:
                 index = chunk.get("index", 0)  # a single request's chunks have no index
@@ -182,15 +184,20 @@ class _Choices:
                 reason, matched = _finish(meta)
                 piece = self.piece(index, chunk["text"], index not in started)
                 started.add(index)
+                if "output_token_logprobs" in meta:
+                    meta = {**meta, **merge_logprobs(held.pop(index, {}), meta)}
                 if not piece and reason is None:
+                    if "output_token_logprobs" in meta:
+                        held[index] = {k: meta[k] for k in LOGPROB_KEYS if k in meta}
                     continue
                 if not piece:
                     piece = {"delta": {}} if self.chat else {"text": ""}
-                choice: dict[str, Any] = {"index": index, **piece, "logprobs": None, "finish_reason": reason}
+                # Each event carries the logprobs of its own tokens, as OpenAI streams them.
+                choice: dict[str, Any] = {"index": index, **piece, "logprobs": await self.choice_logprobs(meta),
+                                          "finish_reason": reason}
                 if reason is not None:
                     finals[index] = meta
                     choice["matched_stop"] = matched
-                    choice["logprobs"] = await self.choice_logprobs(meta)  # every entry comes with the last chunk
                 yield sse({**base, "choices": [choice]})
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]

@@ -108,6 +108,16 @@ class AbortRequest(_Strict):
     rid: str
 
 
+class ProfileReqInput(_StrictLenient):
+    """`POST /start_profile` (SGLang's fields; others it sends are ignored)."""
+
+    output_dir: str | None = Field(None, description="A subdirectory of the server's --profile-dir for the traces.")
+    num_steps: int | None = Field(None, description="Stop by itself after this many forward steps.")
+    activities: list[str] | None = Field(None, description='"CPU" and/or "GPU" (default: both where there is a GPU).')
+    record_shapes: bool = False
+    with_stack: bool = False
+
+
 class ChatRoles(BaseModel):
     prefix: dict[str, str]
     suffix: dict[str, str]

@@ -23,6 +23,7 @@ class ServerState:
     created: int  # unix time the app was built (OpenAI's `created` of the model)
     bos_token_id: int | None = None
     extract_backend: Any = None  # the lang backend extraction programs run on
+    profile_dir: str | None = None  # /start_profile writes traces under it; None: profiling is off
 
     def check_model(self, model: str | None) -> None:
         """OpenAI requests name a model: accept the served name (and 'default'), else 404."""

@@ -184,8 +184,10 @@ class FakeBackend(Backend):
         call = self._record(Call("generate_stream", text, dict(sampling), dict(logprobs), session=session))
         out, meta = self._complete(call)
         pieces = split_pieces(out, self.stream_pieces)
-        for piece in pieces[:-1]:
-            yield piece, None
+        done = 0
+        for piece in pieces[:-1]:  # the meta info so far with each piece, as the real backends
+            done += len(piece)
+            yield piece, {**meta, "completion_tokens": done, "finish_reason": None}
         yield (pieces[-1] if pieces else ""), meta
 
     # ------------------------------------------------------------------ choices

@@ -193,3 +193,23 @@ def test_text_iter_without_stream_yields_the_final_text_once():
     state = _qa().run("hi", backend=FakeBackend(default=REPLY))
     assert list(state.text_iter()) == [state.text()]
     assert list(state.text_iter("a")) == [REPLY]
+
+
+def test_run_batch_precaches_only_when_global_config_says_so():
+    import sgl
+    from lang_fakes import FakeBackend
+
+    @sgl.function
+    def prog(s, q):
+        s += "A long constant instruction. Q: " + q + sgl.gen("a", max_tokens=3)
+
+    fake = FakeBackend()
+    prog.run_batch([{"q": "1"}, {"q": "2"}], backend=fake)
+    assert len(fake.of_kind("cache_prefix")) == 1
+    sgl.global_config.enable_precache_with_tracing = False
+    try:
+        fake = FakeBackend()
+        prog.run_batch([{"q": "1"}, {"q": "2"}], backend=fake)
+        assert fake.of_kind("cache_prefix") == []
+    finally:
+        sgl.global_config.enable_precache_with_tracing = True

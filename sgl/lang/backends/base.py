@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import ChoicesDecision, ChoicesMethod
+
+
+@dataclass
+class TokenUsage:
+    """Tokens a backend's generations used (SGLang's `backend.token_usage`): the interpreter
+    adds each gen's prompt and completion tokens from its meta info."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, meta_info: dict[str, Any]) -> None:
+        with self._lock:
+            self.prompt_tokens += int(meta_info.get("prompt_tokens") or 0)
+            self.completion_tokens += int(meta_info.get("completion_tokens") or 0)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.prompt_tokens = self.completion_tokens = 0
 
 
 class Backend(ABC):
@@ -29,7 +50,8 @@ class Backend(ABC):
     def generate_stream(
         self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        """Like generate, as (new text, None) pieces; the last piece carries the meta_info."""
+        """Like generate, as (new text, meta_info so far) pieces: completion tokens and
+        logprob entries up to that piece; the last piece's has the finish reason."""
 
     @abstractmethod
     def select(self, text: str, choices: list[str], temperature: float, method: ChoicesMethod) -> ChoicesDecision:
@@ -52,6 +74,18 @@ class Backend(ABC):
 
     def close_session(self, session: str) -> None:
         pass
+
+    @property
+    def token_usage(self) -> TokenUsage:
+        usage = self.__dict__.get("_token_usage")
+        if usage is None:
+            usage = self.__dict__.setdefault("_token_usage", TokenUsage())
+        return usage
+
+    def get_model_name(self) -> str:
+        """The model as the server or engine was given it (its path or served name)."""
+        info = self.get_server_info()
+        return str(info.get("served_model_name") or info.get("model_path") or "unknown")
 
     def flush_cache(self) -> bool:
         return False

@@ -7,6 +7,7 @@ from typing import Any, Iterator
 
 from sgl.lang.backends.scoring import TokenScoringBackend, logprobs_of
 from sgl.lang.chat_template import ChatTemplate
+from sgl.runtime.results import merge_logprobs
 
 
 class EngineBackend(TokenScoringBackend):
@@ -28,9 +29,13 @@ class EngineBackend(TokenScoringBackend):
         self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
         chunks = self.engine.generate(text, sampling, stream=True, session_params=_session_params(session), **logprobs)
+        so_far: dict[str, list] = {}
         for chunk in chunks:
             meta = chunk["meta_info"]
-            yield chunk["text"], meta if meta.get("finish_reason") is not None else None
+            if "output_token_logprobs" in meta:  # the engine streams each chunk's own entries
+                merge_logprobs(so_far, meta)
+                meta = {**meta, **{k: list(v) for k, v in so_far.items()}}
+            yield chunk["text"], meta
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.engine.encode(t) for t in texts]
@@ -65,6 +70,9 @@ class EngineBackend(TokenScoringBackend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self.engine.get_server_info()
+
+    def get_model_name(self) -> str:
+        return self.engine.config.model_path
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -48,6 +48,9 @@ class RuntimeEndpoint(TokenScoringBackend):
             if roles else ChatTemplate.plain()
         )
 
+    def get_model_name(self) -> str:
+        return self.model_info.get("served_model_name") or self.model_info["model_path"]
+
     # ------------------------------------------------------------------ HTTP
 
     def _session(self) -> requests.Session:
@@ -99,9 +102,8 @@ class RuntimeEndpoint(TokenScoringBackend):
                 if "error" in chunk:
                     err = chunk["error"]
                     raise RemoteError(f"/generate stream: {err.get('message', err)}", 500, err.get("param"))
-                full = chunk["text"]  # cumulative, as SGLang's /generate streams it
-                meta = chunk["meta_info"]
-                yield full[len(seen) :], meta if meta.get("finish_reason") is not None else None
+                full = chunk["text"]  # cumulative, as SGLang's /generate streams it (logprobs too)
+                yield full[len(seen) :], chunk["meta_info"]
                 seen = full
         finally:
             r.close()  # an early stop closes the connection: the server aborts the request

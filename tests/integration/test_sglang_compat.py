@@ -1,0 +1,186 @@
+"""What SGLang's clients send and expect, against the server on the embedded model.
+
+Oracles: the same request without the field under test (so the field's effect is the only
+difference), `re.search` over each token prefix of the output (stop_regex), the non-streamed
+answer for a stream, and the files the profiler writes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import requests
+
+from server_helpers import ServerThread, assert_error, sse_events
+from sgl.server import create_app
+
+pytestmark = pytest.mark.integration
+
+# Every sampling parameter SGLang 0.5's /generate takes, as its frontend sends them
+# (`SglSamplingParams.to_srt_kwargs`: empty lists, nulls) plus the rest of the API's fields.
+SGLANG_SAMPLING = {
+    "max_new_tokens": 6, "min_new_tokens": 0, "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [],
+    "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+    "repetition_penalty": 1.0, "ignore_eos": False, "skip_special_tokens": True,
+    "spaces_between_special_tokens": True, "no_stop_trim": False, "regex": None, "json_schema": None, "ebnf": None,
+    "structural_tag": None, "custom_params": {"note": 1}, "stream_interval": None, "logit_bias": {},
+    "sampling_seed": None,
+}
+PROMPT = "The history of the printing press"
+
+
+@pytest.fixture(scope="module")
+def url(engine, tmp_path_factory):
+    profile_dir = tmp_path_factory.mktemp("profiles")
+    with ServerThread(create_app(engine, "sgl-test", profile_dir=str(profile_dir))) as u:
+        yield u
+
+
+def generate(url: str, body: dict) -> dict:
+    r = requests.post(url + "/generate", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def greedy(url: str, n: int, **extra) -> dict:
+    return generate(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0,
+                                                              "ignore_eos": True, **extra}})
+
+
+def test_every_sglang_sampling_parameter_is_accepted(url):
+    got = generate(url, {"text": PROMPT, "sampling_params": SGLANG_SAMPLING})
+    plain = generate(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    assert got["text"] == plain["text"]  # [] / null / custom_params change nothing
+    assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"structural_tag": "{}"}},
+                               timeout=30), 400, "structural_tag")
+    err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regexp": "x"}},
+                                     timeout=30), 400, "stop_regexp")
+    assert "did you mean 'stop_regex'" in err["message"]
+    err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regex": "(?<=a)b"}},
+                                     timeout=30), 400, "stop_regex")
+
+
+def token_prefixes(engine, ids: list[int]) -> list[str]:
+    return [engine.decode(ids[:k]) for k in range(1, len(ids) + 1)]
+
+
+def expected_stop(prefixes: list[str], pattern: str) -> tuple[int, re.Match] | None:
+    """The first token count whose text has a match (SGLang checks after every token)."""
+    for k, text in enumerate(prefixes, start=1):
+        m = re.search(pattern, text, re.ASCII)
+        if m:
+            return k, m
+    return None
+
+
+def test_stop_regex_stops_at_the_first_match_across_tokens_and_trims(url, engine):
+    full = greedy(url, 24)
+    ids, prefixes = full["output_ids"], token_prefixes(engine, full["output_ids"])
+    # A piece of the output that spans a token boundary, then a class: a regex that must be
+    # matched over several tokens' text.
+    cut = len(prefixes[4])
+    piece = full["text"][cut - 3: cut + 2]
+    pattern = re.escape(piece[:-1]) + r"[^\n]"
+    k, m = expected_stop(prefixes, pattern)
+    got = greedy(url, 24, stop_regex=pattern)
+    assert got["text"] == prefixes[k - 1][: m.start()]
+    assert got["output_ids"] == ids[:k]
+    assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": m.group(0)}
+    kept = greedy(url, 24, stop_regex=[r"never-in-text[0-9]+", pattern], no_stop_trim=True)
+    assert kept["text"] == prefixes[k - 1] and kept["meta_info"]["finish_reason"]["matched"] == m.group(0)
+    # streamed: the pieces add up to the same trimmed text (text that might still match is held back)
+    events = [e for e in sse_events(requests.post(url + "/generate", json={
+        "text": PROMPT, "stream": True,
+        "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop_regex": pattern}},
+        stream=True, timeout=120)) if e != "[DONE]"]
+    assert events[-1]["text"] == got["text"] and all(got["text"].startswith(e["text"]) for e in events)
+    none = greedy(url, 24, stop_regex="QQQ[0-9]+")
+    assert none["text"] == full["text"] and none["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_stream_interval_sends_a_chunk_every_n_tokens(engine):
+    chunks = list(engine.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                           "stream_interval": 4}, stream=True))
+    whole = engine.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert [len(c["output_ids"]) for c in chunks] == [4, 4, 4]
+    assert "".join(c["text"] for c in chunks) == whole["text"]
+
+
+def test_sampling_seed_is_seed_and_logit_bias_applies(url, engine):
+    sampled = {"max_new_tokens": 8, "temperature": 1.0, "ignore_eos": True}
+    a = greedy(url, 8, **{**sampled, "sampling_seed": 7})
+    b = greedy(url, 8, **{**sampled, "seed": 7})
+    assert a["output_ids"] == b["output_ids"]
+    token = engine.encode(" banana")[0]
+    biased = greedy(url, 4, logit_bias={str(token): 100.0})
+    assert biased["output_ids"] == [token] * 4
+
+
+def test_streamed_logprobs_come_with_each_chunk_and_add_up(url, engine):
+    sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    lp = dict(return_logprob=True, top_logprobs_num=2, logprob_start_len=0)
+    whole = engine.generate(PROMPT, sp, **lp)["meta_info"]
+    chunks = list(engine.generate(PROMPT, sp, stream=True, **lp))
+    assert [len(c["meta_info"]["output_token_logprobs"]) for c in chunks] == [len(c["output_ids"]) for c in chunks]
+    assert [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]] == whole["output_token_logprobs"]
+    assert [e for c in chunks for e in c["meta_info"]["output_top_logprobs"]] == whole["output_top_logprobs"]
+    assert chunks[0]["meta_info"]["input_token_logprobs"] == whole["input_token_logprobs"]
+    assert all("input_token_logprobs" not in c["meta_info"] for c in chunks[1:])
+    # the native server: text, ids and logprob entries so far in every event (as SGLang)
+    events = [e for e in sse_events(requests.post(url + "/generate", json={
+        "text": PROMPT, "sampling_params": sp, "stream": True, "return_logprob": True, "top_logprobs_num": 2,
+        "logprob_start_len": 0}, stream=True, timeout=120)) if e != "[DONE]"]
+    assert all(len(e["meta_info"]["output_token_logprobs"]) == len(e["output_ids"]) for e in events)
+    last = events[-1]["meta_info"]
+    assert [list(x) for x in whole["output_token_logprobs"]] == last["output_token_logprobs"]
+    assert [list(x) for x in whole["input_token_logprobs"]] == last["input_token_logprobs"]
+
+
+def test_openai_stream_carries_each_chunks_logprobs(url):
+    body = {"model": "sgl-test", "messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 10,
+            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    whole = requests.post(url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
+    events = [e for e in sse_events(requests.post(url + "/v1/chat/completions", json={**body, "stream": True},
+                                                  stream=True, timeout=120)) if e != "[DONE]"]
+    entries = [t for e in events for c in e["choices"] if c["logprobs"] for t in c["logprobs"]["content"]]
+    # the same entries (the second run reuses the cached prompt, so logprobs agree to rounding)
+    assert [(t["token"], [x["token"] for x in t["top_logprobs"]]) for t in entries] == \
+        [(t["token"], [x["token"] for x in t["top_logprobs"]]) for t in whole["logprobs"]["content"]]
+    assert [t["logprob"] for t in entries] == pytest.approx([t["logprob"] for t in whole["logprobs"]["content"]],
+                                                            abs=1e-4)
+    with_text = [c for e in events for c in e["choices"] if c.get("delta", {}).get("content")]
+    assert all(c["logprobs"] and c["logprobs"]["content"] for c in with_text)
+    assert "".join(c["delta"]["content"] for c in with_text) == whole["message"]["content"]
+
+
+def test_server_info_alias_and_model_path_as_given(url):
+    old = requests.get(url + "/get_server_info", timeout=30).json()
+    new = requests.get(url + "/server_info", timeout=30).json()
+    assert set(new) == set(old) and new["model_path"] == "default"
+    assert new["resolved_model_path"].endswith(".gguf")
+    assert requests.get(url + "/get_model_info", timeout=30).json()["model_path"] == "default"
+
+
+def test_profiler_writes_a_chrome_trace_under_the_profile_dir(url, engine):
+    assert_error(requests.post(url + "/stop_profile", timeout=30), 400)
+    assert_error(requests.post(url + "/start_profile", json={"output_dir": "../../elsewhere"}, timeout=30), 400,
+                 "output_dir")
+    r = requests.post(url + "/start_profile", json={"output_dir": "run1", "activities": ["CPU"]}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert_error(requests.post(url + "/start_profile", json={}, timeout=30), 400)  # already running
+    greedy(url, 4)
+    r = requests.post(url + "/stop_profile", timeout=120)
+    assert r.status_code == 200, r.text
+    path = r.json()["message"].split("trace written to ", 1)[1]
+    assert "/run1/" in path
+    with open(path) as f:
+        trace = json.load(f)
+    names = {ev.get("name", "") for ev in trace["traceEvents"]}
+    assert any(n.startswith("aten::") for n in names)  # the model's ops, recorded on the scheduler thread
+
+
+def test_profiling_off_without_a_profile_dir(engine):
+    with ServerThread(create_app(engine, "no-profiling")) as u:
+        err = assert_error(requests.post(u + "/start_profile", timeout=30), 400)
+        assert "--profile-dir" in err["message"]
