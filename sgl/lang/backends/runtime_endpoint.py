@@ -36,9 +36,15 @@ class RemoteError(ValueError):
 
 
 class RuntimeEndpoint(TokenScoringBackend):
-    def __init__(self, base_url: str, api_key: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(self, base_url: str, api_key: str | None = None, verify: Any = None,
+                 chat_template_name: str | None = None, timeout: float = 600.0) -> None:
+        """SGLang's arguments: `verify` is requests' (TLS certificate checking);
+        `chat_template_name` is accepted and not needed: roles render with the server's own
+        chat template (from /get_model_info), exact for every model."""
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
+        self.verify = verify
+        self.chat_template_name = chat_template_name
         self.timeout = timeout
         self._local = threading.local()  # one HTTP session per thread (connection reuse)
         self.model_info = self._request("GET", "/get_model_info")
@@ -57,6 +63,8 @@ class RuntimeEndpoint(TokenScoringBackend):
         s = getattr(self._local, "session", None)
         if s is None:
             s = self._local.session = requests.Session()
+            if self.verify is not None:
+                s.verify = self.verify
             if self.api_key:
                 s.headers["Authorization"] = f"Bearer {self.api_key}"
         return s
