@@ -44,7 +44,8 @@ _EXTRAS = (
     ("repetition_penalty", 1.0, {"sgl": "repetition_penalty", "sglang": "repetition_penalty",
                                  "vllm": "repetition_penalty", "llama.cpp": "repeat_penalty"}),
     ("min_new_tokens", 0, {"sgl": "min_tokens", "sglang": "min_tokens", "vllm": "min_tokens"}),
-    ("ignore_eos", False, {"sgl": "ignore_eos", "sglang": "ignore_eos", "vllm": "ignore_eos", "llama.cpp": "ignore_eos"}),
+    ("ignore_eos", False, {"sgl": "ignore_eos", "sglang": "ignore_eos", "vllm": "ignore_eos",
+                           "llama.cpp": "ignore_eos"}),
     ("stop_token_ids", None, {"sgl": "stop_token_ids", "sglang": "stop_token_ids", "vllm": "stop_token_ids"}),
 )
 
@@ -133,7 +134,8 @@ def constraint_fields(kind: str, sampling: dict[str, Any], chat: bool, vllm_vers
     where = "OpenAI's completions endpoint has no response_format" if what == "json_schema" else \
         "the OpenAI API can only enforce a JSON schema (response_format, chat models)"
     raise UnsupportedParameterError(
-        f"{param}: {where}; use a server that enforces it (server_kind sgl, sglang, vllm or llama.cpp)", param)
+        f"{param}: {where}; use a server that enforces it (server_kind sgl, sglang, vllm or llama.cpp)",
+        param.split("=")[0])
 
 
 def vllm_fields(key: str, value: Any, version: tuple[int, ...]) -> dict[str, Any]:
