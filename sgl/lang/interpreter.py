@@ -377,8 +377,10 @@ class StreamExecutor:
             text, call_meta = self.backend.generate(
                 self.text_, wide, {"return_logprob": True, "top_logprobs_num": 0, "logprob_start_len": -1})
             self.spec = Speculation.from_result(text, call_meta, wide)
+            if self.spec is None:  # the endpoint gave no token boundaries: stop speculating here
+                self.spec_tokens = None
             filled = self.spec.take(sampling) if self.spec is not None else None
-            if filled is None:  # e.g. no token boundaries: this gen's own call decides
+            if filled is None:  # this gen's own call decides
                 return False
         text, meta = filled
         meta = ({**{k: call_meta.get(k) for k in ("id", "prompt_tokens", "cached_tokens")}, **meta} if call_meta

@@ -338,3 +338,19 @@ def test_gives_up_after_max_retries_and_never_retries_a_400():
         with pytest.raises(sgl.ProgramError) as info:
             arithmetic.run(backend=api)
         assert info.value.__cause__.status == 400 and len(stub.requests) == 1
+
+
+def test_example_runs_against_the_server(server_url):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "openai_backend.py"
+    proc = subprocess.run([sys.executable, str(example), "--base-url", server_url + "/v1"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = {line.split(":", 1)[0]: line for line in proc.stdout.splitlines()}
+    assert lines["server kind"].endswith("sgl")
+    assert "by logprobs" in lines["select"]
+    assert "'calls': 1" in lines["3 gens, speculative"]
+    assert "first thing in an assistant turn" in lines["refused"]

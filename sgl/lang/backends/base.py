@@ -17,7 +17,15 @@ class Backend(ABC):
     the engine's sampling parameters (`max_new_tokens`, `stop`, `temperature`, `regex`,
     ...); `logprobs` holds `return_logprob` / `logprob_start_len` / `top_logprobs_num` /
     `return_text_in_logprobs`. Results are the engine's (text, meta_info).
+
+    A chat API takes a conversation, not text: a backend with `wants_messages` true is
+    also passed `messages=` (the state's finished role messages; the gen or select opens
+    an assistant turn) by `generate`, `generate_stream` and `select`. A backend with
+    `supports_speculation` true gets `num_api_spec_tokens` speculation (`speculative.py`).
     """
+
+    wants_messages = False
+    supports_speculation = False
 
     @abstractmethod
     def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],

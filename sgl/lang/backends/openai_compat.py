@@ -138,7 +138,7 @@ class OpenAI(Backend):
             body["stop"] = [sampling["stop"]] if isinstance(sampling["stop"], str) else list(sampling["stop"])
         body.update(extra_sampling_fields(self.server_kind, sampling))
         body.update(constraint_fields(self.server_kind, sampling, chat, self.vllm_version))
-        body.update(_logprob_fields(logprobs, chat))
+        body.update(_logprob_fields(logprobs, chat, self.server_kind))
         return body
 
     def _call(self, text: str, messages: list[dict[str, str]] | None, body: dict[str, Any]) -> dict[str, Any]:
@@ -238,7 +238,7 @@ def _chat_messages(messages: list[dict[str, str]] | None) -> list[dict[str, str]
     return [{"role": m["role"], "content": m["content"]} for m in messages]
 
 
-def _logprob_fields(logprobs: dict[str, Any], chat: bool) -> dict[str, Any]:
+def _logprob_fields(logprobs: dict[str, Any], chat: bool, kind: str) -> dict[str, Any]:
     if not logprobs.get("return_logprob"):
         return {}
     if logprobs.get("logprob_start_len", -1) != -1:
@@ -247,14 +247,14 @@ def _logprob_fields(logprobs: dict[str, Any], chat: bool) -> dict[str, Any]:
     top = int(logprobs.get("top_logprobs_num") or 0)
     if chat:
         return {"logprobs": True, **({"top_logprobs": top} if top else {})}
-    return {"logprobs": top}
+    return {"logprobs": top or (1 if kind == "llama.cpp" else 0)}  # llama.cpp reads 0 as "none"
 
 
 def _parse_logprobs(lp: dict[str, Any] | None, chat: bool) -> dict[str, Any]:
     """meta_info's output_token_logprobs [(logprob, None, token text)] (the API gives no token ids)."""
     if not lp:
         return {"output_token_logprobs": [], "input_token_logprobs": []}
-    if chat:
+    if chat or "content" in lp:  # llama.cpp answers completions in the chat format too
         items = lp.get("content") or []
         out = [(e.get("logprob"), None, e.get("token")) for e in items]
         tops = [[(t.get("logprob"), None, t.get("token")) for t in e.get("top_logprobs") or []] for e in items]
