@@ -17,6 +17,8 @@ _LAZY = {
     "EngineBackend": "sgl.lang.backends.engine",
     "RuntimeEndpoint": "sgl.lang.backends.runtime_endpoint",
     "Runtime": "sgl.lang.backends.runtime_endpoint",
+    "OpenAI": "sgl.lang.backends.openai_compat",
+    "OpenAICompatible": "sgl.lang.backends.openai_compat",
 }
 
 

@@ -248,7 +248,10 @@ class SglFunction:
     def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
                  bind_arguments: dict[str, Any] | None = None) -> None:
         self.func = func
-        self.num_api_spec_tokens = num_api_spec_tokens  # accepted; speculative API calls are not implemented
+        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
+            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}")
+        # Speculative execution on completion APIs (sgl.OpenAI(is_chat_model=False)); others ignore it.
+        self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
         params = list(inspect.signature(func).parameters.values())
         if not params:
@@ -296,7 +299,8 @@ class SglFunction:
             return_text_in_logprobs=return_text_in_logprobs,
         )
         kwargs = {**self.bind_arguments, **kwargs}
-        return run_program(self.func, _resolve(backend), args, kwargs, defaults, stream=stream)
+        return run_program(self.func, _resolve(backend), args, kwargs, defaults, stream=stream,
+                           spec_tokens=self.num_api_spec_tokens)
 
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
@@ -335,7 +339,8 @@ class SglFunction:
                 self.cache(be)
             except Exception as e:  # only an optimisation: the items still run (and report errors)
                 logger.warning("run_batch: caching the constant prefix failed: %s", e)
-        return run_program_batch(self.func, be, items, self._defaults(sampling), num_threads, progress_bar)
+        return run_program_batch(self.func, be, items, self._defaults(sampling), num_threads, progress_bar,
+                                 spec_tokens=self.num_api_spec_tokens)
 
     def trace(self, **kwargs: Any):
         """Run the program on placeholder arguments (or the given ones) and return its IR

@@ -24,6 +24,7 @@ from sgl.lang.backends.base import Backend
 from sgl.lang.building import BranchGroup, StateBuilder
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import token_length_normalized
+from sgl.lang.speculative import Speculation, speculable, speculative_meta
 
 # dtype= of gen: the regex that constrains the output (bounded, so it always terminates).
 DTYPE_REGEX = {
@@ -83,10 +84,16 @@ class StreamExecutor:
         defaults: dict[str, Any],
         stream: bool = False,
         parent: "StreamExecutor | None" = None,
+        spec_tokens: int | None = None,
     ) -> None:
         self.backend = backend
         self.defaults = defaults  # program-wide sampling and logprob defaults
         self.stream = stream
+        # num_api_spec_tokens, for backends that speculate (completion APIs); see speculative.py
+        self.spec_tokens = parent.spec_tokens if parent else spec_tokens
+        self.spec: Speculation | None = parent.spec if parent else None
+        # Text added outside any role: a chat backend (wants_messages) would never see it.
+        self.loose_text = parent.loose_text if parent else False
         self.sid = uuid.uuid4().hex
         self.text_ = parent.text_ if parent else ""
         self.messages_: list[dict[str, str]] = [dict(m) for m in parent.messages_] if parent else []
@@ -200,6 +207,7 @@ class StreamExecutor:
             for item in expr.items:
                 self._execute(item)
         elif isinstance(expr, ir.Text):
+            self.loose_text = self.loose_text or (self.role is None and bool(expr.text))
             self._append(expr.text)
         elif isinstance(expr, ir.Gen):
             self._gen(expr)
@@ -228,6 +236,8 @@ class StreamExecutor:
 
     def _append(self, text: str, var: str | None = None, meta: dict | None = None) -> None:
         self.text_ += text
+        if self.spec is not None:  # kept only while the program writes what the model wrote
+            self.spec = self.spec.after(text)
         if self.stream:
             with self._events_cond:
                 self._events.append((var, text, meta))
@@ -287,8 +297,32 @@ class StreamExecutor:
             except Exception:  # the backend times it out anyway
                 logger.warning("could not close backend session %s", session, exc_info=True)
 
+    def _chat_messages(self, what: str) -> dict[str, Any]:
+        """`messages=` for a backend that takes the conversation (a chat API), else nothing.
+
+        A chat API writes a whole assistant message after the conversation, so the gen or
+        select must open an assistant turn, and no text may lie outside the roles."""
+        if not getattr(self.backend, "wants_messages", False):
+            return {}
+        if self.role != "assistant" or len(self.text_) != self.role_start:
+            where = ("outside any role" if self.role is None else
+                     f"inside a {self.role} turn" if self.role != "assistant" else
+                     "after text already in the assistant turn")
+            raise ProgramError(
+                f"{what}: this backend is a chat model, which answers with a whole assistant message, so a gen or "
+                f"select must be the first thing in an assistant turn (s += sgl.assistant(sgl.gen(...))); this one "
+                f"is {where}. Move that text into the user turn, or use a completion model (is_chat_model=False).")
+        if self.loose_text:
+            raise ProgramError(
+                f"{what}: this backend is a chat model and receives only the role messages, but the program added "
+                f"text outside any role, which it would never see. Put that text inside sgl.system/user/assistant, "
+                f"or use a completion model (is_chat_model=False).")
+        return {"messages": [dict(m) for m in self.messages_]}
+
     def _gen(self, gen: ir.Gen) -> None:
         sampling, logprobs = self._params(gen)
+        if self._speculative_gen(gen, sampling, logprobs):
+            return
         try:
             text, meta = self._generate(gen, sampling, logprobs, self._session_kwargs())
         except ValueError as e:  # the backends' request errors name their field in `param`
@@ -298,7 +332,7 @@ class StreamExecutor:
             # the cache, so the state goes on without one; nothing was generated yet.
             self._session = None
             text, meta = self._generate(gen, sampling, logprobs, {})
-        self.backend.token_usage.add(meta)
+        self.backend.record_usage(meta)
         logger.info("gen %r: %r (%s prompt tokens, %s completion tokens)", gen.name, text[:80],
                     meta.get("prompt_tokens"), meta.get("completion_tokens"))
         if gen.name is not None:
@@ -308,13 +342,14 @@ class StreamExecutor:
     def _generate(self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any],
                   session: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Run one gen on the backend, appending its text (piece by piece when streaming)."""
+        kwargs = {**session, **self._chat_messages(f"gen {gen.name!r}")}
         if not self.stream:
-            text, meta = self.backend.generate(self.text_, sampling, logprobs, **session)
+            text, meta = self.backend.generate(self.text_, sampling, logprobs, **kwargs)
             self._append(text, gen.name)
             return text, meta
         pieces = []
         meta: dict[str, Any] = {}
-        for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **session):
+        for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **kwargs):
             if m is not None:  # the meta info so far (completion tokens, logprobs), final on the last piece
                 meta = m
             if piece:
@@ -324,11 +359,40 @@ class StreamExecutor:
 
     def _select(self, sel: ir.Select) -> None:
         method = sel.choices_method or token_length_normalized
-        decision = self.backend.select(self.text_, list(sel.choices), sel.temperature, method)
+        decision = self.backend.select(self.text_, list(sel.choices), sel.temperature, method,
+                                       **self._chat_messages(f"select {sel.name!r}"))
         self._append(decision.decision, sel.name)
         if sel.name is not None:
             self.set_variable(sel.name, decision.decision)
             self.meta_info[sel.name] = decision.meta_info
+
+    def _speculative_gen(self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any]) -> bool:
+        """Fill the gen from the speculation, making one call for it first if there is none
+        that fits; False (nothing done) where speculation does not apply or cannot be proven."""
+        if not (self.spec_tokens and getattr(self.backend, "supports_speculation", False)) or self.stream \
+                or logprobs or not speculable(sampling) or sampling.get("max_new_tokens") is None:
+            return False
+        filled = self.spec.take(sampling) if self.spec is not None else None
+        call_meta: dict[str, Any] = {}
+        if filled is None:
+            wide = {**sampling, "max_new_tokens": max(sampling["max_new_tokens"], self.spec_tokens)}
+            wide.pop("stop", None)
+            text, call_meta = self.backend.generate(
+                self.text_, wide, {"return_logprob": True, "top_logprobs_num": 0, "logprob_start_len": -1})
+            self.spec = Speculation.from_result(text, call_meta, wide)
+            if self.spec is None:  # the endpoint gave no token boundaries: stop speculating here
+                self.spec_tokens = None
+            filled = self.spec.take(sampling) if self.spec is not None else None
+            if filled is None:  # this gen's own call decides
+                return False
+        text, meta = filled
+        meta = ({**{k: call_meta.get(k) for k in ("id", "prompt_tokens", "cached_tokens")}, **meta} if call_meta
+                else speculative_meta(meta))
+        self._append(text, gen.name)
+        if gen.name is not None:
+            self.set_variable(gen.name, text)
+            self.meta_info[gen.name] = meta
+        return True
 
     # ------------------------------------------------------------------ streaming
 
@@ -484,6 +548,7 @@ class ProgramStateGroup(BranchGroup):
             # equal to, or even the same object as, the parent's still counts as set).
             if mode == "concate_and_append":
                 for ex in executors:
+                    parent.loose_text = parent.loose_text or ex.loose_text
                     parent._append(ex.text_[ex.fork_start :])
                 return
             names: dict[str, None] = {}
@@ -507,10 +572,11 @@ def run_program(
     kwargs: dict[str, Any],
     defaults: dict[str, Any],
     stream: bool = False,
+    spec_tokens: int | None = None,
 ) -> ProgramState:
     """Run one program. Without stream, waits and raises the program's error; with stream,
     runs the body on a thread and returns at once (errors surface when the state is read)."""
-    state = ProgramState(StreamExecutor(backend, defaults, stream=stream))
+    state = ProgramState(StreamExecutor(backend, defaults, stream=stream, spec_tokens=spec_tokens))
 
     def body() -> None:
         try:
@@ -548,6 +614,7 @@ def run_program_batch(
     defaults: dict[str, Any],
     num_threads: int | str = "auto",
     progress_bar: bool = False,
+    spec_tokens: int | None = None,
 ) -> list[ProgramState]:
     """Run the program once per (args, kwargs) item on a thread pool; results in input order.
 
@@ -561,7 +628,7 @@ def run_program_batch(
 
     def one(item: tuple[tuple, dict[str, Any]]) -> ProgramState:
         args, kwargs = item
-        state = ProgramState(StreamExecutor(backend, defaults))
+        state = ProgramState(StreamExecutor(backend, defaults, spec_tokens=spec_tokens))
         try:
             state.ret_value = func(state, *args, **kwargs)
         except BaseException as e:

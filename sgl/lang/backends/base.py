@@ -13,21 +13,35 @@ from sgl.lang.choices import ChoicesDecision, ChoicesMethod
 
 @dataclass
 class TokenUsage:
-    """Tokens a backend's generations used (SGLang's `backend.token_usage`): the interpreter
-    adds each gen's prompt and completion tokens from its meta info."""
+    """Tokens a backend's generations used (SGLang's `backend.token_usage`): per call, the
+    prompt and completion tokens it reports (an API backend also counts its retries)."""
 
+    calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    retries: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, meta_info: dict[str, Any]) -> None:
+    def add(self, usage: dict[str, Any] | None) -> None:
+        """One call; `usage` (a gen's meta_info, or an API's `usage`) has the token counts."""
+        usage = usage or {}
         with self._lock:
-            self.prompt_tokens += int(meta_info.get("prompt_tokens") or 0)
-            self.completion_tokens += int(meta_info.get("completion_tokens") or 0)
+            self.calls += 1
+            self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
+            self.completion_tokens += int(usage.get("completion_tokens") or 0)
+
+    def retried(self) -> None:
+        with self._lock:
+            self.retries += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"calls": self.calls, "prompt_tokens": self.prompt_tokens,
+                    "completion_tokens": self.completion_tokens, "retries": self.retries}
 
     def reset(self) -> None:
         with self._lock:
-            self.prompt_tokens = self.completion_tokens = 0
+            self.calls = self.prompt_tokens = self.completion_tokens = self.retries = 0
 
 
 class Backend(ABC):
@@ -38,7 +52,15 @@ class Backend(ABC):
     the engine's sampling parameters (`max_new_tokens`, `stop`, `temperature`, `regex`,
     ...); `logprobs` holds `return_logprob` / `logprob_start_len` / `top_logprobs_num` /
     `return_text_in_logprobs`. Results are the engine's (text, meta_info).
+
+    A chat API takes a conversation, not text: a backend with `wants_messages` true is
+    also passed `messages=` (the state's finished role messages; the gen or select opens
+    an assistant turn) by `generate`, `generate_stream` and `select`. A backend with
+    `supports_speculation` true gets `num_api_spec_tokens` speculation (`speculative.py`).
     """
+
+    wants_messages = False
+    supports_speculation = False
 
     @abstractmethod
     def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
@@ -77,10 +99,16 @@ class Backend(ABC):
 
     @property
     def token_usage(self) -> TokenUsage:
-        usage = self.__dict__.get("_token_usage")
-        if usage is None:
-            usage = self.__dict__.setdefault("_token_usage", TokenUsage())
-        return usage
+        return self.__dict__.setdefault("_token_usage", TokenUsage())
+
+    @token_usage.setter
+    def token_usage(self, usage: TokenUsage) -> None:
+        self.__dict__["_token_usage"] = usage
+
+    def record_usage(self, meta_info: dict[str, Any]) -> None:
+        """The interpreter reports each gen here; a backend that counts its own calls (an
+        HTTP API's billed usage) overrides it to do nothing."""
+        self.token_usage.add(meta_info)
 
     def get_model_name(self) -> str:
         """The model as the server or engine was given it (its path or served name)."""
