@@ -4,7 +4,7 @@
 `sgl.set_default_backend` sets; reading it never starts the embedded model, unlike
 `get_default_backend()`). `enable_precache_with_tracing`: `run_batch` first computes the
 program's constant prefix (found by tracing) into the cache, so every item starts with a
-hit. `verbosity` > 0 logs each program's gens at INFO. SGLang's runtime-side knobs (token
+hit. `verbosity` > 0 logs each program's gens at INFO (to stderr unless logging is set up). SGLang's runtime-side knobs (token
 ratio estimation, ...) belong to the engine's options here and are not read.
 """
 
@@ -43,7 +43,10 @@ class GlobalConfig:
     @verbosity.setter
     def verbosity(self, level: int) -> None:
         self._verbosity = int(level)
-        logging.getLogger("sgl.lang").setLevel(logging.INFO if level > 0 else logging.NOTSET)
+        log = logging.getLogger("sgl.lang")
+        log.setLevel(logging.INFO if level > 0 else logging.NOTSET)
+        if level > 0 and not log.handlers and not logging.getLogger().handlers:  # nothing would print it
+            log.addHandler(logging.StreamHandler())
 
 
 global_config = GlobalConfig()
