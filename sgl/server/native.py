@@ -34,6 +34,10 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
     state = get_state(request)
     if (req.text is None) == (req.input_ids is None):
         raise APIError(400, "give exactly one of text and input_ids", "text")
+    unsupported = req.unsupported_sglang_field()
+    if unsupported is not None:
+        raise APIError(400, f"{unsupported} is not supported by sgl (no LoRA adapters, multimodal input, hidden-state "
+                       "output or custom logit processors); leave it null / false", unsupported)
     kwargs = dict(
         input_ids=req.input_ids,
         return_logprob=req.return_logprob,

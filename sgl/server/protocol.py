@@ -84,6 +84,29 @@ class GenerateReqInput(_Strict):
     return_text_in_logprobs: bool = False
     rid: Union[str, list[str], None] = Field(None, description="Request id(s), usable with /abort_request.")
     session_params: SessionParams | None = Field(None, description="Run as a turn of an open session.")
+    # SGLang's other fields: accepted with their "off" value (what its clients send); anything
+    # else is refused by the handler, naming the field (sgl has no LoRA, multimodal input,
+    # hidden-state output or custom logit processors).
+    log_metrics: bool = Field(True, description="SGLang's; metrics are always recorded (ignored).")
+    return_hidden_states: bool = Field(False, description="SGLang's; only false.")
+    token_ids_logprob: Any = Field(None, description="SGLang's; only null.")
+    lora_path: Any = Field(None, description="SGLang's; only null.")
+    custom_logit_processor: Any = Field(None, description="SGLang's; only null.")
+    image_data: Any = Field(None, description="SGLang's; only null (text models).")
+    video_data: Any = Field(None, description="SGLang's; only null.")
+    audio_data: Any = Field(None, description="SGLang's; only null.")
+    input_embeds: Any = Field(None, description="SGLang's; only null.")
+    modalities: Any = Field(None, description="SGLang's; only null.")
+
+    def unsupported_sglang_field(self) -> str | None:
+        """The first SGLang-only field set to something sgl does not do, or None."""
+        if self.return_hidden_states:
+            return "return_hidden_states"
+        for name in ("token_ids_logprob", "lora_path", "custom_logit_processor", "image_data", "video_data",
+                     "audio_data", "input_embeds", "modalities"):
+            if getattr(self, name) not in (None, [], [None]):
+                return name
+        return None
 
 
 class GenerateOutput(BaseModel):

@@ -27,6 +27,9 @@ SGLANG_SAMPLING = {
     "structural_tag": None, "custom_params": {"note": 1}, "stream_interval": None, "logit_bias": {},
     "sampling_seed": None,
 }
+# SGLang's other /generate fields, at their "off" values
+SGLANG_OFF_FIELDS = {"log_metrics": True, "return_hidden_states": False, "token_ids_logprob": None, "lora_path": None,
+                     "custom_logit_processor": None, "image_data": None, "modalities": None}
 PROMPT = "The history of the printing press"
 
 
@@ -49,7 +52,7 @@ def greedy(url: str, n: int, **extra) -> dict:
 
 
 def test_every_sglang_sampling_parameter_is_accepted(url):
-    got = generate(url, {"text": PROMPT, "sampling_params": SGLANG_SAMPLING})
+    got = generate(url, {"text": PROMPT, "sampling_params": SGLANG_SAMPLING, **SGLANG_OFF_FIELDS})
     plain = generate(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
     assert got["text"] == plain["text"]  # [] / null / custom_params change nothing
     assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"structural_tag": "{}"}},
@@ -57,8 +60,11 @@ def test_every_sglang_sampling_parameter_is_accepted(url):
     err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regexp": "x"}},
                                      timeout=30), 400, "stop_regexp")
     assert "did you mean 'stop_regex'" in err["message"]
-    err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regex": "(?<=a)b"}},
-                                     timeout=30), 400, "stop_regex")
+    assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regex": "(?<=a)b"}},
+                               timeout=30), 400, "stop_regex")
+    for field, value in (("lora_path", "adapter-1"), ("return_hidden_states", True), ("image_data", "x.png")):
+        err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, field: value}, timeout=30), 400, field)
+        assert "not supported" in err["message"]
 
 
 def token_prefixes(engine, ids: list[int]) -> list[str]:
