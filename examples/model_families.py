@@ -45,7 +45,7 @@ def main() -> None:
                 print(f"{architecture}: architecture={info['architecture']} features={info['attention_features']} "
                       f"experts={info['num_experts']} backend={info['attention_backend']} "
                       f"tokens={out['meta_info']['completion_tokens']}")
-        bad = write_config(Path(tmp), "LlamaForCausalLM", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}})
+        bad = write_config(Path(tmp), "LlamaForCausalLM", {"hidden_act": "relu"})
         try:
             sgl.Engine(model_path=bad, load_format="dummy", dtype="float32")
         except ValueError as e:

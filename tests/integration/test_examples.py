@@ -69,4 +69,4 @@ def test_model_families_example_loads_each_and_refuses_an_unknown_key():
     assert "features=['sliding_window']" in lines["MistralForCausalLM"]
     assert "experts=4" in lines["MixtralForCausalLM"] and "experts=8" in lines["Qwen3MoeForCausalLM"]
     assert sum(line.endswith("tokens=8") for line in lines.values()) == 7
-    assert "rope_type 'dynamic'" in lines["refused"]
+    assert "config key 'hidden_act' = 'relu'" in lines["refused"]

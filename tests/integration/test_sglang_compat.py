@@ -190,3 +190,12 @@ def test_profiling_off_without_a_profile_dir(engine):
     with ServerThread(create_app(engine, "no-profiling")) as u:
         err = assert_error(requests.post(u + "/start_profile", timeout=30), 400)
         assert "--profile-dir" in err["message"]
+
+
+def test_profile_of_num_steps_ends_by_itself(engine, tmp_path):
+    engine.start_profile(str(tmp_path), num_steps=2, activities=["CPU"])
+    engine.generate(PROMPT, {"max_new_tokens": 6, "temperature": 0})  # more than 2 steps
+    path = engine.stop_profile()  # the trace the profile wrote when it ended after 2 steps
+    assert path.startswith(str(tmp_path)) and json.load(open(path))["traceEvents"]
+    with pytest.raises(ValueError, match="no profile is running"):
+        engine.stop_profile()
