@@ -13,7 +13,7 @@ from sgl.lang import ir
 from sgl.lang.backends.base import Backend
 from sgl.lang.choices import ChoicesMethod
 from sgl.lang.global_config import global_config
-from sgl.lang.interpreter import DTYPE_REGEX, ProgramState, run_program, run_program_batch
+from sgl.lang.interpreter import DTYPE_REGEX, ProgramError, ProgramState, run_program, run_program_batch
 
 logger = logging.getLogger(__name__)
 
@@ -288,9 +288,15 @@ class SglFunction:
         return_text_in_logprobs: bool | None = None,
         stream: bool = False,
         backend: Any = None,
+        ship: bool | str = "auto",
         **kwargs: Any,
     ) -> ProgramState:
-        """Run the program; the keyword sampling parameters are defaults for its gen calls."""
+        """Run the program; the keyword sampling parameters are defaults for its gen calls.
+
+        `ship`: with a backend that runs programs server-side (`RuntimeEndpoint`), "auto"
+        sends a static program's IR in one request and runs a dynamic one (its structure
+        depends on generated values) here; True requires shipping (an error names the line
+        that makes it dynamic); False always runs here. See `sgl.lang.shipping`."""
         defaults = dict(
             max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, temperature=temperature,
             top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
@@ -299,8 +305,37 @@ class SglFunction:
             return_text_in_logprobs=return_text_in_logprobs,
         )
         kwargs = {**self.bind_arguments, **kwargs}
-        return run_program(self.func, _resolve(backend), args, kwargs, defaults, stream=stream,
-                           spec_tokens=self.num_api_spec_tokens)
+        be = _resolve(backend)
+        shipped = self._ship(be, [(args, kwargs)], defaults, stream, ship)
+        if shipped is not None:
+            return shipped[0]
+        return run_program(self.func, be, args, kwargs, defaults, stream=stream, spec_tokens=self.num_api_spec_tokens)
+
+    def _ship(self, backend: Backend, items: list[tuple[tuple, dict[str, Any]]], defaults: dict[str, Any],
+              stream: bool, ship: bool | str) -> list | None:
+        """The shipped states of `items`, or None to run them here (see `run`)."""
+        if ship not in ("auto", True, False):
+            raise ValueError(f"ship must be 'auto', True or False, got {ship!r}")
+        runner = getattr(backend, "run_program", None)
+        if ship is False or (runner is None and ship == "auto"):
+            return None
+        if runner is None:
+            raise ValueError(f"ship=True: the {type(backend).__name__} backend cannot run programs server-side "
+                             "(RuntimeEndpoint can)")
+        from sgl.lang.ir_json import IRFormatError, program_to_json
+        from sgl.lang.tracer import DynamicProgramError, trace_static
+
+        try:
+            programs = [program_to_json(trace_static(self, a, k)) for a, k in items]
+        except (DynamicProgramError, IRFormatError) as e:
+            if ship is True:
+                raise
+            logger.info("%s runs client-side: %s", self.func.__name__, e)
+            return None
+        try:
+            return runner(programs, defaults, stream)
+        except ValueError as e:  # the server refused it (a 400 names the field)
+            raise ProgramError(f"{self.func.__name__}: {e}") from e
 
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
@@ -312,13 +347,15 @@ class SglFunction:
         num_threads: int | str = "auto",
         progress_bar: bool = False,
         backend: Any = None,
+        ship: bool | str = "auto",
         **sampling: Any,
     ) -> list[ProgramState]:
         """Run once per item (a dict of arguments or a tuple of positional ones), concurrently.
 
         The program's constant prefix (found by tracing) is computed once before the batch,
         so every item starts with a cache hit. Results keep input order; a failing item's
-        state holds its error.
+        state holds its error. `ship` as in `run`: a static program's batch goes to the
+        server in one request.
         """
         unknown = [k for k in sampling if k not in _RUN_DEFAULTS]
         if unknown:
@@ -334,6 +371,9 @@ class SglFunction:
             else:
                 raise TypeError(f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}")
         be = _resolve(backend)
+        shipped = self._ship(be, items, self._defaults(sampling), False, ship) if items else None
+        if shipped is not None:  # one request for the whole batch (the server caches the shared prefix)
+            return shipped
         if items and global_config.enable_precache_with_tracing:
             try:
                 self.cache(be)

@@ -135,9 +135,11 @@ class SetVar(Expr):
 
 @dataclass(repr=False)
 class Fork(Expr):
-    """Recorded by the tracer: the state split into `len(branches)` branches."""
+    """Recorded by the tracer: the state split into `len(branches)` branches. `fork_id`
+    (unique in the program) is how a Variable read from a branch names it."""
 
     branches: list[list[Expr]]
+    fork_id: int = 0
 
     def __repr__(self) -> str:
         return f"Fork({len(self.branches)})"
@@ -159,9 +161,15 @@ class Argument(Expr):
 
 @dataclass(repr=False)
 class Variable(Expr):
-    """Recorded by the tracer: text that depends on variable `name`, read mid-program."""
+    """Recorded by the tracer: text that depends on variable `name`, read mid-program.
+    `source` (fork_id, branch) when it was read from a fork branch other than the state it
+    is added to (`forks[i]["v"]` added to the parent); None: the state's own variable."""
 
     name: str
+    source: tuple[int, int] | None = None
+
+    def __repr__(self) -> str:
+        return f"Variable({self.name!r})" if self.source is None else f"Variable({self.name!r}, {self.source!r})"
 
 
 def to_expr(x: Any) -> Expr:

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.chat_template import ChatTemplate
-from sgl.server import admin, extract, native, openai_api, sessions
+from sgl.server import admin, extract, native, openai_api, programs, sessions
 from sgl.server.auth import APIKeyMiddleware
 from sgl.server.errors import install_error_handlers
 from sgl.server.metrics import Metrics
@@ -24,9 +24,9 @@ from sgl.server.state import ServerState
 
 DESCRIPTION = """Serves an sgl engine: the native `/generate` (the engine's result dicts, as JSON or
 server-sent events), OpenAI-compatible `/v1/chat/completions`, `/v1/completions` and `/v1/models`,
-JSON-schema extraction at `/v1/extract`, and operations endpoints (`/health`, `/get_model_info`,
-`/get_server_info` or `/server_info`, `/flush_cache`, `/abort_request`, `/metrics`,
-`/start_profile`, `/stop_profile`), and sessions (`/open_session`,
+JSON-schema extraction at `/v1/extract`, shipped programs at `/run_program`, operations endpoints
+(`/health`, `/get_model_info`, `/get_server_info` or `/server_info`, `/flush_cache`,
+`/abort_request`, `/metrics`, `/start_profile`, `/stop_profile`), and sessions (`/open_session`,
 `/close_session`, `session_params` on `/generate`). Errors have the body
 `{"error": {"message", "type", "param", "code"}}`."""
 
@@ -54,6 +54,6 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
     install_error_handlers(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
-    for module in (native, sessions, openai_api, extract, admin):
+    for module in (native, sessions, programs, openai_api, extract, admin):
         app.include_router(module.router)
     return app

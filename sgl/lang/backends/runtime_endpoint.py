@@ -116,6 +116,24 @@ class RuntimeEndpoint(TokenScoringBackend):
         finally:
             r.close()  # an early stop closes the connection: the server aborts the request
 
+    # ------------------------------------------------------------------ shipped programs
+
+    def run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool = False) -> list:
+        """Run static programs (IR JSON, `sgl.lang.ir_json`) on the server in one request:
+        a `ShippedState` each (streamed: one program, read as the server sends it)."""
+        from sgl.lang.shipping import ShippedState
+
+        sampling = {k: v for k, v in defaults.items() if v is not None}
+        if stream:
+            r = self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling, "stream": True},
+                              stream=True)
+            return [ShippedState(events=_sse_events(r))]
+        if len(programs) == 1:
+            return [ShippedState(result=self._request("POST", "/run_program",
+                                                      {"program": programs[0], "sampling": sampling}))]
+        results = self._request("POST", "/run_program", {"programs": programs, "sampling": sampling})
+        return [ShippedState(result=r) if "error" not in r else _failed(r["error"]) for r in results]
+
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return self._request("POST", "/tokenize", {"text": texts})["input_ids"]
 
@@ -214,3 +232,30 @@ class Runtime:
 
     def __exit__(self, *exc: Any) -> None:
         self.shutdown()
+
+
+def _sse_events(r: requests.Response) -> Iterator[dict[str, Any]]:
+    """The `data:` objects of a server-sent event stream; an error event raises RemoteError."""
+    try:
+        for line in r.iter_lines(decode_unicode=True):
+            if not line or not line.startswith("data:"):
+                continue
+            data = line[len("data:") :].strip()
+            if data == "[DONE]":
+                return
+            event = json.loads(data)
+            if "error" in event:
+                err = event["error"]
+                raise RemoteError(f"/run_program: {err.get('message', err)}", err.get("code") or 500, err.get("param"))
+            yield event
+    finally:
+        r.close()
+
+
+def _failed(err: dict[str, Any]) -> Any:
+    from sgl.lang.interpreter import ProgramError
+    from sgl.lang.shipping import ShippedState
+
+    state = ShippedState(result={})
+    state.error = ProgramError(f"/run_program: {err.get('message', err)}")
+    return state

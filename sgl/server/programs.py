@@ -1,0 +1,212 @@
+"""`POST /run_program`: a static program's IR (`sgl.lang.ir_json`) run on the server's
+engine with the same interpreter as in process, in one round trip.
+
+Body: `{"program": IR}` or `{"programs": [IR, ...]}` (a batch, run concurrently), `"arguments"`
+(values of `argument` nodes; one object, or one per program), `"sampling"` (the run's
+defaults, as `f.run(temperature=...)` takes them) and `"stream"` (one program: SSE events
+`{"var", "text"}` as pieces are produced, then `{"result": ...}`). A result is
+`{"text", "messages", "variables", "meta_info"}`; in a batch, a failed program's is
+`{"error": {...}}`. Malformed IR is a 400 naming the node path; every gen's sampling is
+checked as /generate checks it, before anything runs. A client that disconnects cancels the
+program: its states' sessions are closed, which aborts their running generations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, AsyncIterator, Iterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import Field
+
+from sgl.lang import ir
+from sgl.lang.backends.engine import EngineBackend
+from sgl.lang.interpreter import ProgramError, run_program, run_program_batch
+from sgl.lang.ir_json import IRFormatError, program_from_json
+from sgl.lang.shipping import replay
+from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.sampling import SamplingParams
+from sgl.server.encoding import JSONBody
+from sgl.server.errors import APIError, error_body
+from sgl.server.protocol import ErrorResponse, _StrictLenient
+from sgl.server.state import get_state
+from sgl.server.streaming import client_gone, sse, sse_response
+
+router = APIRouter(tags=["programs"])
+ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
+MAX_NODES = 20_000  # in one request, all programs and branches together
+MAX_PROGRAMS = 1024
+DISCONNECT_POLL_S = 0.5
+
+
+class RunProgramRequest(_StrictLenient):
+    program: dict[str, Any] | None = Field(None, description="One program's IR: {format_version, nodes}.")
+    programs: list[dict[str, Any]] | None = Field(None, description="A batch of programs, run concurrently.")
+    arguments: dict[str, Any] | list[dict[str, Any]] | None = Field(
+        None, description="Values of the IR's argument nodes: one object, or one per program.")
+    sampling: dict[str, Any] | None = Field(None, description="The run's sampling and logprob defaults.")
+    stream: bool = Field(False, description="One program: SSE events {var, text}, then {result}.")
+
+
+class CancellableBackend(EngineBackend):
+    """The engine backend of one request: `cancel()` closes every session its states opened
+    (aborting their running generations) and makes every later call fail."""
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.cancelled = False
+        self._sessions: set[str] = set()
+        self._sessions_lock = threading.Lock()
+
+    def _check(self) -> None:
+        if self.cancelled:
+            raise ProgramError("the program was cancelled (its client disconnected)")
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return super().generate(*args, **kwargs)
+
+    def generate_stream(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return super().generate_stream(*args, **kwargs)
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        self._check()
+        return super().select(*args, **kwargs)
+
+    def cache_prefix(self, text: str) -> None:
+        self._check()
+        super().cache_prefix(text)
+
+    def open_session(self) -> str | None:
+        self._check()
+        sid = super().open_session()
+        with self._sessions_lock:
+            self._sessions.add(sid)
+        return sid
+
+    def close_session(self, session: str) -> None:
+        with self._sessions_lock:
+            self._sessions.discard(session)
+        super().close_session(session)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        with self._sessions_lock:
+            sessions, self._sessions = list(self._sessions), set()
+        for sid in sessions:
+            self.engine.close_session(sid)
+
+
+def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | None], dict[str, Any]]:
+    """(each program's nodes, its arguments, the defaults), or APIError 400 naming the field."""
+    if (req.program is None) == (req.programs is None):
+        raise APIError(400, "give exactly one of program and programs", "program")
+    raw = [req.program] if req.program is not None else req.programs
+    if len(raw) > MAX_PROGRAMS:
+        raise APIError(400, f"at most {MAX_PROGRAMS} programs per request; split the batch", "programs")
+    if req.stream and req.programs is not None:
+        raise APIError(400, "stream takes one program; send a batch without stream", "stream")
+    args = req.arguments if isinstance(req.arguments, list) else [req.arguments] * len(raw)
+    if len(args) != len(raw):
+        raise APIError(400, f"arguments has {len(args)} entries for {len(raw)} programs", "arguments")
+    defaults = dict(req.sampling or {})
+    unknown = sorted(set(defaults) - set(ir.SAMPLING_KEYS) - set(ir.LOGPROB_KEYS))
+    if unknown:
+        raise APIError(400, f"unknown sampling default {unknown[0]!r}", f"sampling.{unknown[0]}")
+    programs = []
+    for k, data in enumerate(raw):
+        where = "program" if req.program is not None else f"programs[{k}]"
+        try:
+            programs.append(program_from_json(data))
+        except IRFormatError as e:
+            raise APIError(400, f"{where}.{e.path}: {e.detail}", f"{where}.{e.path}") from e
+        _check_gens(programs[-1], defaults, f"{where}.nodes")
+    if sum(_count(p) for p in programs) > MAX_NODES:
+        raise APIError(400, f"the programs have more than {MAX_NODES} nodes together; split the request", "programs")
+    return programs, args, defaults
+
+
+def _count(nodes: list[ir.Expr]) -> int:
+    return sum(1 + (sum(_count(b) for b in n.branches) if isinstance(n, ir.Fork) else 0) for n in nodes)
+
+
+def _check_gens(nodes: list[ir.Expr], defaults: dict[str, Any], path: str) -> None:
+    """Each gen's sampling (over the defaults), validated as /generate would."""
+    base = {k: v for k, v in defaults.items() if k in ir.SAMPLING_KEYS and v is not None}
+    for i, n in enumerate(nodes):
+        if isinstance(n, ir.Gen):
+            try:
+                SamplingParams.from_dict({**base, **n.sampling})
+            except InvalidRequestError as e:
+                raise APIError(400, f"{path}[{i}]: {e.message}", f"{path}[{i}].sampling.{e.param}") from e
+        elif isinstance(n, ir.Fork):
+            for b, branch in enumerate(n.branches):
+                _check_gens(branch, defaults, f"{path}[{i}].branches[{b}]")
+
+
+def _result(state: Any) -> dict[str, Any]:
+    ex = state.stream_executor
+    return {"text": ex.text_, "messages": [dict(m) for m in ex.messages_], "variables": dict(ex.variables),
+            "meta_info": dict(ex.meta_info)}
+
+
+def _error(e: BaseException) -> dict[str, Any]:
+    cause = e.__cause__ if isinstance(e, ProgramError) and e.__cause__ is not None else e
+    if isinstance(cause, InvalidRequestError):
+        return error_body(400, cause.message, cause.param)
+    return error_body(400 if isinstance(e, ProgramError) else 500, str(e))
+
+
+@router.post("/run_program", responses=ERRORS)
+async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Response:
+    """Run a shipped program (or a batch of them) on the server's engine; see the module doc."""
+    programs, args, defaults = _parse(req)
+    backend = CancellableBackend(get_state(request).engine)
+    if req.stream:
+        return sse_response(request, _stream(backend, programs[0], args[0], defaults), backend.cancel)
+
+    def run() -> Any:
+        if req.program is not None:
+            return _result(run_program(replay, backend, (programs[0], args[0]), {}, defaults))
+        states = run_program_batch(replay, backend, [((p, a), {}) for p, a in zip(programs, args)], defaults)
+        return [_error(s.error) if s.error is not None else _result(s) for s in states]
+
+    task = asyncio.ensure_future(asyncio.to_thread(run))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            break
+        if await request.is_disconnected():
+            backend.cancel()  # its generations abort, so the worker thread ends soon
+            return client_gone()
+    try:
+        return JSONBody(task.result())
+    except ProgramError as e:
+        body = _error(e)
+        return JSONBody(body, status_code=body["error"]["code"])
+
+
+async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: dict | None,
+                  defaults: dict[str, Any]) -> AsyncIterator[str]:
+    state = await asyncio.to_thread(run_program, replay, backend, (nodes, arguments), {}, defaults, True)
+    events: Iterator = state.stream_executor.events()
+    done = object()
+    while True:
+        try:
+            item = await asyncio.to_thread(next, events, done)
+        except ProgramError as e:
+            yield sse(_error(e))
+            return
+        if item is done:
+            break
+        var, text, _meta = item
+        yield sse({"var": var, "text": text})
+    try:
+        await asyncio.to_thread(state.sync)
+    except ProgramError as e:
+        yield sse(_error(e))
+        return
+    yield sse({"result": _result(state)})

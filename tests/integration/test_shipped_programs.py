@@ -1,0 +1,179 @@
+"""Static programs shipped to the server (`POST /run_program`) against the same programs
+interpreted client-side through the same server (greedy, float32 engine): the oracle is the
+client-side run, which test_remote_backend holds to the in-process one. Also: dynamic
+programs are never shipped under ship="auto", malformed IR is a 400 naming the node path, and
+a client that leaves mid-program gets its KV freed."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import requests
+
+import sgl
+from server_helpers import ServerThread, assert_error, kv_whole, sse_events, wait_until
+from sgl.lang.shipping import ShippedState
+from sgl.lang.tracer import DynamicProgramError
+from sgl.server import create_app
+
+pytestmark = pytest.mark.integration
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def url(engine):
+    with ServerThread(create_app(engine, "default")) as u:
+        yield u
+
+
+@pytest.fixture(scope="module")
+def remote(url):
+    return sgl.RuntimeEndpoint(url)
+
+
+@sgl.function
+def chat_then_reuse(s, question):
+    s += sgl.system("You are brief.")
+    s += sgl.user("Q: " + question)
+    s += sgl.assistant(sgl.gen("a", max_tokens=12))
+    s += sgl.user(f"You said: {s['a']} Is that right?")
+    s += sgl.assistant(sgl.select("yn", ["Yes", "No"]) + ". " + sgl.gen("why", max_tokens=8))
+
+
+@sgl.function
+def constrained(s):
+    s += "A phone number: " + sgl.gen("phone", regex=r"[0-9]{3}-[0-9]{4}", max_tokens=10)
+    s += "\nA person as JSON: " + sgl.gen("person", json_schema=PERSON, max_tokens=40)
+    s += "\nAn integer: " + sgl.gen("n", dtype=int, max_tokens=5)
+    s["source"] = "generated"
+    with s.var_scope("tail"):
+        s += "\nDone: " + sgl.gen(max_tokens=3)
+
+
+@sgl.function
+def forks_both_modes(s, topic):
+    s += f"Three facts about {topic}.\n"
+    facts = s.fork(3)
+    facts += lambda i: f"Fact {i + 1}:" + sgl.gen("fact", max_tokens=8, stop="\n")
+    inner = facts[0].fork(2)  # nested
+    inner += lambda i: f" (detail {i})" + sgl.gen("d", max_tokens=4)
+    inner.join("concate_and_append")
+    facts.join()
+    s += "First: " + facts[0]["fact"] + "\nSummary:" + sgl.gen("summary", max_tokens=10)
+    two = s.fork(2)
+    two += lambda i: f"\nVariant {i}:" + sgl.gen("v", max_tokens=5)
+    two.join("concate_and_append")
+
+
+PROGRAMS = [(chat_then_reuse, {"question": "Name a planet."}), (constrained, {}),
+            (forks_both_modes, {"topic": "the moon"})]
+VOLATILE = {"id", "e2e_latency", "ttft", "cached_tokens"}  # differ between any two runs
+
+
+def comparable(meta):
+    """meta info without the per-run fields, as JSON data (tuples become lists)."""
+    if isinstance(meta, list):
+        return [comparable(m) for m in meta]
+    if not isinstance(meta, dict):
+        return meta
+    return json.loads(json.dumps({k: v for k, v in meta.items() if k not in VOLATILE}))
+
+
+def close(a, b, path="") -> None:
+    """Equal, floats within 1e-4 (logprobs of a prefix computed in another batch round differently)."""
+    if isinstance(a, float) or isinstance(b, float):
+        assert a == pytest.approx(b, abs=1e-4), path
+    elif isinstance(a, dict) and isinstance(b, dict):
+        assert set(a) == set(b), path
+        for k in a:
+            close(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list) and isinstance(b, list):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b)):
+            close(x, y, f"{path}[{i}]")
+    else:
+        assert a == b, path
+
+
+def same_state(shipped, local) -> None:
+    assert isinstance(shipped, ShippedState)
+    assert shipped.text() == local.text()
+    assert shipped.messages() == local.messages()
+    ex = local.stream_executor
+    assert shipped.stream_executor.variables == json.loads(json.dumps(ex.variables))
+    for name in ex.meta_info:
+        close(comparable(shipped.get_meta_info(name)), comparable(ex.meta_info[name]), name)
+
+
+@pytest.mark.parametrize("program,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
+def test_shipped_equals_client_side(remote, program, args):
+    local = program.run(backend=remote, temperature=0, ship=False, **args)
+    shipped = program.run(backend=remote, temperature=0, ship=True, **args)
+    same_state(shipped, local)
+    if program is constrained:
+        jsonschema.validate(json.loads(shipped["person"]), PERSON)
+
+
+def test_run_batch_ships_in_one_request(remote, monkeypatch):
+    items = [{"question": q} for q in ("Name a fruit.", "Name a river.", "Name a color.")]
+    local = chat_then_reuse.run_batch(items, backend=remote, temperature=0, ship=False)
+    paths = []
+    request = remote._request
+    monkeypatch.setattr(remote, "_request", lambda method, path, *a, **k: paths.append(path) or request(method, path,
+                                                                                                        *a, **k))
+    shipped = chat_then_reuse.run_batch(items, backend=remote, temperature=0)
+    assert paths == ["/run_program"] and all(isinstance(s, ShippedState) for s in shipped)
+    for a, b in zip(shipped, local):
+        same_state(a, b)
+
+
+def test_streamed_shipped_program(remote):
+    local = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", ship=False)
+    state = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True)
+    pieces = list(state.text_iter("a"))
+    assert "".join(pieces) == state["a"] == local["a"] and len(pieces) > 1
+
+
+@sgl.function
+def branches_on_answer(s):
+    s += "Is water wet? Answer yes or no:" + sgl.gen("x", max_tokens=3)
+    if s["x"].strip().lower().startswith("yes"):
+        s += " Good."
+    s += sgl.gen("more", max_tokens=3)
+
+
+def test_dynamic_program_runs_client_side_and_cannot_be_forced(remote):
+    state = branches_on_answer.run(backend=remote, temperature=0)
+    assert not isinstance(state, ShippedState) and "more" in state
+    with pytest.raises(DynamicProgramError, match=r"calls \.strip\(\) on the generated value 'x'") as e:
+        branches_on_answer.run(backend=remote, temperature=0, ship=True)
+    assert "test_shipped_programs.py" in e.value.where and "startswith" in e.value.where
+
+
+def test_malformed_programs_and_bad_sampling_are_400_with_the_path(url):
+    bad = {"format_version": 1, "nodes": [{"type": "text", "text": "Hi"},
+                                          {"type": "fork", "fork_id": 1, "branches": [[{"type": "gen", "name": "a",
+                                                                                        "dtype": "complex"}]]}]}
+    assert_error(requests.post(url + "/run_program", json={"program": bad}, timeout=30), 400,
+                 "program.nodes[1].branches[0][0].dtype")
+    wrong_temp = {"format_version": 1, "nodes": [{"type": "gen", "name": "a", "sampling": {"temperature": -1}}]}
+    assert_error(requests.post(url + "/run_program", json={"programs": [wrong_temp]}, timeout=30), 400,
+                 "programs[0].nodes[0].sampling.temperature")
+    assert_error(requests.post(url + "/run_program", json={"program": {"format_version": 9, "nodes": []}},
+                               timeout=30), 400, "program.format_version")
+
+
+def test_client_leaving_mid_program_frees_its_kv(url, engine):
+    program = {"format_version": 1, "nodes": [
+        {"type": "text", "text": "Count slowly:"},
+        {"type": "fork", "fork_id": 1, "branches": [
+            [{"type": "gen", "name": "c", "sampling": {"max_new_tokens": 4000, "ignore_eos": True}}]] * 2},
+        {"type": "join", "mode": "gather_variable"}]}
+    r = requests.post(url + "/run_program", json={"program": program, "stream": True}, stream=True, timeout=120)
+    assert r.status_code == 200
+    assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] >= 2, timeout=60)  # both branches decode
+    r.close()  # the client leaves long before 4000 tokens
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
