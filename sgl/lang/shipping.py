@@ -55,6 +55,34 @@ def replay(s: Any, nodes: list[ir.Expr], arguments: dict[str, str] | None = None
             s += node
 
 
+def leading_text(nodes: list[ir.Expr], template: Any) -> str:
+    """The text a program starts with before its first gen, select, fork or variable (roles
+    rendered with `template`, a ChatTemplate): what every run of it computes first."""
+    out, roles_seen = [], 0
+    for node in nodes:
+        if isinstance(node, ir.Text):
+            out.append(node.text)
+        elif isinstance(node, ir.RoleBegin):
+            out.append(template.role_prefix(node.role, first=roles_seen == 0))
+            roles_seen += 1
+        elif isinstance(node, ir.RoleEnd):
+            out.append(template.role_suffix(node.role))
+        elif not isinstance(node, (ir.VarScopeBegin, ir.VarScopeEnd)):
+            break
+    return "".join(out)
+
+
+def shared_prefix(texts: list[str]) -> str:
+    """The longest prefix all `texts` share."""
+    if not texts:
+        return ""
+    lo, hi = min(texts), max(texts)
+    n = 0
+    while n < len(lo) and lo[n] == hi[n]:
+        n += 1
+    return lo[:n]
+
+
 def _text_of(value: Any, name: str) -> str:
     if isinstance(value, str):
         return value

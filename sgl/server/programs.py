@@ -25,7 +25,7 @@ from sgl.lang import ir
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.interpreter import ProgramError, run_program, run_program_batch
 from sgl.lang.ir_json import IRFormatError, program_from_json
-from sgl.lang.shipping import replay
+from sgl.lang.shipping import leading_text, replay, shared_prefix
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
@@ -38,6 +38,7 @@ router = APIRouter(tags=["programs"])
 ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
 MAX_NODES = 20_000  # in one request, all programs and branches together
 MAX_PROGRAMS = 1024
+MAX_BRANCHES = 256  # of one fork: each branch is a state with its own worker
 DISCONNECT_POLL_S = 0.5
 
 
@@ -124,13 +125,23 @@ def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | Non
         except IRFormatError as e:
             raise APIError(400, f"{where}.{e.path}: {e.detail}", f"{where}.{e.path}") from e
         _check_gens(programs[-1], defaults, f"{where}.nodes")
-    if sum(_count(p) for p in programs) > MAX_NODES:
+    label = "program" if req.program is not None else "programs[{}]"
+    if sum(_count(p, f"{label.format(k)}.nodes") for k, p in enumerate(programs)) > MAX_NODES:
         raise APIError(400, f"the programs have more than {MAX_NODES} nodes together; split the request", "programs")
     return programs, args, defaults
 
 
-def _count(nodes: list[ir.Expr]) -> int:
-    return sum(1 + (sum(_count(b) for b in n.branches) if isinstance(n, ir.Fork) else 0) for n in nodes)
+def _count(nodes: list[ir.Expr], path: str) -> int:
+    """Nodes in the program, branches included; a fork wider than MAX_BRANCHES is a 400."""
+    total = 0
+    for i, n in enumerate(nodes):
+        total += 1
+        if isinstance(n, ir.Fork):
+            if len(n.branches) > MAX_BRANCHES:
+                raise APIError(400, f"a fork has at most {MAX_BRANCHES} branches, this one {len(n.branches)}",
+                               f"{path}[{i}].branches")
+            total += sum(_count(b, f"{path}[{i}].branches[{k}]") for k, b in enumerate(n.branches))
+    return total
 
 
 def _check_gens(nodes: list[ir.Expr], defaults: dict[str, Any], path: str) -> None:
@@ -171,6 +182,10 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
     def run() -> Any:
         if req.program is not None:
             return _result(run_program(replay, backend, (programs[0], args[0]), {}, defaults))
+        template = backend.chat_template()  # the batch's shared opening, computed into the cache once
+        prefix = shared_prefix([leading_text(p, template) for p in programs])
+        if len(programs) > 1 and prefix:
+            backend.cache_prefix(prefix)
         states = run_program_batch(replay, backend, [((p, a), {}) for p, a in zip(programs, args)], defaults)
         return [_error(s.error) if s.error is not None else _result(s) for s in states]
 

@@ -177,3 +177,10 @@ def test_client_leaving_mid_program_frees_its_kv(url, engine):
     assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] >= 2, timeout=60)  # both branches decode
     r.close()  # the client leaves long before 4000 tokens
     assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
+
+
+def test_programs_beyond_the_limits_are_refused(url):
+    wide = {"format_version": 1, "nodes": [{"type": "fork", "fork_id": 1, "branches": [[]] * 257}]}
+    assert_error(requests.post(url + "/run_program", json={"program": wide}, timeout=30), 400, "program.nodes[0].branches")
+    assert_error(requests.post(url + "/run_program", json={"programs": [{"format_version": 1, "nodes": []}] * 1025},
+                               timeout=30), 400, "programs")
