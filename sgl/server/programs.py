@@ -19,7 +19,6 @@ from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import Field
 
 from sgl.lang import ir
 from sgl.lang.backends.engine import EngineBackend
@@ -30,7 +29,7 @@ from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, error_body
-from sgl.server.protocol import ErrorResponse, _StrictLenient
+from sgl.server.protocol import ErrorResponse, RunProgramRequest
 from sgl.server.state import get_state
 from sgl.server.streaming import client_gone, sse, sse_response
 
@@ -40,15 +39,6 @@ MAX_NODES = 20_000  # in one request, all programs and branches together
 MAX_PROGRAMS = 1024
 MAX_BRANCHES = 256  # of one fork: each branch is a state with its own worker
 DISCONNECT_POLL_S = 0.5
-
-
-class RunProgramRequest(_StrictLenient):
-    program: dict[str, Any] | None = Field(None, description="One program's IR: {format_version, nodes}.")
-    programs: list[dict[str, Any]] | None = Field(None, description="A batch of programs, run concurrently.")
-    arguments: dict[str, Any] | list[dict[str, Any]] | None = Field(
-        None, description="Values of the IR's argument nodes: one object, or one per program.")
-    sampling: dict[str, Any] | None = Field(None, description="The run's sampling and logprob defaults.")
-    stream: bool = Field(False, description="One program: SSE events {var, text}, then {result}.")
 
 
 class CancellableBackend(EngineBackend):

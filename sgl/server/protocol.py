@@ -141,6 +141,17 @@ class ProfileReqInput(_StrictLenient):
     with_stack: bool = False
 
 
+class RunProgramRequest(_StrictLenient):
+    """`POST /run_program`: shipped programs (see sgl.server.programs and sgl.lang.ir_json)."""
+
+    program: dict[str, Any] | None = Field(None, description="One program's IR: {format_version, nodes}.")
+    programs: list[dict[str, Any]] | None = Field(None, description="A batch of programs, run concurrently.")
+    arguments: dict[str, Any] | list[dict[str, Any]] | None = Field(
+        None, description="Values of the IR's argument nodes: one object, or one per program.")
+    sampling: dict[str, Any] | None = Field(None, description="The run's sampling and logprob defaults.")
+    stream: bool = Field(False, description="One program: SSE events {var, text}, then {result}.")
+
+
 class ChatRoles(BaseModel):
     prefix: dict[str, str]
     suffix: dict[str, str]
