@@ -317,7 +317,8 @@ class SglFunction:
         if ship not in ("auto", True, False):
             raise ValueError(f"ship must be 'auto', True or False, got {ship!r}")
         runner = getattr(backend, "run_program", None)
-        if ship is False or (runner is None and ship == "auto"):
+        # (auto keeps streamed runs client-side: there each piece comes with its gen's meta so far)
+        if ship is False or (ship == "auto" and (runner is None or stream)):
             return None
         if runner is None:
             raise ValueError(f"ship=True: the {type(backend).__name__} backend cannot run programs server-side "

@@ -16,6 +16,7 @@ start from a cache hit: the IR's fork points are the cache plan.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -179,6 +180,17 @@ class ShippedState:
         if self._result is not None and not self._pieces:  # not streamed: the whole value once
             yield self.get_var(var_name) if var_name is not None else self._result["text"]
         self.sync()
+
+    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Any:
+        """`text_iter` for asyncio; with `return_meta_data`, (piece, None): a shipped stream
+        carries text only (the meta info comes with the result)."""
+        it = self.text_iter(var_name)
+        done = object()
+        while True:
+            piece = await asyncio.to_thread(next, it, done)
+            if piece is done:
+                return
+            yield (piece, None) if return_meta_data else piece
 
     def __repr__(self) -> str:
         state = "running" if not self._done.is_set() else "failed" if self.error else "done"

@@ -132,9 +132,12 @@ def test_run_batch_ships_in_one_request(remote, monkeypatch):
 
 def test_streamed_shipped_program(remote):
     local = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", ship=False)
-    state = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True)
+    state = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True, ship=True)
     pieces = list(state.text_iter("a"))
+    assert isinstance(state, ShippedState)
     assert "".join(pieces) == state["a"] == local["a"] and len(pieces) > 1
+    auto = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True)
+    assert not isinstance(auto, ShippedState)  # streamed runs stay client-side unless asked: meta per piece
 
 
 @sgl.function
