@@ -76,7 +76,8 @@ def main() -> None:
     results = {"dtype": args.dtype, "device": args.device, "where": where, "shapes": {}}
     rows_out = []
     for name, shape in (CUDA_SHAPES if cuda else SHAPES).items():
-        moe, dense = (m.to(args.device) for m in layers(*shape, dtype))
+        moe, dense = layers(*shape, dtype)
+        moe, dense = moe.to(args.device), dense.to(args.device)
         per_rows = results["shapes"][name] = {}
         for n in map(int, args.rows.split(",")):
             x = torch.randn(n, shape[0], device=args.device).to(dtype)
