@@ -5,8 +5,8 @@ Body: `{"program": IR}` or `{"programs": [IR, ...]}` (a batch, run concurrently)
 (values of `argument` nodes; one object, or one per program), `"sampling"` (the run's
 defaults, as `f.run(temperature=...)` takes them) and `"stream"` (one program: SSE events
 `{"var", "text"}` as pieces are produced, then `{"result": ...}`). A result is
-`{"text", "messages", "variables", "meta_info"}`; in a batch, a failed program's is
-`{"error": {...}}`. Malformed IR is a 400 naming the node path; every gen's sampling is
+`{"text", "messages", "variables", "meta_info", "usage"}` (`usage`: the program's gens'
+calls, prompt and completion tokens); in a batch, a failed program's is `{"error": {...}}`. Malformed IR is a 400 naming the node path; every gen's sampling is
 checked as /generate checks it, before anything runs. A client that disconnects cancels the
 program: its states' sessions are closed, which aborts their running generations.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Iterator
 
 from fastapi import APIRouter, Request
@@ -22,7 +23,7 @@ from fastapi.responses import Response
 
 from sgl.lang import ir
 from sgl.lang.backends.engine import EngineBackend
-from sgl.lang.interpreter import ProgramError, run_program, run_program_batch
+from sgl.lang.interpreter import ProgramError, run_program
 from sgl.lang.ir_json import IRFormatError, program_from_json
 from sgl.lang.shipping import leading_text, replay, shared_prefix
 from sgl.runtime.errors import InvalidRequestError
@@ -154,6 +155,16 @@ def _result(state: Any) -> dict[str, Any]:
             "meta_info": dict(ex.meta_info)}
 
 
+def _error_of(future: Any) -> dict[str, Any] | None:
+    """A batch item's error body, or None if it ran."""
+    e = future.exception()
+    if e is None:
+        return None
+    if not isinstance(e, ProgramError):
+        raise e
+    return _error(e)
+
+
 def _error(e: BaseException) -> dict[str, Any]:
     cause = e.__cause__ if isinstance(e, ProgramError) and e.__cause__ is not None else e
     if isinstance(cause, InvalidRequestError):
@@ -165,19 +176,30 @@ def _error(e: BaseException) -> dict[str, Any]:
 async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Response:
     """Run a shipped program (or a batch of them) on the server's engine; see the module doc."""
     programs, args, defaults = _parse(req)
-    backend = CancellableBackend(get_state(request).engine)
+    engine = get_state(request).engine
+    backends = [CancellableBackend(engine) for _ in programs]  # one per program: its usage, and cancel all
+
+    def cancel() -> None:
+        for b in backends:
+            b.cancel()
+
     if req.stream:
-        return sse_response(request, _stream(backend, programs[0], args[0], defaults), backend.cancel)
+        return sse_response(request, _stream(backends[0], programs[0], args[0], defaults), cancel)
+
+    def run_one(k: int) -> dict[str, Any]:
+        state = run_program(replay, backends[k], (programs[k], args[k]), {}, defaults)
+        return {**_result(state), "usage": backends[k].token_usage.snapshot()}
 
     def run() -> Any:
         if req.program is not None:
-            return _result(run_program(replay, backend, (programs[0], args[0]), {}, defaults))
-        template = backend.chat_template()  # the batch's shared opening, computed into the cache once
+            return run_one(0)
+        template = backends[0].chat_template()  # the batch's shared opening, computed into the cache once
         prefix = shared_prefix([leading_text(p, template) for p in programs])
         if len(programs) > 1 and prefix:
-            backend.cache_prefix(prefix)
-        states = run_program_batch(replay, backend, [((p, a), {}) for p, a in zip(programs, args)], defaults)
-        return [_error(s.error) if s.error is not None else _result(s) for s in states]
+            backends[0].cache_prefix(prefix)
+        with ThreadPoolExecutor(max_workers=min(64, len(programs)), thread_name_prefix="sgl-run-program") as pool:
+            futures = [pool.submit(run_one, k) for k in range(len(programs))]
+        return [_error_of(f) or f.result() for f in futures]
 
     task = asyncio.ensure_future(asyncio.to_thread(run))
     while True:
@@ -185,7 +207,7 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
         if done:
             break
         if await request.is_disconnected():
-            backend.cancel()  # its generations abort, so the worker thread ends soon
+            cancel()  # their generations abort, so the worker threads end soon
             return client_gone()
     try:
         return JSONBody(task.result())
@@ -214,4 +236,4 @@ async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: 
     except ProgramError as e:
         yield sse(_error(e))
         return
-    yield sse({"result": _result(state)})
+    yield sse({"result": {**_result(state), "usage": backend.token_usage.snapshot()}})

@@ -73,9 +73,15 @@ PROGRAMS = [(chat_then_reuse, {"question": "Name a planet."}), (constrained, {})
             (forks_both_modes, {"topic": "the moon"})]
 @pytest.mark.parametrize("program,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
 def test_shipped_equals_client_side(remote, program, args):
+    remote.token_usage.reset()
     local = program.run(backend=remote, temperature=0, ship=False, **args)
+    client_side_usage = remote.token_usage.snapshot()
+    remote.token_usage.reset()
     shipped = program.run(backend=remote, temperature=0, ship=True, **args)
     same_state(shipped, local)
+    shipped_usage = remote.token_usage.snapshot()  # the server counted every gen, unnamed and in branches too
+    assert (shipped_usage["calls"], shipped_usage["completion_tokens"]) == \
+        (client_side_usage["calls"], client_side_usage["completion_tokens"])
     if program is constrained:
         jsonschema.validate(json.loads(shipped["person"]), PERSON)
 

@@ -30,6 +30,12 @@ class TokenUsage:
             self.prompt_tokens += int(usage.get("prompt_tokens") or 0)
             self.completion_tokens += int(usage.get("completion_tokens") or 0)
 
+    def merge(self, counts: dict[str, Any]) -> None:
+        """Add another counter's `snapshot()` (a shipped program's, counted by the server)."""
+        with self._lock:
+            for key in ("calls", "prompt_tokens", "completion_tokens", "retries"):
+                setattr(self, key, getattr(self, key) + int(counts.get(key) or 0))
+
     def retried(self) -> None:
         with self._lock:
             self.retries += 1

@@ -129,9 +129,11 @@ class RuntimeEndpoint(TokenScoringBackend):
                               stream=True)
             return [ShippedState(events=_sse_events(r))]
         if len(programs) == 1:
-            return [ShippedState(result=self._request("POST", "/run_program",
-                                                      {"program": programs[0], "sampling": sampling}))]
-        results = self._request("POST", "/run_program", {"programs": programs, "sampling": sampling})
+            results = [self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling})]
+        else:
+            results = self._request("POST", "/run_program", {"programs": programs, "sampling": sampling})
+        for r in results:  # the server counted every gen of the program, as the interpreter does here
+            self.token_usage.merge(r.get("usage") or {})
         return [ShippedState(result=r) if "error" not in r else _failed(r["error"]) for r in results]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
