@@ -409,6 +409,16 @@ class StreamExecutor:
         self.raise_error()
 
 
+async def iterate_in_thread(it: Iterator[Any]) -> AsyncIterator[Any]:
+    """A blocking iterator's items for asyncio, each `next` on a worker thread."""
+    done = object()
+    while True:
+        item = await asyncio.to_thread(next, it, done)
+        if item is done:
+            return
+        yield item
+
+
 class _Call(ir.Expr):
     """Run a function on the executor's thread, in order with the expressions (internal)."""
 
@@ -505,12 +515,7 @@ class ProgramState(StateBuilder):
         """`text_iter` for asyncio. With `return_meta_data` (give `var_name`) each item is
         (text, meta): the generation's meta info so far (completion tokens, and logprobs when
         asked for, up to this piece); without streaming, the final value and meta once."""
-        it = self._pieces(var_name)
-        done = object()
-        while True:
-            item = await asyncio.to_thread(next, it, done)
-            if item is done:
-                return
+        async for item in iterate_in_thread(self._pieces(var_name)):
             yield item if return_meta_data else item[0]
 
     def __repr__(self) -> str:

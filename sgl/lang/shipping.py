@@ -16,13 +16,12 @@ start from a cache hit: the IR's fork points are the cache plan.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from types import SimpleNamespace
 from typing import Any, Iterator
 
 from sgl.lang import ir
-from sgl.lang.interpreter import ProgramError
+from sgl.lang.interpreter import ProgramError, iterate_in_thread
 
 
 def replay(s: Any, nodes: list[ir.Expr], arguments: dict[str, str] | None = None,
@@ -184,12 +183,7 @@ class ShippedState:
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Any:
         """`text_iter` for asyncio; with `return_meta_data`, (piece, None): a shipped stream
         carries text only (the meta info comes with the result)."""
-        it = self.text_iter(var_name)
-        done = object()
-        while True:
-            piece = await asyncio.to_thread(next, it, done)
-            if piece is done:
-                return
+        async for piece in iterate_in_thread(self.text_iter(var_name)):
             yield (piece, None) if return_meta_data else piece
 
     def __repr__(self) -> str:

@@ -16,14 +16,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Iterator
+from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from sgl.lang import ir
 from sgl.lang.backends.engine import EngineBackend
-from sgl.lang.interpreter import ProgramError, run_program
+from sgl.lang.interpreter import ProgramError, iterate_in_thread, run_program
 from sgl.lang.ir_json import IRFormatError, program_from_json
 from sgl.lang.shipping import leading_text, replay, shared_prefix
 from sgl.runtime.errors import InvalidRequestError
@@ -219,19 +219,9 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
 async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: dict | None,
                   defaults: dict[str, Any]) -> AsyncIterator[str]:
     state = await asyncio.to_thread(run_program, replay, backend, (nodes, arguments), {}, defaults, True)
-    events: Iterator = state.stream_executor.events()
-    done = object()
-    while True:
-        try:
-            item = await asyncio.to_thread(next, events, done)
-        except ProgramError as e:
-            yield sse(_error(e))
-            return
-        if item is done:
-            break
-        var, text, _meta = item
-        yield sse({"var": var, "text": text})
     try:
+        async for var, text, _meta in iterate_in_thread(state.stream_executor.events()):
+            yield sse({"var": var, "text": text})
         await asyncio.to_thread(state.sync)
     except ProgramError as e:
         yield sse(_error(e))

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import requests
 
 from sgl.lang.backends.base import TokenUsage
-from sgl.lang.backends.runtime_endpoint import RemoteError
+from sgl.lang.backends.runtime_endpoint import RemoteError, sse_events
 
 RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 
@@ -101,17 +101,7 @@ class Http:
         r = self.request("POST", self.base_url + path, body, stream=True)
         usage = None
         try:
-            for line in r.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data:"):
-                    continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    err = chunk["error"]
-                    raise RemoteError(f"{path} stream: {err.get('message', err) if isinstance(err, dict) else err}",
-                                      500, err.get("param") if isinstance(err, dict) else None)
+            for chunk in sse_events(r, f"{path} stream"):
                 usage = chunk.get("usage") or usage
                 yield chunk
         finally:

@@ -100,16 +100,7 @@ class RuntimeEndpoint(TokenScoringBackend):
         r = self._generate_request(body, session, stream=True)
         seen = ""
         try:
-            for line in r.iter_lines(decode_unicode=True):
-                if not line or not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    err = chunk["error"]
-                    raise RemoteError(f"/generate stream: {err.get('message', err)}", 500, err.get("param"))
+            for chunk in sse_events(r, "/generate stream"):
                 full = chunk["text"]  # cumulative, as SGLang's /generate streams it (logprobs too)
                 yield full[len(seen) :], chunk["meta_info"]
                 seen = full
@@ -127,7 +118,7 @@ class RuntimeEndpoint(TokenScoringBackend):
         if stream:
             r = self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling, "stream": True},
                               stream=True)
-            return [ShippedState(events=_sse_events(r))]
+            return [ShippedState(events=sse_events(r, "/run_program"))]
         if len(programs) == 1:
             results = [self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling})]
         else:
@@ -236,8 +227,9 @@ class Runtime:
         self.shutdown()
 
 
-def _sse_events(r: requests.Response) -> Iterator[dict[str, Any]]:
-    """The `data:` objects of a server-sent event stream; an error event raises RemoteError."""
+def sse_events(r: requests.Response, what: str) -> Iterator[dict[str, Any]]:
+    """The `data:` objects of a server-sent event stream up to `[DONE]`; an error event
+    raises RemoteError (`what` names the call). The connection closes when it ends."""
     try:
         for line in r.iter_lines(decode_unicode=True):
             if not line or not line.startswith("data:"):
@@ -248,7 +240,8 @@ def _sse_events(r: requests.Response) -> Iterator[dict[str, Any]]:
             event = json.loads(data)
             if "error" in event:
                 err = event["error"]
-                raise RemoteError(f"/run_program: {err.get('message', err)}", err.get("code") or 500, err.get("param"))
+                info = err if isinstance(err, dict) else {"message": err}
+                raise RemoteError(f"{what}: {info.get('message', err)}", info.get("code") or 500, info.get("param"))
             yield event
     finally:
         r.close()
