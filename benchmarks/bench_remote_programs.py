@@ -4,15 +4,17 @@ The programs of `bench_programs.py` (a few-shot gen, a 4-way fork over a documen
 `run_batch` of the few-shot program over 16 items) and a 5-gen few-shot program, run on one
 engine three ways: in process, through `RuntimeEndpoint` with the interpreter on the client
 (`ship=False`: one HTTP request per gen, plus a session opened and closed), and shipped
-(`ship=True`: one `/run_program` request). Remote runs go through a small proxy on 127.0.0.1
-that holds each request for 0, 10 or 50 ms before forwarding it, standing in for the network
-between two hosts. Greedy; the median of `--runs` runs per cell, modes interleaved.
+(`ship=True`: one `/run_program` request). At 0 ms the client talks to the server directly
+(loopback); for 10 and 50 ms it goes through a small proxy on 127.0.0.1 that holds each
+request that long before forwarding it, standing in for the network between two hosts. Greedy; the median of `--runs` runs per cell, modes interleaved.
 
     .venv/bin/python benchmarks/bench_remote_programs.py [--runs 5] [--delays 0,10,50]
 
 Targets (issue 17): shipped within 5% of in-process at loopback; at 50 ms, shipped >= 3x
-faster than client-side for the 5-gen program and for run_batch. Results:
-results/remote_programs.json.
+faster than client-side for the 5-gen program and for run_batch. `requests_per_run` counts
+the HTTP requests of one run of each: a program that makes k requests one after another
+cannot gain more than (t + k*d) / (t + d) from shipping, t being its compute time and d the
+delay. Results: results/remote_programs.json.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class DelayProxy:
 
     def __init__(self, target: str, delay_s: float) -> None:
         self.target, self.delay_s = target, delay_s
+        self.requests = 0  # forwarded so far
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -72,6 +75,7 @@ class DelayProxy:
         from aiohttp import ClientSession, web
 
         async def forward(request: web.Request) -> web.StreamResponse:
+            self.requests += 1
             await asyncio.sleep(self.delay_s)
             body = await request.read()
             async with ClientSession() as client, client.request(
@@ -123,8 +127,8 @@ def main() -> None:
     results: dict[str, Any] = {"engine": {"dtype": str(engine.dtype)}, "runs": args.runs, "programs": {}}
     rows = []
     with ServerThread(create_app(engine, "default")) as url:
-        proxies = {d: DelayProxy(url, d / 1000) for d in delays}
-        remotes = {d: sgl.RuntimeEndpoint(p.url) for d, p in proxies.items()}
+        counter = DelayProxy(url, 0)  # counts one run's requests; timed runs at 0 ms go straight to the server
+        remotes = {d: sgl.RuntimeEndpoint(DelayProxy(url, d / 1000).url if d else url) for d in delays}
         for name, run in PROGRAMS.items():
             modes: dict[str, Callable[[], Any]] = {"in_process": lambda run=run: run(local, {})}
             for d in delays:
@@ -132,24 +136,31 @@ def main() -> None:
                 modes[f"shipped_{d}ms"] = lambda run=run, d=d: run(remotes[d], {"ship": True})
             for fn in modes.values():  # warm-up: caches, first compile of constraints
                 timed(fn)
+            counting = sgl.RuntimeEndpoint(counter.url)
+            requests_per_run = {}
+            for side, ship in (("client_side", False), ("shipped", True)):
+                before = counter.requests
+                timed(lambda: run(counting, {"ship": ship}))
+                requests_per_run[side] = counter.requests - before
             times: dict[str, list[float]] = {m: [] for m in modes}
             for _ in range(args.runs):  # interleaved: the machine drifts
                 for m, fn in modes.items():
                     times[m].append(timed(fn))
             med = {m: statistics.median(t) for m, t in times.items()}
-            entry = {"median_s": {m: round(v, 4) for m, v in med.items()}}
+            entry = {"median_s": {m: round(v, 4) for m, v in med.items()}, "requests_per_run": requests_per_run}
             entry["shipped_vs_in_process_0ms"] = round(med["shipped_0ms"] / med["in_process"], 3) if 0 in delays else None
             entry["client_side_over_shipped"] = {f"{d}ms": round(med[f"client_side_{d}ms"] / med[f"shipped_{d}ms"], 2)
                                                  for d in delays}
             results["programs"][name] = entry
             for d in delays:
-                rows.append((name, f"{d} ms", f"{med['in_process']:.3f}", f"{med[f'client_side_{d}ms']:.3f}",
+                rows.append((name, f"{requests_per_run['client_side']}/{requests_per_run['shipped']}", f"{d} ms",
+                             f"{med['in_process']:.3f}", f"{med[f'client_side_{d}ms']:.3f}",
                              f"{med[f'shipped_{d}ms']:.3f}", entry["client_side_over_shipped"][f"{d}ms"],
                              f"{med[f'shipped_{d}ms'] / med['in_process']:.2f}"))
     engine.shutdown()
     print_table(f"Programs in process vs remote (client-side interpreter vs shipped IR), {engine.dtype}, "
                 f"median of {args.runs}", rows,
-                ("program", "added delay", "in process s", "client-side s", "shipped s", "client/shipped",
+                ("program", "requests client/shipped", "added delay", "in process s", "client-side s", "shipped s", "client/shipped",
                  "shipped/in-process"))
     write_result("remote_programs", results)
 

@@ -333,7 +333,12 @@ class SglFunction:
                 raise
             logger.info("%s runs client-side: %s", self.func.__name__, e)
             return None
+        from sgl.lang.shipping import batch_template
+
+        template = batch_template(self, items, programs) if len(items) > 1 else None
         try:
+            if template is not None:  # one program and each item's argument values
+                return runner([template[0]], defaults, stream, arguments=template[1])
             return runner(programs, defaults, stream)
         except ValueError as e:  # the server refused it (a 400 names the field)
             raise ProgramError(f"{self.func.__name__}: {e}") from e

@@ -2,7 +2,8 @@
 engine with the same interpreter as in process, in one round trip.
 
 Body: `{"program": IR}` or `{"programs": [IR, ...]}` (a batch, run concurrently), `"arguments"`
-(values of `argument` nodes; one object, or one per program), `"sampling"` (the run's
+(values of `argument` nodes; one object, or one per program; a list with one program is the
+batch form: that program once per argument set, concurrently), `"sampling"` (the run's
 defaults, as `f.run(temperature=...)` takes them) and `"stream"` (one program: SSE events
 `{"var", "text"}` as pieces are produced, then `{"result": ...}`). A result is
 `{"text", "messages", "variables", "meta_info", "usage"}` (`usage`: the program's gens'
@@ -96,14 +97,19 @@ def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | Non
     """(each program's nodes, its arguments, the defaults), or APIError 400 naming the field."""
     if (req.program is None) == (req.programs is None):
         raise APIError(400, "give exactly one of program and programs", "program")
-    raw = [req.program] if req.program is not None else req.programs
-    if len(raw) > MAX_PROGRAMS:
-        raise APIError(400, f"at most {MAX_PROGRAMS} programs per request; split the batch", "programs")
-    if req.stream and req.programs is not None:
-        raise APIError(400, "stream takes one program; send a batch without stream", "stream")
-    args = req.arguments if isinstance(req.arguments, list) else [req.arguments] * len(raw)
-    if len(args) != len(raw):
-        raise APIError(400, f"arguments has {len(args)} entries for {len(raw)} programs", "arguments")
+    if req.program is not None and isinstance(req.arguments, list):  # the batch form: one program, many sets
+        if len(req.arguments) > MAX_PROGRAMS:
+            raise APIError(400, f"at most {MAX_PROGRAMS} argument sets per request; split the batch", "arguments")
+        raw, args = [req.program], req.arguments
+    else:
+        raw = [req.program] if req.program is not None else req.programs
+        if len(raw) > MAX_PROGRAMS:
+            raise APIError(400, f"at most {MAX_PROGRAMS} programs per request; split the batch", "programs")
+        args = req.arguments if isinstance(req.arguments, list) else [req.arguments] * len(raw)
+        if len(args) != len(raw):
+            raise APIError(400, f"arguments has {len(args)} entries for {len(raw)} programs", "arguments")
+    if req.stream and not _is_single(req):
+        raise APIError(400, "stream takes one program and one argument set; send a batch without stream", "stream")
     defaults = dict(req.sampling or {})
     unknown = sorted(set(defaults) - set(ir.SAMPLING_KEYS) - set(ir.LOGPROB_KEYS))
     if unknown:
@@ -117,9 +123,15 @@ def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | Non
             raise APIError(400, f"{where}.{e.path}: {e.detail}", f"{where}.{e.path}") from e
         _check_gens(programs[-1], defaults, f"{where}.nodes")
     label = "program" if req.program is not None else "programs[{}]"
-    if sum(_count(p, f"{label.format(k)}.nodes") for k, p in enumerate(programs)) > MAX_NODES:
+    nodes = sum(_count(p, f"{label.format(k)}.nodes") for k, p in enumerate(programs))
+    if nodes * (len(args) if req.program is not None else 1) > MAX_NODES:
         raise APIError(400, f"the programs have more than {MAX_NODES} nodes together; split the request", "programs")
-    return programs, args, defaults
+    return programs * (len(args) if req.program is not None else 1), args, defaults
+
+
+def _is_single(req: RunProgramRequest) -> bool:
+    """One program run once: answered with one result (else a list, in order)."""
+    return req.program is not None and not isinstance(req.arguments, list)
 
 
 def _count(nodes: list[ir.Expr], path: str) -> int:
@@ -191,8 +203,10 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
         return {**_result(state), "usage": backends[k].token_usage.snapshot()}
 
     def run() -> Any:
-        if req.program is not None:
+        if _is_single(req):
             return run_one(0)
+        if not programs:
+            return []
         template = backends[0].chat_template()  # the batch's shared opening, computed into the cache once
         prefix = shared_prefix([leading_text(p, template) for p in programs])
         if len(programs) > 1 and prefix:

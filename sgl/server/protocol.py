@@ -147,7 +147,8 @@ class RunProgramRequest(_StrictLenient):
     program: dict[str, Any] | None = Field(None, description="One program's IR: {format_version, nodes}.")
     programs: list[dict[str, Any]] | None = Field(None, description="A batch of programs, run concurrently.")
     arguments: dict[str, Any] | list[dict[str, Any]] | None = Field(
-        None, description="Values of the IR's argument nodes: one object, or one per program.")
+        None, description="Values of the IR's argument nodes: one object, or one per program; a list with "
+                          "`program` runs that program once per object (the batch form, answered with a list).")
     sampling: dict[str, Any] | None = Field(None, description="The run's sampling and logprob defaults.")
     stream: bool = Field(False, description="One program: SSE events {var, text}, then {result}.")
 

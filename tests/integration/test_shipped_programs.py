@@ -99,6 +99,64 @@ def test_run_batch_ships_in_one_request(remote, monkeypatch):
         same_state(a, b)
 
 
+def _bodies(remote, monkeypatch) -> list:
+    """The /run_program bodies the backend sends from now on."""
+    sent, request = [], remote._request
+    monkeypatch.setattr(remote, "_request", lambda method, path, body=None, *a, **k: (
+        sent.append(body) if path == "/run_program" else None) or request(method, path, body, *a, **k))
+    return sent
+
+
+@sgl.function
+def numbered_question(s, question, n):
+    s += sgl.user(f"Question {n}: {question}")
+    s += sgl.assistant(sgl.gen("a", max_tokens=10))
+    two = s.fork(2)
+    two += lambda i: f"\nAbout {question} ({i}):" + sgl.gen("b", max_tokens=4)
+    two.join()
+
+
+@sgl.function
+def greets_by_language(s, lang, name):
+    s += ("Bonjour " if lang == "fr" else "Hello ") + name + "." + sgl.gen("a", max_tokens=6)
+
+
+def test_run_batch_ships_one_program_with_argument_sets(remote, monkeypatch):
+    items = [{"question": q, "n": n} for n, q in enumerate(("Name a fruit.", "Name a river.", "Name a color."))]
+    local = numbered_question.run_batch(items, backend=remote, temperature=0, ship=False)
+    sent = _bodies(remote, monkeypatch)
+    shipped = numbered_question.run_batch(items, backend=remote, temperature=0)
+    assert len(sent) == 1 and "programs" not in sent[0]
+    assert sent[0]["arguments"] == [{"n": i["n"], "question": i["question"]} for i in items]
+    for a, b in zip(shipped, local):
+        same_state(a, b)
+    # a program whose text depends on an argument's value is shipped one program per item
+    items = [{"lang": "fr", "name": "Ada"}, {"lang": "en", "name": "Bob"}]
+    local = greets_by_language.run_batch(items, backend=remote, temperature=0, ship=False)
+    shipped = greets_by_language.run_batch(items, backend=remote, temperature=0)
+    assert len(sent) == 2 and len(sent[1]["programs"]) == 2 and "Bonjour" in shipped[0].text()
+    for a, b in zip(shipped, local):
+        same_state(a, b)
+
+
+def test_batch_form_edges(url):
+    program = {"format_version": 1, "nodes": [{"type": "text", "text": "Say "}, {"type": "argument", "name": "w"},
+                                              {"type": "gen", "name": "a", "sampling": {"max_new_tokens": 2}}]}
+    for body in ({"programs": []}, {"program": program, "arguments": []}):
+        r = requests.post(url + "/run_program", json=body, timeout=30)
+        assert r.status_code == 200 and r.json() == []
+    r = requests.post(url + "/run_program", json={"program": program, "arguments": [{"w": "hi"}, {"w": 3}, {}]},
+                      timeout=60)
+    assert r.status_code == 200
+    first, second, third = r.json()
+    assert first["text"].startswith("Say hi") and second["text"].startswith("Say 3")
+    assert third["error"]["code"] == 400 and "'w'" in third["error"]["message"]
+    assert_error(requests.post(url + "/run_program", json={"program": program, "arguments": [{"w": "x"}] * 1025},
+                               timeout=30), 400, "arguments")
+    assert_error(requests.post(url + "/run_program", json={"program": program, "arguments": [{"w": "x"}],
+                                                           "stream": True}, timeout=30), 400, "stream")
+
+
 def test_streamed_shipped_program(remote):
     local = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", ship=False)
     state = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True, ship=True)
@@ -156,3 +214,42 @@ def test_programs_beyond_the_limits_are_refused(url):
     assert_error(requests.post(url + "/run_program", json={"program": wide}, timeout=30), 400, "program.nodes[0].branches")
     assert_error(requests.post(url + "/run_program", json={"programs": [{"format_version": 1, "nodes": []}] * 1025},
                                timeout=30), 400, "programs")
+
+
+LONG_OPENING = "Notes on the harbour town, kept by the lighthouse keeper over one winter. " * 12
+
+
+@sgl.function
+def fork_over_notes(s, n):
+    s += LONG_OPENING
+    branches = s.fork(n)
+    branches += lambda i: f"\nQuestion {i}: what is kept?\nAnswer:" + sgl.gen("a", max_tokens=3)
+    branches.join()
+
+
+@sgl.function
+def question_on_notes(s, q):
+    s += LONG_OPENING + f"\nQuestion {q}:" + sgl.gen("a", max_tokens=3)
+
+
+def _computed(engine, run) -> tuple[int, int]:
+    """(prompt tokens the engine computed, prompt tokens it found cached) while `run` ran."""
+    before = engine.get_server_info()
+    run()
+    after = engine.get_server_info()
+    return after["prefill_tokens"] - before["prefill_tokens"], after["cached_tokens"] - before["cached_tokens"]
+
+
+def test_shared_prefixes_are_computed_once(url, engine, remote):
+    """The cache plan: a shipped fork's prefix and a shipped batch's shared opening are
+    computed once; the other branches and items find them in the prefix cache."""
+    opening = len(engine.encode(LONG_OPENING))
+    assert wait_until(lambda: kv_whole(url), timeout=60)  # an empty cache: nothing is found from earlier tests
+    computed, cached = _computed(engine, lambda: fork_over_notes.run(n=4, backend=remote, temperature=0,
+                                                                     ship=True).sync())
+    assert computed < 2 * opening and cached >= 3 * (opening - 2), (computed, cached, opening)
+    assert wait_until(lambda: kv_whole(url), timeout=60)
+    items = [{"q": q} for q in range(6)]
+    computed, cached = _computed(engine, lambda: [s.sync() for s in question_on_notes.run_batch(
+        items, backend=remote, temperature=0, ship=True)])
+    assert computed < 2 * opening and cached >= 6 * (opening - 2), (computed, cached, opening)

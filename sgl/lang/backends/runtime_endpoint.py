@@ -109,9 +109,11 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     # ------------------------------------------------------------------ shipped programs
 
-    def run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool = False) -> list:
+    def run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool = False,
+                    arguments: list[dict[str, Any]] | None = None) -> list:
         """Run static programs (IR JSON, `sgl.lang.ir_json`) on the server in one request:
-        a `ShippedState` each (streamed: one program, read as the server sends it)."""
+        a `ShippedState` each (streamed: one program, read as the server sends it). With
+        `arguments`, the one program runs once per argument set (the batch form)."""
         from sgl.lang.shipping import ShippedState
 
         sampling = {k: v for k, v in defaults.items() if v is not None}
@@ -119,7 +121,10 @@ class RuntimeEndpoint(TokenScoringBackend):
             r = self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling, "stream": True},
                               stream=True)
             return [ShippedState(events=sse_events(r, "/run_program"))]
-        if len(programs) == 1:
+        if arguments is not None:
+            results = self._request("POST", "/run_program", {"program": programs[0], "arguments": arguments,
+                                                             "sampling": sampling})
+        elif len(programs) == 1:
             results = [self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling})]
         else:
             results = self._request("POST", "/run_program", {"programs": programs, "sampling": sampling})
