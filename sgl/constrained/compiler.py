@@ -29,7 +29,7 @@ from sgl.constrained.vocab import TokenVocabulary
 
 __all__ = ["GrammarCompiler", "KINDS"]
 
-KINDS = ("regex", "json_schema", "json_object", "ebnf")
+KINDS = ("regex", "json_schema", "json_object", "ebnf", "structural_tag")
 # A JSON schema's regex automaton gets this much CPU time to build before the grammar route is taken
 # (with an isolated builder; in process there is no limit). The grammar route compiles MaskBench's
 # schemas in under 0.6 s, so a timed-out attempt plus the grammar stays under 1 s.
@@ -137,6 +137,12 @@ class GrammarCompiler:
             raise GrammarError(f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}", str(kind))
         if kind == "json_object":
             return kind, ""
+        if kind == "structural_tag":
+            from sgl.constrained.structural import load_structural_tag
+
+            load_structural_tag(spec)  # a bad tag fails here, naming its field
+            tag = json.loads(spec) if isinstance(spec, str) else spec
+            return kind, json.dumps(tag, separators=(",", ":"), ensure_ascii=False)
         if kind == "json_schema":
             from sgl.constrained.json_schema import load_schema
 
@@ -177,6 +183,8 @@ class GrammarCompiler:
                     self._cache.popitem(last=False)
 
     def _build(self, kind: str, normalized: str, spec: Any) -> Grammar:
+        if kind == "structural_tag":
+            return self._build_structural_tag(normalized)
         if self._external is not None:
             return self._external.build(kind, normalized)
         if kind in ("ebnf", "json_object"):
@@ -194,6 +202,15 @@ class GrammarCompiler:
             check_size(rx, "regex", "the regex")
             return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex", builder=self._builder)
         return self._build_json_schema(normalized)
+
+    def _build_structural_tag(self, normalized: str) -> Grammar:
+        """Free text with constrained segments, as one grammar (see `structural`). Built by
+        sgl's grammar engine whatever the backend: the external ones take other forms of it."""
+        from sgl.constrained import ebnf
+        from sgl.constrained.structural import load_structural_tag, structural_tag_rules
+
+        rules = structural_tag_rules(load_structural_tag(normalized))
+        return ebnf.EbnfGrammar(normalized, self.vocab, rules=rules, kind="structural_tag")
 
     def _build_json_schema(self, normalized: str) -> Grammar:
         """The regex route (precomputed masks: the fastest to decode) when its automaton is

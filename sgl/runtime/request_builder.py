@@ -133,6 +133,8 @@ def constraint_of(p: SamplingParams) -> tuple[str, Any] | None:
         return "json_schema", p.json_schema
     if p.ebnf is not None:
         return "ebnf", p.ebnf
+    if p.structural_tag is not None:
+        return "structural_tag", p.structural_tag
     if p.json_object:
         return "json_object", ""
     return None

@@ -105,7 +105,7 @@ class SamplingParams:
     stop_regex: str | list[str] | None = None  # stop where the output first matches; trimmed like stop
     sampling_seed: int | None = None  # SGLang's name for seed
     stream_interval: int | None = None  # streamed: a chunk every this many tokens (and the last)
-    structural_tag: str | dict | None = None  # refused: not supported (see validate)
+    structural_tag: str | dict | None = None  # free text with constrained segments (constrained.structural)
     custom_params: dict | None = None  # for SGLang's custom logit processors, which sgl has none of: ignored
 
     @classmethod
@@ -200,11 +200,11 @@ class SamplingParams:
             raise InvalidRequestError(f"n must be >= 1, got {self.n}", param="n")
 
         constraints = [
-            name for name in ("regex", "json_schema", "ebnf") if getattr(self, name) is not None
+            name for name in ("regex", "json_schema", "ebnf", "structural_tag") if getattr(self, name) is not None
         ]
         if len(constraints) > 1:
             raise InvalidRequestError(
-                "only one of regex, json_schema, ebnf may be set; got "
+                "only one of regex, json_schema, ebnf, structural_tag may be set; got "
                 + " and ".join(constraints),
                 param=constraints[1],
             )
@@ -292,7 +292,7 @@ class SamplingParams:
 
     def _check_sglang_names(self) -> None:
         """SGLang's fields: sampling_seed folds into seed, stop_regex into a list ([] is none,
-        as SGLang's frontend sends it), stream_interval >= 1; structural_tag is refused."""
+        as SGLang's frontend sends it), stream_interval >= 1, structural_tag an object or its JSON."""
         if self.sampling_seed is not None:
             if not _is_int(self.sampling_seed):
                 raise InvalidRequestError(f"sampling_seed must be an integer or null, got "
@@ -305,9 +305,9 @@ class SamplingParams:
         if self.stream_interval is not None and (not _is_int(self.stream_interval) or self.stream_interval < 1):
             raise InvalidRequestError(f"stream_interval must be an integer >= 1 or null, got {self.stream_interval!r}",
                                       param="stream_interval")
-        if self.structural_tag is not None:
-            raise InvalidRequestError("structural_tag is not supported by sgl; constrain the output with regex, "
-                                      "json_schema or ebnf instead", param="structural_tag")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
+            raise InvalidRequestError(f"structural_tag must be an object or its JSON text, got "
+                                      f"{_type_name(self.structural_tag)}", param="structural_tag")
         if self.custom_params is not None and not isinstance(self.custom_params, dict):
             raise InvalidRequestError(f"custom_params must be an object or null, got {_type_name(self.custom_params)}",
                                       param="custom_params")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+import jsonschema
 import pytest
 import requests
 
@@ -56,7 +57,7 @@ def test_every_sglang_sampling_parameter_is_accepted(url):
     plain = generate(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
     assert got["text"] == plain["text"]  # [] / null / custom_params change nothing
     assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"structural_tag": "{}"}},
-                               timeout=30), 400, "structural_tag")
+                               timeout=30), 400, "structural_tag.structures")
     err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regexp": "x"}},
                                      timeout=30), 400, "stop_regexp")
     assert "did you mean 'stop_regex'" in err["message"]
@@ -65,6 +66,27 @@ def test_every_sglang_sampling_parameter_is_accepted(url):
     for field, value in (("lora_path", "adapter-1"), ("return_hidden_states", True), ("image_data", "x.png")):
         err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, field: value}, timeout=30), 400, field)
         assert "not supported" in err["message"]
+
+
+def test_structural_tag_in_sglangs_form(url, engine):
+    """SGLang's structural_tag (a JSON string): free text until the trigger, then the
+    structure; a bias on "<" makes the model begin segments, which must then be valid."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}
+    tag = json.dumps({"type": "structural_tag", "triggers": ["<n>"],
+                      "structures": [{"begin": "<n>", "schema": schema, "end": "</n>"}]})
+    lt = engine.tokenizer("<").input_ids[-1]
+    outs = generate(url, {"text": ["Numbers: ", "Write <n>{\"n\": 5}</n>: "], "sampling_params": {
+        "structural_tag": tag, "max_new_tokens": 48, "temperature": 1.0, "n": 4, "seed": 3, "logit_bias": {str(lt): 6}}})
+    segments = 0
+    for out in outs:
+        text = out["text"]
+        for piece in text.split("<n>")[1:]:
+            if "</n>" not in piece and out["meta_info"]["finish_reason"]["type"] == "length":
+                continue  # cut off by max_new_tokens inside a segment
+            segments += 1
+            jsonschema.validate(json.loads(piece.split("</n>")[0]), schema)
+    assert segments >= 2
 
 
 def token_prefixes(engine, ids: list[int]) -> list[str]:
