@@ -12,6 +12,11 @@ from typing import Any
 from sgl.runtime.errors import InvalidRequestError
 
 PLAIN_ROLES = ("system", "user", "assistant")
+# apply_chat_template's own parameters: not template variables a request may set
+TEMPLATE_CALL_ARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs"})
 
 
 def validate_messages(messages: Any) -> list[dict[str, Any]]:
@@ -28,11 +33,18 @@ def validate_messages(messages: Any) -> list[dict[str, Any]]:
     return out
 
 
-def render_messages(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-    """The prompt text for `messages` (already validated)."""
+def render_messages(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                    tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
+    """The prompt text for `messages` (already validated); `tools` (OpenAI function tools)
+    and `template_kwargs` (e.g. enable_thinking) go to the template as it defines them."""
+    clash = sorted(set(template_kwargs or {}) & TEMPLATE_CALL_ARGS)
+    if clash:
+        raise InvalidRequestError(f"chat_template_kwargs may not set {clash[0]!r} (an argument of the template "
+                                  "call itself)", f"chat_template_kwargs.{clash[0]}")
     if getattr(tokenizer, "chat_template", None):
         try:
-            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                 tools=tools, **(template_kwargs or {}))
         except Exception as e:  # a template that rejects this conversation (e.g. role order)
             raise InvalidRequestError(f"the model's chat template rejected the messages: {e}", "messages") from e
     text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages if m["role"] in PLAIN_ROLES)

@@ -202,12 +202,14 @@ class Engine:
         with self._tokenizer_lock:
             return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def render_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                        tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
         """A conversation as prompt text, with the model's chat template (see runtime/chat.py)."""
         # Rendering is Jinja over the messages (tokenize=False): it reads the tokenizer's
         # template and special tokens but never its (not thread-safe) Rust encoder, so it
         # needs no lock, and concurrent requests do not queue behind each other's render.
-        return render_messages(self.tokenizer, validate_messages(messages), add_generation_prompt)
+        return render_messages(self.tokenizer, validate_messages(messages), add_generation_prompt, tools,
+                               template_kwargs)
 
     # ------------------------------------------------------------------ request building
 

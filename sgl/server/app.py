@@ -16,6 +16,7 @@ from fastapi import FastAPI
 
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.chat_template import ChatTemplate
+from sgl.tool_calls import ReasoningParser, detect_parser, get_parser
 from sgl.server import admin, extract, native, openai_api, programs, sessions
 from sgl.server.auth import APIKeyMiddleware
 from sgl.server.errors import install_error_handlers
@@ -32,7 +33,10 @@ JSON-schema extraction at `/v1/extract`, shipped programs at `/run_program`, ope
 
 
 def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
-               profile_dir: str | None = None) -> FastAPI:
+               profile_dir: str | None = None, tool_call_parser: str | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
+    """The app over `engine`. `tool_call_parser`: the tool-call format (default: the one the
+    chat template uses); `reasoning_parser`: split reasoning from answers ("qwen3", ...)."""
     from sgl import __version__
 
     metrics = Metrics(served_model_name)
@@ -48,7 +52,12 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
         bos_token_id=getattr(engine.tokenizer, "bos_token_id", None),
         extract_backend=EngineBackend(engine),
         profile_dir=profile_dir,
+        tool_call_parser=tool_call_parser or detect_parser(getattr(engine.tokenizer, "chat_template", None)),
+        reasoning_parser=reasoning_parser,
     )
+    get_parser(state.tool_call_parser)  # an unknown name fails at start, listing the known ones
+    if reasoning_parser is not None:
+        ReasoningParser(reasoning_parser)
     app = FastAPI(title="sgl", version=__version__, description=DESCRIPTION)
     app.state.sgl = state
     install_error_handlers(app)

@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--profile-dir", default=os.environ.get("SGL_TORCH_PROFILER_DIR"),
                         help="enable /start_profile and /stop_profile; torch profiler traces are written "
                              "under this directory (default: $SGL_TORCH_PROFILER_DIR; unset: profiling off)")
+    server.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
+                        help="the format of tool calls in the model's output (default: the one its chat "
+                             "template uses; hermes when it names none)")
+    server.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek-r1"],
+                        help="split the model's <think> reasoning into reasoning_content")
     return p
 
 
@@ -111,7 +116,8 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(**kwargs)
     try:
         name = args.served_model_name or default_served_name(engine.model_path)
-        app = create_app(engine, name, api_key=args.api_key, profile_dir=args.profile_dir)
+        app = create_app(engine, name, api_key=args.api_key, profile_dir=args.profile_dir,
+                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
         logger.info("serving %r (%s) on http://%s:%d", name, engine.model_path, args.host, args.port)
         # uvicorn handles SIGTERM / SIGINT while it runs (stop accepting, drain, stop) and then
         # re-raises the signal under the handler found before it; a no-op one lets us exit 0.

@@ -34,7 +34,18 @@ from sgl.server.protocol import (
     CompletionResponse,
     ErrorResponse,
     ModelList,
+    NamedToolChoice,
     OpenAISamplingFields,
+)
+from sgl.server.openai_tools import (
+    ChoiceOutput,
+    ToolRequest,
+    constrain_after_reasoning,
+    history_as_text,
+    history_for_template,
+    parse_tools,
+    template_takes_tools,
+    tool_constraint,
 )
 from sgl.server.state import ServerState, get_state
 from sgl.server.streaming import client_gone, sse, sse_response, until_disconnected
@@ -135,23 +146,41 @@ class _Choices:
     # meta_info -> the choice's logprobs; None: not asked for (awaited: it may decode off the loop)
     logprobs: Callable[[dict[str, Any]], Awaitable[Any]] | None = None
     leads: list[str] = field(default_factory=list)  # text before each prompt's choices (completions' echo)
+    # chat: a choice's text -> message fields (tool calls, reasoning); None: the text is the content
+    output: Callable[[], ChoiceOutput] | None = None
+    _outputs: dict[int, ChoiceOutput] = field(default_factory=dict)
 
     def lead(self, index: int) -> str:
         return self.leads[index // self.n] if self.leads else ""
 
+    def _output(self, index: int) -> ChoiceOutput | None:
+        if self.output is None:
+            return None
+        if index not in self._outputs:
+            self._outputs[index] = self.output()
+        return self._outputs[index]
+
     def whole(self, index: int, text: str) -> dict[str, Any]:
         if self.chat:
-            return {"message": {"role": "assistant", "content": text}}
+            out = self._output(index)
+            return {"message": out.whole(text) if out is not None else {"role": "assistant", "content": text}}
         return {"text": self.lead(index) + text}
 
-    def piece(self, index: int, text: str, first: bool) -> dict[str, Any]:
+    def piece(self, index: int, text: str, first: bool, last: bool) -> dict[str, Any]:
         """A streamed choice's new text; empty when there is nothing new to send."""
         if self.chat:
+            out = self._output(index)
+            fields = out.feed(text, last) if out is not None else {"content": text} if text else {}
             if first:  # the first event of a choice carries the role (and its text, even if empty)
-                return {"delta": {"role": "assistant", "content": text}}
-            return {"delta": {"content": text}} if text else {}
+                return {"delta": {"role": "assistant", "content": "", **fields}}
+            return {"delta": fields} if fields else {}
         text = self.lead(index) + text if first else text
         return {"text": text} if text else {}
+
+    def finish_reason(self, index: int, reason: str | None) -> str | None:
+        """'tool_calls' for a choice that stopped after making calls."""
+        out = self._output(index)
+        return "tool_calls" if reason == "stop" and out is not None and out.calls else reason
 
     async def choice_logprobs(self, meta: dict[str, Any]) -> Any:
         return await self.logprobs(meta) if self.logprobs is not None else None
@@ -161,9 +190,9 @@ class _Choices:
         for index, out in enumerate(outs):
             meta = out["meta_info"]
             reason, matched = _finish(meta)
-            choices.append({"index": index, **self.whole(index, out["text"]),
-                            "logprobs": await self.choice_logprobs(meta), "finish_reason": reason,
-                            "matched_stop": matched})
+            whole = self.whole(index, out["text"])
+            choices.append({"index": index, **whole, "logprobs": await self.choice_logprobs(meta),
+                            "finish_reason": self.finish_reason(index, reason), "matched_stop": matched})
         return {**head, "object": self.object, "choices": choices,
                 "usage": _usage([o["meta_info"] for o in outs], self.n), "system_fingerprint": None}
 
@@ -182,7 +211,7 @@ class _Choices:
                 index = chunk.get("index", 0)  # a single request's chunks have no index
                 meta = chunk["meta_info"]
                 reason, matched = _finish(meta)
-                piece = self.piece(index, chunk["text"], index not in started)
+                piece = self.piece(index, chunk["text"], index not in started, reason is not None)
                 started.add(index)
                 if "output_token_logprobs" in meta:
                     meta = {**meta, **merge_logprobs(held.pop(index, {}), meta)}
@@ -194,7 +223,7 @@ class _Choices:
                     piece = {"delta": {}} if self.chat else {"text": ""}
                 # Each event carries the logprobs of its own tokens, as OpenAI streams them.
                 choice: dict[str, Any] = {"index": index, **piece, "logprobs": await self.choice_logprobs(meta),
-                                          "finish_reason": reason}
+                                          "finish_reason": self.finish_reason(index, reason)}
                 if reason is not None:
                     finals[index] = meta
                     choice["matched_stop"] = matched
@@ -250,9 +279,20 @@ def _message_text(m: ChatMessage) -> str:
     return "\n".join(part.text for part in m.content)
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict[str, str]]:
-    """The conversation as the engine takes it: developer is system; content parts joined."""
-    return [{"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)} for m in messages]
+def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The conversation as the engine takes it: developer is system; content parts joined;
+    an assistant's tool calls and a tool message's call id kept."""
+    out = []
+    for m in messages:
+        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)}
+        if m.tool_calls:
+            msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.name is not None and m.role == "tool":
+            msg["name"] = m.name
+        out.append(msg)
+    return out
 
 
 def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
@@ -276,19 +316,54 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     """OpenAI chat completions (also streamed as `chat.completion.chunk` events)."""
     state = get_state(request)
     state.check_model(req.model)
-    if req.tools:
-        raise APIError(400, "tool calling is not supported by this server", "tools")
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    tools = parse_tools([t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+                        req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice,
+                        req.parallel_tool_calls)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sampling = _sampling(req, max_tokens, req.response_format)
+    rename = _RENAME_CHAT
+    if tools is not None:
+        tag, tag_fields = tool_constraint(tools, state.tool_call_parser)
+        if tag is not None:
+            if "json_schema" in sampling or "json_object" in sampling:
+                raise APIError(400, "response_format cannot be combined with tools (the calls are constrained "
+                                    "already); use tool_choice 'none' to constrain the text", "response_format")
+            sampling["structural_tag"] = tag
+            rename = {**rename, **tag_fields}
+    parser = state.tool_call_parser if tools is not None and tools.choice != "none" else None
+    thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
+    if state.reasoning_parser is not None and thinking:
+        rename = {**rename, **constrain_after_reasoning(sampling)}
+    reasoning = state.reasoning_parser if req.separate_reasoning and thinking else None
     choices = _Choices("chat.completion", "chat.completion.chunk", chat=True, n=req.n,
-                       logprobs=_achat_logprobs if req.logprobs else None)
+                       logprobs=_achat_logprobs if req.logprobs else None,
+                       output=(lambda: ChoiceOutput(parser, reasoning)) if parser or reasoning else None)
+    try:
+        prompt = await asyncio.to_thread(_render_chat, state, chat_messages(req.messages), tools,
+                                         req.chat_template_kwargs)
+    except InvalidRequestError as e:
+        raise from_invalid_request(e, rename) from e
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     return await _complete(
         request, state, choices, cid, req.rid or cid, req.stream,
-        _include_usage(req), _RENAME_CHAT, messages=chat_messages(req.messages),
-        sampling_params=_sampling(req, max_tokens, req.response_format), return_logprob=req.logprobs,
+        _include_usage(req), rename, prompt=prompt,
+        sampling_params=sampling, return_logprob=req.logprobs,
         top_logprobs_num=req.top_logprobs or 0, return_text_in_logprobs=True)
+
+
+def _render_chat(state: ServerState, messages: list[dict[str, Any]], tools: ToolRequest | None,
+                 template_kwargs: dict[str, Any] | None) -> str:
+    """The prompt: the model's template with the tools where it takes them; else the tools
+    in a system message and the calls and results written as text."""
+    engine = state.engine
+    if template_takes_tools(engine.tokenizer):
+        return engine.render_messages(history_for_template(messages),
+                                      tools=list(tools.given) if tools is not None else None,
+                                      template_kwargs=template_kwargs)
+    return engine.render_messages(history_as_text(messages, tools, state.tool_call_parser),
+                                  template_kwargs=template_kwargs)
 
 
 # ---------------------------------------------------------------------------- completions

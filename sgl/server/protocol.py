@@ -183,10 +183,45 @@ class ContentPart(_StrictLenient):
     text: str
 
 
+class FunctionCall(_StrictLenient):
+    name: str
+    arguments: Union[str, dict[str, Any]] = Field(description="The arguments as JSON text (or an object).")
+
+
+class ToolCall(_StrictLenient):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_StrictLenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="An assistant message's calls.")
+    tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
+    reasoning_content: str | None = None
+
+
+class FunctionDefinition(_StrictLenient):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON schema; the arguments are constrained to it.")
+    strict: bool | None = Field(None, description="Accepted; arguments are always constrained to the parameters.")
+
+
+class Tool(_StrictLenient):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_StrictLenient):
+    name: str
+
+
+class NamedToolChoice(_StrictLenient):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class JsonSchemaFormat(_StrictLenient):
@@ -243,8 +278,15 @@ class ChatCompletionRequest(OpenAISamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = Field(None, description="Functions the model may call (see tool_choice).")
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = Field(
+        None, description="'auto' (the default with tools): text or calls; 'required': calls only; a named "
+                          "function: one call to it; 'none': no calls parsed. Calls are constrained to the "
+                          "format's syntax and each function's parameters.")
+    parallel_tool_calls: bool | None = Field(None, description="False: at most one call (default true).")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra variables for the chat template, e.g. {\"enable_thinking\": false}.")
+    separate_reasoning: bool = Field(True, description="With a reasoning parser: reasoning in reasoning_content.")
 
 
 class CompletionRequest(OpenAISamplingFields):
@@ -282,6 +324,8 @@ class ChatLogprobs(BaseModel):
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

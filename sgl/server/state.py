@@ -24,6 +24,8 @@ class ServerState:
     bos_token_id: int | None = None
     extract_backend: Any = None  # the lang backend extraction programs run on
     profile_dir: str | None = None  # /start_profile writes traces under it; None: profiling is off
+    tool_call_parser: str = "hermes"  # the format of tool calls in the model's output (sgl.tool_calls)
+    reasoning_parser: str | None = None  # "qwen3" / "deepseek-r1": reasoning split from the answer
 
     def check_model(self, model: str | None) -> None:
         """OpenAI requests name a model: accept the served name (and 'default'), else 404."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from sgl.runtime.attention import ForwardBatch, create_attention_backend
@@ -172,10 +174,11 @@ def prefill_in_chunks_then_decode(runner: "TinyRunner", seqs: dict[int, list[int
     return {i: torch.cat(parts) for i, parts in got.items()}
 
 
-def save_tiny_engine_dir(path, vocab: int = 320, arch: str = "llama", chat_template: str | None = None):
+def save_tiny_engine_dir(path, vocab: int = 320, arch: str = "llama", chat_template: str | None = None,
+                         **config: Any):
     """A tiny random model of `arch` (Llama by default) saved as an HF directory (sharded
     safetensors + an index) with a byte-level BPE tokenizer (and `chat_template`), as
-    `Engine(model_path=...)` loads it; returns (path, hf model)."""
+    `Engine(model_path=...)` loads it; `config` overrides hf_tiny's; returns (path, hf model)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -191,7 +194,7 @@ def save_tiny_engine_dir(path, vocab: int = 320, arch: str = "llama", chat_templ
     if chat_template is not None:
         fast.chat_template = chat_template
     fast.save_pretrained(path)
-    hf = hf_tiny(arch=arch, tie=False, kv_heads=2, seed=7, initializer_range=0.15)
+    hf = hf_tiny(arch=arch, tie=False, kv_heads=2, seed=7, initializer_range=0.15, **config)
     hf.config.vocab_size = vocab
     hf.resize_token_embeddings(vocab)
     with torch.no_grad():
