@@ -48,11 +48,20 @@ def gen(
     seed: int | None = None,
     max_new_tokens: int | None = None,
     min_new_tokens: int | None = None,
+    tools: list[Any] | None = None,
+    tool_choice: str = "auto",
+    parallel_tool_calls: bool = False,
 ) -> ir.Gen | ir.Select:
     """Generate into variable `name`. Unset parameters take the program's defaults.
 
     `choices=[...]` makes it a `select`; `dtype` (int, float, bool, str) constrains the
-    output to a number, True/False or a double-quoted string.
+    output to a number, True/False or a double-quoted string. `tools` (Python functions or
+    OpenAI tool dicts) lets the model call them in Hermes syntax (`<tool_call>{...}</tool_call>`,
+    described to it by `sgl.tools_prompt(tools)`): every call is constrained to a declared
+    function with arguments valid against its parameters, and the variable holds the calls,
+    `[{"name": ..., "arguments": {...}}]` ([] if it answered in text). `tool_choice` "auto"
+    (text or calls), "required" (calls only) or a function's name; `parallel_tool_calls`
+    allows several calls.
     """
     if choices is not None:
         return select(name, choices, temperature=temperature or 0.0, choices_method=choices_method)
@@ -76,6 +85,7 @@ def gen(
         "json_schema": json_schema,
         "ebnf": ebnf,
         "seed": seed,
+        "structural_tag": _tools_constraint(tools, tool_choice, parallel_tool_calls) if tools else None,
     }
     logprobs = {
         "return_logprob": return_logprob,
@@ -88,7 +98,32 @@ def gen(
         {k: v for k, v in sampling.items() if v is not None},
         {k: v for k, v in logprobs.items() if v is not None},
         _dtype_name(dtype),
+        "hermes" if tools else None,
     )
+
+
+def _tools_constraint(tools: list[Any], tool_choice: str, parallel: bool) -> dict[str, Any]:
+    """The structural tag for a gen's tools (Hermes syntax)."""
+    from sgl.tool_calls import function_tool, structural_tag
+
+    fns = [function_tool(t)["function"] for t in tools]
+    names = [f["name"] for f in fns]
+    if tool_choice not in ("auto", "required", *names):
+        raise ValueError(f"tool_choice must be 'auto', 'required' or one of the tools' names {names}; "
+                         f"got {tool_choice!r}")
+    chosen = [f for f in fns if tool_choice in ("auto", "required") or f["name"] == tool_choice]
+    return structural_tag([(f["name"], f.get("parameters", {"type": "object"})) for f in chosen],
+                          free_text=tool_choice == "auto", one_call=not parallel or tool_choice in names,
+                          parser="hermes")
+
+
+def tools_prompt(tools: list[Any]) -> str:
+    """The system prompt text describing `tools` (functions or OpenAI tool dicts) and the
+    call syntax that `gen(..., tools=...)` constrains to."""
+    from sgl.tool_calls import function_tool
+    from sgl.tool_calls import tools_prompt as describe
+
+    return describe([function_tool(t) for t in tools], "hermes")
 
 
 def _dtype_name(dtype: Any) -> str | None:

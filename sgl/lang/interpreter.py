@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import queue
 import threading
@@ -25,6 +26,15 @@ from sgl.lang.building import BranchGroup, StateBuilder
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import token_length_normalized
 from sgl.lang.speculative import Speculation, speculable, speculative_meta
+from sgl.tool_calls import get_parser
+
+CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
+
+
+def parsed_calls(text: str, tool_format: str) -> list[dict[str, Any]]:
+    """A gen's tool calls as [{"name", "arguments": dict}] (the constraint made them valid)."""
+    return [{"name": c.name, "arguments": json.loads(c.arguments)} for c in get_parser(tool_format).parse(text)[1]]
+
 
 # dtype= of gen: the regex that constrains the output (bounded, so it always terminates).
 DTYPE_REGEX = {
@@ -269,11 +279,11 @@ class StreamExecutor:
         sampling.update(gen.sampling)
         logprobs.update(gen.logprobs)
         if gen.dtype is not None:
-            if any(sampling.get(k) is not None for k in ("regex", "json_schema", "ebnf")):
+            if any(sampling.get(k) is not None for k in CONSTRAINTS):
                 raise ValueError(f"gen {gen.name!r}: dtype cannot be combined with regex, json_schema or ebnf")
             sampling["regex"] = DTYPE_REGEX[gen.dtype]
-        if sum(sampling.get(k) is not None for k in ("regex", "json_schema", "ebnf")) > 1:
-            raise ValueError(f"gen {gen.name!r}: give at most one of regex, json_schema and ebnf")
+        if sum(sampling.get(k) is not None for k in CONSTRAINTS) > 1:
+            raise ValueError(f"gen {gen.name!r}: give at most one of regex, json_schema, ebnf and tools")
         if logprobs.get("return_logprob") and "logprob_start_len" not in logprobs:
             logprobs["logprob_start_len"] = -1  # output logprobs only, unless asked for the prompt's
         if not logprobs.get("return_logprob"):
@@ -335,8 +345,10 @@ class StreamExecutor:
         self.backend.record_usage(meta)
         logger.info("gen %r: %r (%s prompt tokens, %s completion tokens)", gen.name, text[:80],
                     meta.get("prompt_tokens"), meta.get("completion_tokens"))
+        if gen.tool_format is not None:  # the variable holds the calls: [{"name", "arguments"}]
+            meta = {**meta, "tool_calls": parsed_calls(text, gen.tool_format)}
         if gen.name is not None:
-            self.set_variable(gen.name, text)
+            self.set_variable(gen.name, meta["tool_calls"] if gen.tool_format is not None else text)
             self.meta_info[gen.name] = meta
 
     def _generate(self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any],

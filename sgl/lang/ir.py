@@ -38,6 +38,7 @@ SAMPLING_KEYS = (
     "regex",
     "json_schema",
     "ebnf",
+    "structural_tag",
 )
 # Logprob options of a generation call (passed beside the sampling parameters).
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
@@ -86,11 +87,14 @@ class Gen(Expr):
     sampling: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[str, Any] = field(default_factory=dict)
     dtype: str | None = None  # "int" | "float" | "bool" | "str": a regex constraint
+    tool_format: str | None = None  # with tools: the call format; the variable holds the parsed calls
 
     def __repr__(self) -> str:
         args = [repr(self.name)] + [f"{k}={v!r}" for k, v in {**self.sampling, **self.logprobs}.items()]
         if self.dtype:
             args.append(f"dtype={self.dtype}")
+        if self.tool_format:
+            args.append(f"tool_format={self.tool_format}")
         return f"Gen({', '.join(args)})"
 
 

@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from sgl.lang import ir
+from sgl.tool_calls import PARSERS
 from sgl.lang.choices import (
     ChoicesMethod,
     greedy_token_selection,
@@ -64,7 +65,7 @@ def _node_to_json(n: ir.Expr, path: str) -> dict[str, Any]:
     if isinstance(n, ir.Gen):
         _check_json(n.sampling, f"{path}.sampling")
         return {"type": "gen", "name": n.name, "sampling": dict(n.sampling), "logprobs": dict(n.logprobs),
-                "dtype": n.dtype}
+                "dtype": n.dtype, **({"tool_format": n.tool_format} if n.tool_format else {})}
     if isinstance(n, ir.Select):
         method = n.choices_method or token_length_normalized
         names = [k for k, v in CHOICES_METHODS.items() if v is method]
@@ -150,7 +151,11 @@ def _gen(node: dict, path: str, fork_ids: set[int]) -> ir.Gen:
     dtype = _field(node, "dtype", str, path, optional=True)
     if dtype not in (None, "int", "float", "bool", "str"):
         raise IRFormatError(f"dtype must be int, float, bool or str, got {dtype!r}", f"{path}.dtype")
-    return ir.Gen(_field(node, "name", str, path, optional=True), sampling, logprobs, dtype)
+    tool_format = _field(node, "tool_format", str, path, optional=True)
+    if tool_format not in (None, *PARSERS):
+        raise IRFormatError(f"tool_format must be one of {', '.join(PARSERS)}, got {tool_format!r}",
+                            f"{path}.tool_format")
+    return ir.Gen(_field(node, "name", str, path, optional=True), sampling, logprobs, dtype, tool_format)
 
 
 def _select(node: dict, path: str, fork_ids: set[int]) -> ir.Select:

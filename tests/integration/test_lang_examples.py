@@ -110,3 +110,19 @@ def test_run_batch_dataset_prints_one_result_per_input_line_in_order():
     assert m, lines[-1]
     exact, n, contains, n2 = map(int, m.groups())
     assert n == n2 == len(rows) and exact <= contains <= n
+
+
+def test_tool_agent_calls_declared_functions_with_valid_arguments():
+    import jsonschema
+
+    module = load_example("tool_agent.py")
+    lines = run_example("tool_agent.py")
+    calls = values(lines, "call:")
+    assert len(calls) >= 2  # the first step of each question must call
+    for line in calls:
+        name, rest = line.split(" ", 1)
+        arguments, result = rest.split(" -> ")
+        fn = module.BY_NAME[name]
+        jsonschema.validate(json.loads(arguments), module.function_tool(fn)["function"]["parameters"])
+        assert json.loads(result) == fn(**json.loads(arguments))
+    assert len(values(lines, "answer:")) == 2

@@ -69,8 +69,20 @@ def forks_both_modes(s, topic):
     two.join("concate_and_append")
 
 
+def _weather(city: str, days: int = 1) -> str:
+    """The forecast for a city."""
+    return "sunny"
+
+
+@sgl.function
+def calls_a_tool(s, city):
+    s += sgl.system(sgl.tools_prompt([_weather]))
+    s += sgl.user(f"The weather in {city}?")
+    s += sgl.assistant(sgl.gen("call", tools=[_weather], tool_choice="required", max_tokens=60))
+
+
 PROGRAMS = [(chat_then_reuse, {"question": "Name a planet."}), (constrained, {}),
-            (forks_both_modes, {"topic": "the moon"})]
+            (forks_both_modes, {"topic": "the moon"}), (calls_a_tool, {"city": "Rome"})]
 @pytest.mark.parametrize("program,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
 def test_shipped_equals_client_side(remote, program, args):
     remote.token_usage.reset()
@@ -84,6 +96,10 @@ def test_shipped_equals_client_side(remote, program, args):
         (client_side_usage["calls"], client_side_usage["completion_tokens"])
     if program is constrained:
         jsonschema.validate(json.loads(shipped["person"]), PERSON)
+    if program is calls_a_tool:  # the calls, parsed on the server: one, valid
+        (call,) = shipped["call"]
+        assert call["name"] == "_weather" and isinstance(call["arguments"]["city"], str)
+        assert shipped.get_meta_info("call")["tool_calls"] == [call]
 
 
 def test_run_batch_ships_in_one_request(remote, monkeypatch):

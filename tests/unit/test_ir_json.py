@@ -15,6 +15,11 @@ from sgl.lang.tracer import trace_static
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
 
 
+def _lookup(word: str) -> str:
+    """Look a word up."""
+    return word
+
+
 @sgl.function
 def every_kind(s, topic):
     s += sgl.system("Be brief.")
@@ -26,6 +31,7 @@ def every_kind(s, topic):
     s += sgl.assistant(sgl.gen("a", max_tokens=4, stop=["\n"], regex=r"[a-z]+", return_logprob=True))
     s += sgl.gen("j", json_schema=SCHEMA) + sgl.gen("i", dtype=int)
     s += sgl.select("c", ["x", "y"], choices_method=sgl.greedy_token_selection)
+    s += sgl.gen("call", tools=[_lookup], tool_choice="required", max_tokens=30)
     forks = s.fork(2)
     forks += lambda i: f"branch {i}: " + sgl.gen("b", max_tokens=3)
     inner = forks[0].fork(2)
@@ -54,6 +60,8 @@ def test_every_node_kind_round_trips_through_json():
     assert program_to_json(back) == data
     assert repr(back) == repr(nodes)
     assert back[-1].source == ((1, 1),)  # forks[1]["b"], added to the parent
+    call = next(n for n in back if isinstance(n, ir.Gen) and n.name == "call")
+    assert call.tool_format == "hermes" and call.sampling["structural_tag"]["free_text"] is False
     arg = program_from_json({"format_version": 1, "nodes": [{"type": "argument", "name": "q"}]})
     assert isinstance(arg[0], ir.Argument) and arg[0].name == "q"
 
