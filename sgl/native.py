@@ -53,15 +53,21 @@ def build_directory(name: str) -> Path:
     return Path(root) / "sgl" / name
 
 
-def _remove_stale_lock(directory: Path) -> None:
+def _wait_for_lock(directory: Path) -> None:
+    """Wait while another process builds here (its lock exists), but not forever: torch's
+    loader waits on a lock with no end, and a build that was killed leaves one behind. A
+    lock older than STALE_LOCK_SECONDS is removed."""
     lock = directory / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except OSError:
-        return
-    if age > STALE_LOCK_SECONDS:
-        logger.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
-        lock.unlink(missing_ok=True)
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except OSError:
+            return  # no lock: nobody is building
+        if age > STALE_LOCK_SECONDS:
+            logger.warning("removing %s, left %.0f s ago by a build that did not finish", lock, age)
+            lock.unlink(missing_ok=True)
+            return
+        time.sleep(0.5)  # another process is building: poll until its lock goes or ages out
 
 
 def _ninja_dir() -> str | None:
@@ -84,7 +90,7 @@ def build(prefix: str, source: Path, cflags: list[str], *, ldflags: Sequence[str
     name = build_name(prefix, source, cflags)
     directory = build_directory(name)
     directory.mkdir(parents=True, exist_ok=True)
-    _remove_stale_lock(directory)
+    _wait_for_lock(directory)
     logger.info("loading %s from %s (built on first use)", source.name, directory)
     ninja_dir, path = _ninja_dir(), os.environ.get("PATH", "")
     if ninja_dir:

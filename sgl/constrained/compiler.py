@@ -140,8 +140,7 @@ class GrammarCompiler:
         if kind == "structural_tag":
             from sgl.constrained.structural import load_structural_tag
 
-            load_structural_tag(spec)  # a bad tag fails here, naming its field
-            tag = json.loads(spec) if isinstance(spec, str) else spec
+            tag = load_structural_tag(spec, parse_only=True)  # a bad tag fails here, naming its field
             return kind, json.dumps(tag, separators=(",", ":"), ensure_ascii=False)
         if kind == "json_schema":
             from sgl.constrained.json_schema import load_schema
@@ -207,9 +206,14 @@ class GrammarCompiler:
         """Free text with constrained segments, as one grammar (see `structural`). Built by
         sgl's grammar engine whatever the backend: the external ones take other forms of it."""
         from sgl.constrained import ebnf
+        from sgl.constrained.pythonic import pythonic_rules
         from sgl.constrained.structural import load_structural_tag, structural_tag_rules
 
-        rules = structural_tag_rules(load_structural_tag(normalized))
+        spec = json.loads(normalized)
+        if spec.get("type") == "pythonic_calls":
+            rules = pythonic_rules(spec)
+        else:
+            rules = structural_tag_rules(load_structural_tag(spec))
         return ebnf.EbnfGrammar(normalized, self.vocab, rules=rules, kind="structural_tag")
 
     def _build_json_schema(self, normalized: str) -> Grammar:

@@ -56,8 +56,9 @@ class StructuralTag:
     start_after: str | None = None  # the tag starts after this marker (a reasoning model's "</think>")
 
 
-def load_structural_tag(spec: Any) -> StructuralTag:
-    """The tag from its JSON text or dict; GrammarError naming the field otherwise."""
+def load_structural_tag(spec: Any, parse_only: bool = False) -> Any:
+    """The tag from its JSON text or dict; GrammarError naming the field otherwise. With
+    `parse_only`, the dict (a `pythonic_calls` one is checked when its rules are built)."""
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -65,12 +66,18 @@ def load_structural_tag(spec: Any) -> StructuralTag:
             raise GrammarError(f"structural_tag is not valid JSON: {e}", PARAM) from None
     if not isinstance(spec, dict):
         raise GrammarError("structural_tag must be an object {type, structures, triggers}", PARAM)
+    if spec.get("type") == "pythonic_calls":
+        return spec
+    if parse_only:
+        load_structural_tag(spec)
+        return spec
     unknown = sorted(set(spec) - {"type", "structures", "triggers", "free_text", "max_structures", "separator",
                                   "start_after"})
     if unknown:
         raise GrammarError(f"structural_tag has an unknown field {unknown[0]!r}", f"{PARAM}.{unknown[0]}")
     if spec.get("type", "structural_tag") != "structural_tag":
-        raise GrammarError("structural_tag.type must be 'structural_tag'", f"{PARAM}.type")
+        raise GrammarError("structural_tag.type must be 'structural_tag' (or sgl's 'pythonic_calls')",
+                           f"{PARAM}.type")
     raw = spec.get("structures")
     if not isinstance(raw, list) or not raw or len(raw) > MAX_STRUCTURES:
         raise GrammarError(f"structural_tag.structures must be a list of 1 to {MAX_STRUCTURES} "

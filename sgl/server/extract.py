@@ -29,6 +29,8 @@ from sgl.runtime.request_builder import constraint_of
 from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
+from sgl.server.openai_api import chat_messages
+from sgl.server.openai_tools import history_as_text
 from sgl.server.protocol import ErrorResponse, ExtractRequest, ExtractResponse
 from sgl.server.state import ServerState, get_state
 from sgl.server.streaming import client_gone, until_disconnected
@@ -198,8 +200,8 @@ async def extract(req: ExtractRequest, request: Request) -> Response:
     else:
         if not req.messages:
             raise APIError(400, "messages is empty", "messages")
-        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str)
-                     else "\n".join(p.text for p in m.content or [])} for m in req.messages]
+        # tool calls and results as text in the turns (the extraction reads them too)
+        messages = history_as_text(chat_messages(req.messages), None, state.tool_call_parser)
     backend = _CancellableBackend(state.extract_backend)
     out = None
     try:

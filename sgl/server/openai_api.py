@@ -321,25 +321,14 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     tools = parse_tools([t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
                         req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice,
                         req.parallel_tool_calls)
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    sampling = _sampling(req, max_tokens, req.response_format)
-    rename = _RENAME_CHAT
-    if tools is not None:
-        tag, tag_fields = tool_constraint(tools, state.tool_call_parser)
-        if tag is not None:
-            if "json_schema" in sampling or "json_object" in sampling:
-                raise APIError(400, "response_format cannot be combined with tools (the calls are constrained "
-                                    "already); use tool_choice 'none' to constrain the text", "response_format")
-            sampling["structural_tag"] = tag
-            rename = {**rename, **tag_fields}
-    parser = state.tool_call_parser if tools is not None and tools.choice != "none" else None
     thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
-    if state.reasoning_parser is not None and thinking:
-        rename = {**rename, **constrain_after_reasoning(sampling)}
+    sampling, rename = _chat_sampling(req, state, tools, thinking)
+    parser = state.tool_call_parser if tools is not None and tools.choice != "none" else None
     reasoning = state.reasoning_parser if req.separate_reasoning and thinking else None
     choices = _Choices("chat.completion", "chat.completion.chunk", chat=True, n=req.n,
                        logprobs=_achat_logprobs if req.logprobs else None,
-                       output=(lambda: ChoiceOutput(parser, reasoning)) if parser or reasoning else None)
+                       output=(lambda: ChoiceOutput(parser, reasoning, tools.schemas if tools else None))
+                       if parser or reasoning else None)
     try:
         prompt = await asyncio.to_thread(_render_chat, state, chat_messages(req.messages), tools,
                                          req.chat_template_kwargs)
@@ -351,6 +340,26 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
         _include_usage(req), rename, prompt=prompt,
         sampling_params=sampling, return_logprob=req.logprobs,
         top_logprobs_num=req.top_logprobs or 0, return_text_in_logprobs=True)
+
+
+def _chat_sampling(req: ChatCompletionRequest, state: ServerState, tools: ToolRequest | None,
+                   thinking: bool) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's sampling params (tool calls as a structural tag; with a reasoning model
+    every constraint after its reasoning) and the renames of its fields for errors."""
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    sampling = _sampling(req, max_tokens, req.response_format)
+    rename = _RENAME_CHAT
+    if tools is not None:
+        tag, tag_fields = tool_constraint(tools, state.tool_call_parser)
+        if tag is not None:
+            if "json_schema" in sampling or "json_object" in sampling:
+                raise APIError(400, "response_format cannot be combined with tools (the calls are constrained "
+                                    "already); use tool_choice 'none' to constrain the text", "response_format")
+            sampling["structural_tag"] = tag
+            rename = {**rename, **tag_fields}
+    if state.reasoning_parser is not None and thinking:
+        rename = {**rename, **constrain_after_reasoning(sampling)}
+    return sampling, rename
 
 
 def _render_chat(state: ServerState, messages: list[dict[str, Any]], tools: ToolRequest | None,

@@ -1,8 +1,9 @@
 """Tool calling on /v1/chat/completions: OpenAI's `tools` in, `tool_calls` out, well-formed.
 
-A request's tools are validated (`parse_tools`), put into the prompt (`render_prompt`:
-the model's chat template when it takes tools, else a system message describing them in
-the call syntax of the server's format) and turned into a structural-tag constraint
+A request's tools are validated (`parse_tools`), put into the prompt (the model's chat
+template when it takes tools, `history_for_template`; else a system message describing
+them in the call syntax of the server's format, `history_as_text`) and turned into a
+structural-tag constraint
 (`tool_constraint`): with `tool_choice` "auto" the model writes free text but every call
 it starts is a call to a declared function with arguments valid against its parameters;
 "required" and a named function allow calls only. The output is parsed back into
@@ -18,8 +19,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import jsonschema
+
 from sgl.server.errors import APIError
-from sgl.tool_calls import SYNTAX, ReasoningParser, call_text, get_parser, structural_tag, tools_prompt
+from sgl.tool_calls import ReasoningParser, call_text, get_parser, pythonic_constraint, structural_tag, tools_prompt
 from sgl.tool_calls.reasoning import THINK_CLOSE
 from sgl.tool_calls.syntax import object_schema
 
@@ -42,6 +45,11 @@ class ToolRequest:
     named: str | None
     parallel: bool
     given: tuple[dict[str, Any], ...]  # the tools as the request gave them: what a chat template reads
+
+    @property
+    def schemas(self) -> dict[str, dict[str, Any]]:
+        """Each callable function's parameters (what its calls are checked against)."""
+        return {f.name: f.parameters for f in self.calls_allowed}
 
     @property
     def calls_allowed(self) -> tuple[Function, ...]:
@@ -76,6 +84,11 @@ def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: 
             raise APIError(400, str(e), f"tools[{i}].function.parameters") from None
         if params is None:
             raise APIError(400, "parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+        try:
+            jsonschema.validators.validator_for(params).check_schema(params)
+        except jsonschema.SchemaError as e:
+            raise APIError(400, f"parameters is not a valid JSON schema: {e.message}",
+                           f"tools[{i}].function.parameters") from None
         description = fn.get("description") or ""
         if not isinstance(description, str):
             raise APIError(400, "description must be a string", f"tools[{i}].function.description")
@@ -104,21 +117,23 @@ def _choice(tool_choice: Any, names: set[str]) -> tuple[str, str | None]:
 
 def tool_constraint(tools: ToolRequest, parser: str) -> tuple[dict[str, Any] | None, dict[str, str]]:
     """(the structural tag for the engine, or None; engine field -> request field for its
-    errors). "none" leaves the output free; the pythonic format cannot be constrained."""
+    errors). "none" leaves the output free."""
     if tools.choice == "none":
         return None, {}
-    syntax = SYNTAX.get(parser)
-    if syntax is None:
-        if tools.choice == "auto":
-            return None, {}  # parsed, not constrained
-        raise APIError(400, f"tool_choice {tools.choice!r} needs a JSON call format to constrain; the server's "
-                            f"{parser!r} format has none (start it with --tool-call-parser hermes)", "tool_choice")
     allowed = tools.calls_allowed
-    tag = structural_tag([(f.name, f.parameters) for f in allowed], tools.choice == "auto",
-                         not tools.parallel or tools.choice == "function", parser)
-    rename = {f"structural_tag.structures[{k}].schema": f"tools[{f.index}].function.parameters"
-              for k, f in enumerate(allowed)}
-    return tag, {**rename, "structural_tag": "tools"}
+    functions = [(f.name, f.parameters) for f in allowed]
+    one_call = not tools.parallel or tools.choice == "function"
+    rename = {"structural_tag": "tools"}
+    if parser == "pythonic":
+        tag = pythonic_constraint(functions, tools.choice == "auto", one_call)
+        for k, f in enumerate(allowed):
+            rename[f"structural_tag.functions[{k}].name"] = f"tools[{f.index}].function.name"
+            rename[f"structural_tag.functions[{k}].parameters"] = f"tools[{f.index}].function.parameters"
+    else:
+        tag = structural_tag(functions, tools.choice == "auto", one_call, parser)
+        for k, f in enumerate(allowed):
+            rename[f"structural_tag.structures[{k}].schema"] = f"tools[{f.index}].function.parameters"
+    return tag, rename
 
 
 def constrain_after_reasoning(sampling: dict[str, Any]) -> dict[str, str]:
@@ -213,13 +228,22 @@ def new_call_id() -> str:
 
 class ChoiceOutput:
     """One choice's text -> message fields (content, reasoning_content, tool_calls), whole
-    or as streamed deltas; `parser` None: no tools to parse, `reasoning` None: no reasoning."""
+    or as streamed deltas; `parser` None: no tools to parse, `reasoning` None: no reasoning.
 
-    def __init__(self, parser: str | None, reasoning: str | None) -> None:
+    Every call is checked against the declared functions (`schemas`: name -> parameters)
+    with `jsonschema`. The constraint makes every call pass; this is the guarantee's last
+    line: a call that fails is not returned as a tool call, its text goes to the end of
+    the content instead."""
+
+    def __init__(self, parser: str | None, reasoning: str | None,
+                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
+        self.parser_name = parser
         self.tool_parser = get_parser(parser) if parser else None
         self.reasoning = ReasoningParser(reasoning) if reasoning else None
         self.calls = 0
-        self._ids: list[str] = []
+        self._validators = {name: jsonschema.validators.validator_for(p)(p) for name, p in (schemas or {}).items()}
+        self._index: dict[int, int | None] = {}  # the parser's call index -> ours (None: rejected)
+        self._rejected: list[str] = []
         self._tools_stream = self.tool_parser.streamer() if self.tool_parser else None
         self._reasoning_stream = self.reasoning.streamer() if self.reasoning else None
 
@@ -230,13 +254,25 @@ class ChoiceOutput:
             fields["reasoning_content"] = reasoning
         if self.tool_parser is None:
             return {**fields, "content": content}
-        content, calls = self.tool_parser.parse(content)
+        content, parsed = self.tool_parser.parse(content)
+        calls = [c for c in parsed if self._accept(c.name, c.arguments)]
+        content += "".join(self._rejected)
         self.calls = len(calls)
         fields["content"] = content if content or not calls else None
         if calls:
             fields["tool_calls"] = [{"id": new_call_id(), "type": "function",
                                      "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
         return fields
+
+    def _accept(self, name: str, arguments: str) -> bool:
+        validator = self._validators.get(name)
+        try:
+            ok = validator is not None and validator.is_valid(json.loads(arguments))
+        except ValueError:
+            ok = False
+        if not ok:
+            self._rejected.append(call_text(self.parser_name or "hermes", name, arguments))
+        return ok
 
     def feed(self, text: str, last: bool) -> dict[str, Any]:
         """The delta fields for new text (empty when nothing is ready to send)."""
@@ -252,19 +288,27 @@ class ChoiceOutput:
             if last:
                 c, d = self._tools_stream.finish()
                 content, deltas = content + c, deltas + d
+        calls = [out for out in (self._delta(d) for d in deltas) if out is not None]
+        if last:
+            content += "".join(self._rejected)
         fields: dict[str, Any] = {}
         if reasoning:
             fields["reasoning_content"] = reasoning
         if content:
             fields["content"] = content
-        if deltas:
-            fields["tool_calls"] = [self._delta(d) for d in deltas]
+        if calls:
+            fields["tool_calls"] = calls
         return fields
 
-    def _delta(self, d: Any) -> dict[str, Any]:
-        if d.name is not None:  # a call's first delta: its id, type and name
-            self._ids.append(new_call_id())
-            self.calls = len(self._ids)
-            return {"index": d.index, "id": self._ids[d.index], "type": "function",
+    def _delta(self, d: Any) -> dict[str, Any] | None:
+        """A streamed call (the parsers give each call whole: name and arguments at once)."""
+        if d.name is not None:
+            self._index[d.index] = self.calls if self._accept(d.name, d.arguments) else None
+            if self._index[d.index] is None:
+                return None
+            self.calls += 1
+            return {"index": self._index[d.index], "id": new_call_id(), "type": "function",
                     "function": {"name": d.name, "arguments": d.arguments}}
-        return {"index": d.index, "function": {"arguments": d.arguments}}
+        if self._index.get(d.index) is None:
+            return None
+        return {"index": self._index[d.index], "function": {"arguments": d.arguments}}

@@ -23,7 +23,7 @@ from sgl.tool_calls.parsers import (
 )
 from sgl.tool_calls.reasoning import REASONING_STYLES, ReasoningParser, ReasoningStreamer
 from sgl.tool_calls.functions import function_tool
-from sgl.tool_calls.syntax import SYNTAX, CallSyntax, call_text, structural_tag, tools_prompt
+from sgl.tool_calls.syntax import SYNTAX, CallSyntax, call_text, pythonic_constraint, structural_tag, tools_prompt
 
 __all__ = [
     "PARSERS",
@@ -44,6 +44,7 @@ __all__ = [
     "detect_parser",
     "function_tool",
     "get_parser",
+    "pythonic_constraint",
     "structural_tag",
     "tools_prompt",
 ]

@@ -28,9 +28,28 @@ SYNTAX = {
 
 
 def call_text(parser: str, name: str, arguments: str) -> str:
-    """One call written in the format (for rendering history the template cannot)."""
+    """One call written in the format (for rendering history the template cannot);
+    `arguments` is the arguments object's JSON text."""
+    if parser == "pythonic":
+        try:
+            args = json.loads(arguments)
+        except ValueError:
+            args = None
+        if isinstance(args, dict):
+            return f"[{name}({', '.join(f'{k}={_python_literal(v)}' for k, v in args.items())})]"
+        return f"[{name}({arguments})]"
     syntax = SYNTAX.get(parser, SYNTAX["hermes"])
     return syntax.begin.format(name=json.dumps(name)) + arguments + syntax.end
+
+
+def _python_literal(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_python_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_python_literal(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value, ensure_ascii=False)
 
 
 def structural_tag(functions: list[tuple[str, dict[str, Any]]], free_text: bool, one_call: bool,
@@ -52,6 +71,18 @@ def structural_tag(functions: list[tuple[str, dict[str, Any]]], free_text: bool,
     return tag
 
 
+def pythonic_constraint(functions: list[tuple[str, dict[str, Any]]], free_text: bool, one_call: bool) -> dict[str, Any]:
+    """The constraint for pythonic calls (`[f(a=1)]`, `sgl.constrained.pythonic`), passed
+    as a structural tag: the output is such a list (or, with `free_text`, text that does not
+    start with `[`)."""
+    spec: dict[str, Any] = {"type": "pythonic_calls", "free_text": free_text,
+                            "functions": [{"name": name, "parameters": object_schema(params, name)}
+                                          for name, params in functions]}
+    if one_call:
+        spec["max_calls"] = 1
+    return spec
+
+
 def object_schema(params: dict[str, Any], name: str) -> dict[str, Any]:
     """A function's parameters schema, made to describe an object (arguments are one);
     ValueError for a schema of another type."""
@@ -67,7 +98,8 @@ def tools_prompt(tools: list[dict[str, Any]], parser: str = "hermes") -> str:
     """OpenAI function tools described for the model, with the format's call syntax: the
     system prompt for a chat template that takes no tools."""
     lines = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
-    example = call_text(parser, "<function name>", "<arguments as a JSON object>")
+    example = ("[function_name(argument=value, ...)]" if parser == "pythonic"
+               else call_text(parser, "<function name>", "<arguments as a JSON object>"))
     return ("You can call functions to help answer. These are the functions, one JSON signature a line:\n"
             f"{lines}\n\nTo call a function, write exactly:\n{example}\n"
             "You may write several calls one after another. The results come back in the next message.")

@@ -299,3 +299,42 @@ def test_with_a_reasoning_model_the_constraint_starts_after_the_reasoning(reason
     with pytest.raises(openai.BadRequestError) as e:
         reasoning_client.chat.completions.create(model="r1", messages=ASK, max_tokens=4, extra_body={"regex": "a+"})
     assert e.value.body["param"] == "regex"
+
+
+def test_extract_reads_tool_calls_and_results_in_a_conversation(url):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                             "arguments": '{"city": "Oslo", "unit": "celsius"}'}}
+    messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "snow", "temperature": -4}'}]
+    schema = {"type": "object", "properties": {"sky": {"enum": ["snow", "rain", "sun"]}}, "required": ["sky"]}
+    r = requests.post(url + "/v1/extract", json={"messages": messages, "schema": schema, "max_tokens": 40}, timeout=120)
+    assert r.status_code == 200, r.text
+    jsonschema.validate(r.json()["data"], schema)
+    bare = requests.post(url + "/v1/extract", json={"messages": ASK, "schema": schema, "max_tokens": 40}, timeout=120)
+    assert r.json()["usage"]["prompt_tokens"] > bare.json()["usage"]["prompt_tokens"] + 20  # the call and result
+
+
+@pytest.fixture(scope="module")
+def pythonic_client(engine):
+    with ServerThread(create_app(engine, "py", tool_call_parser="pythonic")) as u:
+        c = openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=300)
+        yield c
+        c.close()
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],
+                         ids=["required", "named"])
+def test_pythonic_calls_are_constrained_too(pythonic_client, choice):
+    kwargs = dict(model="py", messages=ASK, tools=TOOLS, tool_choice=choice, temperature=1.0, n=6, seed=4,
+                  max_tokens=160)
+    r = pythonic_client.chat.completions.create(**kwargs)
+    streamed = _reassemble(pythonic_client.chat.completions.create(stream=True, **kwargs))
+    made = 0
+    for ch in r.choices:
+        assert ch.finish_reason in ("tool_calls", "length")
+        if ch.finish_reason == "tool_calls":
+            made += len(check_calls(ch.message.tool_calls))
+        s = streamed[ch.index]
+        expected = [(c.function.name, c.function.arguments) for c in ch.message.tool_calls or []]
+        assert [(c["name"], c["arguments"]) for _, c in sorted(s["calls"].items())] == expected
+    assert made >= 3
