@@ -18,6 +18,7 @@ from typing import Any
 
 from sgl.constrained import ebnf_parse as ast
 from sgl.constrained.errors import GrammarError
+from sgl.constrained.structural import renamed, start_after
 
 PARAM = "structural_tag"
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -50,8 +51,9 @@ def pythonic_rules(spec: dict[str, Any]) -> dict[str, ast.RuleDef]:
                 value_rules = json_schema_to_rules(schema)
             except GrammarError as e:
                 raise GrammarError(f"{where}.parameters.properties.{key}: {e.message}", f"{where}.parameters") from None
-            for rule_name, rule in value_rules.items():
-                rules[prefix + rule_name] = ast.RuleDef(prefix + rule_name, _python(rule.expr, prefix), 0, 0)
+            for rule_name, rule in value_rules.items():  # JSON's words as Python's
+                rules[prefix + rule_name] = ast.RuleDef(prefix + rule_name, renamed(rule.expr, prefix, _python_words),
+                                                        0, 0)
         body.update(_keywords(f"f{i}", list(props), required))
         calls.append(ast.Seq((ast.Lit(name + "("), _ref(f"f{i}_a0"), ast.Lit(")"))))
     limit = spec.get("max_calls")
@@ -67,16 +69,11 @@ def pythonic_rules(spec: dict[str, Any]) -> dict[str, ast.RuleDef]:
         body["root"] = ast.Seq((space, ast.Alt((_ref("calls"), text))))
     else:
         body["root"] = ast.Seq((space, _ref("calls")))
-    start_after = spec.get("start_after")
-    if start_after is not None:
-        from sgl.constrained.structural import MAX_GAP, _avoiding
-
-        if not isinstance(start_after, str) or not start_after:
+    marker = spec.get("start_after")
+    if marker is not None:
+        if not isinstance(marker, str) or not marker:
             raise GrammarError("pythonic_calls.start_after must be a non-empty string", f"{PARAM}.start_after")
-        body["content"] = body.pop("root")
-        then = ast.Seq((ast.Repeat(ast.CharSet(((9, 10), (13, 13), (32, 32))), 0, MAX_GAP), _ref("content")))
-        body.update(_avoiding("pre", (start_after,), lambda _ti: then, may_end=False))
-        body["root"] = _ref("pre_0")
+        start_after(body, marker)
     defs = {name: ast.RuleDef(name, expr, 0, 0) for name, expr in body.items()}
     return {"root": defs.pop("root"), **defs, **rules}
 
@@ -112,22 +109,6 @@ def _keywords(fn: str, keys: list[str], required: set[str]) -> dict[str, ast.Exp
             out[f"{fn}_a{j}"] = ast.Alt((first, _ref(f"{fn}_a{j + 1}")))
             out[f"{fn}_b{j}"] = ast.Alt((later, _ref(f"{fn}_b{j + 1}")))
     return out
-
-
-def _python(expr: ast.Expr, prefix: str) -> ast.Expr:
-    """A JSON value's rule as a Python literal's: rules renamed into this value's namespace,
-    the JSON words outside strings in literals replaced."""
-    if isinstance(expr, ast.Lit):
-        return ast.Lit(_python_words(expr.text))
-    if isinstance(expr, ast.Ref):
-        return ast.Ref(prefix + expr.name, expr.line, expr.column)
-    if isinstance(expr, ast.Seq):
-        return ast.Seq(tuple(_python(e, prefix) for e in expr.items))
-    if isinstance(expr, ast.Alt):
-        return ast.Alt(tuple(_python(e, prefix) for e in expr.options))
-    if isinstance(expr, ast.Repeat):
-        return ast.Repeat(_python(expr.item, prefix), expr.min, expr.max)
-    return expr
 
 
 def _python_words(text: str) -> str:

@@ -146,7 +146,7 @@ def structural_tag_rules(tag: StructuralTag) -> dict[str, ast.RuleDef]:
                                f"{PARAM}.structures[{i}].schema") from None
         prefix = f"s{i}_"
         for name, rule in schema_rules.items():
-            rules[prefix + name] = ast.RuleDef(prefix + name, _renamed(rule.expr, prefix), 0, 0)
+            rules[prefix + name] = ast.RuleDef(prefix + name, renamed(rule.expr, prefix), 0, 0)
         values.append(_ref(prefix + "root"))
     body = {}
     if tag.free_text:
@@ -158,10 +158,7 @@ def structural_tag_rules(tag: StructuralTag) -> dict[str, ast.RuleDef]:
                           None if tag.max_structures is None else tag.max_structures - 1)
         body["root"] = ast.Seq((_ref("segment"), more))
     if tag.start_after is not None:  # before it: free text without the marker (the reasoning)
-        body["content"] = body.pop("root")
-        then = ast.Seq((ast.Repeat(ast.CharSet(((9, 10), (13, 13), (32, 32))), 0, MAX_GAP), _ref("content")))
-        body.update(_avoiding("pre", (tag.start_after,), lambda _ti: then, may_end=False))
-        body["root"] = _ref("pre_0")
+        start_after(body, tag.start_after)
     defs = {name: ast.RuleDef(name, expr, 0, 0) for name, expr in body.items()}
     return {"root": defs.pop("root"), **defs, **rules}
 
@@ -222,13 +219,26 @@ def _ref(name: str) -> ast.Ref:
     return ast.Ref(name, 0, 0)
 
 
-def _renamed(expr: ast.Expr, prefix: str) -> ast.Expr:
+def renamed(expr: ast.Expr, prefix: str, literal: Any = None) -> ast.Expr:
+    """`expr` with its rule references prefixed (a rule set moved into a namespace) and,
+    with `literal`, each literal's text mapped by it."""
+    if isinstance(expr, ast.Lit):
+        return ast.Lit(literal(expr.text)) if literal is not None else expr
     if isinstance(expr, ast.Ref):
         return ast.Ref(prefix + expr.name, expr.line, expr.column)
     if isinstance(expr, ast.Seq):
-        return ast.Seq(tuple(_renamed(e, prefix) for e in expr.items))
+        return ast.Seq(tuple(renamed(e, prefix, literal) for e in expr.items))
     if isinstance(expr, ast.Alt):
-        return ast.Alt(tuple(_renamed(e, prefix) for e in expr.options))
+        return ast.Alt(tuple(renamed(e, prefix, literal) for e in expr.options))
     if isinstance(expr, ast.Repeat):
-        return ast.Repeat(_renamed(expr.item, prefix), expr.min, expr.max)
+        return ast.Repeat(renamed(expr.item, prefix, literal), expr.min, expr.max)
     return expr
+
+
+def start_after(body: dict[str, ast.Expr], marker: str) -> None:
+    """Make the rules in `body` (its `root` is moved to `content`) start after `marker`:
+    first free text without it, then it and a little whitespace."""
+    body["content"] = body.pop("root")
+    then = ast.Seq((ast.Repeat(ast.CharSet(((9, 10), (13, 13), (32, 32))), 0, MAX_GAP), _ref("content")))
+    body.update(_avoiding("pre", (marker,), lambda _ti: then, may_end=False))
+    body["root"] = _ref("pre_0")

@@ -20,13 +20,13 @@ import json
 from typing import Any
 
 from sgl.lang import ir
-from sgl.tool_calls import PARSERS
 from sgl.lang.choices import (
     ChoicesMethod,
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
+from sgl.tool_calls import PARSERS
 
 FORMAT_VERSION = 1
 CHOICES_METHODS: dict[str, ChoicesMethod] = {

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 # Gens whose result also depends on something speculation cannot replay are never filled.
-_NOT_SPECULABLE = ("regex", "json_schema", "ebnf", "stop_token_ids", "n")
+_NOT_SPECULABLE = ("regex", "json_schema", "ebnf", "structural_tag", "stop_token_ids", "n")
 _ZERO_DEFAULT = ("frequency_penalty", "presence_penalty", "min_new_tokens")
 _IGNORED_IN_KEY = ("max_new_tokens", "stop")
 
