@@ -34,8 +34,9 @@ from sgl.constrained.errors import GrammarError
 
 PARAM = "structural_tag"
 MAX_STRUCTURES = 64  # structures in one tag (tools in one request)
-MAX_TRIGGER_CHARS = 256  # all triggers together: the free-text automaton has that many states
+MAX_TRIGGER_CHARS = 128  # all triggers together: the free-text automaton has that many states
 MAX_COUNT = 32  # max_structures: free text is counted per segment written
+MAX_FREE_STATES = 256  # (max_structures + 1) x the triggers' length: the free-text rules, one copy per count
 MAX_GAP = 8  # whitespace allowed between start_after and what follows it
 
 
@@ -90,6 +91,10 @@ def load_structural_tag(spec: Any, parse_only: bool = False) -> Any:
     count = spec.get("max_structures")
     if count is not None and (not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT):
         raise GrammarError(f"structural_tag.max_structures must be an integer from 1 to {MAX_COUNT}",
+                           f"{PARAM}.max_structures")
+    if count is not None and free_text and (count + 1) * sum(len(t) for t in triggers) > MAX_FREE_STATES:
+        raise GrammarError(f"structural_tag: max_structures ({count}) x the triggers' length is too large for the "
+                           f"free-text automaton (at most {MAX_FREE_STATES} states); use fewer or shorter triggers",
                            f"{PARAM}.max_structures")
     separator = spec.get("separator", "")
     if not isinstance(separator, str):

@@ -207,6 +207,8 @@ def test_start_after_leaves_the_reasoning_free():
     ({**TAG, "max_structures": 0}, "structural_tag.max_structures"),
     ({**TAG, "extra": 1}, "structural_tag.extra"),
     ({**TAG, "start_after": ""}, "structural_tag.start_after"),
+    ({**TAG, "max_structures": 30}, "structural_tag.max_structures"),  # 31 copies of an 11-state automaton
+    ({**TAG, "triggers": ["<" + "x" * 130]}, "structural_tag.triggers"),
     ({"structures": [{"begin": "<a>", "end": "</a>", "schema": {"type": "nonsense"}}], "triggers": ["<a"]},
      "structural_tag.structures[0].schema"),
 ])
