@@ -9,6 +9,7 @@ else is a 500. Handlers only build responses, so the server goes on serving.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -48,6 +49,14 @@ class APIError(Exception):
 def error_body(status: int, message: str, param: str | None = None, type: str | None = None) -> dict[str, Any]:
     kind = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def internal_error_body(exc: BaseException, where: str) -> dict[str, Any]:
+    """A 500's body: an incident id, and nothing of the exception itself (its message may hold
+    paths or data); the log has the traceback under the same id."""
+    incident = uuid.uuid4().hex[:12]
+    logger.error("incident %s: internal error in %s", incident, where, exc_info=exc)
+    return error_body(500, f"internal server error (incident {incident}; the server's log has the details)")
 
 
 def error_response(status: int, message: str, param: str | None = None, type: str | None = None,
@@ -124,5 +133,4 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONBody:
-        logger.exception("internal error serving %s %s", request.method, request.url.path)
-        return error_response(500, f"internal server error: {type(exc).__name__}: {exc}")
+        return JSONBody(internal_error_body(exc, f"{request.method} {request.url.path}"), status_code=500)

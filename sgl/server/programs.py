@@ -30,7 +30,7 @@ from sgl.lang.shipping import leading_text, replay, shared_prefix
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
-from sgl.server.errors import APIError, error_body
+from sgl.server.errors import APIError, error_body, internal_error_body
 from sgl.server.protocol import ErrorResponse, RunProgramRequest
 from sgl.server.state import get_state
 from sgl.server.streaming import client_gone, sse, sse_response
@@ -181,7 +181,9 @@ def _error(e: BaseException) -> dict[str, Any]:
     cause = e.__cause__ if isinstance(e, ProgramError) and e.__cause__ is not None else e
     if isinstance(cause, InvalidRequestError):
         return error_body(400, cause.message, cause.param)
-    return error_body(400 if isinstance(e, ProgramError) else 500, str(e))
+    if isinstance(e, ProgramError):
+        return error_body(400, str(e))
+    return internal_error_body(e, "/run_program")
 
 
 @router.post("/run_program", responses=ERRORS)

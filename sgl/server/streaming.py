@@ -12,7 +12,6 @@ which cancels it (the engine aborts a cancelled `async_generate`) if the client 
 from __future__ import annotations
 
 import asyncio
-import logging
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 from fastapi import Request
@@ -20,9 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from sgl.runtime.errors import InvalidRequestError
 from sgl.server.encoding import dumps
-from sgl.server.errors import APIError, error_body
-
-logger = logging.getLogger(__name__)
+from sgl.server.errors import APIError, error_body, internal_error_body
 
 DONE = "data: [DONE]\n\n"
 T = TypeVar("T")
@@ -37,8 +34,7 @@ def _error_event(exc: BaseException) -> str:
         return sse(error_body(400, exc.message, exc.param))
     if isinstance(exc, APIError):
         return sse(error_body(exc.status, exc.message, exc.param, exc.type))
-    logger.exception("stream failed", exc_info=exc)
-    return sse(error_body(500, f"internal server error: {type(exc).__name__}: {exc}"))
+    return sse(internal_error_body(exc, "a stream"))
 
 
 DISCONNECT_POLL_S = 0.5
