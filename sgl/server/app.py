@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.chat_template import ChatTemplate
@@ -34,9 +35,10 @@ JSON-schema extraction at `/v1/extract`, shipped programs at `/run_program`, ope
 
 def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
                profile_dir: str | None = None, tool_call_parser: str | None = None,
-               reasoning_parser: str | None = None) -> FastAPI:
+               reasoning_parser: str | None = None, cors_allow_origins: list[str] | None = None) -> FastAPI:
     """The app over `engine`. `tool_call_parser`: the tool-call format (default: the one the
-    chat template uses); `reasoning_parser`: split reasoning from answers ("qwen3", ...)."""
+    chat template uses); `reasoning_parser`: split reasoning from answers ("qwen3", ...);
+    `cors_allow_origins`: the browser origins answered (none: no CORS headers at all)."""
     from sgl import __version__
 
     metrics = Metrics(served_model_name)
@@ -63,6 +65,9 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
     install_error_handlers(app)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
+    if cors_allow_origins:  # added last: outermost, so preflights are answered before the key check
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors_allow_origins), allow_methods=["*"],
+                           allow_headers=["*"])
     for module in (native, sessions, programs, openai_api, extract, admin):
         app.include_router(module.router)
     return app

@@ -76,7 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--port", type=int, default=30000)
     server.add_argument("--api-key", default=os.environ.get("SGL_API_KEY"),
                         help="require 'Authorization: Bearer <key>' on every endpoint but /health "
-                             "(default: $SGL_API_KEY)")
+                             "(default: $SGL_API_KEY; a key on the command line shows in `ps`: prefer "
+                             "the variable or --api-key-file)")
+    server.add_argument("--api-key-file", default=os.environ.get("SGL_API_KEY_FILE"),
+                        help="read the API key from this file (default: $SGL_API_KEY_FILE)")
+    server.add_argument("--cors-allow-origins", nargs="+", default=None, metavar="ORIGIN",
+                        help="answer browsers from these origins ('*' for any); default: no CORS headers")
     server.add_argument("--served-model-name", default=None,
                         help="the model name clients use (default: the model file or directory name)")
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -103,8 +108,30 @@ def default_served_name(model_path: str) -> str:
     return base[: -len(".gguf")] if base.endswith(".gguf") else base
 
 
+def resolve_api_key(args: argparse.Namespace) -> str | None:
+    """The API key from --api-key ($SGL_API_KEY) or --api-key-file ($SGL_API_KEY_FILE);
+    ValueError for both, or for a file that cannot be read or holds no key."""
+    if args.api_key_file is None:
+        return args.api_key or None
+    if args.api_key:
+        raise ValueError("give --api-key or --api-key-file, not both")
+    try:
+        with open(args.api_key_file, encoding="utf-8") as f:
+            key = f.read().strip()
+    except OSError as e:
+        raise ValueError(f"--api-key-file: cannot read {args.api_key_file}: {e.strerror}") from None
+    if not key:
+        raise ValueError(f"--api-key-file: {args.api_key_file} holds no key")
+    return key
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        api_key = resolve_api_key(args)
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
@@ -116,8 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(**kwargs)
     try:
         name = args.served_model_name or default_served_name(engine.model_path)
-        app = create_app(engine, name, api_key=args.api_key, profile_dir=args.profile_dir,
-                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser)
+        app = create_app(engine, name, api_key=api_key, profile_dir=args.profile_dir,
+                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                         cors_allow_origins=args.cors_allow_origins)
         logger.info("serving %r (%s) on http://%s:%d", name, engine.model_path, args.host, args.port)
         # uvicorn handles SIGTERM / SIGINT while it runs (stop accepting, drain, stop) and then
         # re-raises the signal under the handler found before it; a no-op one lets us exit 0.
