@@ -138,9 +138,11 @@ class GrammarCompiler:
         if kind == "json_object":
             return kind, ""
         if kind == "structural_tag":
-            from sgl.constrained.structural import load_structural_tag
+            from sgl.constrained.structural import load_structural_tag, parse_structural_tag
 
-            tag = load_structural_tag(spec, parse_only=True)  # a bad tag fails here, naming its field
+            tag = parse_structural_tag(spec)
+            if tag.get("type") != "pythonic_calls":  # (that one is checked as its rules are built)
+                load_structural_tag(tag)  # a bad tag fails here, naming its field
             return kind, json.dumps(tag, separators=(",", ":"), ensure_ascii=False)
         if kind == "json_schema":
             from sgl.constrained.json_schema import load_schema
@@ -207,9 +209,9 @@ class GrammarCompiler:
         sgl's grammar engine whatever the backend: the external ones take other forms of it."""
         from sgl.constrained import ebnf
         from sgl.constrained.pythonic import pythonic_rules
-        from sgl.constrained.structural import load_structural_tag, structural_tag_rules
+        from sgl.constrained.structural import load_structural_tag, parse_structural_tag, structural_tag_rules
 
-        spec = json.loads(normalized)
+        spec = parse_structural_tag(normalized)
         if spec.get("type") == "pythonic_calls":
             rules = pythonic_rules(spec)
         else:

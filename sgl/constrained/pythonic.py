@@ -18,7 +18,7 @@ from typing import Any
 
 from sgl.constrained import ebnf_parse as ast
 from sgl.constrained.errors import GrammarError
-from sgl.constrained.structural import renamed, start_after
+from sgl.constrained.structural import after_marker, renamed
 
 PARAM = "structural_tag"
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -73,7 +73,7 @@ def pythonic_rules(spec: dict[str, Any]) -> dict[str, ast.RuleDef]:
     if marker is not None:
         if not isinstance(marker, str) or not marker:
             raise GrammarError("pythonic_calls.start_after must be a non-empty string", f"{PARAM}.start_after")
-        start_after(body, marker)
+        after_marker(body, marker)
     defs = {name: ast.RuleDef(name, expr, 0, 0) for name, expr in body.items()}
     return {"root": defs.pop("root"), **defs, **rules}
 

@@ -57,9 +57,8 @@ class StructuralTag:
     start_after: str | None = None  # the tag starts after this marker (a reasoning model's "</think>")
 
 
-def load_structural_tag(spec: Any, parse_only: bool = False) -> Any:
-    """The tag from its JSON text or dict; GrammarError naming the field otherwise. With
-    `parse_only`, the dict (a `pythonic_calls` one is checked when its rules are built)."""
+def parse_structural_tag(spec: Any) -> dict[str, Any]:
+    """The tag's dict from its JSON text or dict; GrammarError if it is neither."""
     if isinstance(spec, str):
         try:
             spec = json.loads(spec)
@@ -67,11 +66,12 @@ def load_structural_tag(spec: Any, parse_only: bool = False) -> Any:
             raise GrammarError(f"structural_tag is not valid JSON: {e}", PARAM) from None
     if not isinstance(spec, dict):
         raise GrammarError("structural_tag must be an object {type, structures, triggers}", PARAM)
-    if spec.get("type") == "pythonic_calls":
-        return spec
-    if parse_only:
-        load_structural_tag(spec)
-        return spec
+    return spec
+
+
+def load_structural_tag(spec: Any) -> StructuralTag:
+    """The tag from its JSON text or dict; GrammarError naming the field otherwise."""
+    spec = parse_structural_tag(spec)
     unknown = sorted(set(spec) - {"type", "structures", "triggers", "free_text", "max_structures", "separator",
                                   "start_after"})
     if unknown:
@@ -163,7 +163,7 @@ def structural_tag_rules(tag: StructuralTag) -> dict[str, ast.RuleDef]:
                           None if tag.max_structures is None else tag.max_structures - 1)
         body["root"] = ast.Seq((_ref("segment"), more))
     if tag.start_after is not None:  # before it: free text without the marker (the reasoning)
-        start_after(body, tag.start_after)
+        after_marker(body, tag.start_after)
     defs = {name: ast.RuleDef(name, expr, 0, 0) for name, expr in body.items()}
     return {"root": defs.pop("root"), **defs, **rules}
 
@@ -240,7 +240,7 @@ def renamed(expr: ast.Expr, prefix: str, literal: Any = None) -> ast.Expr:
     return expr
 
 
-def start_after(body: dict[str, ast.Expr], marker: str) -> None:
+def after_marker(body: dict[str, ast.Expr], marker: str) -> None:
     """Make the rules in `body` (its `root` is moved to `content`) start after `marker`:
     first free text without it, then it and a little whitespace."""
     body["content"] = body.pop("root")

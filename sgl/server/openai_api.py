@@ -325,10 +325,10 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     sampling, rename = _chat_sampling(req, state, tools, thinking)
     parser = state.tool_call_parser if tools is not None and tools.choice != "none" else None
     reasoning = state.reasoning_parser if req.separate_reasoning and thinking else None
+    validators = tools.validators() if parser else None
     choices = _Choices("chat.completion", "chat.completion.chunk", chat=True, n=req.n,
                        logprobs=_achat_logprobs if req.logprobs else None,
-                       output=(lambda: ChoiceOutput(parser, reasoning, tools.schemas if tools else None))
-                       if parser or reasoning else None)
+                       output=(lambda: ChoiceOutput(parser, reasoning, validators)) if parser or reasoning else None)
     try:
         prompt = await asyncio.to_thread(_render_chat, state, chat_messages(req.messages), tools,
                                          req.chat_template_kwargs)

@@ -46,10 +46,10 @@ class ToolRequest:
     parallel: bool
     given: tuple[dict[str, Any], ...]  # the tools as the request gave them: what a chat template reads
 
-    @property
-    def schemas(self) -> dict[str, dict[str, Any]]:
-        """Each callable function's parameters (what its calls are checked against)."""
-        return {f.name: f.parameters for f in self.calls_allowed}
+    def validators(self) -> dict[str, Any]:
+        """A `jsonschema` validator of each callable function's parameters (what its calls
+        are checked against): built once per request, shared by its choices."""
+        return {f.name: jsonschema.validators.validator_for(f.parameters)(f.parameters) for f in self.calls_allowed}
 
     @property
     def calls_allowed(self) -> tuple[Function, ...]:
@@ -230,18 +230,18 @@ class ChoiceOutput:
     """One choice's text -> message fields (content, reasoning_content, tool_calls), whole
     or as streamed deltas; `parser` None: no tools to parse, `reasoning` None: no reasoning.
 
-    Every call is checked against the declared functions (`schemas`: name -> parameters)
-    with `jsonschema`. The constraint makes every call pass; this is the guarantee's last
+    Every call is checked against the declared functions (`validators`: name -> the
+    `jsonschema` validator of its parameters). The constraint makes every call pass; this is the guarantee's last
     line: a call that fails is not returned as a tool call, its text goes to the end of
     the content instead."""
 
     def __init__(self, parser: str | None, reasoning: str | None,
-                 schemas: dict[str, dict[str, Any]] | None = None) -> None:
+                 validators: dict[str, Any] | None = None) -> None:
         self.parser_name = parser
         self.tool_parser = get_parser(parser) if parser else None
         self.reasoning = ReasoningParser(reasoning) if reasoning else None
         self.calls = 0
-        self._validators = {name: jsonschema.validators.validator_for(p)(p) for name, p in (schemas or {}).items()}
+        self._validators = validators or {}
         self._index: dict[int, int | None] = {}  # the parser's call index -> ours (None: rejected)
         self._rejected: list[str] = []
         self._tools_stream = self.tool_parser.streamer() if self.tool_parser else None

@@ -123,10 +123,11 @@ def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | Non
             raise APIError(400, f"{where}.{e.path}: {e.detail}", f"{where}.{e.path}") from e
         _check_gens(programs[-1], defaults, f"{where}.nodes")
     label = "program" if req.program is not None else "programs[{}]"
+    runs = len(args) if req.program is not None else 1  # the batch form runs its one program per set
     nodes = sum(_count(p, f"{label.format(k)}.nodes") for k, p in enumerate(programs))
-    if nodes * (len(args) if req.program is not None else 1) > MAX_NODES:
+    if nodes * runs > MAX_NODES:
         raise APIError(400, f"the programs have more than {MAX_NODES} nodes together; split the request", "programs")
-    return programs * (len(args) if req.program is not None else 1), args, defaults
+    return programs * runs, args, defaults
 
 
 def _is_single(req: RunProgramRequest) -> bool:

@@ -50,11 +50,20 @@ def url(engine):
         yield u
 
 
+def openai_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def served_client(engine, name: str, **app_options):
+    """An OpenAI client of a server on `engine` built with `app_options` (a fixture body)."""
+    with ServerThread(create_app(engine, name, **app_options)) as u, openai_client(u) as c:
+        yield c
+
+
 @pytest.fixture(scope="module")
 def client(url):
-    c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
-    yield c
-    c.close()
+    with openai_client(url) as c:
+        yield c
 
 
 def check_calls(calls) -> list[tuple[str, dict]]:
@@ -235,10 +244,7 @@ def test_a_template_that_takes_tools_renders_them_and_the_history(tmp_path):
 
 @pytest.fixture(scope="module")
 def reasoning_client(engine):
-    with ServerThread(create_app(engine, "r1", reasoning_parser="deepseek-r1")) as u:
-        c = openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=300)
-        yield c
-        c.close()
+    yield from served_client(engine, "r1", reasoning_parser="deepseek-r1")
 
 
 def test_reasoning_is_split_from_the_answer_whole_and_streamed(reasoning_client, engine):
@@ -316,10 +322,7 @@ def test_extract_reads_tool_calls_and_results_in_a_conversation(url):
 
 @pytest.fixture(scope="module")
 def pythonic_client(engine):
-    with ServerThread(create_app(engine, "py", tool_call_parser="pythonic")) as u:
-        c = openai.OpenAI(base_url=u + "/v1", api_key="none", max_retries=0, timeout=300)
-        yield c
-        c.close()
+    yield from served_client(engine, "py", tool_call_parser="pythonic")
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}],

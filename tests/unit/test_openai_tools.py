@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import jsonschema
 import pytest
 
 from sgl.server.errors import APIError
@@ -14,6 +15,7 @@ from sgl.server.openai_tools import ChoiceOutput, parse_tools
 
 SCHEMAS = {"add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
                    "required": ["a", "b"], "additionalProperties": False}}
+VALIDATORS = {name: jsonschema.validators.validator_for(schema)(schema) for name, schema in SCHEMAS.items()}
 
 CASES = [  # (format, output, the calls, text the content must hold)
     ("pythonic", '[add(a=1, b=2)]', [("add", {"a": 1, "b": 2})], ""),
@@ -42,14 +44,14 @@ def _stream(out: ChoiceOutput, text: str, rng: random.Random) -> tuple[str, list
 
 @pytest.mark.parametrize("parser,text,expected,kept", CASES)
 def test_calls_are_checked_and_streams_equal_the_whole(parser, text, expected, kept):
-    out = ChoiceOutput(parser, None, SCHEMAS)
+    out = ChoiceOutput(parser, None, VALIDATORS)
     fields = out.whole(text)
     calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in fields.get("tool_calls", [])]
     assert calls == expected and out.calls == len(expected)
     assert kept in (fields["content"] or "")
     rng = random.Random(0)
     for _ in range(20):
-        s_content, s_calls = _stream(ChoiceOutput(parser, None, SCHEMAS), text, rng)
+        s_content, s_calls = _stream(ChoiceOutput(parser, None, VALIDATORS), text, rng)
         assert (s_content, s_calls) == (fields["content"] or "", expected)
 
 
