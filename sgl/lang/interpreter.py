@@ -343,8 +343,8 @@ class StreamExecutor:
             self._session = None
             text, meta = self._generate(gen, sampling, logprobs, {})
         self.backend.record_usage(meta)
-        logger.info("gen %r: %r (%s prompt tokens, %s completion tokens)", gen.name, text[:80],
-                    meta.get("prompt_tokens"), meta.get("completion_tokens"))
+        logger.debug("gen %r: %r (%s prompt tokens, %s completion tokens)", gen.name, text[:80],
+                     meta.get("prompt_tokens"), meta.get("completion_tokens"))
         if gen.tool_format is not None:  # the variable holds the calls: [{"name", "arguments"}]
             meta = {**meta, "tool_calls": parsed_calls(text, gen.tool_format)}
         if gen.name is not None:

@@ -41,6 +41,13 @@ class EngineConfig:
     load_format: str = "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)
     cuda_graph_max_bs: int = 160  # decode steps of up to this many requests replay CUDA graphs
     disable_cuda_graph: bool = False
+    # Admission limits: past them a request is refused (EngineOverloadedError / RequestTooLargeError,
+    # a 429 / 413 from the server), so what a burst of clients can make the engine hold stays bounded.
+    max_queued_requests: int | None = 1024  # in flight beyond max_running_requests; None: no limit
+    max_prompt_tokens: int | None = None  # None: up to the context length
+    max_new_tokens_limit: int | None = None  # None: up to the context length
+    max_n: int = 128  # samples per prompt (OpenAI's bound)
+    max_top_logprobs: int = 20  # top logprobs per token (OpenAI's bound)
     # CPU: compile the batch-1 decode forward with torch.compile (inductor) at start-up
     # (15-45 s the first time, cached on disk by inductor); other steps run eagerly.
     torch_compile: bool = False
@@ -62,6 +69,12 @@ class EngineConfig:
             raise ValueError(f"max_total_tokens must be >= 16, got {self.max_total_tokens}")
         if self.max_running_requests < 1:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
+        for name in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens_limit"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < (0 if name == "max_queued_requests" else 1)):
+                raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
+        if self.max_n < 1 or self.max_top_logprobs < 0:
+            raise ValueError(f"max_n must be >= 1 and max_top_logprobs >= 0, got {self.max_n}, {self.max_top_logprobs}")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
         from sgl.runtime.attention import ATTENTION_BACKENDS
@@ -108,6 +121,13 @@ class EngineConfig:
     def chunk_size(self) -> int | None:
         """The prefill chunk in tokens; None: chunking off."""
         return self.chunked_prefill_size if self.chunked_prefill_size and self.chunked_prefill_size > 0 else None
+
+    @property
+    def max_in_flight(self) -> int | None:
+        """Requests admitted at once (running + queued); None: no limit."""
+        if self.max_queued_requests is None:
+            return None
+        return self.max_running_requests + self.max_queued_requests
 
 
 def cuda_graph_max_bs(cfg: EngineConfig, device: torch.device) -> int:

@@ -26,7 +26,7 @@ import torch
 
 from sgl.runtime.chat import render_messages, validate_messages
 from sgl.runtime.config import EngineConfig, SchedulerConfig
-from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.errors import EngineFault, EngineOverloadedError, EngineUnavailableError, InvalidRequestError
 from sgl.runtime.model.quant import quantization_summary
 from sgl.runtime.messages import (
     AbortRequest,
@@ -103,7 +103,7 @@ class _Call:
         self.multi = len(reqs) > 1
 
     def submit(self, sink: Any) -> None:
-        self.engine._router.register(list(self.index), sink)
+        self.engine._router.register(list(self.index), sink, self.engine.config.max_in_flight)
         for r in self.reqs:
             self.engine._send(SubmitRequest(r))
 
@@ -217,7 +217,7 @@ class Engine:
                         return_logprob: bool, logprob_start_len: int, top_logprobs_num: Any, stream: bool, rid: Any,
                         return_text_in_logprobs: bool, session_params: Any) -> _Call:
         """Normalize the inputs, check each fits, compile its constraint, expand n."""
-        self._check_open()
+        self._check_admission()
         if messages is not None:
             if prompt is not None:
                 raise InvalidRequestError("give one of prompt and messages, not both", "messages")
@@ -227,11 +227,12 @@ class Engine:
         inputs = rb.normalize_inputs(prompt, input_ids, sampling_params, rid, session_params, self.encode, vocab)
         logprobs = rb.logprob_options(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs,
                                       vocab)
+        rb.check_limits(inputs, logprobs, self.config)
         capacity = self.memory_plan["max_total_tokens"]
         reqs: list[GenerateRequest] = []
         for ids, p, r in zip(inputs.id_lists, inputs.params, inputs.rids):
             if inputs.session is None:  # a session turn is checked with its history, by the scheduler
-                rb.check_fit(ids, p, logprobs, self.context_len, capacity)
+                rb.check_fit(ids, p, logprobs, self.context_len, capacity, self.config.max_new_tokens_limit)
             reqs.extend(rb.expand_n(r, ids, p, logprobs, stream, self._compile_constraint(p), inputs.session))
         rb.check_unique(reqs, inputs.rids)
         return _Call(self, reqs, inputs.is_batch or len(reqs) > 1)
@@ -463,9 +464,25 @@ class Engine:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def fault(self) -> EngineFault | None:
+        """The scheduler's first step failure (its `incident` names the log entry), or None."""
+        return self.scheduler.fault
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("the engine is shut down")
+
+    def _check_admission(self) -> None:
+        """Refuse a new request early (before tokenizing) when the engine failed or is full."""
+        self._check_open()
+        fault = self.scheduler.fault
+        if fault is not None:
+            raise EngineUnavailableError(f"the engine failed (incident {fault.incident}) and takes no new requests; "
+                                         "the server restarts it", fault.incident)
+        max_in_flight = self.config.max_in_flight
+        if max_in_flight is not None and self._router.in_flight() >= max_in_flight:
+            raise EngineOverloadedError(f"the server is at capacity ({max_in_flight} requests in flight); retry later")
 
     def shutdown(self) -> None:
         if not getattr(self, "_closed", True):

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.errors import InvalidRequestError, RequestTooLargeError
 from sgl.runtime.messages import GenerateRequest, LogprobOptions
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.session import SessionParams
@@ -102,15 +102,41 @@ def logprob_options(return_logprob: bool, logprob_start_len: int, top_logprobs_n
     return LogprobOptions(True, logprob_start_len, top_logprobs_num, with_text)
 
 
-def check_fit(ids: list[int], p: SamplingParams, logprobs: LogprobOptions, context_len: int, capacity: int) -> None:
+def check_limits(inputs: Inputs, logprobs: LogprobOptions, cfg: Any) -> None:
+    """The configured size limits (EngineConfig.max_*): past one, a RequestTooLargeError that
+    names the field, the limit and the option that raises it."""
+    for ids, p in zip(inputs.id_lists, inputs.params):
+        if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+            raise RequestTooLargeError(f"the prompt has {len(ids)} tokens; this server takes at most "
+                                       f"{cfg.max_prompt_tokens} (max_prompt_tokens)", "prompt")
+        if p.n > cfg.max_n:
+            raise RequestTooLargeError(f"n is {p.n}; this server takes at most {cfg.max_n} (max_n)", "n")
+        limit = cfg.max_new_tokens_limit
+        if limit is not None and p.max_new_tokens is not None and p.max_new_tokens > limit:
+            raise RequestTooLargeError(f"max_new_tokens is {p.max_new_tokens}; this server takes at most {limit} "
+                                       "(max_new_tokens_limit)", "max_new_tokens")
+    if logprobs.enabled and logprobs.top_n > cfg.max_top_logprobs:
+        raise RequestTooLargeError(f"top_logprobs_num is {logprobs.top_n}; this server takes at most "
+                                   f"{cfg.max_top_logprobs} (max_top_logprobs)", "top_logprobs_num")
+    count = sum(p.n for p in inputs.params)
+    if cfg.max_in_flight is not None and count > cfg.max_in_flight:
+        raise RequestTooLargeError(f"the request makes {count} generations (prompts x n); at most "
+                                   f"{cfg.max_in_flight} can be in flight (max_running_requests + "
+                                   "max_queued_requests): split it", "prompt")
+
+
+def check_fit(ids: list[int], p: SamplingParams, logprobs: LogprobOptions, context_len: int, capacity: int,
+              max_new_tokens_limit: int | None = None) -> None:
     """The prompt (a session turn: with its history) and its new tokens fit the context and the
-    KV pool. max_new_tokens None ("as many as fit") is resolved here, in place."""
+    KV pool. max_new_tokens None ("as many as fit", up to `max_new_tokens_limit`) is resolved
+    here, in place."""
     if not ids:
         raise InvalidRequestError("the prompt is empty: give at least one token", "prompt")
     if len(ids) >= context_len:
         raise InvalidRequestError(f"the prompt has {len(ids)} tokens; the context length is {context_len}", "prompt")
     if p.max_new_tokens is None:
-        p.max_new_tokens = max(0, min(context_len - len(ids), (capacity - 1 - len(ids)) // p.n))
+        p.max_new_tokens = max(0, min(context_len - len(ids), (capacity - 1 - len(ids)) // p.n,
+                                      max_new_tokens_limit or context_len))
         p.min_new_tokens = min(p.min_new_tokens, p.max_new_tokens)
     if len(ids) + p.max_new_tokens > context_len:
         raise InvalidRequestError(

@@ -16,6 +16,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Protocol
 
+from sgl.runtime.errors import EngineOverloadedError
 from sgl.runtime.messages import FinishReason, ReqEvent, Reply, RequestStats, SchedulerOutput
 
 logger = logging.getLogger(__name__)
@@ -62,10 +63,20 @@ class ResultRouter:
         self._replies: dict[str, Future] = {}
         self._finish_listeners: list[Callable[[ReqEvent], None]] = []
 
-    def register(self, rids: list[str], sink: ResultSink) -> None:
+    def register(self, rids: list[str], sink: ResultSink, max_in_flight: int | None = None) -> None:
+        """Route `rids`' events to `sink`; EngineOverloadedError (nothing registered) when that
+        would make more than `max_in_flight` requests whose callers are waiting."""
         with self._lock:
+            if max_in_flight is not None and len(self._sinks) + len(rids) > max_in_flight:
+                raise EngineOverloadedError(
+                    f"the server is at capacity ({len(self._sinks)} requests in flight, at most {max_in_flight}); "
+                    "retry later")
             for rid in rids:
                 self._sinks[rid] = sink
+
+    def in_flight(self) -> int:
+        """Requests whose callers are waiting for their final event."""
+        return len(self._sinks)
 
     def unregister(self, rids: list[str]) -> None:
         with self._lock:

@@ -5,8 +5,10 @@ One thread owns every piece of mutable engine state: the KV memory and prefix ca
 output state (output.py) and the sessions (session.py). Callers reach it only through
 typed messages (messages.py) in `inbox`; it answers only through `emit`. Each step:
 drain the inbox, expire idle sessions, build the next batch, run it, and turn the sampled
-tokens into events. A step that raises fails every request in flight (returning their KV)
-and the loop goes on.
+tokens into events. A step that raises is a fault: it is logged under an incident id, every
+request in flight fails with it (their KV returned), `faulted` is set and later requests are
+refused: the state a failed step leaves is not trusted, so the process that owns the engine
+is expected to drain and restart it (the server does), not to go on serving.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 from sgl.runtime.attention import backend_name
 from sgl.runtime.batch import BatchBuilder, BatchItem
 from sgl.runtime.config import SchedulerConfig
-from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.errors import EngineFault, InvalidRequestError, new_incident_id
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.messages import (
@@ -75,6 +77,8 @@ class Scheduler:
         self._next_expiry_check = 0.0
         self._stop = False
         self._thread: threading.Thread | None = None
+        self.fault: EngineFault | None = None  # the first step failure; then every new request is refused
+        self.faulted = threading.Event()
         self._handlers: dict[type, Callable[[Any], None]] = {
             SubmitRequest: self._on_submit, AbortRequest: self._on_abort, OpenSession: self._on_open_session,
             CloseSession: self._on_close_session, FlushCache: self._on_flush, GetInfo: self._on_info,
@@ -102,11 +106,20 @@ class Scheduler:
                     break
                 self._expire_sessions()
                 self.step()
-            except Exception as e:  # never let one bad step kill the loop
-                logger.exception("scheduler step failed")
-                self._fail_all(e)
+            except Exception as e:  # the loop survives to answer every caller, but the engine is done
+                self._on_fault(e)
         self._fail_all(RuntimeError("engine shut down"))
         self._refuse_late_messages()
+
+    def _on_fault(self, error: Exception) -> None:
+        incident = new_incident_id()
+        logger.error("incident %s: scheduler step failed; the engine refuses new requests", incident, exc_info=error)
+        fault = EngineFault(incident)
+        fault.__cause__ = error
+        if self.fault is None:
+            self.fault = fault
+            self.faulted.set()
+        self._fail_all(fault)
 
     def _refuse_late_messages(self) -> None:
         """Messages that arrived after the last drain: every request and query still gets an answer."""
@@ -175,13 +188,16 @@ class Scheduler:
     def _on_submit(self, msg: SubmitRequest) -> None:
         request = msg.request
         req = Req(request, request.input_ids)
+        if self.fault is not None:  # sent before the caller could see the fault
+            self._finish(req, FinishReason.abort(f"engine error: {self.fault}"), error=self.fault)
+            return
         if request.session is not None:  # prepend the continued turn, then check the whole prompt fits
             try:
                 req.origin_input_ids = self.sessions.resolve(request.session, request.input_ids,
                                                              request.sampling_params.max_new_tokens or 0,
                                                              getattr(self.tokenizer, "bos_token_id", None))
                 check_fit(req.origin_input_ids, request.sampling_params, request.logprobs,
-                          self.config.max_context_len, self.kv.pool.capacity)
+                          self.config.max_context_len, self.kv.pool.capacity, self.config.engine.max_new_tokens_limit)
             except InvalidRequestError as e:  # e.g. the session closed before this turn arrived
                 self._finish(req, FinishReason.abort(e.message), error=e)
                 return

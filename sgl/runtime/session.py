@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.errors import InvalidRequestError, NotFoundError
 
 DEFAULT_SESSION_TIMEOUT = 600.0  # seconds a session may sit idle before it closes itself
 MAX_SESSION_TIMEOUT = 86400.0
@@ -126,8 +126,9 @@ class SessionRegistry:
         """The full prompt of a request in a session: the continued turn's tokens + `new_ids`."""
         s = self._sessions.get(params.id)
         if s is None:
-            raise InvalidRequestError(
-                f"no open session {params.id!r} (closed, timed out, or never opened); call /open_session",
+            raise NotFoundError(
+                f"no open session {params.id!r} (closed, timed out, never opened, or lost in a server restart); "
+                "call /open_session",
                 "session_params.id")
         s.last_used = time.monotonic()
         history: list[int] = []

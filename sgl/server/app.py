@@ -21,7 +21,9 @@ from sgl.tool_calls import ReasoningParser, detect_parser, get_parser
 from sgl.server import admin, extract, native, openai_api, programs, sessions
 from sgl.server.auth import APIKeyMiddleware
 from sgl.server.errors import install_error_handlers
+from sgl.server.lifecycle import BodySizeLimitMiddleware, Lifecycle, LifecycleMiddleware
 from sgl.server.metrics import Metrics
+from sgl.server.request_log import RequestLogMiddleware
 from sgl.server.state import ServerState
 
 DESCRIPTION = """Serves an sgl engine: the native `/generate` (the engine's result dicts, as JSON or
@@ -30,15 +32,21 @@ JSON-schema extraction at `/v1/extract`, shipped programs at `/run_program`, ope
 (`/health`, `/get_model_info`, `/get_server_info` or `/server_info`, `/flush_cache`,
 `/abort_request`, `/metrics`, `/start_profile`, `/stop_profile`), and sessions (`/open_session`,
 `/close_session`, `session_params` on `/generate`). Errors have the body
-`{"error": {"message", "type", "param", "code"}}`."""
+`{"error": {"message", "type", "param", "code"}}`: 400 bad input, 401 no key, 404 unknown
+session or model, 413 over a size limit, 429 at capacity and 503 draining or failed (both
+with `Retry-After`), 500 an internal error naming an incident id."""
+
+DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
 def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
                profile_dir: str | None = None, tool_call_parser: str | None = None,
-               reasoning_parser: str | None = None, cors_allow_origins: list[str] | None = None) -> FastAPI:
+               reasoning_parser: str | None = None, cors_allow_origins: list[str] | None = None,
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_requests: bool = False) -> FastAPI:
     """The app over `engine`. `tool_call_parser`: the tool-call format (default: the one the
     chat template uses); `reasoning_parser`: split reasoning from answers ("qwen3", ...);
-    `cors_allow_origins`: the browser origins answered (none: no CORS headers at all)."""
+    `cors_allow_origins`: the browser origins answered (none: no CORS headers at all);
+    `max_request_bytes`: larger bodies get a 413; `log_requests`: log bodies and responses."""
     from sgl import __version__
 
     metrics = Metrics(served_model_name)
@@ -56,6 +64,7 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
         profile_dir=profile_dir,
         tool_call_parser=tool_call_parser or detect_parser(getattr(engine.tokenizer, "chat_template", None)),
         reasoning_parser=reasoning_parser,
+        lifecycle=Lifecycle(engine),
     )
     get_parser(state.tool_call_parser)  # an unknown name fails at start, listing the known ones
     if reasoning_parser is not None:
@@ -63,6 +72,12 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
     app = FastAPI(title="sgl", version=__version__, description=DESCRIPTION)
     app.state.sgl = state
     install_error_handlers(app)
+    # Middleware added later runs earlier: CORS, then the key, then refusals while draining or
+    # failed, then the body cap, then the request log.
+    if log_requests:
+        app.add_middleware(RequestLogMiddleware)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
+    app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if cors_allow_origins:  # added last: outermost, so preflights are answered before the key check

@@ -2,21 +2,21 @@
 `{"error": {"message", "type", "param", "code"}}`, whatever raised it.
 
 Bad input is a 4xx (pydantic validation and malformed JSON become 400, not FastAPI's
-default 422 shape; the engine's `InvalidRequestError` is 400 with its `param`); anything
-else is a 500. Handlers only build responses, so the server goes on serving.
+default 422 shape; the engine's `InvalidRequestError` and its kinds carry their status: 400,
+404, 413, 429 or 503, the last two with `Retry-After`); anything else is a 500 naming an
+incident id. Handlers only build responses, so the server goes on serving.
 """
 
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sgl.runtime.errors import InvalidRequestError
+from sgl.runtime.errors import InvalidRequestError, new_incident_id
 from sgl.server.encoding import JSONBody
 
 logger = logging.getLogger(__name__)
@@ -38,12 +38,14 @@ _TYPES = {
 class APIError(Exception):
     """Raised by handlers for a client-visible error with a given status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.type = type
+        self.headers = headers
 
 
 def error_body(status: int, message: str, param: str | None = None, type: str | None = None) -> dict[str, Any]:
@@ -51,12 +53,34 @@ def error_body(status: int, message: str, param: str | None = None, type: str | 
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
+def _logged_incident(exc: BaseException) -> str | None:
+    """The incident id an error already carries (an engine fault is logged where it happens)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(getattr(cur, "incident", None), str):
+            return cur.incident  # type: ignore[union-attr]
+        cur = cur.__cause__ or cur.__context__
+    return None
+
+
 def internal_error_body(exc: BaseException, where: str) -> dict[str, Any]:
     """A 500's body: an incident id, and nothing of the exception itself (its message may hold
     paths or data); the log has the traceback under the same id."""
-    incident = uuid.uuid4().hex[:12]
-    logger.error("incident %s: internal error in %s", incident, where, exc_info=exc)
+    incident = _logged_incident(exc)
+    if incident is None:
+        incident = new_incident_id()
+        logger.error("incident %s: internal error in %s", incident, where, exc_info=exc)
+    else:
+        logger.error("incident %s: %s failed (the traceback is logged under the incident)", incident, where)
     return error_body(500, f"internal server error (incident {incident}; the server's log has the details)")
+
+
+def refusal_headers(e: InvalidRequestError) -> dict[str, str] | None:
+    """`Retry-After` on the refusals worth retrying (429 overloaded, 503 unavailable)."""
+    retry_after = getattr(e, "retry_after", None)
+    return {"Retry-After": str(retry_after)} if retry_after is not None else None
 
 
 def error_response(status: int, message: str, param: str | None = None, type: str | None = None,
@@ -67,7 +91,7 @@ def error_response(status: int, message: str, param: str | None = None, type: st
 def from_invalid_request(e: InvalidRequestError, rename: dict[str, str] | None = None) -> APIError:
     """The engine's error as a 400; `rename` maps engine field names to the API's."""
     param = e.param if not rename or e.param not in rename else rename[e.param]
-    return APIError(400, e.message, param)
+    return APIError(e.status, e.message, param, headers=refusal_headers(e))
 
 
 _TYPE_TAGS = frozenset({"str", "int", "float", "bool", "dict", "list", "none", "bytes"})
@@ -113,11 +137,11 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONBody:
-        return error_response(exc.status, exc.message, exc.param, exc.type)
+        return error_response(exc.status, exc.message, exc.param, exc.type, exc.headers)
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(request: Request, exc: InvalidRequestError) -> JSONBody:
-        return error_response(400, exc.message, exc.param)
+        return error_response(exc.status, exc.message, exc.param, headers=refusal_headers(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONBody:

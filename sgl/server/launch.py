@@ -1,9 +1,12 @@
 """`python -m sgl.launch_server`: load an engine and serve it with uvicorn.
 
 Engine options are the `EngineConfig` fields as `--kebab-case` flags. SIGTERM (or Ctrl-C)
-stops accepting connections, lets in-flight requests finish for up to
-`--graceful-shutdown-timeout` seconds (streams still open then are cancelled, which
-aborts their requests), shuts the engine down and exits 0.
+starts a drain: `/health` and new requests get 503, in-flight requests finish for up to
+`--graceful-shutdown-timeout` seconds (streams still open then are cancelled, which aborts
+their requests), then uvicorn stops, the engine shuts down and the process exits 0. A
+second signal stops at once. An engine fault (an exception in the scheduler loop) drains
+the same way and exits 1, so a supervisor restarts a fresh process instead of a dead
+engine being served.
 """
 
 from __future__ import annotations
@@ -12,7 +15,16 @@ import argparse
 import logging
 import os
 import signal
+import sys
+import threading
+import time
+from types import FrameType
 from typing import Any
+
+import uvicorn
+
+from sgl.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
+from sgl.server.lifecycle import Lifecycle
 
 logger = logging.getLogger("sgl.server")
 
@@ -60,6 +72,16 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--cuda-graph-max-bs": ("cuda_graph_max_bs", dict(type=int, default=160,
                             help="decode steps of up to this many requests replay CUDA graphs")),
     "--disable-cuda-graph": ("disable_cuda_graph", dict(action="store_true")),
+    "--max-queued-requests": ("max_queued_requests", dict(
+        type=int, default=1024, help="requests that may wait beyond --max-running-requests; past it a 429 "
+                                     "with Retry-After")),
+    "--max-prompt-tokens": ("max_prompt_tokens", dict(type=int, default=None,
+                            help="longest prompt taken, in tokens (a 413 past it; default: the context length)")),
+    "--max-new-tokens-limit": ("max_new_tokens_limit", dict(
+        type=int, default=None, help="largest max_tokens / max_new_tokens taken (a 413 past it; default: the "
+                                     "context length)")),
+    "--max-n": ("max_n", dict(type=int, default=128, help="largest n (samples per prompt) taken")),
+    "--max-top-logprobs": ("max_top_logprobs", dict(type=int, default=20, help="largest top_logprobs taken")),
     "--torch-compile": ("torch_compile", dict(
         action="store_true", help="CPU: compile the batch-1 decode forward with torch.compile at start-up "
                                   "(15-45 s the first time, cached on disk)")),
@@ -87,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     server.add_argument("--graceful-shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                        help="largest request body taken (a 413 past it)")
+    server.add_argument("--log-requests", action="store_true",
+                        help="log each request's body and response (prompts and outputs; off by default)")
     server.add_argument("--profile-dir", default=os.environ.get("SGL_TORCH_PROFILER_DIR"),
                         help="enable /start_profile and /stop_profile; torch profiler traces are written "
                              "under this directory (default: $SGL_TORCH_PROFILER_DIR; unset: profiling off)")
@@ -133,10 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from sgl.runtime.engine import Engine
-    from sgl.server.app import create_app
 
     kwargs = engine_kwargs(args)
     logger.info("loading the engine: %s", {k: v for k, v in kwargs.items() if v is not None})
@@ -145,14 +168,60 @@ def main(argv: list[str] | None = None) -> None:
         name = args.served_model_name or default_served_name(engine.model_path)
         app = create_app(engine, name, api_key=api_key, profile_dir=args.profile_dir,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                         cors_allow_origins=args.cors_allow_origins)
+                         cors_allow_origins=args.cors_allow_origins, max_request_bytes=args.max_request_bytes,
+                         log_requests=args.log_requests)
         logger.info("serving %r (%s) on http://%s:%d", name, engine.model_path, args.host, args.port)
-        # uvicorn handles SIGTERM / SIGINT while it runs (stop accepting, drain, stop) and then
-        # re-raises the signal under the handler found before it; a no-op one lets us exit 0.
+        # uvicorn re-raises the signal that stopped it under the handler found before it; a
+        # no-op one lets us exit with our own status.
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: None)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                    timeout_graceful_shutdown=args.graceful_shutdown_timeout)
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                timeout_graceful_shutdown=args.graceful_shutdown_timeout)
+        DrainingServer(config, app.state.sgl.lifecycle, engine, args.graceful_shutdown_timeout).run()
         logger.info("server stopped; shutting the engine down")
     finally:
         engine.shutdown()
+    if engine.fault is not None:
+        logger.error("exiting 1 after the engine fault (incident %s)", engine.fault.incident)
+        sys.exit(1)
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn that drains before it stops: on the first SIGTERM / SIGINT, or when the engine
+    faults, new requests get 503 while those in flight finish (up to `drain_timeout` s)."""
+
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, engine: Any, drain_timeout: float) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.drain_timeout = drain_timeout
+        self._drain_started = threading.Lock()
+        faulted = getattr(getattr(engine, "scheduler", None), "faulted", None)
+        if faulted is not None:
+            threading.Thread(target=self._drain_on, args=(faulted,), name="sgl-fault-watch", daemon=True).start()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.lifecycle.draining:  # a second signal: stop now
+            self.force_exit = True
+            super().handle_exit(sig, frame)
+            return
+        logger.info("signal %d: draining (new requests get 503) for up to %.0f s", sig, self.drain_timeout)
+        self._drain()
+
+    def _drain_on(self, faulted: threading.Event) -> None:
+        faulted.wait()
+        logger.error("the engine failed: draining, then exiting 1 for a restart")
+        self._drain()
+
+    def _drain(self) -> None:
+        if not self._drain_started.acquire(blocking=False):
+            return
+        self.lifecycle.start_drain()
+        threading.Thread(target=self._stop_when_idle, name="sgl-drain", daemon=True).start()
+
+    def _stop_when_idle(self) -> None:
+        start = time.monotonic()
+        if not self.lifecycle.wait_idle(self.drain_timeout):
+            logger.warning("drain timeout: %d requests still in flight are cancelled", self.lifecycle.in_flight)
+        # what is left of the drain time is uvicorn's own grace for the connections still open
+        self.config.timeout_graceful_shutdown = max(1.0, self.drain_timeout - (time.monotonic() - start))
+        self.should_exit = True

@@ -26,6 +26,7 @@ class ServerState:
     profile_dir: str | None = None  # /start_profile writes traces under it; None: profiling is off
     tool_call_parser: str = "hermes"  # the format of tool calls in the model's output (sgl.tool_calls)
     reasoning_parser: str | None = None  # "qwen3" / "deepseek-r1": reasoning split from the answer
+    lifecycle: Any = None  # sgl.server.lifecycle.Lifecycle: draining, requests in flight
 
     def check_model(self, model: str | None) -> None:
         """OpenAI requests name a model: accept the served name (and 'default'), else 404."""

@@ -31,7 +31,7 @@ def sse(data: Any) -> str:
 
 def _error_event(exc: BaseException) -> str:
     if isinstance(exc, InvalidRequestError):
-        return sse(error_body(400, exc.message, exc.param))
+        return sse(error_body(exc.status, exc.message, exc.param))
     if isinstance(exc, APIError):
         return sse(error_body(exc.status, exc.message, exc.param, exc.type))
     return sse(internal_error_body(exc, "a stream"))

@@ -1,14 +1,15 @@
 """`python -m sgl.launch_server` as a user starts it: CLI options reach the engine and the
-app, and SIGTERM lets an in-flight request finish, then exits 0."""
+app, SIGTERM drains (in-flight requests finish, new ones get 503) and exits 0, and an engine
+fault exits 1 after the failed requests are answered, so a supervisor restarts the server."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 
 import pytest
 import requests
@@ -36,7 +37,8 @@ def test_launch_server_cli_and_graceful_sigterm():
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--host", "127.0.0.1",
            "--port", str(port), "--max-total-tokens", "4096", "--schedule-policy", "fcfs",
-           "--served-model-name", "launched", "--api-key", "k", "--log-level", "warning"]
+           "--served-model-name", "launched", "--api-key", "k", "--log-level", "warning",
+           "--graceful-shutdown-timeout", "600"]  # long: a loaded machine may decode slowly
     proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -49,21 +51,62 @@ def test_launch_server_cli_and_graceful_sigterm():
         info = requests.get(url + "/get_server_info", headers=auth, timeout=10).json()
         assert info["max_total_tokens"] == 4096 and info["schedule_policy"] == "fcfs"
 
-        result: dict = {}
-
-        def run() -> None:
-            body = {"text": "Count:", "sampling_params": {"max_new_tokens": 24, "ignore_eos": True}}
-            result["resp"] = requests.post(url + "/generate", json=body, headers=auth, timeout=120)
-
-        t = threading.Thread(target=run)
-        t.start()
-        assert wait_until(lambda: requests.get(url + "/get_server_info", headers=auth, timeout=10)
-                          .json()["num_running_reqs"] > 0, timeout=60, interval=0.02)
-        proc.send_signal(signal.SIGTERM)
-        t.join(timeout=120)
-        assert result["resp"].status_code == 200
-        assert result["resp"].json()["meta_info"]["completion_tokens"] == 24  # finished, not cut off
+        # a long stream in flight: SIGTERM drains, so it finishes while new requests get 503
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
+        with requests.post(url + "/generate", json=body, headers=auth, stream=True, timeout=120) as stream:
+            lines = stream.iter_lines(decode_unicode=True)
+            assert next(line for line in lines if line).startswith("data: {")
+            proc.send_signal(signal.SIGTERM)
+            assert wait_until(lambda: requests.get(url + "/health", timeout=10).status_code == 503, timeout=60,
+                              interval=0.02)
+            refused = requests.post(url + "/generate", json=body, headers=auth, timeout=60)
+            assert_error(refused, 503)
+            assert int(refused.headers["Retry-After"]) >= 1
+            events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+        assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        assert events[-1]["meta_info"]["completion_tokens"] == 200  # finished, not cut off
         assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+# The engine raises inside its forward step for the request with rid "boom" (a stand-in for a
+# kernel or memory error), in a real server process started as the CLI does.
+FAULTY_SERVER = """
+import sys
+from sgl.runtime.model_runner import ModelRunner
+forward = ModelRunner.forward
+def forward_or_fail(self, step, *args, **kwargs):
+    if any(r.rid == "boom" for r in step.reqs):
+        raise RuntimeError("injected fault")
+    return forward(self, step, *args, **kwargs)
+ModelRunner.forward = forward_or_fail
+from sgl.server.launch import main
+main(sys.argv[1:])
+"""
+
+
+def test_an_engine_fault_answers_with_an_incident_and_exits_1():
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-c", FAULTY_SERVER, "--model-path", "tiny-llama", "--load-format", "dummy",
+           "--max-total-tokens", "1024", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_until(lambda: _up(url) or proc.poll() is not None, timeout=180, interval=0.25)
+        assert proc.poll() is None, proc.stdout.read()
+        ok = requests.post(url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2}}, timeout=60)
+        assert ok.status_code == 200
+        r = requests.post(url + "/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 2},
+                                                   "rid": "boom"}, timeout=60)
+        err = assert_error(r, 500)
+        incident = err["message"].split("incident ")[1].split(";")[0]
+        assert proc.wait(timeout=60) == 1
+        log = proc.stdout.read()
+        assert f"incident {incident}" in log and "Traceback" in log and "injected fault" in log
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -63,7 +63,7 @@ def test_turns_continue_history_like_the_whole_tokens_sent_at_once(url, engine):
     assert_error(post(url, "/close_session", {"session_id": sid}), 404, "session_id")
     assert_error(post(url, "/generate", {"text": follow, "sampling_params": GREEDY,
                                          "session_params": {"id": sid, "rid": t1["meta_info"]["id"]}}),
-                 400, "session_params.id")
+                 404, "session_params.id")  # closed: not found
     assert wait_until(lambda: kv_all_returned(engine))
 
 
