@@ -77,7 +77,7 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
     if log_requests:
         app.add_middleware(RequestLogMiddleware)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
-    app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle)
+    app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle, metrics=metrics)
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     if cors_allow_origins:  # added last: outermost, so preflights are answered before the key check

@@ -22,6 +22,7 @@ from sgl.server.errors import error_response
 ALWAYS_OPEN = frozenset({"/health", "/metrics", "/get_server_info", "/server_info", "/abort_request",
                          "/close_session"})
 DRAIN_RETRY_AFTER_S = 5
+REFUSALS = frozenset({413, 429, 503})
 
 
 class Lifecycle:
@@ -62,9 +63,13 @@ class Lifecycle:
 
 
 class LifecycleMiddleware:
-    def __init__(self, app: ASGIApp, lifecycle: Lifecycle) -> None:
+    """Refuses new work while draining or failed, counts requests in flight, and counts the
+    refusals (413, 429, 503) in `metrics`."""
+
+    def __init__(self, app: ASGIApp, lifecycle: Lifecycle, metrics: Any) -> None:
         self.app = app
         self.lifecycle = lifecycle
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -73,12 +78,19 @@ class LifecycleMiddleware:
         if scope.get("path") not in ALWAYS_OPEN:
             why = self.lifecycle.refusal()
             if why is not None:
+                self.metrics.record_refusal(503)
                 response = error_response(503, why, headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
                 await response(scope, receive, send)
                 return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] in REFUSALS:
+                self.metrics.record_refusal(message["status"])
+            await send(message)
+
         self.lifecycle.enter()
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, counting_send)
         finally:
             self.lifecycle.leave()
 

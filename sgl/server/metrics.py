@@ -74,6 +74,12 @@ class Metrics:
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
+        self.refused: dict[int, int] = {}  # HTTP status (413, 429, 503) -> requests refused with it
+
+    def record_refusal(self, status: int) -> None:
+        """A request turned away by a limit, overload, draining or a fault (never reached the engine)."""
+        with self._lock:
+            self.refused[status] = self.refused.get(status, 0) + 1
 
     def record_event(self, event: ReqEvent) -> None:
         """Count one finished request (a finish listener: runs on the scheduler thread).
@@ -132,6 +138,10 @@ class Metrics:
             metric("generation_tokens_total", "counter", "Generated tokens of finished requests.",
                    self.generation_tokens)
             metric("cached_tokens_total", "counter", "Prompt tokens served from the radix cache.", self.cached_tokens)
+            lines.extend(("# HELP sgl:num_refused_requests_total Requests refused: 413 over a size limit, 429 at "
+                          "capacity, 503 draining or failed.", "# TYPE sgl:num_refused_requests_total counter"))
+            lines.extend(f'sgl:num_refused_requests_total{{{lab},code="{code}"}} {n}'
+                         for code, n in sorted(self.refused.items()))
             for name, help_, hist in (
                 ("time_to_first_token_seconds", "Time to first token.", self.ttft),
                 ("time_per_output_token_seconds", "Time per output token after the first.", self.tpot),

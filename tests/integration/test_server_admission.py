@@ -116,6 +116,10 @@ def test_a_full_queue_is_a_429_with_retry_after_and_queues_nothing(limited):
         t.join(timeout=120)
     assert [r.status_code for r in results] == [200, 200]
     assert requests.post(url + "/generate", json=body, timeout=60).status_code == 200
+    metrics = requests.get(url + "/metrics", timeout=30).text
+    counted = [line for line in metrics.splitlines() if line.startswith("sgl:num_refused_requests_total{")
+               and 'code="429"' in line]
+    assert counted and int(counted[0].split()[-1]) >= 3
 
 
 def test_a_turn_of_an_unknown_session_is_a_404(limited):
