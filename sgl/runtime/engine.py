@@ -335,6 +335,7 @@ class Engine:
 
         Tokenizing and compiling constraints run in a worker thread, off the event loop. If
         the caller is cancelled meanwhile, nothing is submitted."""
+        self._check_admission()  # refuse on the event loop at once, not after a worker thread frees up
         call = await asyncio.to_thread(
             self._build_requests, prompt, messages, input_ids, sampling_params, return_logprob, logprob_start_len,
             top_logprobs_num, stream, rid, return_text_in_logprobs, session_params)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
@@ -13,40 +12,49 @@ import sgl
 from sgl.runtime.errors import InvalidRequestError
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
+from sgl.server.lifecycle import DRAIN_RETRY_AFTER_S
 from sgl.server.protocol import (
     AbortRequest,
-    ErrorResponse,
     HealthResponse,
     ModelInfo,
     ProfileReqInput,
+    ServerInfo,
     SuccessResponse,
+    error_responses,
 )
 from sgl.server.state import get_state
 
 router = APIRouter(tags=["operations"])
-ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
 
 
-@router.get("/health", response_model=HealthResponse)
-async def health() -> JSONBody:
-    """The server is up (no API key needed)."""
+@router.get("/health", response_model=HealthResponse, responses=error_responses(needs_key=False))
+async def health(request: Request) -> JSONBody:
+    """200 while the server takes requests; 503 once it drains (SIGTERM) or its engine failed
+    (the message names the incident), so load balancers and supervisors stop sending and
+    restart it. No API key needed."""
+    why = get_state(request).lifecycle.refusal()
+    if why is not None:
+        raise APIError(503, why, headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
     return JSONBody({"status": "ok"})
 
 
-@router.get("/health_generate", response_model=HealthResponse, responses={503: {"model": ErrorResponse}})
+@router.get("/health_generate", response_model=HealthResponse, responses=error_responses(
+    descriptions={503: "The engine failed to generate, or the server drains: retry after `Retry-After` seconds."}))
 async def health_generate(request: Request) -> JSONBody:
     """The engine generates: runs one real token."""
     state = get_state(request)
     try:
         out = await state.engine.async_generate("Hi", {"max_new_tokens": 1, "temperature": 0})
     except Exception as e:
-        raise APIError(503, f"the engine failed to generate: {type(e).__name__}: {e}") from e
+        raise APIError(503, f"the engine failed to generate: {type(e).__name__}: {e}",
+                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)}) from e
     if (out["meta_info"].get("finish_reason") or {}).get("type") == "abort":
-        raise APIError(503, f"the engine aborted the health request: {out['meta_info']['finish_reason']}")
+        raise APIError(503, f"the engine aborted the health request: {out['meta_info']['finish_reason']}",
+                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
     return JSONBody({"status": "ok"})
 
 
-@router.get("/get_model_info", response_model=ModelInfo, responses=ERRORS)
+@router.get("/get_model_info", response_model=ModelInfo, responses=error_responses())
 async def get_model_info(request: Request) -> JSONBody:
     """The model, its limits and its chat roles (so remote programs render roles exactly)."""
     state = get_state(request)
@@ -65,8 +73,8 @@ async def get_model_info(request: Request) -> JSONBody:
     })
 
 
-@router.get("/get_server_info", responses=ERRORS)
-@router.get("/server_info", responses=ERRORS)
+@router.get("/get_server_info", response_model=ServerInfo, responses=error_responses())
+@router.get("/server_info", response_model=ServerInfo, responses=error_responses())
 async def get_server_info(request: Request) -> JSONBody:
     """The engine's configuration and live scheduler numbers (KV pool, queue, counters);
     `/server_info` is SGLang's current name for it."""
@@ -76,21 +84,21 @@ async def get_server_info(request: Request) -> JSONBody:
     return JSONBody(info)
 
 
-@router.post("/flush_cache", response_model=SuccessResponse, responses=ERRORS)
+@router.post("/flush_cache", response_model=SuccessResponse, responses=error_responses())
 async def flush_cache(request: Request) -> JSONBody:
     """Drop the radix cache. `success` is false while requests are in flight."""
     ok = await asyncio.to_thread(get_state(request).engine.flush_cache)
     return JSONBody({"success": bool(ok), "message": None if ok else "requests are in flight; try again when idle"})
 
 
-@router.post("/abort_request", response_model=SuccessResponse, responses=ERRORS)
+@router.post("/abort_request", response_model=SuccessResponse, responses=error_responses(400))
 async def abort_request(req: AbortRequest, request: Request) -> JSONBody:
     """Abort a request by rid; it finishes with finish_reason type 'abort' and frees its KV."""
     get_state(request).engine.abort(req.rid)
     return JSONBody({"success": True, "message": None})
 
 
-@router.get("/metrics", response_class=PlainTextResponse)
+@router.get("/metrics", response_class=PlainTextResponse, responses=error_responses(media_type="text/plain"))
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text format; names prefixed `sgl:` after SGLang's."""
     state = get_state(request)
@@ -98,7 +106,7 @@ async def metrics(request: Request) -> PlainTextResponse:
     return PlainTextResponse(state.metrics.render(info), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-@router.post("/start_profile", response_model=SuccessResponse, responses={**ERRORS, 400: {"model": ErrorResponse}})
+@router.post("/start_profile", response_model=SuccessResponse, responses=error_responses(400))
 @router.get("/start_profile", include_in_schema=False)  # SGLang answers GET too
 async def start_profile(request: Request, req: ProfileReqInput | None = None) -> JSONBody:
     """Record the engine's forward steps with the torch profiler until /stop_profile (or
@@ -118,7 +126,7 @@ async def start_profile(request: Request, req: ProfileReqInput | None = None) ->
     return JSONBody({"success": True, "message": f"profiling; traces go to {where}"})
 
 
-@router.post("/stop_profile", response_model=SuccessResponse, responses={**ERRORS, 400: {"model": ErrorResponse}})
+@router.post("/stop_profile", response_model=SuccessResponse, responses=error_responses(400))
 @router.get("/stop_profile", include_in_schema=False)  # SGLang answers GET too
 async def stop_profile(request: Request) -> JSONBody:
     """End the profile started by /start_profile; the message names the trace file."""

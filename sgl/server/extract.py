@@ -29,9 +29,10 @@ from sgl.runtime.request_builder import constraint_of
 from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
+from sgl.server.lifecycle import DRAIN_RETRY_AFTER_S
 from sgl.server.openai_api import chat_messages
 from sgl.server.openai_tools import history_as_text
-from sgl.server.protocol import ErrorResponse, ExtractRequest, ExtractResponse
+from sgl.server.protocol import ExtractRequest, ExtractResponse, error_responses
 from sgl.server.state import ServerState, get_state
 from sgl.server.streaming import client_gone, until_disconnected
 
@@ -187,8 +188,9 @@ def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]]
     return prog["data"], prog.get_meta_info("data")
 
 
-@router.post("/extract", response_model=ExtractResponse,
-             responses={400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 422: {"model": ErrorResponse}})
+@router.post("/extract", response_model=ExtractResponse, responses=error_responses(
+    400, 404, 422, descriptions={404: "`model` names a model this server does not serve.",
+                                 422: "The output was cut by max_tokens before the JSON was complete."}))
 async def extract(req: ExtractRequest, request: Request) -> Response:
     """Extract a JSON value matching `schema` from `text` (or `messages`)."""
     state = get_state(request)
@@ -217,7 +219,8 @@ async def extract(req: ExtractRequest, request: Request) -> Response:
         raise APIError(422, f"the output was cut by the token limit (max_tokens={reason.get('length')}) before the "
                        "JSON was complete; raise max_tokens or ask for less", "max_tokens")
     if reason.get("type") == "abort":
-        raise APIError(503, f"the extraction was aborted: {reason.get('message')}")
+        raise APIError(503, f"the extraction was aborted: {reason.get('message')}",
+                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:  # constrained decoding should make this impossible

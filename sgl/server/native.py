@@ -13,15 +13,29 @@ from fastapi.responses import Response
 from sgl.runtime.results import merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
-from sgl.server.protocol import ErrorResponse, GenerateOutput, GenerateReqInput, TokenizeRequest, TokenizeResponse
+from sgl.server.protocol import (
+    ErrorResponse,
+    GenerateChunk,
+    GenerateOutput,
+    GenerateReqInput,
+    TokenizeRequest,
+    TokenizeResponse,
+    error_responses,
+    sse_responses,
+)
 from sgl.server.state import get_state
 from sgl.server.streaming import client_gone, sse, sse_response, until_disconnected
 
 router = APIRouter(tags=["native"])
-ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
+GENERATE_RESPONSES = {
+    **sse_responses(GenerateChunk, ErrorResponse, description="The result dict (a list of them for a batch or n > 1); "
+                    "with `stream: true`, server-sent events of the results so far, then `[DONE]` (an error after "
+                    "the stream started is an `{\"error\"}` event)."),
+    **error_responses(400, 404, descriptions={404: "`session_params.id` names no open session."}),
+}
 
 
-@router.post("/generate", response_model=Union[GenerateOutput, list[GenerateOutput]], responses=ERRORS)
+@router.post("/generate", response_model=Union[GenerateOutput, list[GenerateOutput]], responses=GENERATE_RESPONSES)
 async def generate(req: GenerateReqInput, request: Request) -> Response:
     """Generate for one prompt (a result dict) or a batch / n > 1 (a list of them).
 
@@ -87,7 +101,7 @@ async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=ERRORS)
+@router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400))
 async def tokenize(req: TokenizeRequest, request: Request) -> JSONBody:
     """Token ids of a text (or of each text of a list) exactly as the engine tokenizes prompts."""
     engine = get_state(request).engine

@@ -27,15 +27,19 @@ from sgl.runtime.results import LOGPROB_KEYS, merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
 from sgl.server.protocol import (
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessage,
+    CompletionChunk,
     CompletionRequest,
     CompletionResponse,
     ErrorResponse,
     ModelList,
     NamedToolChoice,
     OpenAISamplingFields,
+    error_responses,
+    sse_responses,
 )
 from sgl.server.openai_tools import (
     ChoiceOutput,
@@ -51,8 +55,18 @@ from sgl.server.state import ServerState, get_state
 from sgl.server.streaming import client_gone, sse, sse_response, until_disconnected
 
 router = APIRouter(prefix="/v1", tags=["openai"])
-ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}, 404: {"model": ErrorResponse},
+_NO_MODEL = {404: "`model` names a model this server does not serve."}
+_STREAMED = ("; with `stream: true`, server-sent events of {}, then `[DONE]` (an error after the stream started is "
+             "an `{{\"error\"}}` event).")
+CHAT_RESPONSES = {
+    **sse_responses(ChatCompletionChunk, ErrorResponse,
+                    description="The completion" + _STREAMED.format("`chat.completion.chunk` objects")),
+    **error_responses(400, 404, descriptions=_NO_MODEL),
+}
+COMPLETION_RESPONSES = {
+    **sse_responses(CompletionChunk, ErrorResponse,
+                    description="The completion" + _STREAMED.format("`text_completion` chunks")),
+    **error_responses(400, 404, descriptions=_NO_MODEL),
 }
 
 # engine field -> OpenAI field, for error messages
@@ -260,7 +274,7 @@ def _include_usage(req: OpenAISamplingFields) -> bool:
 # ---------------------------------------------------------------------------- /v1/models
 
 
-@router.get("/models", response_model=ModelList, responses=ERRORS)
+@router.get("/models", response_model=ModelList, responses=error_responses())
 async def list_models(request: Request) -> JSONBody:
     state = get_state(request)
     card = {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "sgl",
@@ -311,7 +325,7 @@ async def _achat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
     return _chat_logprobs(meta)
 
 
-@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=ERRORS)
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses=CHAT_RESPONSES)
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (also streamed as `chat.completion.chunk` events)."""
     state = get_state(request)
@@ -409,7 +423,7 @@ def _completion_logprobs_for(engine: Any, echo: bool, top_k: int) -> Callable[[d
     return logprobs
 
 
-@router.post("/completions", response_model=CompletionResponse, responses=ERRORS)
+@router.post("/completions", response_model=CompletionResponse, responses=COMPLETION_RESPONSES)
 async def completions(req: CompletionRequest, request: Request) -> Response:
     """OpenAI text completions: a prompt (text or token ids) or a batch of them, `n` each."""
     state = get_state(request)
@@ -427,6 +441,9 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
             leads = list(prompt) if batch else [prompt]  # type: ignore[list-item]
         else:
             id_lists = list(prompt) if batch else [prompt]
+            vocab = engine.model_config.vocab_size  # checked before decoding, as the engine checks them
+            if any(not 0 <= t < vocab for ids in id_lists for t in ids):  # type: ignore[union-attr]
+                raise APIError(400, f"prompt token ids must be integers in [0, {vocab})", "prompt")
             leads = await asyncio.to_thread(lambda: [engine.decode(list(ids)) for ids in id_lists])
     want_lp = req.logprobs is not None
     lp_kwargs: dict[str, Any] = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,

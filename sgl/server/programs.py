@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -30,13 +30,28 @@ from sgl.lang.shipping import leading_text, replay, shared_prefix
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
-from sgl.server.errors import APIError, error_body, internal_error_body
-from sgl.server.protocol import ErrorResponse, RunProgramRequest
+from sgl.server.errors import APIError, error_body, internal_error_body, refusal_headers
+from sgl.server.protocol import (
+    ErrorResponse,
+    ProgramResult,
+    ProgramResultEvent,
+    ProgramTextEvent,
+    RunProgramRequest,
+    error_responses,
+    sse_responses,
+)
 from sgl.server.state import get_state
 from sgl.server.streaming import client_gone, sse, sse_response
 
 router = APIRouter(tags=["programs"])
-ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
+RESPONSES = {
+    **sse_responses(ProgramTextEvent, ProgramResultEvent, ErrorResponse, description=(
+        "One program's result, or a list in order for a batch (a failed program's item is an error body); "
+        "with `stream: true`, server-sent events `{var, text}` as pieces are produced, then `{result}` (or "
+        "`{error}`), then `[DONE]`.")),
+    **error_responses(400, 404, descriptions={404: "A session the program's generations ran in was closed "
+                                                   "under it (it timed out)."}),
+}
 MAX_NODES = 20_000  # in one request, all programs and branches together
 MAX_PROGRAMS = 1024
 MAX_BRANCHES = 256  # of one fork: each branch is a state with its own worker
@@ -181,13 +196,14 @@ def _error_of(future: Any) -> dict[str, Any] | None:
 def _error(e: BaseException) -> dict[str, Any]:
     cause = e.__cause__ if isinstance(e, ProgramError) and e.__cause__ is not None else e
     if isinstance(cause, InvalidRequestError):
-        return error_body(400, cause.message, cause.param)
+        return error_body(cause.status, cause.message, cause.param)
     if isinstance(e, ProgramError):
         return error_body(400, str(e))
     return internal_error_body(e, "/run_program")
 
 
-@router.post("/run_program", responses=ERRORS)
+@router.post("/run_program", response_model=Union[ProgramResult, list[Union[ProgramResult, ErrorResponse]]],
+             responses=RESPONSES)
 async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Response:
     """Run a shipped program (or a batch of them) on the server's engine; see the module doc."""
     programs, args, defaults = _parse(req)
@@ -230,7 +246,9 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
         return JSONBody(task.result())
     except ProgramError as e:
         body = _error(e)
-        return JSONBody(body, status_code=body["error"]["code"])
+        cause = e.__cause__
+        headers = refusal_headers(cause) if isinstance(cause, InvalidRequestError) else None
+        return JSONBody(body, status_code=body["error"]["code"], headers=headers)
 
 
 async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: dict | None,

@@ -7,27 +7,25 @@ recomputes nothing of the history, even under memory pressure. See sgl.runtime.s
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
-from sgl.server.protocol import CloseSessionReqInput, ErrorResponse, OpenSessionReqInput, SuccessResponse
+from sgl.server.protocol import CloseSessionReqInput, OpenSessionReqInput, SuccessResponse, error_responses
 from sgl.server.state import get_state
 
 router = APIRouter(tags=["sessions"])
-ERRORS: dict[int | str, dict[str, Any]] = {400: {"model": ErrorResponse}, 401: {"model": ErrorResponse}}
 
 
-@router.post("/open_session", response_model=str, responses=ERRORS)
+@router.post("/open_session", response_model=str, responses=error_responses(400))
 async def open_session(req: OpenSessionReqInput, request: Request) -> JSONBody:
     """Open a session; the body is its id (a JSON string), as SGLang returns it."""
     engine = get_state(request).engine
     return JSONBody(await engine.async_open_session(req.capacity_tokens, req.session_id, req.timeout))
 
 
-@router.post("/close_session", response_model=SuccessResponse, responses={**ERRORS, 404: {"model": ErrorResponse}})
+@router.post("/close_session", response_model=SuccessResponse,
+             responses=error_responses(400, 404, descriptions={404: "No such session is open (closed or timed out)."}))
 async def close_session(req: CloseSessionReqInput, request: Request) -> JSONBody:
     """Close a session and unpin its KV. 404 if it is not open (closed or timed out)."""
     if not await get_state(request).engine.async_close_session(req.session_id):

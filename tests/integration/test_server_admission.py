@@ -18,7 +18,7 @@ import pytest
 import requests
 
 import sgl
-from server_helpers import ServerThread, assert_error, sse_events, wait_until
+from server_helpers import ServerThread, assert_error, wait_until
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
