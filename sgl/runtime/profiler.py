@@ -42,7 +42,10 @@ class StepProfiler:
         unknown = [a for a in names if a not in ACTIVITIES]
         if unknown:
             raise InvalidRequestError(f"unknown profiler activities {unknown}; use CPU and/or GPU", param="activities")
-        os.makedirs(output_dir, exist_ok=True)
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+        except OSError as e:
+            raise InvalidRequestError(f"cannot create output_dir: {e.strerror}", param="output_dir") from None
         self._dir, self._steps_left = output_dir, num_steps
         self._prof = torch.profiler.profile(activities=sorted({ACTIVITIES[a] for a in names}, key=str),
                                             record_shapes=record_shapes, with_stack=with_stack)

@@ -258,10 +258,14 @@ class Scheduler:
     # ------------------------------------------------------------------ queries
 
     def _reply(self, reply_id: str, compute: Callable[[], Any]) -> None:
+        """Answer a query; its failure goes to its caller (a query touches no request's state,
+        so it is not an engine fault)."""
         try:
-            self.emit(Reply(reply_id, compute()))
-        except InvalidRequestError as e:
+            value = compute()
+        except Exception as e:
             self.emit(Reply(reply_id, error=e))
+            return
+        self.emit(Reply(reply_id, value))
 
     def _on_flush(self, msg: FlushCache) -> None:
         """Refused (False) while requests are in flight."""

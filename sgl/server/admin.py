@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse
 import sgl
 from sgl.runtime.errors import InvalidRequestError
 from sgl.server.encoding import JSONBody
-from sgl.server.errors import APIError
+from sgl.server.errors import APIError, internal_error_body
 from sgl.server.lifecycle import DRAIN_RETRY_AFTER_S
 from sgl.server.protocol import (
     AbortRequest,
@@ -45,8 +45,11 @@ async def health_generate(request: Request) -> JSONBody:
     state = get_state(request)
     try:
         out = await state.engine.async_generate("Hi", {"max_new_tokens": 1, "temperature": 0})
-    except Exception as e:
-        raise APIError(503, f"the engine failed to generate: {type(e).__name__}: {e}",
+    except InvalidRequestError as e:  # at capacity, or failed: its own message
+        raise APIError(503, f"the engine cannot generate now: {e.message}",
+                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)}) from e
+    except Exception as e:  # the log has it under an incident id; the body never has its text
+        raise APIError(503, internal_error_body(e, "/health_generate")["error"]["message"],
                        headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)}) from e
     if (out["meta_info"].get("finish_reason") or {}).get("type") == "abort":
         raise APIError(503, f"the engine aborted the health request: {out['meta_info']['finish_reason']}",

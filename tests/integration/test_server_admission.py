@@ -207,3 +207,14 @@ def test_draining_refuses_new_work_but_finishes_what_is_in_flight(limited):
         assert requests.get(url + "/get_server_info", timeout=10).status_code == 200  # an operator may look
     finally:
         lifecycle.draining = False
+
+
+def test_a_failing_query_is_the_callers_error_not_an_engine_fault(limited, tmp_path):
+    engine, url = limited
+    a_file = tmp_path / "trace.json"
+    a_file.write_text("{}")
+    with pytest.raises(sgl.runtime.errors.InvalidRequestError) as e:  # a directory under a file
+        engine.start_profile(str(a_file / "sub"))
+    assert e.value.param == "output_dir"
+    assert engine.fault is None
+    assert requests.get(url + "/health", timeout=10).status_code == 200
