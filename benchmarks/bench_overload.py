@@ -55,7 +55,8 @@ async def client(http: aiohttp.ClientSession, url: str, question: str, max_token
     await go.wait()  # every client starts at the same moment
     start = time.perf_counter()
     try:
-        async with http.post(url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with http.post(url + "/v1/chat/completions", json=body,
+                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
             rec["status"] = r.status
             if r.status == 429:
                 raw = await r.read()

@@ -380,6 +380,8 @@ async def _sse_lines(resp: aiohttp.ClientResponse):
 
 
 class Driver:
+    """Sends specs to one server (one aiohttp session) and classifies every generation."""
+
     def __init__(self, url: str, session: aiohttp.ClientSession, request_timeout: float,
                  session_timeout: float) -> None:
         self.url = url.rstrip("/")
@@ -387,7 +389,6 @@ class Driver:
         self.session_timeout = session_timeout
         self.timeout = aiohttp.ClientTimeout(total=request_timeout)
         self.sessions_opened = 0
-        self.session_open_errors: list[str] = []
 
     async def abort(self, rid: str) -> None:
         async with self.http.post(self.url + "/abort_request", json={"rid": rid}, timeout=self.timeout) as resp:
@@ -509,7 +510,8 @@ class Driver:
         async with self.http.post(self.url + "/open_session", json=body, timeout=self.timeout) as resp:
             raw = await resp.read()
             if resp.status != 200:
-                o = Outcome(kind="session/open", outcome="broken", status=resp.status, body={"path": "/open_session", **body})
+                o = Outcome(kind="session/open", outcome="broken", status=resp.status,
+                            body={"path": "/open_session", **body})
                 try:
                     o.detail = _check_error_body(json.loads(raw), resp.status)
                     o.outcome = "error"
@@ -692,7 +694,8 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
         "generations_per_s": round(len(outcomes) / duration, 2) if duration else None,
         "outcomes": counts,
         "vanished_or_broken": counts["broken"],
-        "broken_client_timeouts": sum(1 for o in outcomes if o.outcome == "broken" and o.detail.startswith("timed out")),
+        "broken_client_timeouts": sum(1 for o in outcomes
+                                      if o.outcome == "broken" and o.detail.startswith("timed out")),
         "by_kind": dict(sorted(by_kind.items())),
         "errors_by_status": errors_by_status,
         "expected_errors": len(expected_error),  # invalid constraints answered 400
@@ -757,7 +760,8 @@ def summary_lines(f: dict[str, Any]) -> list[str]:
         f"unexpected {f['unexpected_errors']}, 5xx {f['server_errors_5xx']}), aborted {c['aborted']}, "
         f"disconnected {c['disconnected']}, vanished/broken {c['broken']} "
         f"(of which client timeouts {f['broken_client_timeouts']})",
-        f"aborts sent {f['aborts_sent']} (finished abort {f['aborts_finished_abort']}, too late {f['aborts_too_late']}); "
+        f"aborts sent {f['aborts_sent']} (finished abort {f['aborts_finished_abort']}, "
+        f"too late {f['aborts_too_late']}); "
         f"sessions opened {f['sessions_opened']}; constraint violations {f['constraint_violations']}; "
         f"retractions {f['retractions']}",
         f"latency ms: e2e p50 {f['latency_ms']['e2e_p50']} p99 {f['latency_ms']['e2e_p99']}, "
