@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from soak_driver import SUBJECTS, TEMPLATES, ServerProcess, _pct, flush, poll, proc_status, server_info, \
-    write_reliability
+from soak_driver import (SUBJECTS, TEMPLATES, ServerProcess, _pct, flush, poll, proc_status, server_env, server_info,
+                         write_reliability)
 
 MODEL = "default"
 
@@ -211,7 +211,7 @@ def main() -> int:
         checks["excess_refused"] = len(refused) > 0
     results = {
         "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   "server_args": server_args},
+                   "server_args": server_args, "env": server_env()},
         "max_queued_requests_flag": {"known_to_server": flag_known, "passed": use_flag},
         "capacity_running_plus_queued": capacity,
         "clients": len(recs),

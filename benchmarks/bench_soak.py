@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from soak_driver import ServerProcess, run_soak, summary_lines, write_reliability
+from soak_driver import ServerProcess, run_soak, server_env, summary_lines, write_reliability
 
 
 def main() -> int:
@@ -83,7 +83,8 @@ def main() -> int:
     opts = dict(session_timeout=args.session_timeout, long_prompts=args.long_prompts,
                 long_outputs=args.long_outputs, burst=burst, request_timeout=args.request_timeout)
     results: dict[str, Any] = {"config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                                          "burst": burst, "server_args": server_args}}
+                                          "burst": burst, "server_args": server_args,
+                                          "env": server_env()}}
     exit_code = None
     try:
         print(f"\nwarm-up: {args.warmup} requests")

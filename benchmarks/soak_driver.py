@@ -9,10 +9,10 @@ The mix (fixed by `seed`; which abort wins its race is up to timing):
 * endpoints: /v1/chat/completions, /v1/completions and the native /generate, streamed or not;
 * constraints: none, `regex` (sampling_params / the OpenAI extension field) or JSON schema
   (sampling_params `json_schema` / OpenAI `response_format`), on any endpoint;
-* n = 1, 2 or 3; max tokens 4-24, but runs of 8 consecutive unconstrained requests decode
-  48-64 tokens with ignore_eos (8% of the mix): admitted together, they outgrow the decode
-  reservation of a small KV pool and get retracted; a fifth of the prompts long (100-350 tokens, each with its
-  own head so the radix cache cannot share them) for KV pressure and retractions;
+* n = 1, 2 or 3; max tokens 4-24, except runs of `burst` consecutive unconstrained requests
+  (8% of the mix) that decode 48-64 tokens with ignore_eos: admitted together, they outgrow
+  the decode reservation of a small KV pool and get retracted; a fifth of the prompts long
+  (100-350 tokens, each with its own head so the radix cache cannot share them);
 * sessions opened with a short `timeout`, one or two /generate turns, never closed;
 * client disconnects: a stream closed after its first event or two; a non-streamed request
   given up after a fraction of a second;
@@ -29,6 +29,10 @@ Every HTTP generation is classified:
 * `disconnected`: we closed the connection on purpose;
 * `broken`: anything else (a timeout, a connection error, a stream cut short without an error,
   a malformed body or event, an abort finish nobody asked for). It must be 0.
+
+Counted besides: 5xx (must be 0), errors other than the 400s of the invalid constraints,
+constrained outputs that finished 'stop' without matching their regex / schema's required
+keys, aborts that came too late (the request had finished: completed), retractions.
 
 After the mix: poll (with deadlines) until no request is running or waiting, until every
 abandoned session has timed out, then flush the radix cache and check that every KV slot is
@@ -407,10 +411,9 @@ class Driver:
                 if done:
                     return task.result()
                 task.cancel()  # aiohttp closes the connection: the server sees the client leave
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+                await asyncio.wait({task})  # (not `await task`: our own cancellation must propagate)
+                if not task.cancelled():  # it finished while being cancelled
+                    return task.result()
                 o.outcome = "disconnected"
                 return o
             abort_task = None
@@ -422,10 +425,9 @@ class Driver:
                 if abort_task is not None:
                     if not o.abort_sent:  # the answer came first: nothing to abort
                         abort_task.cancel()
-                    try:
-                        await abort_task
-                    except asyncio.CancelledError:
-                        pass
+                    await asyncio.wait({abort_task})
+                    if not abort_task.cancelled():
+                        abort_task.result()  # a failed /abort_request is Broken
         except Broken as e:
             o.outcome, o.detail = "broken", str(e)
         except asyncio.TimeoutError:
@@ -807,6 +809,13 @@ def write_reliability(key: str, data: dict[str, Any], path: Path | None = None) 
 
 
 # ---------------------------------------------------------------------------- a server subprocess
+
+
+def server_env() -> dict[str, str]:
+    """The environment variables that change the server's speed or memory (threads, allocator)."""
+    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+            "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+    return {k: os.environ[k] for k in keys if k in os.environ}
 
 
 class ServerProcess:
