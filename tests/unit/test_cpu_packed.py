@@ -12,6 +12,7 @@ import torch
 
 from sgl.runtime import cpu_features
 from sgl.runtime.model.cpu_packed import PackedLinear, pack_dense_layers, packing_applies
+from sgl.runtime.model.row_grid import EXACT_ROWS, padded_rows
 from sgl.runtime.model.linear_ops import linear_ops_built
 from tiny_models import TinyRunner, hf_tiny
 
@@ -37,6 +38,31 @@ def test_packed_linear_matches_float64(rows, bias):
     y = layer(x)
     assert y.shape == (rows, 192) and y.dtype == torch.bfloat16
     ref = _reference(layer, x)
+    assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+def test_row_grid_bounds_shapes_and_padding():
+    """Every row count maps to a grid value at or above it with under 1/16 padding; the grid
+    up to 8192 rows has 176 values, so oneDNN's and ideep's per-shape caches (1024 each) hold
+    all of a weight's shapes instead of growing and churning with every new prompt length."""
+    grid = set()
+    for rows in range(1, 8193):
+        p = padded_rows(rows)
+        assert p >= rows and (p == rows if rows <= EXACT_ROWS else (p - rows) * 16 < rows)
+        assert padded_rows(p) == p  # grid values map to themselves
+        grid.add(p)
+    assert len(grid) == EXACT_ROWS + 7 * 16
+
+
+@needs_packing
+@pytest.mark.parametrize("shape", [(2, 150, 256), (1, 65, 256), (77, 256)])
+def test_padded_rows_leave_outputs_unchanged(shape):
+    gen = torch.Generator().manual_seed(11)
+    layer = PackedLinear(torch.randn(192, 256, generator=gen) * 0.05, torch.randn(192, generator=gen))
+    x = torch.randn(*shape, generator=gen).bfloat16()
+    y = layer(x)
+    assert y.shape == (*shape[:-1], 192)
+    ref = _reference(layer, x.reshape(-1, 256)).reshape(*shape[:-1], 192)
     assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
 
 

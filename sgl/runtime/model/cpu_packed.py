@@ -13,7 +13,7 @@ vocab x hidden x 2 bytes more (56 MB on SmolLM2-135M, 200 MB on a 1B with a 49k 
 Only on CPUs with native bf16 matmuls (`bf16_matmul_support`); elsewhere layers stay plain.
 Under torch.compile the call goes through our C++ op `sgl_linear::packed_linear`
 (csrc/linear_ops_cpu.cpp), because inductor lowers oneDNN's packed linear only for weights
-it packed itself.
+it packed itself. Row counts go through `row_grid` (a bounded set of shapes for oneDNN's per-shape caches).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from torch import nn
 
 from sgl.runtime.cpu_features import bf16_matmul_support
 from sgl.runtime.model.linear_ops import compiled_ops_ready
+from sgl.runtime.model.row_grid import on_row_grid
 
 
 class PackedLinear(nn.Module):
@@ -42,6 +43,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling() and compiled_ops_ready():
             return torch.ops.sgl_linear.packed_linear(x, self.packed, self.bias)
+        return on_row_grid(self._matmul, x)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

@@ -34,6 +34,7 @@ from torch import nn
 
 from sgl.runtime.model import crossovers
 from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
+from sgl.runtime.model.row_grid import on_row_grid
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
@@ -221,9 +222,11 @@ def prepare_for_compile(model: nn.Module) -> None:
 
 
 def int8_mm(xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int) -> torch.Tensor:
-    """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows, else dequantized."""
+    """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows, else dequantized
+    (a oneDNN matmul: on the row grid)."""
     if xb.shape[0] > crossover:
-        return F.linear(xb, _int8_dequantized(qweight, scales))
+        weight = _int8_dequantized(qweight, scales)
+        return on_row_grid(lambda rows: F.linear(rows, weight), xb)
     return torch.ops.aten._weight_int8pack_mm(xb, qweight, scales)
 
 
@@ -237,7 +240,8 @@ def int4_mm(xb: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor,
     """bf16 x [M, K] @ W^T for torch's packed int4 W (padded_out rows): packed kernel up to
     `crossover` rows, else dequantized (one C++ pass where it builds)."""
     if xb.shape[0] > crossover:
-        return torch.mm(xb, _int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1]))
+        weight_t = _int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1])
+        return on_row_grid(lambda rows: torch.mm(rows, weight_t), xb)
     return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qweight, group, scales_zeros)
 
 

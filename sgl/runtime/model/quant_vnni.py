@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from sgl.runtime.model.quant import QuantizedTensor, _crossover, _in_compiled_graph, _prepared_crossover
+from sgl.runtime.model.row_grid import on_row_grid
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +161,17 @@ class _TiledLinear(nn.Module):
         return op(self.qweight, self.qscales, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        crossover = _prepared_crossover(self) if _in_compiled_graph() else _crossover(self, x.shape[0])
-        y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, crossover)
+        if _in_compiled_graph():
+            y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, _prepared_crossover(self))
+        else:
+            y = self._dispatch(x, _crossover(self, x.shape[0]))
         return y if self.bias is None else y + self.bias.to(y.dtype)
+
+    def _dispatch(self, x: torch.Tensor, crossover: int) -> torch.Tensor:
+        """The op on x; above `crossover` rows (a dequantized bf16 matmul in oneDNN) on the row grid."""
+        def call(rows: torch.Tensor) -> torch.Tensor:
+            return self._op()(rows, self.qweight, self.qscales, self.group, self.out_features, crossover)
+        return on_row_grid(call, x) if x.shape[0] > crossover else call(x)
 
 
 class VnniInt4Linear(_TiledLinear):
@@ -215,5 +224,4 @@ class VnniInt8Embedding(VnniInt8Linear):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] = hidden @ E^T (the LM head)."""
-        return self._op()(hidden.float().contiguous(), self.qweight, self.qscales, self.group, self.out_features,
-                          _crossover(self, hidden.shape[0]))
+        return self._dispatch(hidden.float().contiguous(), _crossover(self, hidden.shape[0]))
