@@ -135,6 +135,8 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    _declare_validation_as_400(app)
+
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError) -> JSONBody:
         return error_response(exc.status, exc.message, exc.param, exc.type, exc.headers)
@@ -158,3 +160,28 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONBody:
         return JSONBody(internal_error_body(exc, f"{request.method} {request.url.path}"), status_code=500)
+
+
+def _declare_validation_as_400(app: FastAPI) -> None:
+    """FastAPI declares a 422 `HTTPValidationError` on every route with parameters, but a body
+    that fails validation is answered 400 here (the routes declare 400 themselves): drop those
+    422 declarations from /openapi.json so clients and fuzzers read what the server does. A
+    route's own 422 (/v1/extract: output cut short) has the `ErrorResponse` schema and stays."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        schema = build()
+        if fresh:
+            for operations in schema.get("paths", {}).values():
+                for op in operations.values():
+                    declared = op.get("responses", {}).get("422", {})
+                    if "HTTPValidationError" in repr(declared):
+                        del op["responses"]["422"]
+            components = schema.get("components", {}).get("schemas", {})
+            if "HTTPValidationError" not in repr(schema.get("paths")):
+                components.pop("HTTPValidationError", None)
+                components.pop("ValidationError", None)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

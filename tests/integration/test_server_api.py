@@ -181,6 +181,21 @@ def test_openapi_describes_the_api(url):
     assert requests.get(url + "/docs", timeout=30).status_code == 200
 
 
+def test_openapi_declares_400_not_fastapi_422_for_invalid_bodies(url):
+    spec = requests.get(url + "/openapi.json", timeout=30).json()
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for path, operations in spec["paths"].items():
+        for method, op in operations.items():
+            assert "HTTPValidationError" not in repr(op["responses"]), (method, path)
+            if op.get("requestBody"):
+                assert "400" in op["responses"], (method, path)
+    # the server does answer an invalid body with 400, as declared
+    resp = requests.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": "many"}},
+                         timeout=30)
+    assert resp.status_code == 400 and resp.json()["error"]["param"]
+    assert "422" in spec["paths"]["/v1/extract"]["post"]["responses"]  # its own: output cut short
+
+
 # ---------------------------------------------------------------------------- OpenAI
 
 
