@@ -26,6 +26,7 @@ class StepProfiler:
         self._dir = ""
         self._steps_left: int | None = None
         self.traces: list[str] = []  # files written by profiles that ended on their own (num_steps)
+        self._count = 0  # profiles ended by this process: names stay distinct within one second
 
     @property
     def running(self) -> bool:
@@ -68,6 +69,8 @@ class StepProfiler:
             raise InvalidRequestError("no profile is running; start one with /start_profile", param=None)
         prof, self._prof = self._prof, None
         prof.stop()
-        path = os.path.join(self._dir, f"sgl-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.trace.json")
+        self._count += 1
+        name = f"sgl-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{self._count}.trace.json"
+        path = os.path.join(self._dir, name)
         prof.export_chrome_trace(path)
         return path

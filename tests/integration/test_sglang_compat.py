@@ -7,6 +7,7 @@ answer for a stream, and the files the profiler writes."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import jsonschema
@@ -221,3 +222,13 @@ def test_profile_of_num_steps_ends_by_itself(engine, tmp_path):
     assert path.startswith(str(tmp_path)) and json.load(open(path))["traceEvents"]
     with pytest.raises(ValueError, match="no profile is running"):
         engine.stop_profile()
+
+
+def test_profiles_ended_in_the_same_second_write_distinct_traces(tmp_path):
+    from sgl.runtime.profiler import StepProfiler
+
+    profiler, paths = StepProfiler(), []
+    for _ in range(3):  # a profile of nothing ends in well under a second
+        profiler.start(str(tmp_path), activities=["CPU"])
+        paths.append(profiler.stop())
+    assert len(set(paths)) == 3 and all(os.path.exists(p) for p in paths)
