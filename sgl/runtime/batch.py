@@ -23,6 +23,10 @@ IN_BATCH_PREFIX_THRESHOLD = 32
 # lpm/dfs-weight match every waiting request against the cache each step; past this queue
 # length that costs more than it saves, and the policy falls back to fcfs.
 POLICY_QUEUE_LIMIT = 128
+# Under lpm / dfs-weight a request sharing nothing cached could be passed over for as long as
+# requests with cached prefixes keep coming (the soak saw short prompts wait minutes). One that
+# has seen this many admissions since it was first queued goes first, in arrival order.
+MAX_OVERTAKES = 64
 # Decode reservation per running request: remaining new tokens x ratio (clipped).
 INIT_NEW_TOKEN_RATIO, MIN_NEW_TOKEN_RATIO, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
 RESERVE_CLIP = 4096
@@ -47,6 +51,7 @@ class BatchBuilder:
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.retractions = 0
         self.cached_tokens = 0
+        self.admissions = 0  # requests admitted so far (the clock of MAX_OVERTAKES)
 
     # ------------------------------------------------------------------ membership
 
@@ -157,6 +162,7 @@ class BatchBuilder:
                 req.cached_tokens = prefix
                 self.cached_tokens += prefix
             self.running.append(req)
+            self.admissions += 1
             items.append(BatchItem(req, ext, prefill=True))
             budget -= ext
             committed += ext
@@ -184,13 +190,23 @@ class BatchBuilder:
         cache = self.kv.cache
         if policy == "fcfs" or not cache.shares_prefixes or len(self.waiting) > POLICY_QUEUE_LIMIT:
             return list(self.waiting)
-        matches = {id(r): cache.match_prefix(r.fill_ids) for r in self.waiting}
+        aged, rest = [], []
+        for r in self.waiting:
+            if r.queued_at_admission is None:
+                r.queued_at_admission = self.admissions
+            (aged if self.admissions - r.queued_at_admission >= MAX_OVERTAKES else rest).append(r)
+        return aged + self._prefix_order(policy, rest)
+
+    def _prefix_order(self, policy: str, waiting: list[Req]) -> list[Req]:
+        """`waiting` by lpm (longest cached prefix first) or dfs-weight."""
+        cache = self.kv.cache
+        matches = {id(r): cache.match_prefix(r.fill_ids) for r in waiting}
         if policy == "lpm":
-            return sorted(self.waiting, key=lambda r: -len(matches[id(r)][0]))
+            return sorted(waiting, key=lambda r: -len(matches[id(r)][0]))
         # dfs-weight: visit the tree depth first, heaviest subtree (most waiting requests) first.
         by_node: dict[int, list[Req]] = {}
         weight: dict[int, int] = {}
-        for r in self.waiting:
+        for r in waiting:
             node = matches[id(r)][1]
             by_node.setdefault(id(node), []).append(r)
             while node is not None:

@@ -29,6 +29,8 @@ class Req:
     last_node: Any = None
     cached_tokens: int | None = None
     num_retractions: int = 0
+    # BatchBuilder.admissions when the scheduler's policy first ordered it (the starvation bound)
+    queued_at_admission: int | None = None
 
     generator: torch.Generator | None = None
     matcher: Any = None  # the constraint's per-request matcher (sgl.constrained)
