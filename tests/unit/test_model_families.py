@@ -241,6 +241,40 @@ def test_moe_routes_each_token_to_its_top_k_experts():
     torch.testing.assert_close(experts(x, chosen, weights).detach(), want.detach(), atol=1e-5, rtol=1e-5)
 
 
+def test_moe_expert_matmuls_run_on_the_row_grid(monkeypatch):
+    """Prefill gives an expert any number of rows; each expert's matmuls see a row count on
+    `row_grid` (a bounded set of oneDNN primitives) and the result still equals the per-token
+    definition (padding rows are zeros, sliced off)."""
+    import torch.nn.functional as F
+
+    from sgl.runtime.model import moe
+    from sgl.runtime.model.row_grid import padded_rows
+
+    torch.manual_seed(1)
+    experts = moe.StackedExperts(4, 16, 8, "silu")
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.2)
+        experts.down_proj.normal_(0, 0.2)
+    x = torch.randn(300, 16)
+    t = torch.arange(300)
+    chosen = torch.stack([t % 2, 2 + (t < 99).long()], dim=1)  # experts 0, 1: 150 rows; 2: 201; 3: 99
+    weights = torch.rand(300, 2)
+    seen_rows = []
+    real_linear = F.linear
+    monkeypatch.setattr(moe.F, "linear", lambda a, w: seen_rows.append(a.shape[0]) or real_linear(a, w))
+    got = experts(x, chosen, weights).detach()
+    assert sorted(set(seen_rows)) == [100, 152, 208]  # 99, 150, 201 rows padded up to the grid
+    assert all(padded_rows(n) == n for n in seen_rows)
+    monkeypatch.setattr(moe.F, "linear", real_linear)
+    want = torch.zeros_like(x)
+    for t in range(300):
+        for j in range(2):
+            e = int(chosen[t, j])
+            gate, up = (experts.gate_up_proj[e] @ x[t]).split(8)
+            want[t] += weights[t, j] * (experts.down_proj[e] @ (F.silu(gate) * up))
+    torch.testing.assert_close(got, want.detach(), atol=1e-5, rtol=1e-5)
+
+
 def test_moe_loads_hub_checkpoint_names(tmp_path, models):
     """Checkpoints on the Hub name each expert (Mixtral: block_sparse_moe.experts.{e}.w1/w3/w2;
     Qwen-MoE: mlp.experts.{e}.gate_proj/up_proj/down_proj): stacked on load, same logits as HF."""

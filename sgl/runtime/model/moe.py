@@ -7,6 +7,7 @@ them, so loading is a copy and a future grouped-GEMM kernel reads one tensor. Th
 grouped: the (token, expert) pairs are sorted by expert, each expert's rows are gathered once
 and run through its two matmuls as one batch, and the results are scattered back with their
 routing weights. The Python loop runs over experts that received tokens, never over tokens.
+Each expert's row count is padded to `row_grid` (oneDNN keeps a primitive per matmul shape).
 On CUDA with Triton the same grouping runs as two kernels that read the stacked weights in
 place and need no host sync (`moe_triton.py`).
 """
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.row_grid import on_row_grid
 
 
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -52,12 +54,16 @@ class StackedExperts(nn.Module):
         out_rows = torch.empty_like(rows)
         start = 0
         for e, n in enumerate(counts):
-            if n:
-                gate, up = F.linear(rows[start : start + n], self.gate_up_proj[e]).split(self.intermediate, -1)
-                out_rows[start : start + n] = F.linear(activation(gate, self.act) * up, self.down_proj[e])
+            if n:  # rows padded to the grid: an expert's row count takes any value in prefill
+                out_rows[start : start + n] = on_row_grid(functools.partial(self._expert_mlp, e),
+                                                          rows[start : start + n])
                 start += n
         out_rows = out_rows * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out_rows.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, out_rows)
+
+    def _expert_mlp(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(rows, self.gate_up_proj[e]).split(self.intermediate, -1)
+        return F.linear(activation(gate, self.act) * up, self.down_proj[e])
 
 
 @functools.cache
