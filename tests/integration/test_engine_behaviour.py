@@ -415,7 +415,7 @@ def test_stream_never_splits_characters(engine):
 
 def test_stream_break_aborts_request(engine):
     assert wait_until(lambda: kv_all_returned(engine))
-    before = engine.get_server_info()["finished_requests"]
+    start = engine.get_server_info()
     stream = engine.generate("Write a very long essay about the sea.", {"max_new_tokens": 1000, "ignore_eos": True},
                              stream=True)
     n = 0
@@ -424,12 +424,10 @@ def test_stream_break_aborts_request(engine):
         if n == 3:
             break
     stream.close()
-    t0 = time.monotonic()
-    assert wait_until(lambda: kv_all_returned(engine), timeout=10)
-    assert time.monotonic() - t0 < 5
+    assert wait_until(lambda: kv_all_returned(engine), timeout=120)
     info = engine.get_server_info()
-    assert info["finished_requests"] == before + 1
-    assert info["decode_tokens"] > 0
+    assert info["finished_requests"] == start["finished_requests"] + 1
+    assert 0 < info["decode_tokens"] - start["decode_tokens"] < 999  # aborted, not run to its 1,000 tokens
 
 
 def test_async_stream(engine, greedy_refs):
@@ -541,12 +539,9 @@ def test_abort_long_request(engine):
         lambda: engine.generate("Tell me everything.", {"max_new_tokens": 4000, "ignore_eos": True}, rid=rid)
     )
     assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] == 1)
-    time.sleep(0.3)
-    t0 = time.monotonic()
     engine.abort(rid)
-    t.join(timeout=10)
+    t.join(timeout=120)  # a bound for a stalled abort, not a speed check (the machine may be busy)
     assert not t.is_alive() and "err" not in box
-    assert time.monotonic() - t0 < 3
     meta = box["out"]["meta_info"]
     assert meta["finish_reason"]["type"] == "abort"
     assert meta["id"] == rid and meta["completion_tokens"] < 4000
