@@ -111,3 +111,47 @@ def test_an_engine_fault_answers_with_an_incident_and_exits_1():
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+MARKER = "zq-private-prompt-7781"  # a string no log line has a reason to contain
+
+
+@pytest.mark.parametrize("log_requests", [False, True])
+def test_prompts_and_outputs_are_logged_only_when_asked(log_requests):
+    """At the most verbose log level, a server started without `--log-requests` writes no
+    prompt and no output into its log, for a good request or a refused one; with it, both."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "tiny-llama", "--load-format", "dummy",
+           "--max-total-tokens", "1024", "--host", "127.0.0.1", "--port", str(port), "--log-level", "debug",
+           *(["--log-requests"] if log_requests else [])]
+    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert wait_until(lambda: _up(url) or proc.poll() is not None, timeout=180, interval=0.25)
+        assert proc.poll() is None, proc.stdout.read()
+        outputs = [
+            requests.post(url + "/generate", json={"text": MARKER, "sampling_params": {"max_new_tokens": 8}},
+                          timeout=60).json()["text"],
+            requests.post(url + "/v1/completions", json={"prompt": MARKER, "max_tokens": 8},
+                          timeout=60).json()["choices"][0]["text"],
+            requests.post(url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": MARKER}],
+                                                              "max_tokens": 8},
+                          timeout=60).json()["choices"][0]["message"]["content"],
+        ]
+        refused = requests.post(url + "/generate", json={"text": MARKER, "sampling_params": {"temperature": -1}},
+                                timeout=60)
+        assert_error(refused, 400, "temperature")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        log = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "POST /generate" in log  # the access log is on: the log was captured at all
+    distinctive = [text for text in outputs if len(text.strip()) >= 12]
+    if log_requests:
+        assert log.count(MARKER) >= 4 and log.count("  response: {") >= 4
+    else:
+        assert MARKER not in log and not any(text.strip() in log for text in distinctive), log[-3000:]
