@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 
 import pytest
 import torch

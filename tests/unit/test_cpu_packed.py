@@ -110,6 +110,61 @@ def test_packed_model_matches_hf_on_its_weights(tmp_path, tie):
     assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
 
 
+@needs_packing
+@pytest.mark.parametrize("rows", [1, 3, 200])
+def test_packed_experts_match_the_per_token_definition(rows):
+    """Experts packed one PackedLinear pair each: same output as the per-token loop in float64
+    over the bf16 weights (the stacked ones are gone), at decode and prefill row counts."""
+    from sgl.runtime.model.moe import StackedExperts
+
+    torch.manual_seed(rows)
+    experts = StackedExperts(6, 128, 64, "silu")
+    with torch.no_grad():
+        experts.gate_up_proj.normal_(0, 0.1)
+        experts.down_proj.normal_(0, 0.1)
+    experts = experts.bfloat16()
+    gate_up, down = (w.double() for w in experts.stacked_weights())
+    experts.pack_for_cpu()
+    assert not list(experts.parameters()) and len(experts.packed) == 6
+    assert all(torch.equal(a.double(), b) for a, b in zip(experts.stacked_weights(), (gate_up, down)))
+    x = torch.randn(rows, 128).bfloat16()
+    chosen = torch.stack([torch.arange(rows) % 6, (torch.arange(rows) + 1) % 6], dim=1)
+    weights = torch.rand(rows, 2)
+    with torch.inference_mode():
+        got = experts(x, chosen, weights).double()
+    want = torch.zeros(rows, 128, dtype=torch.float64)
+    for t in range(rows):
+        for j in range(2):
+            e = int(chosen[t, j])
+            g, u = (gate_up[e] @ x[t].double()).split(64)
+            want[t] += weights[t, j].double() * (down[e] @ (torch.nn.functional.silu(g) * u))
+    assert (got - want).abs().max() <= 2e-2 * want.abs().max()
+
+
+@needs_packing
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_packed_moe_model_matches_hf_on_its_weights(tmp_path, arch):
+    """A MoE model packed for the CPU (dense layers and every expert): logits vs HF float32 on
+    the weights it holds, within bf16's error over 2 layers."""
+    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    from sgl.runtime.model.moe import StackedExperts
+
+    hf = hf_tiny(arch=arch, seed=5)
+    hf.save_pretrained(tmp_path)
+    ours, _ = load_model(str(tmp_path), torch.bfloat16, torch.device("cpu"))
+    pack_dense_layers(ours)
+    blocks = [m for m in ours.modules() if isinstance(m, StackedExperts)]
+    assert blocks and all(b.packed is not None for b in blocks)
+    oracle = hf_tiny(arch=arch, seed=5)
+    missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    ids = list(range(2, 90))
+    got = TinyRunner(ours, kv_dtype=torch.bfloat16).step({0: ids})[0]
+    with torch.no_grad():
+        want = oracle(torch.tensor([ids])).logits[0]
+    assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
+
+
 def test_packing_needs_native_bf16(monkeypatch):
     monkeypatch.setenv("SGL_CPU_FLAGS_OVERRIDE", "avx2 fma")
     cpu_features.cpu_flags.cache_clear()

@@ -57,8 +57,10 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
 
 def pack_dense_layers(model: nn.Module) -> int:
     """Replace the model's dense bf16 linear layers (and the LM head, tied or not) by
-    `PackedLinear`; returns how many were packed. Quantized layers are left alone."""
+    `PackedLinear`, and pack bf16 MoE experts (one PackedLinear pair each); returns how many
+    layers were packed. Quantized layers are left alone."""
     from sgl.runtime.model.llama import Linear
+    from sgl.runtime.model.moe import StackedExperts
 
     count = 0
     for qual, module in list(model.named_modules()):
@@ -66,11 +68,15 @@ def pack_dense_layers(model: nn.Module) -> int:
             owner, _, attr = qual.rpartition(".")
             setattr(model.get_submodule(owner), attr, PackedLinear(module.weight_t.t(), module.bias))
             count += 1
+        elif isinstance(module, StackedExperts) and module.packed is None and \
+                module.gate_up_proj.dtype == torch.bfloat16:
+            module.pack_for_cpu()
+            count += 2 * module.num_experts
     head = getattr(model, "lm_head", None)
     if isinstance(head, nn.Linear) and head.weight.dtype == torch.bfloat16:
         model.lm_head = PackedLinear(head.weight, head.bias)
         count += 1
-    elif head is None and isinstance(model.embed_tokens, nn.Embedding) and \
+    elif head is None and isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and \
             model.embed_tokens.weight.dtype == torch.bfloat16:
         model.lm_head = PackedLinear(model.embed_tokens.weight, None)  # a packed copy of the tied table
         count += 1

@@ -389,9 +389,9 @@ def _held_weight(module: nn.Module) -> torch.Tensor:
 
 def _held_moe(p: str, moe: nn.Module) -> dict[str, torch.Tensor]:
     """A MoE block's weights under transformers 5's names (shared expert split back)."""
+    gate_up, down = moe.experts.stacked_weights()
     state = {f"{p}mlp.gate.weight": moe.gate.weight.float(),
-             f"{p}mlp.experts.gate_up_proj": moe.experts.gate_up_proj.float(),
-             f"{p}mlp.experts.down_proj": moe.experts.down_proj.float()}
+             f"{p}mlp.experts.gate_up_proj": gate_up, f"{p}mlp.experts.down_proj": down}
     if hasattr(moe, "shared_expert"):
         shared = moe.shared_expert
         gate, up = _held_weight(shared.gate_up_proj).split(shared.intermediate_size)

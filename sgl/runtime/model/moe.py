@@ -29,17 +29,40 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 
 
 class StackedExperts(nn.Module):
-    """E gated MLPs in two stacked parameters; `forward` runs the tokens routed to each."""
+    """E gated MLPs in two stacked parameters; `forward` runs the tokens routed to each.
+
+    On a CPU with native bf16 matmuls, `pack_for_cpu` replaces the stacked bf16 weights by one
+    oneDNN-packed pair per expert (`PackedLinear`): a plain bf16 weight is reordered into
+    oneDNN's blocked layout on every call, which for the few rows an expert gets in decoding
+    costs several times the multiply."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.num_experts, self.intermediate, self.act = num_experts, intermediate, act
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
+        self.packed: nn.ModuleList | None = None  # per expert: (gate_up, down) PackedLinear, once packed
+
+    def pack_for_cpu(self) -> None:
+        """Pack each expert's two weights for oneDNN and drop the stacked ones (peak memory:
+        one more copy of this block's experts, while it packs)."""
+        from sgl.runtime.model.cpu_packed import PackedLinear
+
+        self.packed = nn.ModuleList(
+            nn.ModuleList([PackedLinear(self.gate_up_proj[e], None), PackedLinear(self.down_proj[e], None)])
+            for e in range(self.num_experts))
+        del self.gate_up_proj, self.down_proj
+
+    def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [E, 2I, H], down [E, H, I]) as float32: exactly the weights computed with."""
+        if self.packed is None:
+            return self.gate_up_proj.float(), self.down_proj.float()
+        return (torch.stack([pair[0].held_weight() for pair in self.packed]),
+                torch.stack([pair[1].held_weight() for pair in self.packed]))
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; experts, weights [T, k] (each token's chosen experts and their weights)."""
-        if x.is_cuda and _triton_grouped_experts() is not None:
+        if self.packed is None and x.is_cuda and _triton_grouped_experts() is not None:
             return _triton_grouped_experts()(x, self.gate_up_proj, self.down_proj, experts, weights, self.act)
         return self.grouped_matmuls(x, experts, weights)
 
@@ -62,6 +85,10 @@ class StackedExperts(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, out_rows)
 
     def _expert_mlp(self, e: int, rows: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            gate_up, down = self.packed[e]
+            gate, up = gate_up(rows).split(self.intermediate, -1)
+            return down(activation(gate, self.act) * up)
         gate, up = F.linear(rows, self.gate_up_proj[e]).split(self.intermediate, -1)
         return F.linear(activation(gate, self.act) * up, self.down_proj[e])
 
