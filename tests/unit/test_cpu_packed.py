@@ -125,7 +125,7 @@ def test_packed_experts_match_the_per_token_definition(rows):
     experts = experts.bfloat16()
     gate_up, down = (w.double() for w in experts.stacked_weights())
     experts.pack_for_cpu()
-    assert not list(experts.parameters()) and len(experts.packed) == 6
+    assert not list(experts.parameters()) and len(experts.per_expert) == 6
     assert all(torch.equal(a.double(), b) for a, b in zip(experts.stacked_weights(), (gate_up, down)))
     x = torch.randn(rows, 128).bfloat16()
     chosen = torch.stack([torch.arange(rows) % 6, (torch.arange(rows) + 1) % 6], dim=1)
@@ -154,7 +154,7 @@ def test_packed_moe_model_matches_hf_on_its_weights(tmp_path, arch):
     ours, _ = load_model(str(tmp_path), torch.bfloat16, torch.device("cpu"))
     pack_dense_layers(ours)
     blocks = [m for m in ours.modules() if isinstance(m, StackedExperts)]
-    assert blocks and all(b.packed is not None for b in blocks)
+    assert blocks and all(b.per_expert is not None for b in blocks)
     oracle = hf_tiny(arch=arch, seed=5)
     missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}

@@ -307,6 +307,67 @@ def test_moe_loads_hub_checkpoint_names(tmp_path, models):
         torch.testing.assert_close(got, hf_logits(hf, ids), atol=ATOL, rtol=0)
 
 
+def _expert_layouts(model) -> set[str]:
+    from sgl.runtime.model.moe import StackedExperts
+
+    blocks = [m for m in model.modules() if isinstance(m, StackedExperts)]
+    assert blocks and all(b.per_expert is not None and not list(b.parameters(recurse=False)) for b in blocks)
+    return {getattr(layer, "layout", type(layer).__name__) for b in blocks for pair in b.per_expert for layer in pair}
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int4"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
+def test_quantized_experts_match_hf_on_held_weights(tmp_path, arch, quantization):
+    """Under quantization=int8 / int4 each expert is a pair of quantized layers (the stacked
+    dense weights are gone): logits equal HF run on the weights our kernels hold."""
+    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+
+    hf = hf_tiny(arch=arch, seed=4)
+    hf.save_pretrained(tmp_path)
+    ours, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization)
+    assert all(quantization in layout for layout in _expert_layouts(ours)), _expert_layouts(ours)
+    oracle = copy.deepcopy(hf)
+    missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    ids = list(range(3, 70))
+    got, want = TinyRunner(ours).step({0: ids})[0], hf_logits(oracle, ids)
+    assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
+
+
+@pytest.mark.parametrize("qtype,layout", [("Q8_0", "int8"), ("Q4_0", "int4")])
+@pytest.mark.parametrize("arch,file_arch", [("mixtral", "mixtral"), ("qwen3_moe", "qwen3moe")])
+def test_quantized_moe_gguf_keeps_its_expert_codes(tmp_path, arch, file_arch, qtype, layout):
+    """A MoE GGUF with quantized stacked experts (as llama.cpp's quantizer writes them) loads
+    under quantization="auto" with each expert on the int kernels, its weights the file's
+    (the dequantized file within the bf16 rounding of the kernels' scales), and logits equal
+    HF run on those weights."""
+    from sgl.runtime.model.gguf_export import write_llama_gguf
+    from sgl.runtime.model.loader import held_hf_state_dict, load_model, read_gguf
+
+    hf = hf_tiny(arch=arch, seed=6)
+    path = tmp_path / f"{arch}-{qtype}.gguf"
+    write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), qtype, arch=file_arch)
+    ours, _ = load_model(str(path), torch.float32, torch.device("cpu"), quantization="auto")
+    assert all(layout in x for x in _expert_layouts(ours)), _expert_layouts(ours)
+    _, file_weights = read_gguf(path)
+    held = held_hf_state_dict(ours)
+    for i in range(hf.config.num_hidden_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        gate_up, down = held[p + "gate_up_proj"], held[p + "down_proj"]
+        size = gate_up.shape[1] // 2
+        for got, want in ((gate_up[:, :size], file_weights[p + "gate_proj.weight"]),
+                          (gate_up[:, size:], file_weights[p + "up_proj.weight"]),
+                          (down, file_weights[p + "down_proj.weight"])):
+            assert got.shape == want.shape
+            assert (got - want).abs().max() <= 2 ** -7 * want.abs().max()
+    oracle = copy.deepcopy(hf)
+    missing, unexpected = oracle.load_state_dict(held, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    ids = list(range(3, 70))
+    got, want = TinyRunner(ours).step({0: ids})[0], hf_logits(oracle, ids)
+    assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
+
+
 def test_longrope_takes_the_long_factors_from_the_pretraining_length_on(models):
     """Past `original_max_position_embeddings` (160 here) positions are rotated with the long
     factors: the tables equal cos/sin of position x the long inverse frequencies there, scaled

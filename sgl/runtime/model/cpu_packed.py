@@ -68,7 +68,7 @@ def pack_dense_layers(model: nn.Module) -> int:
             owner, _, attr = qual.rpartition(".")
             setattr(model.get_submodule(owner), attr, PackedLinear(module.weight_t.t(), module.bias))
             count += 1
-        elif isinstance(module, StackedExperts) and module.packed is None and \
+        elif isinstance(module, StackedExperts) and module.per_expert is None and \
                 module.gate_up_proj.dtype == torch.bfloat16:
             module.pack_for_cpu()
             count += 2 * module.num_experts

@@ -62,6 +62,18 @@ class GgufTensors:
         return torch.from_numpy(np.asarray(arr, dtype=np.float32).reshape(shape).copy())
 
 
+    def read_experts(self, name: str) -> list[torch.Tensor | QuantizedTensor]:
+        """A stacked expert tensor ([E, N, K] in PyTorch's order) as E weights [N, K]: an exact
+        type's codes stay quantized (the file's rows are the experts' rows end to end)."""
+        t = self.infos[name]
+        e, n, k = (int(x) for x in reversed(t.shape))
+        kind = t.tensor_type.name
+        if kind not in _EXACT:
+            return list(self.read(name).unbind(0))
+        w = self._read_blocks(name, kind, e * n, k)
+        return [QuantizedTensor(w.kind, w.codes[i * n : (i + 1) * n], w.scales[i * n : (i + 1) * n],
+                                None if w.zeros is None else w.zeros[i * n : (i + 1) * n], w.group) for i in range(e)]
+
     def _read_blocks(self, name: str, kind: str, n: int, k: int, chunk_elems: int = 1 << 22) -> QuantizedTensor:
         """A block-quantized tensor, a few million weights (whole rows) at a time into its codes
         and scales: neither the file's bytes nor the decoders' temporaries exist whole at once

@@ -36,6 +36,10 @@ class Linear(nn.Module):
         self.weight_t = nn.Parameter(torch.empty(in_features, out_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
+    def held_weight(self) -> torch.Tensor:
+        """The float32 [out, in] weight the layer computes with."""
+        return self.weight_t.t().float()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
             return torch.mm(x, self.weight_t)

@@ -26,6 +26,7 @@ from torch import nn
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.gguf_weights import GgufTensors
 from sgl.runtime.model.llama import Linear, LlamaForCausalLM
+from sgl.runtime.model.moe import StackedExperts
 from sgl.runtime.model.quant import (QuantizedTensor, cat_rows, int4_group_for, int8_embedding, per_row_int8,
                                      quantize, quantize_int8, quantized_linear)
 
@@ -237,7 +238,7 @@ def load_weights(model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: to
             if source.has(f"{p}{norm}.weight"):
                 set_param(f"layers.{i}.{norm}.weight", _dense(source.get(f"{p}{norm}.weight")))
         if config.is_sparse(i):
-            load_moe_layer(i, source, set_param, put_linear, modules, dtype, device, loaded)
+            load_moe_layer(i, source, set_param, put_linear, modules, dtype, device, loaded, policy)
     if source.has("model.norm.weight"):
         set_param("norm.weight", _dense(source.get("model.norm.weight")))
     def put_vocab_table(hf_name: str, attr: str, make: Callable[[QuantizedTensor, bool], nn.Module]) -> None:
@@ -273,17 +274,22 @@ def _first_present(source, names: list[str]) -> str:
 
 
 def load_moe_layer(i: int, source, set_param, put_linear, modules: dict, dtype: torch.dtype,
-                   device: torch.device, loaded: set[str]) -> None:
+                   device: torch.device, loaded: set[str], policy: QuantPolicy) -> None:
     """Layer i's router, stacked experts and shared expert, from transformers >= 5 names
     (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) or the
     per-expert names of checkpoints on the Hub (Mixtral's `block_sparse_moe.experts.{e}.w1/w3/w2`,
-    Qwen-MoE's `mlp.experts.{e}.gate_proj/up_proj/down_proj`), stacked in place. Experts stay
-    dense in the model dtype under every quantization (no quantized expert kernel yet)."""
+    Qwen-MoE's `mlp.experts.{e}.gate_proj/up_proj/down_proj`), stacked in place. Where the
+    policy quantizes them, each expert gets its own pair of quantized layers instead
+    (`load_quantized_experts`)."""
     p, q = f"model.layers.{i}.", f"layers.{i}.mlp"
     config = modules[""].config
     set_param(f"{q}.gate.weight", _dense(source.get(_first_present(
         source, [f"{p}mlp.gate.weight", f"{p}block_sparse_moe.gate.weight"]))))
-    if source.has(f"{p}mlp.experts.gate_up_proj"):
+    experts_read = _expert_weight_names(p, source, config.num_experts)
+    if policy.target(source.family(experts_read[0][0])) is not None:
+        load_quantized_experts(experts_read, source, modules[f"{q}.experts"], policy, dtype, device)
+        loaded.update({f"{q}.experts.gate_up_proj", f"{q}.experts.down_proj"})
+    elif source.has(f"{p}mlp.experts.gate_up_proj"):
         set_param(f"{q}.experts.gate_up_proj", _dense(source.get(f"{p}mlp.experts.gate_up_proj")))
         set_param(f"{q}.experts.down_proj", _dense(source.get(f"{p}mlp.experts.down_proj")))
     elif source.has(f"{p}mlp.experts.gate_proj.weight"):  # GGUF: gate and up stacked apart
@@ -313,6 +319,57 @@ def load_moe_layer(i: int, source, set_param, put_linear, modules: dict, dtype: 
         set_param(f"{q}.shared_expert_gate.weight", _dense(source.get(f"{p}mlp.shared_expert_gate.weight")))
 
 
+def _expert_weight_names(p: str, source, num_experts: int) -> list[tuple[str, str, str]]:
+    """Where layer `p`'s experts are: per expert the names of its (gate, up, down) weights, or
+    for stacked checkpoints the stacked names (the same for every expert)."""
+    if source.has(f"{p}mlp.experts.gate_up_proj"):  # transformers 5: gate and up in one tensor
+        return [(f"{p}mlp.experts.gate_up_proj",) * 2 + (f"{p}mlp.experts.down_proj",)] * num_experts
+    if source.has(f"{p}mlp.experts.gate_proj.weight"):  # GGUF: gate, up and down stacked apart
+        return [tuple(f"{p}mlp.experts.{x}_proj.weight" for x in ("gate", "up", "down"))] * num_experts
+    names = []
+    for e in range(num_experts):
+        mixtral = f"{p}block_sparse_moe.experts.{e}."
+        names.append(tuple(mixtral + x for x in ("w1.weight", "w3.weight", "w2.weight")) if source.has(
+            mixtral + "w1.weight") else tuple(f"{p}mlp.experts.{e}.{x}.weight" for x in ("gate_proj", "up_proj",
+                                                                                          "down_proj")))
+    return names
+
+
+def load_quantized_experts(names: list[tuple[str, str, str]], source, experts: nn.Module, policy: QuantPolicy,
+                           dtype: torch.dtype, device: torch.device) -> None:
+    """Each expert as a (gate_up, down) layer pair on the int8 / int4 kernels; a GGUF's Q4_0 /
+    Q4_1 / Q4_K / Q8_0 expert codes are used as they are (exact). A weight the policy keeps
+    dense (int4 needs inputs in groups of 32) becomes a dense layer."""
+    if names[0][0] == names[1][0]:  # stacked: read each tensor once, split by expert
+        stacked = {name: source.get_experts(name) for name in dict.fromkeys(names[0])}
+        per_expert = [tuple(stacked[name][e] for name in names[0]) for e in range(len(names))]
+        if names[0][0] == names[0][1]:  # transformers 5's [2I, H] gate_up: split it in halves
+            per_expert = [(gu[: gu.shape[0] // 2], gu[gu.shape[0] // 2 :], d) for gu, _, d in per_expert]
+    else:
+        per_expert = [tuple(source.get(name) for name in expert) for expert in names]
+
+    def layer(parts: list[Any], part_names: tuple[str, ...]) -> nn.Module:
+        return _expert_layer(parts, [source.family(n) for n in part_names], policy, dtype, device)
+
+    experts.use_per_expert_layers([(layer([gate, up], expert_names[:2]), layer([down], expert_names[2:]))
+                                   for (gate, up, down), expert_names in zip(per_expert, names)])
+
+
+def _expert_layer(parts: list[Any], families: list[str | None], policy: QuantPolicy, dtype: torch.dtype,
+                  device: torch.device) -> nn.Module:
+    """One expert's layer from its weights stacked on the output dim: quantized where the
+    policy says, else dense."""
+    weights = [policy.linear_weight(w, family) for w, family in zip(parts, families)]
+    if all(isinstance(w, QuantizedTensor) for w in weights):
+        if len({w.group for w in weights}) > 1:
+            weights = [per_row_int8(w) for w in weights]
+        return quantized_linear(cat_rows(weights), None)
+    w = torch.cat([_dense(x).float() for x in weights])
+    dense = Linear(w.shape[1], w.shape[0], bias=False)
+    dense.weight_t = nn.Parameter(w.t().to(device=device, dtype=dtype).contiguous(), requires_grad=False)
+    return dense
+
+
 class _Recorded:
     """A weight source that remembers which names were read (to refuse unexpected weights)."""
 
@@ -324,6 +381,13 @@ class _Recorded:
     def get(self, name: str) -> Any:
         self.read.add(name)
         return self._source.get(name)
+
+    def get_experts(self, name: str) -> list[Any]:
+        """A stacked [E, N, K] weight as E weights (a GGUF's quantized codes kept as they are)."""
+        self.read.add(name)
+        if hasattr(self._source, "get_experts"):
+            return self._source.get_experts(name)
+        return list(self._source.get(name).unbind(0))
 
 
 def quantize_model(model: LlamaForCausalLM, policy: QuantPolicy) -> None:
@@ -337,6 +401,11 @@ def quantize_model(model: LlamaForCausalLM, policy: QuantPolicy) -> None:
                 owner, _, attr = qual.rpartition(".")
                 bias = None if module.bias is None else module.bias.detach().float()
                 setattr(model.get_submodule(owner), attr, quantized_linear(weight, bias))
+        elif isinstance(module, StackedExperts):
+            dtype, device = module.gate_up_proj.dtype, module.gate_up_proj.device
+            module.use_per_expert_layers([
+                tuple(_expert_layer([w.detach()], [None], policy, dtype, device) for w in pair)
+                for pair in zip(module.gate_up_proj, module.down_proj)])
     model.embed_tokens = int8_embedding(quantize_int8(model.embed_tokens.weight.detach()), model.norm.weight.dtype)
     if not model.config.tie_word_embeddings:
         model.lm_head = quantized_linear(quantize_int8(model.lm_head.weight.detach()), None)
@@ -382,9 +451,7 @@ def held_hf_state_dict(model: LlamaForCausalLM) -> dict[str, torch.Tensor]:
 
 def _held_weight(module: nn.Module) -> torch.Tensor:
     """A layer's [out, in] weight as float32, exactly what it computes with."""
-    if hasattr(module, "held_weight"):
-        return module.held_weight()
-    return (module.weight_t.t() if hasattr(module, "weight_t") else module.weight).float()
+    return module.held_weight() if hasattr(module, "held_weight") else module.weight.float()
 
 
 def _held_moe(p: str, moe: nn.Module) -> dict[str, torch.Tensor]:
@@ -684,6 +751,10 @@ class GgufSource:
         if kind == "ffn_gate_inp_shexp":
             return _dense(value).reshape(1, -1)  # [H] in the file, HF's Linear(H, 1) weight
         return value
+
+    def get_experts(self, name: str) -> list[torch.Tensor | QuantizedTensor]:
+        """A stacked expert weight as one weight per expert, quantized codes kept as they are."""
+        return self.tensors.read_experts(self._gguf_name[name])
 
 
 def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:

@@ -31,38 +31,46 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
 class StackedExperts(nn.Module):
     """E gated MLPs in two stacked parameters; `forward` runs the tokens routed to each.
 
-    On a CPU with native bf16 matmuls, `pack_for_cpu` replaces the stacked bf16 weights by one
-    oneDNN-packed pair per expert (`PackedLinear`): a plain bf16 weight is reordered into
-    oneDNN's blocked layout on every call, which for the few rows an expert gets in decoding
-    costs several times the multiply."""
+    Where stacked weights do not suit the kernel, each expert gets its own pair of layers
+    (`per_expert`) and the stacked parameters are dropped: quantized experts (int8 / int4
+    layers, from the loader) and, on a CPU with native bf16 matmuls, bf16 experts packed for
+    oneDNN (`pack_for_cpu`; a plain bf16 weight is reordered into oneDNN's blocked layout on
+    every call, which for the few rows an expert gets in decoding costs several times the
+    multiply)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, act: str) -> None:
         super().__init__()
         self.num_experts, self.intermediate, self.act = num_experts, intermediate, act
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
-        self.packed: nn.ModuleList | None = None  # per expert: (gate_up, down) PackedLinear, once packed
+        self.per_expert: nn.ModuleList | None = None  # per expert: (gate_up, down) layers, once split
+
+    def use_per_expert_layers(self, layers: list[tuple[nn.Module, nn.Module]]) -> None:
+        """Compute with these (gate_up [2I, H], down [H, I]) layers, one pair per expert."""
+        if len(layers) != self.num_experts:
+            raise ValueError(f"{len(layers)} expert layer pairs for {self.num_experts} experts")
+        self.per_expert = nn.ModuleList(nn.ModuleList(pair) for pair in layers)
+        for name in ("gate_up_proj", "down_proj"):
+            self._parameters.pop(name, None)
 
     def pack_for_cpu(self) -> None:
-        """Pack each expert's two weights for oneDNN and drop the stacked ones (peak memory:
-        one more copy of this block's experts, while it packs)."""
+        """Pack each expert's two bf16 weights for oneDNN, dropping the stacked ones (peak
+        memory: one more copy of this block's experts, while it packs)."""
         from sgl.runtime.model.cpu_packed import PackedLinear
 
-        self.packed = nn.ModuleList(
-            nn.ModuleList([PackedLinear(self.gate_up_proj[e], None), PackedLinear(self.down_proj[e], None)])
-            for e in range(self.num_experts))
-        del self.gate_up_proj, self.down_proj
+        self.use_per_expert_layers([(PackedLinear(self.gate_up_proj[e], None), PackedLinear(self.down_proj[e], None))
+                                    for e in range(self.num_experts)])
 
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) as float32: exactly the weights computed with."""
-        if self.packed is None:
+        if self.per_expert is None:
             return self.gate_up_proj.float(), self.down_proj.float()
-        return (torch.stack([pair[0].held_weight() for pair in self.packed]),
-                torch.stack([pair[1].held_weight() for pair in self.packed]))
+        held = [[layer.held_weight() for layer in pair] for pair in self.per_expert]
+        return torch.stack([pair[0] for pair in held]), torch.stack([pair[1] for pair in held])
 
     def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """x [T, H]; experts, weights [T, k] (each token's chosen experts and their weights)."""
-        if self.packed is None and x.is_cuda and _triton_grouped_experts() is not None:
+        if self.per_expert is None and x.is_cuda and _triton_grouped_experts() is not None:
             return _triton_grouped_experts()(x, self.gate_up_proj, self.down_proj, experts, weights, self.act)
         return self.grouped_matmuls(x, experts, weights)
 
@@ -85,8 +93,8 @@ class StackedExperts(nn.Module):
         return torch.zeros_like(x).index_add_(0, tokens, out_rows)
 
     def _expert_mlp(self, e: int, rows: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            gate_up, down = self.packed[e]
+        if self.per_expert is not None:
+            gate_up, down = self.per_expert[e]
             gate, up = gate_up(rows).split(self.intermediate, -1)
             return down(activation(gate, self.act) * up)
         gate, up = F.linear(rows, self.gate_up_proj[e]).split(self.intermediate, -1)
