@@ -344,7 +344,7 @@ def test_quantized_moe_gguf_keeps_its_expert_codes(tmp_path, arch, file_arch, qt
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.loader import held_hf_state_dict, load_model, read_gguf
 
-    hf = hf_tiny(arch=arch, seed=6)
+    hf = hf_tiny(arch=arch, seed=6, hidden_size=128)  # Qwen3: head_dim 16 != 128 / 4 heads (key_length)
     path = tmp_path / f"{arch}-{qtype}.gguf"
     write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), qtype, arch=file_arch)
     ours, _ = load_model(str(path), torch.float32, torch.device("cpu"), quantization="auto")

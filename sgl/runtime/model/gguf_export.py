@@ -94,6 +94,9 @@ def _add_header(w, arch: str, config: dict) -> None:
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     partial = config.get("partial_rotary_factor") or (config.get("rope_parameters") or {}).get("partial_rotary_factor")
     w.add_rope_dimension_count(int(head_dim * (partial or 1.0)))
+    if config.get("head_dim") or arch in NORM_SHIFTED_ARCHS:  # as llama.cpp's converter: when the config has it
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     if arch in NORM_SHIFTED_ARCHS:
         _add_gemma_fields(w, arch, config)
     if arch == "phi3":
@@ -136,11 +139,8 @@ def _file_tensors(name: str, arr: np.ndarray, arch: str, config: dict) -> Iterab
 
 
 def _add_gemma_fields(w, arch: str, config: dict) -> None:
-    """Gemma's keys as llama.cpp's converter writes them, plus the local RoPE base and the
+    """Gemma's keys as llama.cpp's converter writes them (key length in `_add_header`), plus the local RoPE base and the
     sliding-layer period where a config's differ from llama.cpp's fixed ones (10000, 6)."""
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
     if config.get("sliding_window"):
         w.add_sliding_window(config["sliding_window"])
     if config.get("final_logit_softcapping"):
