@@ -92,7 +92,7 @@ def test_compiled_packed_linear_serves_every_row_count_in_one_graph():
 def test_packed_model_matches_hf_on_its_weights(tmp_path, tie):
     """Every dense layer and the LM head packed (a tied head as its own packed copy): logits
     vs HF float32 on the weights the model holds, within bf16's error over 2 layers."""
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    from sgl.runtime.model.loader import load_model
     from sgl.runtime.model.quant import quantization_summary
 
     hf = hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9)
@@ -100,10 +100,15 @@ def test_packed_model_matches_hf_on_its_weights(tmp_path, tie):
     ours, _ = load_model(str(tmp_path), torch.bfloat16, torch.device("cpu"))
     assert pack_dense_layers(ours) == 4 * 2 + 1
     assert quantization_summary(ours) == {"dense_packed": 9, "dense": 1}  # + the embedding lookup
-    oracle = hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9)
+    _assert_matches_hf_on_held_weights(ours, hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9), list(range(2, 40)))
+
+
+def _assert_matches_hf_on_held_weights(ours, oracle, ids: list[int]) -> None:
+    """Logits of `ours` (bf16) vs HF float32 on the weights it holds, within bf16's error over 2 layers."""
+    from sgl.runtime.model.loader import held_hf_state_dict
+
     missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}
-    ids = list(range(2, 40))
     got = TinyRunner(ours, kv_dtype=torch.bfloat16).step({0: ids})[0]
     with torch.no_grad():
         want = oracle(torch.tensor([ids])).logits[0]
@@ -144,9 +149,8 @@ def test_packed_experts_match_the_per_token_definition(rows):
 @needs_packing
 @pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
 def test_packed_moe_model_matches_hf_on_its_weights(tmp_path, arch):
-    """A MoE model packed for the CPU (dense layers and every expert): logits vs HF float32 on
-    the weights it holds, within bf16's error over 2 layers."""
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    """A MoE model packed for the CPU (dense layers and every expert) against HF on its weights."""
+    from sgl.runtime.model.loader import load_model
     from sgl.runtime.model.moe import StackedExperts
 
     hf = hf_tiny(arch=arch, seed=5)
@@ -155,14 +159,7 @@ def test_packed_moe_model_matches_hf_on_its_weights(tmp_path, arch):
     pack_dense_layers(ours)
     blocks = [m for m in ours.modules() if isinstance(m, StackedExperts)]
     assert blocks and all(b.per_expert is not None for b in blocks)
-    oracle = hf_tiny(arch=arch, seed=5)
-    missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    ids = list(range(2, 90))
-    got = TinyRunner(ours, kv_dtype=torch.bfloat16).step({0: ids})[0]
-    with torch.no_grad():
-        want = oracle(torch.tensor([ids])).logits[0]
-    assert (got - want).abs().max() <= 3e-2 * (want.max() - want.min())
+    _assert_matches_hf_on_held_weights(ours, hf_tiny(arch=arch, seed=5), list(range(2, 90)))
 
 
 def test_packing_needs_native_bf16(monkeypatch):
