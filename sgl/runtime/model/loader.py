@@ -285,9 +285,9 @@ def load_moe_layer(i: int, source, set_param, put_linear, modules: dict, dtype: 
     config = modules[""].config
     set_param(f"{q}.gate.weight", _dense(source.get(_first_present(
         source, [f"{p}mlp.gate.weight", f"{p}block_sparse_moe.gate.weight"]))))
-    experts_read = _expert_weight_names(p, source, config.num_experts)
-    if policy.target(source.family(experts_read[0][0])) is not None:
-        load_quantized_experts(experts_read, source, modules[f"{q}.experts"], policy, dtype, device)
+    names, stacked = _expert_weight_names(p, source, config.num_experts)
+    if policy.target(source.family(names[0][0])) is not None:
+        load_quantized_experts(names, stacked, source, modules[f"{q}.experts"], policy, dtype, device)
         loaded.update({f"{q}.experts.gate_up_proj", f"{q}.experts.down_proj"})
     elif source.has(f"{p}mlp.experts.gate_up_proj"):
         set_param(f"{q}.experts.gate_up_proj", _dense(source.get(f"{p}mlp.experts.gate_up_proj")))
@@ -319,30 +319,30 @@ def load_moe_layer(i: int, source, set_param, put_linear, modules: dict, dtype: 
         set_param(f"{q}.shared_expert_gate.weight", _dense(source.get(f"{p}mlp.shared_expert_gate.weight")))
 
 
-def _expert_weight_names(p: str, source, num_experts: int) -> list[tuple[str, str, str]]:
-    """Where layer `p`'s experts are: per expert the names of its (gate, up, down) weights, or
-    for stacked checkpoints the stacked names (the same for every expert)."""
+def _expert_weight_names(p: str, source, num_experts: int) -> tuple[list[tuple[str, str, str]], bool]:
+    """Where layer `p`'s experts are: per expert the names of its (gate, up, down) weights, and
+    whether they are stacked tensors (then the same names for every expert)."""
     if source.has(f"{p}mlp.experts.gate_up_proj"):  # transformers 5: gate and up in one tensor
-        return [(f"{p}mlp.experts.gate_up_proj",) * 2 + (f"{p}mlp.experts.down_proj",)] * num_experts
+        return [(f"{p}mlp.experts.gate_up_proj",) * 2 + (f"{p}mlp.experts.down_proj",)] * num_experts, True
     if source.has(f"{p}mlp.experts.gate_proj.weight"):  # GGUF: gate, up and down stacked apart
-        return [tuple(f"{p}mlp.experts.{x}_proj.weight" for x in ("gate", "up", "down"))] * num_experts
+        return [tuple(f"{p}mlp.experts.{x}_proj.weight" for x in ("gate", "up", "down"))] * num_experts, True
     names = []
     for e in range(num_experts):
         mixtral = f"{p}block_sparse_moe.experts.{e}."
         names.append(tuple(mixtral + x for x in ("w1.weight", "w3.weight", "w2.weight")) if source.has(
             mixtral + "w1.weight") else tuple(f"{p}mlp.experts.{e}.{x}.weight" for x in ("gate_proj", "up_proj",
                                                                                           "down_proj")))
-    return names
+    return names, False
 
 
-def load_quantized_experts(names: list[tuple[str, str, str]], source, experts: nn.Module, policy: QuantPolicy,
-                           dtype: torch.dtype, device: torch.device) -> None:
+def load_quantized_experts(names: list[tuple[str, str, str]], stacked: bool, source, experts: nn.Module,
+                           policy: QuantPolicy, dtype: torch.dtype, device: torch.device) -> None:
     """Each expert as a (gate_up, down) layer pair on the int8 / int4 kernels; a GGUF's Q4_0 /
     Q4_1 / Q4_K / Q8_0 expert codes are used as they are (exact). A weight the policy keeps
     dense (int4 needs inputs in groups of 32) becomes a dense layer."""
-    if names[0][0] == names[1][0]:  # stacked: read each tensor once, split by expert
-        stacked = {name: source.get_experts(name) for name in dict.fromkeys(names[0])}
-        per_expert = [tuple(stacked[name][e] for name in names[0]) for e in range(len(names))]
+    if stacked:  # read each tensor once, split by expert
+        split = {name: source.get_experts(name) for name in dict.fromkeys(names[0])}
+        per_expert = [tuple(split[name][e] for name in names[0]) for e in range(len(names))]
         if names[0][0] == names[0][1]:  # transformers 5's [2I, H] gate_up: split it in halves
             per_expert = [(gu[: gu.shape[0] // 2], gu[gu.shape[0] // 2 :], d) for gu, _, d in per_expert]
     else:
