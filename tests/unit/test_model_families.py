@@ -317,14 +317,20 @@ def _expert_layouts(model) -> set[str]:
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "qwen3_moe"])
-def test_quantized_experts_match_hf_on_held_weights(tmp_path, arch, quantization):
+@pytest.mark.parametrize("path", ["loaded", "built"])
+def test_quantized_experts_match_hf_on_held_weights(tmp_path, arch, quantization, path):
     """Under quantization=int8 / int4 each expert is a pair of quantized layers (the stacked
-    dense weights are gone): logits equal HF run on the weights our kernels hold."""
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    dense weights are gone), whether loaded so from a checkpoint or quantized after building
+    (random-weight models): logits equal HF run on the weights our kernels hold."""
+    from sgl.runtime.model.loader import QuantPolicy, held_hf_state_dict, load_model, quantize_model
 
     hf = hf_tiny(arch=arch, seed=4)
-    hf.save_pretrained(tmp_path)
-    ours, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization)
+    if path == "loaded":
+        hf.save_pretrained(tmp_path)
+        ours, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization)
+    else:
+        ours = ours_from_hf(hf)
+        quantize_model(ours, QuantPolicy(quantization))
     assert all(quantization in layout for layout in _expert_layouts(ours)), _expert_layouts(ours)
     oracle = copy.deepcopy(hf)
     missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)
