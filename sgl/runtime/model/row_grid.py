@@ -33,7 +33,11 @@ def padded_rows(rows: int) -> int:
 
 
 def on_row_grid(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """`matmul(x)` for x [..., K] -> [..., N], computed on x's rows padded with zeros to the grid."""
+    """`matmul(x)` for x [..., K] -> [..., N], computed on x's rows padded with zeros to the grid.
+    Not inside a torch.compile graph (its shapes are the compiler's; a symbolic row count has
+    no bit length)."""
+    if torch.compiler.is_compiling():
+        return matmul(x)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     padded = padded_rows(rows)
     if padded == rows:
