@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import call_seconds, print_table, write_result  # noqa: E402
+from common import print_table, write_result  # noqa: E402
 
 from sgl.runtime.model.config import ModelConfig  # noqa: E402
 from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies  # noqa: E402
@@ -62,13 +63,24 @@ def layers(hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype)
     return moe.to(dtype).eval(), dense.to(dtype).eval()
 
 
-def median_ms(fn, repeats: int, device: str) -> float:
-    if device == "cuda":
-        def synced():
-            fn()
+def interleaved_ms(fns: dict[str, object], repeats: int, device: str, warmup: int = 3) -> dict[str, float]:
+    """Median ms of each fn, their calls interleaved (one of each in turn), so a noisy machine's
+    drift falls on all of them alike."""
+    def call(fn):
+        fn()
+        if device == "cuda":
             torch.cuda.synchronize()
-        return call_seconds(synced, repeats) * 1e3
-    return call_seconds(fn, repeats) * 1e3
+
+    for fn in fns.values():
+        for _ in range(warmup):
+            call(fn)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            call(fn)
+            times[name].append(time.perf_counter() - t)
+    return {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
 
 
 def main() -> None:
@@ -95,13 +107,15 @@ def main() -> None:
         for n in map(int, args.rows.split(",")):
             x = torch.randn(n, shape[0], device=args.device).to(dtype)
             with torch.inference_mode():
-                t_moe = median_ms(lambda: moe(x), args.repeats, args.device)  # noqa: B023
-                t_dense = median_ms(lambda: dense(x), args.repeats, args.device)  # noqa: B023
                 experts, weights = moe.route(x)
                 experts_hit = int(experts.unique().numel())
-                t_torch = median_ms(lambda: moe.experts.grouped_matmuls(x, experts, weights), args.repeats,  # noqa: B023
-                                    args.device) if cuda else None
-                t_plain = median_ms(lambda: plain_moe(x), args.repeats, args.device) if packed else None  # noqa: B023
+                fns = {"moe": lambda: moe(x), "dense": lambda: dense(x)}  # noqa: B023
+                if cuda:
+                    fns["torch"] = lambda: moe.experts.grouped_matmuls(x, experts, weights)  # noqa: B023
+                if packed:
+                    fns["plain"] = lambda: plain_moe(x)  # noqa: B023
+                ms = interleaved_ms(fns, args.repeats, args.device)
+                t_moe, t_dense, t_torch, t_plain = ms["moe"], ms["dense"], ms.get("torch"), ms.get("plain")
             per_rows[n] = {"moe_ms": round(t_moe, 3), "dense_ms": round(t_dense, 3),
                            "ratio": round(t_moe / t_dense, 2), "experts_hit": experts_hit}
             row = (name, n, experts_hit, f"{t_moe:.2f}", f"{t_dense:.2f}", f"{t_moe / t_dense:.2f}")
@@ -112,7 +126,7 @@ def main() -> None:
                 per_rows[n].update(moe_plain_ms=round(t_plain, 3), packing_speedup=round(t_plain / t_moe, 2))
                 row += (f"{t_plain:.2f}", f"{t_plain / t_moe:.2f}")
             rows_out.append(row)
-        del moe, dense, plain_moe
+        moe = dense = plain_moe = None  # freed before the next shape is built
     columns = ("shape", "rows", "experts hit", "moe ms", "dense ms", "moe / dense")
     extra = ("torch grouped experts ms",) if cuda else ("moe plain-weights ms", "plain / packed") if packed else ()
     print_table(f"MoE block vs dense MLP with the same active parameters ({args.dtype}, {where}"
