@@ -83,10 +83,27 @@ def measure_copy_bandwidth(nbytes: int = 512 << 20, repeats: int = 5) -> float:
     return 2 * nbytes / best
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo): results from an AMX Xeon and a Zen 4 EPYC differ."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
 def machine_info() -> dict[str, Any]:
+    try:
+        from sgl.runtime.cpu_features import bf16_matmul_support
+    except ImportError:  # a script run without the project on its path
+        def bf16_matmul_support() -> None:
+            return None
+
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu_model": cpu_model(),
+        "bf16_matmul": bf16_matmul_support(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
