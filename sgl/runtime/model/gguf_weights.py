@@ -61,7 +61,6 @@ class GgufTensors:
         arr = gguf.quants.dequantize(self._raw(name).reshape(-1), t.tensor_type)
         return torch.from_numpy(np.asarray(arr, dtype=np.float32).reshape(shape).copy())
 
-
     def read_experts(self, name: str) -> list[torch.Tensor | QuantizedTensor]:
         """A stacked expert tensor ([E, N, K] in PyTorch's order) as E weights [N, K]: an exact
         type's codes stay quantized (the file's rows are the experts' rows end to end)."""
