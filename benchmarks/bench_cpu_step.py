@@ -1,8 +1,9 @@
 """Where a decode step's time goes on CPU: matmuls, attention, other ops, the rest.
 
 The embedded model's forward + logits is run directly (no scheduler) on one-token steps of
-`--batch` rows over a `--context`-token context, eager and torch.compile'd (at that batch
-size), under torch's profiler. Ops are grouped
+`--batch` rows over a `--context`-token context, eager with plain torch ops, eager with the
+fused CPU layer ops (`model/layer_ops.py`, what the engine runs) and torch.compile'd (at that
+batch size), under torch's profiler. Ops are grouped
 by their self CPU time: matmuls (dense and packed int8/int4), attention (our kernel), other
 torch ops, and the compiled graph's own generated code; "python and dispatch" is the wall
 time per step not inside any op (module calls, argument handling, dynamo's guards).
@@ -96,7 +97,7 @@ def split(req: DecodeRows, forward, steps: int, top: int = 0) -> dict[str, float
             groups["attention"] += ms
         elif "CompiledFxGraph" in ev.key:
             groups["compiled graph code"] += ms
-        elif ev.key.startswith(("aten::", "quantized::", "sgl_cpu::", "sgl_linear::", "mkldnn::")):
+        elif ev.key.startswith(("aten::", "quantized::", "sgl_cpu::", "sgl_linear::", "sgl_layer::", "mkldnn::")):
             groups["other ops"] += ms
     for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]:
         print(f"  {ev.self_cpu_time_total / 1e3 / steps:7.3f} ms  {ev.count // steps:4d} calls  {ev.key[:90]}")
@@ -137,6 +138,12 @@ def main() -> None:
         req.step([list(range(1000 + r, 1000 + r + args.context)) for r in range(args.batch)], model.forward)
         return req
 
+    from sgl.runtime.model import layer_ops
+
+    if layer_ops.layer_ops_built():  # eager with the torch ops the fused ones replace, then with them
+        layer_ops.enabled = False
+        results["eager, torch ops"] = split(fresh_rows(), model.forward, args.steps, args.top)
+        layer_ops.enabled = True
     results["eager"] = split(fresh_rows(), model.forward, args.steps, args.top)
     compile_s = None
     if not args.no_compile:
@@ -148,7 +155,7 @@ def main() -> None:
         req.decode(7, compiled)
         compile_s = round(time.perf_counter() - t, 1)
         results["compiled"] = split(req, compiled, args.steps, args.top)
-    keys = list(results["eager"])
+    keys = list(results["eager"])  # "eager": the engine's eager steps (fused layer ops where built)
     print_table(f"decode step of {args.batch} row(s) at ~{args.context} tokens, ms (SmolLM2, {args.dtype}, "
                 f"quantization={args.quantization})", [(k, *(r[k] for r in results.values())) for k in keys],
                 ("part", *results))

@@ -538,6 +538,10 @@ def _load_model_and_tokenizer(cfg: EngineConfig, dtype: torch.dtype, device: tor
         tok_path = cfg.tokenizer_path or path
     if packing_applies(dtype, device):
         pack_dense_layers(model)
+    if device.type == "cpu":  # build (or load) the fused layer ops now, not inside the first step
+        from sgl.runtime.model.layer_ops import layer_ops_built
+
+        layer_ops_built()
     if tok_path is None:
         logger.warning("no tokenizer found for the dummy model %r: using a byte-level one", cfg.model_path)
         tokenizer = byte_level_tokenizer()

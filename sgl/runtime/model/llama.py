@@ -19,6 +19,7 @@ from torch import nn
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.layer_ops import fused_ops_for
 from sgl.runtime.model.moe import SparseMoE
 from sgl.runtime.model.rope import RotaryEmbedding, rotate
 
@@ -56,12 +57,22 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if fused_ops_for(x) and self.weight.dtype == x.dtype:
+            return torch.ops.sgl_layer.rms_norm(x, self.weight, self.eps, self.offset)
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:
             return (x32 * (self.offset + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)
+
+    def add_forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + a, this norm of it): the residual add and the next block's norm, one call."""
+        if fused_ops_for(x) and self.weight.dtype == x.dtype == a.dtype and x.dim() == 2:
+            return torch.ops.sgl_layer.add_rms_norm(x.contiguous(), a.contiguous(), self.weight, self.eps,
+                                                    self.offset)
+        x = x + a
+        return x, self(x)
 
 
 class Attention(nn.Module):
@@ -90,7 +101,10 @@ class Attention(nn.Module):
         q, k = q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rotate(q, *rope), rotate(k, *rope)  # contiguous, as the kernels want
+        if fused_ops_for(x) and rope[0].dtype == torch.float32:  # contiguous, as the kernels want
+            q, k = torch.ops.sgl_layer.rotate(q, *rope), torch.ops.sgl_layer.rotate(k, *rope)
+        else:
+            q, k = rotate(q, *rope), rotate(k, *rope)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         out = batch.attn_backend.forward(q, k, v, self.layer_id, self.scaling, batch, **self.features)
         return self.o_proj(out.reshape(-1, self.q_size))
@@ -105,7 +119,10 @@ class MLP(nn.Module):
         self.gelu = config.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if fused_ops_for(gate_up) and gate_up.dim() == 2:
+            return self.down_proj(torch.ops.sgl_layer.gated_act(gate_up, self.gelu))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj(gate * up)
 
@@ -132,8 +149,8 @@ class DecoderLayer(nn.Module):
         if self.sandwich:
             x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch))
             return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), rope, batch))
+        return x + self.mlp(h)
 
 
 class LlamaForCausalLM(nn.Module):
