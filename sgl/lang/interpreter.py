@@ -116,6 +116,13 @@ class StreamExecutor:
         self.scopes: dict[str, int] = dict(parent.scopes) if parent else {}
         self.fork_start = len(self.text_)  # where this branch's own text starts
         self.children: list[StreamExecutor] = []  # fork branches: ended when this state ends
+        # Where this state sits in the fork tree: per fork level, (which fork of the parent,
+        # which branch of it); () for the root. A stream's branch events go to
+        # `branch_listener(path, variable, text)` (the server streams them); set on the root.
+        self.branch_path: tuple[tuple[int, int], ...] = ()
+        self.forks_made = 0
+        self.branch_listener: Callable[[tuple[tuple[int, int], ...], str | None, str], None] | None = (
+            parent.branch_listener if parent else None)
         self.error: BaseException | None = None
         self._template: ChatTemplate | None = parent._template if parent else None
         self._queue: queue.Queue = queue.Queue()
@@ -252,6 +259,8 @@ class StreamExecutor:
             with self._events_cond:
                 self._events.append((var, text, meta))
                 self._events_cond.notify_all()
+            if self.branch_path and self.branch_listener is not None:
+                self.branch_listener(self.branch_path, var, text)
 
     @property
     def template(self) -> ChatTemplate:
@@ -458,6 +467,9 @@ class ProgramState(StateBuilder):
         parent.sync()
         branches = [ProgramState(StreamExecutor(parent.backend, parent.defaults, parent.stream, parent=parent))
                     for _ in range(size)]
+        for i, b in enumerate(branches):
+            b.stream_executor.branch_path = parent.branch_path + ((parent.forks_made, i),)
+        parent.forks_made += 1
         parent.children.extend(b.stream_executor for b in branches)
         return ProgramStateGroup(branches, self)
 
@@ -590,10 +602,13 @@ def run_program(
     defaults: dict[str, Any],
     stream: bool = False,
     spec_tokens: int | None = None,
+    branch_listener: Callable[[tuple[tuple[int, int], ...], str | None, str], None] | None = None,
 ) -> ProgramState:
     """Run one program. Without stream, waits and raises the program's error; with stream,
-    runs the body on a thread and returns at once (errors surface when the state is read)."""
+    runs the body on a thread and returns at once (errors surface when the state is read;
+    `branch_listener` gets the text of fork branches as it is produced)."""
     state = ProgramState(StreamExecutor(backend, defaults, stream=stream, spec_tokens=spec_tokens))
+    state.stream_executor.branch_listener = branch_listener
 
     def body() -> None:
         try:

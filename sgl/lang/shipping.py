@@ -195,7 +195,7 @@ class ShippedState:
             for event in events:
                 if "result" in event:
                     self._result = event["result"]
-                else:
+                elif "branch" not in event:  # text_iter is the root state's text, as in process
                     with self._cond:
                         self._pieces.append((event.get("var"), event.get("text", "")))
                         self._cond.notify_all()

@@ -5,7 +5,8 @@ Body: `{"program": IR}` or `{"programs": [IR, ...]}` (a batch, run concurrently)
 (values of `argument` nodes; one object, or one per program; a list with one program is the
 batch form: that program once per argument set, concurrently), `"sampling"` (the run's
 defaults, as `f.run(temperature=...)` takes them) and `"stream"` (one program: SSE events
-`{"var", "text"}` as pieces are produced, then `{"result": ...}`). A result is
+`{"var", "text"}` as pieces are produced, with `"branch"` for the text of fork branches, then
+`{"result": ...}`). A result is
 `{"text", "messages", "variables", "meta_info", "usage"}` (`usage`: the program's gens'
 calls, prompt and completion tokens); in a batch, a failed program's is `{"error": {...}}`. Malformed IR is a 400 naming the node path; every gen's sampling is
 checked as /generate checks it, before anything runs. A client that disconnects cancels the
@@ -15,6 +16,7 @@ program: its states' sessions are closed, which aborts their running generations
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Union
@@ -24,7 +26,7 @@ from fastapi.responses import Response
 
 from sgl.lang import ir
 from sgl.lang.backends.engine import EngineBackend
-from sgl.lang.interpreter import ProgramError, iterate_in_thread, run_program
+from sgl.lang.interpreter import ProgramError, run_program
 from sgl.lang.ir_json import IRFormatError, program_from_json
 from sgl.lang.shipping import leading_text, replay, shared_prefix
 from sgl.runtime.errors import InvalidRequestError
@@ -47,8 +49,8 @@ router = APIRouter(tags=["programs"])
 RESPONSES = {
     **sse_responses(ProgramTextEvent, ProgramResultEvent, ErrorResponse, description=(
         "One program's result, or a list in order for a batch (a failed program's item is an error body); "
-        "with `stream: true`, server-sent events `{var, text}` as pieces are produced, then `{result}` (or "
-        "`{error}`), then `[DONE]`.")),
+        "with `stream: true`, server-sent events `{var, text}` as pieces are produced (`{var, text, branch}` "
+        "for fork branches' text), then `{result}` (or `{error}`), then `[DONE]`.")),
     **error_responses(400, 404, descriptions={404: "A session the program's generations ran in was closed "
                                                    "under it (it timed out)."}),
 }
@@ -253,12 +255,38 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
 
 async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: dict | None,
                   defaults: dict[str, Any]) -> AsyncIterator[str]:
-    state = await asyncio.to_thread(run_program, replay, backend, (nodes, arguments), {}, defaults, True)
+    """The program's text events as produced: the root state's `{var, text}` and its fork
+    branches' `{var, text, branch}` (`branch`: per fork level [which fork of the parent state,
+    which branch]), in the order they happen; then the result (or the error)."""
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    root_done: list[BaseException | None] = []  # set (with the root's error or None) when its events end
+
+    def on_branch(path: tuple[tuple[int, int], ...], var: str | None, text: str) -> None:
+        events.put({"var": var, "text": text, "branch": [list(level) for level in path]})
+
+    state = await asyncio.to_thread(run_program, replay, backend, (nodes, arguments), {}, defaults, True, None,
+                                    on_branch)
+
+    def pump_root() -> None:
+        error: BaseException | None = None
+        try:
+            for var, text, _meta in state.stream_executor.events():
+                events.put({"var": var, "text": text})
+        except BaseException as e:  # the program's error, raised at the end of its events
+            error = e
+        root_done.append(error)
+        events.put(root_done)
+
+    threading.Thread(target=pump_root, name="sgl-program-events", daemon=True).start()
+    while (event := await asyncio.to_thread(events.get)) is not root_done:
+        yield sse(event)
     try:
-        async for var, text, _meta in iterate_in_thread(state.stream_executor.events()):
-            yield sse({"var": var, "text": text})
+        if root_done[0] is not None:
+            raise root_done[0]
         await asyncio.to_thread(state.sync)
     except ProgramError as e:
         yield sse(_error(e))
         return
+    while not events.empty():  # branches of a fork never joined may end after the root's last text
+        yield sse(events.get_nowait())
     yield sse({"result": {**_result(state), "usage": backend.token_usage.snapshot()}})

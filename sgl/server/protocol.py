@@ -699,6 +699,9 @@ class CompletionChunk(BaseModel):
 class ProgramTextEvent(BaseModel):
     var: str | None = Field(description="The variable the text is generated into; null: other program text.")
     text: str
+    branch: list[list[int]] | None = Field(None, description=(
+        "Absent for the program's own text. For text of a fork branch, its place in the fork tree: per "
+        "fork level [which fork of the parent state (0 for its first), which branch of it]."))
 
 
 class ProgramResultEvent(BaseModel):

@@ -13,10 +13,11 @@ import pytest
 import requests
 
 import sgl
-from server_helpers import ServerThread, assert_error, kv_whole, wait_until
+from server_helpers import ServerThread, assert_error, kv_whole, sse_events, wait_until
 from state_compare import same_state
+from sgl.lang.ir_json import program_to_json
 from sgl.lang.shipping import ShippedState
-from sgl.lang.tracer import DynamicProgramError
+from sgl.lang.tracer import DynamicProgramError, trace_static
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
@@ -181,6 +182,37 @@ def test_streamed_shipped_program(remote):
     assert "".join(pieces) == state["a"] == local["a"] and len(pieces) > 1
     auto = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True)
     assert not isinstance(auto, ShippedState)  # streamed runs stay client-side unless asked: meta per piece
+
+
+def test_streamed_program_carries_each_fork_branch_text(url):
+    """A shipped stream tags fork branches' text with their place in the fork tree; each
+    branch's pieces add up to what its state produced (its gathered variable, or the text
+    the join appended), and the untagged pieces to the program's text."""
+    program = program_to_json(trace_static(forks_both_modes, (), {"topic": "owls"}))
+    r = requests.post(url + "/run_program", json={"program": program, "stream": True, "sampling": {"temperature": 0}},
+                      stream=True, timeout=300)
+    events = [e for e in sse_events(r) if isinstance(e, dict)]
+    result = events[-1]["result"]
+    branch_text: dict[tuple, str] = {}
+    branch_var: dict[tuple, str] = {}
+    for e in events[:-1]:
+        if "branch" in e:
+            path = tuple(tuple(level) for level in e["branch"])
+            branch_text[path] = branch_text.get(path, "") + e["text"]
+            if e["var"] is not None:
+                branch_var[path] = branch_var.get(path, "") + e["text"]
+    assert "".join(e["text"] for e in events[:-1] if "branch" not in e) == result["text"]
+    assert set(branch_text) == {((0, 0),), ((0, 1),), ((0, 2),), ((0, 0), (0, 0)), ((0, 0), (0, 1)), ((1, 0),),
+                                ((1, 1),)}
+    assert [branch_var[((0, i),)] for i in range(3)] == result["variables"]["fact"]  # gathered into the root
+    for j in range(2):  # the nested fork's branches, appended to facts[0]'s text by their join
+        inner = branch_text[((0, 0), (0, j))]
+        assert inner.startswith(f" (detail {j})") and inner in branch_text[((0, 0),)]
+    for i in range(2):  # the second fork's branches, appended to the program's text
+        assert branch_text[((1, i),)].startswith(f"\nVariant {i}:") and branch_text[((1, i),)] in result["text"]
+    shipped = forks_both_modes.run(backend=sgl.RuntimeEndpoint(url), topic="owls", temperature=0, stream=True,
+                                   ship=True)
+    assert "".join(shipped.text_iter()) == shipped.text() == result["text"]  # text_iter: the program's own text
 
 
 @sgl.function
