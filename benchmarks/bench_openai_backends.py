@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,8 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import free_port, stop_process, wait_healthy  # noqa: E402
 
 import sgl  # noqa: E402
 from sgl.lang.backends.openai_dialects import UnsupportedParameterError  # noqa: E402
@@ -176,32 +177,12 @@ def refusals(text_api: Any, chat_api: Any) -> dict[str, str]:
 # ----------------------------------------------------------------------------- servers
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with code {proc.returncode}")
-        try:
-            if requests.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"not healthy within {timeout:.0f} s")
-
-
 def start(engine: str) -> tuple[subprocess.Popen, str]:
     from bench_cpu_peers import peer, prepare
 
     from sgl.runtime.model.loader import resolve_model_path
 
-    port = _free_port()
+    port = free_port()
     env = dict(os.environ)
     if engine == "sgl":
         cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--port", str(port),
@@ -224,20 +205,14 @@ def start(engine: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_healthy(url, proc, 900 if engine == "vllm" else 300)
+        wait_healthy(url, proc, 900 if engine == "vllm" else 300)
     except Exception:
         stop(proc)
         raise
     return proc, url + "/v1"
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+stop = stop_process
 
 
 def main() -> None:

@@ -4,30 +4,36 @@ The programs of `bench_programs.py` (a few-shot gen, a 4-way fork over a documen
 `run_batch` of the few-shot program over 16 items) and a 5-gen few-shot program, run on one
 engine three ways: in process, through `RuntimeEndpoint` with the interpreter on the client
 (`ship=False`: one HTTP request per gen, plus a session opened and closed), and shipped
-(`ship=True`: one `/run_program` request). At 0 ms the client talks to the server directly
-(loopback); for 10 and 50 ms it goes through a small proxy on 127.0.0.1 that holds each
-request that long before forwarding it, standing in for the network between two hosts. Greedy; the median of `--runs` runs per cell, modes interleaved.
+(`ship=True`: one `/run_program` request). The server is its own process (`sgl.launch_server`
+on the same model and defaults), as a remote backend is; `--server thread` runs it on the
+benchmark's engine in this process instead, where client, server and engine share one GIL.
+At 0 ms the client talks to the server directly (loopback); for 10 and 50 ms it goes through a
+small proxy on 127.0.0.1 that holds each request that long before forwarding it, standing in
+for the network between two hosts. Greedy; the median of `--runs` runs per cell, modes
+interleaved.
 
-    .venv/bin/python benchmarks/bench_remote_programs.py [--runs 5] [--delays 0,10,50]
+    .venv/bin/python benchmarks/bench_remote_programs.py [--runs 5] [--delays 0,10,50] [--server process|thread]
 
 Targets (issue 17): shipped within 5% of in-process at loopback; at 50 ms, shipped >= 3x
 faster than client-side for the 5-gen program and for run_batch. `requests_per_run` counts
 the HTTP requests of one run of each: a program that makes k requests one after another
 cannot gain more than (t + k*d) / (t + d) from shipping, t being its compute time and d the
-delay. Results: results/remote_programs.json.
+delay. Results: results/remote_programs.json (`--server thread`: remote_programs_thread.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
+import contextlib
+import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -35,7 +41,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
 from bench_programs import DOC, FEW_SHOT, few_shot, four_questions  # noqa: E402
-from common import print_table, write_result  # noqa: E402
+from common import free_port, print_table, stop_process, wait_healthy, write_result  # noqa: E402
 
 import sgl  # noqa: E402
 
@@ -62,9 +68,7 @@ class DelayProxy:
     def __init__(self, target: str, delay_s: float) -> None:
         self.target, self.delay_s = target, delay_s
         self.requests = 0  # forwarded so far
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -112,21 +116,43 @@ def timed(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t
 
 
+@contextlib.contextmanager
+def serving(engine: Any, where: str) -> Iterator[str]:
+    """The server's URL: its own process on the embedded model, or a thread on `engine`."""
+    if where == "thread":
+        from server_helpers import ServerThread
+
+        from sgl.server import create_app
+
+        with ServerThread(create_app(engine, "default")) as url:
+            yield url
+        return
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--host",
+                             "127.0.0.1", "--port", str(port)], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(url, proc, 300)
+        yield url
+    finally:
+        stop_process(proc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--delays", default="0,10,50", help="ms added to each request by the proxy")
+    ap.add_argument("--server", choices=("process", "thread"), default="process")
     args = ap.parse_args()
-    from server_helpers import ServerThread
-
-    from sgl.server import create_app
 
     engine = sgl.Engine(model_path="default")
     local = sgl.as_backend(engine)
     delays = [int(d) for d in args.delays.split(",")]
-    results: dict[str, Any] = {"engine": {"dtype": str(engine.dtype)}, "runs": args.runs, "programs": {}}
+    results: dict[str, Any] = {"engine": {"dtype": str(engine.dtype)}, "server": args.server, "runs": args.runs,
+                               "programs": {}}
     rows = []
-    with ServerThread(create_app(engine, "default")) as url:
+    with serving(engine, args.server) as url:
         counter = DelayProxy(url, 0)  # counts one run's requests; timed runs at 0 ms go straight to the server
         remotes = {d: sgl.RuntimeEndpoint(DelayProxy(url, d / 1000).url if d else url) for d in delays}
         for name, run in PROGRAMS.items():
@@ -159,10 +185,10 @@ def main() -> None:
                              f"{med[f'shipped_{d}ms'] / med['in_process']:.2f}"))
     engine.shutdown()
     print_table(f"Programs in process vs remote (client-side interpreter vs shipped IR), {engine.dtype}, "
-                f"median of {args.runs}", rows,
+                f"server in a {args.server}, median of {args.runs}", rows,
                 ("program", "requests client/shipped", "added delay", "in process s", "client-side s", "shipped s", "client/shipped",
                  "shipped/in-process"))
-    write_result("remote_programs", results)
+    write_result("remote_programs" if args.server == "process" else "remote_programs_thread", results)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import json
 import os
 import platform
 import random
+import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -128,3 +130,35 @@ def write_result(name: str, data: dict[str, Any], path: Path | None = None) -> P
     path.write_text(json.dumps(data, indent=2))
     print(f"\nwrote {path}")
     return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Poll `url`/health until it answers 200 (the server's engine is loaded), or fail."""
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"exited with code {proc.returncode}")
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)  # polling a process that is loading a model
+    raise TimeoutError(f"not healthy within {timeout:.0f} s")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
