@@ -16,7 +16,7 @@ program: its states' sessions are closed, which aborts their running generations
 from __future__ import annotations
 
 import asyncio
-import queue
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, AsyncIterator, Union
@@ -257,12 +257,18 @@ async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: 
                   defaults: dict[str, Any]) -> AsyncIterator[str]:
     """The program's text events as produced: the root state's `{var, text}` and its fork
     branches' `{var, text, branch}` (`branch`: per fork level [which fork of the parent state,
-    which branch]), in the order they happen; then the result (or the error)."""
-    events: queue.SimpleQueue = queue.SimpleQueue()
+    which branch]), in the order they happen; then the result (or the error). Producers are
+    the program's threads; they hand events to this loop, so waiting holds no thread."""
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
     root_done: list[BaseException | None] = []  # set (with the root's error or None) when its events end
 
+    def put(item: Any) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server is going away
+            loop.call_soon_threadsafe(events.put_nowait, item)
+
     def on_branch(path: tuple[tuple[int, int], ...], var: str | None, text: str) -> None:
-        events.put({"var": var, "text": text, "branch": [list(level) for level in path]})
+        put({"var": var, "text": text, "branch": [list(level) for level in path]})
 
     state = await asyncio.to_thread(run_program, replay, backend, (nodes, arguments), {}, defaults, True, None,
                                     on_branch)
@@ -271,14 +277,14 @@ async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: 
         error: BaseException | None = None
         try:
             for var, text, _meta in state.stream_executor.events():
-                events.put({"var": var, "text": text})
+                put({"var": var, "text": text})
         except BaseException as e:  # the program's error, raised at the end of its events
             error = e
         root_done.append(error)
-        events.put(root_done)
+        put(root_done)
 
     threading.Thread(target=pump_root, name="sgl-program-events", daemon=True).start()
-    while (event := await asyncio.to_thread(events.get)) is not root_done:
+    while (event := await events.get()) is not root_done:
         yield sse(event)
     try:
         if root_done[0] is not None:
