@@ -110,7 +110,7 @@ void check_rows(const at::Tensor& x, const char* name) {
               " must be 2-D or 3-D with a contiguous last dim");
 }
 
-// Rows per parallel chunk: a few hundred thousand elements, so decode steps run inline.
+// Rows per parallel chunk: about 32k elements, so decode steps (a few rows) run inline.
 int64_t grain(int64_t n) { return std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(n, 1)); }
 
 // One row in place: x * r * w (rounded as torch rounds), r = 1 / sqrt(mean(x^2) + eps);
