@@ -207,12 +207,9 @@ def start(engine: str) -> tuple[subprocess.Popen, str]:
     try:
         wait_healthy(url, proc, 900 if engine == "vllm" else 300)
     except Exception:
-        stop(proc)
+        stop_process(proc)
         raise
     return proc, url + "/v1"
-
-
-stop = stop_process
 
 
 def main() -> None:
@@ -234,7 +231,7 @@ def main() -> None:
         try:
             results[engine] = {"start_s": round(time.perf_counter() - t, 1), **run_engine(url)}
         finally:
-            stop(proc)
+            stop_process(proc)
     print(write_result("openai_backends", results, args.out))
 
 

@@ -9,9 +9,9 @@
 // versions of these are ~25 small ops a layer (casts to float32 and back, pow, mean, rsqrt,
 // roll, cat, mul, add); here they are 4 calls. Each computes what the torch ops compute, in
 // the same order and the same roundings (float32 inside, rounded to the activation dtype
-// where torch rounds), so results are those of model/llama.py's torch path: RoPE and the
-// activations exactly (no FMA contraction: built with -ffp-contract=off), the norm up to the
-// order of its sum of squares.
+// where torch rounds), so results are those of model/llama.py's torch path: RoPE exactly
+// (no FMA contraction: built with -ffp-contract=off), the activations exactly (torch's own
+// kernels), the norm up to the order of its sum of squares.
 
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
