@@ -122,7 +122,7 @@ def test_gguf_file_roundtrip_matches_hf(tmp_path):
     import gguf
     import numpy as np
 
-    from sgl.runtime.model.loader import read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
 
     hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=3)
     c = hf.config

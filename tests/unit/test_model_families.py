@@ -198,7 +198,9 @@ def test_qwen3_gguf_roundtrip_matches_hf(tmp_path, models):
     3e-2 of the logits' range, activations enter the int kernels rounded to bf16)."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.llama import LlamaForCausalLM
-    from sgl.runtime.model.loader import held_hf_state_dict, load_hf_state_dict, load_model, read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.loader import load_hf_state_dict, load_model
 
     hf = models("qwen3")
     ids = list(range(3, 50))
@@ -322,7 +324,9 @@ def test_quantized_experts_match_hf_on_held_weights(tmp_path, arch, quantization
     """Under quantization=int8 / int4 each expert is a pair of quantized layers (the stacked
     dense weights are gone), whether loaded so from a checkpoint or quantized after building
     (random-weight models): logits equal HF run on the weights our kernels hold."""
-    from sgl.runtime.model.loader import QuantPolicy, held_hf_state_dict, load_model, quantize_model
+    from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.loader import load_model
+    from sgl.runtime.model.quant_policy import QuantPolicy, quantize_model
 
     hf = hf_tiny(arch=arch, seed=4)
     if path == "loaded":
@@ -348,7 +352,9 @@ def test_quantized_moe_gguf_keeps_its_expert_codes(tmp_path, arch, file_arch, qt
     (the dequantized file within the bf16 rounding of the kernels' scales), and logits equal
     HF run on those weights."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model, read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.loader import load_model
 
     hf = hf_tiny(arch=arch, seed=6, hidden_size=128)  # Qwen3: head_dim 16 != 128 / 4 heads (key_length)
     path = tmp_path / f"{arch}-{qtype}.gguf"
@@ -422,7 +428,8 @@ def test_gemma_gguf_roundtrip_matches_hf(tmp_path, arch):
     llama.cpp assumes), read back: logits equal HF's on prompts longer than the window."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.llama import LlamaForCausalLM
-    from sgl.runtime.model.loader import load_hf_state_dict, read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.loader import load_hf_state_dict
 
     hf = hf_tiny(arch=arch, tie=True, seed=6, query_pre_attn_scalar=16)
     path = tmp_path / f"{arch}.gguf"
@@ -442,7 +449,8 @@ def test_phi3_gguf_roundtrip_matches_hf(tmp_path, arch):
     factor as keys; read back, logits equal HF's."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.llama import LlamaForCausalLM
-    from sgl.runtime.model.loader import load_hf_state_dict, read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.loader import load_hf_state_dict
 
     hf = hf_tiny(arch=arch, seed=8)
     path = tmp_path / f"{arch}.gguf"
@@ -463,7 +471,8 @@ def test_moe_gguf_roundtrip_matches_hf(tmp_path, arch, file_arch):
     as `llama` with an expert count): read back, logits equal HF's."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.llama import LlamaForCausalLM
-    from sgl.runtime.model.loader import load_hf_state_dict, read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.loader import load_hf_state_dict
 
     hf = hf_tiny(arch=arch, seed=9)
     path = tmp_path / f"{arch}.gguf"

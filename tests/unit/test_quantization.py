@@ -163,8 +163,9 @@ def test_dynamic_batch_compile_chooses_the_route_at_run_time(kind):
 
 @pytest.mark.parametrize("kernel", ["C++", "torch ops"])
 def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
-    """The bf16 W^T of the prefill route: the held (float32) weight rounded once to bf16 (C++),
-    or through bf16 torch ops (the fallback where no compiler is present)."""
+    """The W^T of the prefill route (in the dense dtype): the held (float32) weight, rounded
+    once to bf16 where that is the dense dtype (C++), or through torch ops (the fallback where
+    no compiler is present)."""
     if kernel == "torch ops":
         monkeypatch.setattr(quant, "int4_dequant_op", lambda: None)
     elif quant.int4_dequant_op() is None:
@@ -172,12 +173,39 @@ def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
     for n, k, g in ((192, 256, 32), (97, 128, 64), (640, 512, 128)):
         layer = Int4Linear(quantize_int4(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), g), None)
         got = layer.dequantized_t()
-        assert got.shape == (k, layer.padded_out) and got.dtype == torch.bfloat16
+        assert got.shape == (k, layer.padded_out) and got.dtype == quant.dense_dtype()
         held = layer.held_weight().t()
         if kernel == "C++":
-            assert torch.equal(got[:, :n], held.bfloat16())  # one rounding, to nearest even
+            assert torch.equal(got[:, :n], held.to(got.dtype))  # at most one rounding, to nearest even
         else:
             assert (got[:, :n].float() - held).abs().max() <= 2 ** -7 * held.abs().max()
+
+
+@pytest.mark.parametrize("flags, want", [("avx2 fma", torch.float32), ("avx2 amx_tile amx_bf16", torch.bfloat16),
+                                         ("avx512f avx512_bf16", torch.bfloat16)])
+def test_the_dense_route_multiplies_in_bf16_only_where_the_cpu_has_it(flags, want, monkeypatch):
+    """Prefill's dequantized route runs in bf16 only on AMX / AVX512-BF16: elsewhere oneDNN
+    emulates bf16 (25x slower than float32 on an AVX2 EPYC), so it runs in float32. Either
+    way a layer's output equals its held weights' product."""
+    from sgl.runtime import cpu_features
+
+    monkeypatch.setenv("SGL_CPU_FLAGS_OVERRIDE", flags)
+    cpu_features.cpu_flags.cache_clear()
+    quant.dense_dtype.cache_clear()
+    monkeypatch.setattr(quant, "crossover_rows", lambda layer: 0)  # the dense route for > 16 rows
+    try:
+        assert quant.dense_dtype() == want
+        gen = torch.Generator().manual_seed(5)
+        w = torch.randn(97, 256, generator=gen) * 0.05
+        for module in (Int8Linear(quantize_int8(w), None), Int4Linear(quantize_int4(w, 32), None)):
+            weight = module.dequantized_t() if isinstance(module, Int4Linear) else module.dequantized()
+            assert weight.dtype == want
+            x = torch.randn(40, 256, generator=gen)
+            ref = _held_reference(module, x)
+            assert (module(x).double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    finally:
+        cpu_features.cpu_flags.cache_clear()
+        quant.dense_dtype.cache_clear()
 
 
 def test_crossover_is_measured_once_per_shape_and_kept_on_disk(tmp_path, monkeypatch):
@@ -233,7 +261,8 @@ def test_quantized_gguf_model_matches_hf_on_its_held_weights(tmp_path, qtype, em
     (2^-8 relative) over 2 layers; an indexing or layout bug gives O(1) errors. Q8_0 keeps its
     groups of 32 on the VNNI kernels; torch's int8 kernel takes one scale per row."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.loader import load_model
 
     _use_kernels(kernel, monkeypatch)
     hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=5)
@@ -258,7 +287,9 @@ def test_quantized_weights_track_the_file_weights(tmp_path, kernel, monkeypatch)
     hold Q4_1's and Q8_0's fp16 scales and mins as they are. On torch's, Q4_1 rounds its scales
     to bf16 (<= 2^-8 of a group's scale) and a Q8_0 LM head is requantized per row (<= half a level)."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model, read_gguf
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.loader import load_model
 
     _use_kernels(kernel, monkeypatch)
     hf = hf_tiny(arch="llama", tie=False, kv_heads=2, seed=6)
@@ -275,7 +306,8 @@ def test_quantized_weights_track_the_file_weights(tmp_path, kernel, monkeypatch)
 
 @pytest.mark.parametrize("quantization,layout", [("int8", "int8"), ("int4", "int4_g32")])
 def test_dense_checkpoint_quantized_on_load(tmp_path, quantization, layout):
-    from sgl.runtime.model.loader import held_hf_state_dict, load_model
+    from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.loader import load_model
 
     hf = hf_tiny(arch="qwen2", tie=False, kv_heads=2, seed=8)  # biases on q/k/v
     hf.save_pretrained(tmp_path)
@@ -297,7 +329,7 @@ def test_engine_options_are_checked():
 
 
 def test_quantization_is_a_cpu_layout():
-    from sgl.runtime.engine import effective_quantization
+    from sgl.runtime.worker import effective_quantization
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert [effective_quantization(q, cpu) for q in ("auto", "none", "int8", "int4")] == ["auto", "none", "int8", "int4"]
@@ -329,7 +361,7 @@ def test_requantized_types_stay_within_their_stated_error(qtype, kernel, monkeyp
     loader does, QuantPolicy "auto"). Stated error against the file's own values: half a level
     of the row's scale (max|w| / 127), plus the scale's rounding as the kernel holds it
     (fp16 on the VNNI kernels: 127 x 2^-11 of a level; bf16 on torch's: 127 x 2^-8)."""
-    from sgl.runtime.model.loader import QuantPolicy
+    from sgl.runtime.model.quant_policy import QuantPolicy
 
     _use_kernels(kernel, monkeypatch)
     n, k = 24, 512

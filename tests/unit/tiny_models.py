@@ -100,11 +100,12 @@ class TinyRunner:
                  kv_dtype: torch.dtype = torch.float32, backend: str = "torch_native") -> None:
         c = model.config
         self.model = model
-        self.pool = TokenToKVPool(capacity, c.num_hidden_layers, c.num_key_value_heads, c.head_dim, kv_dtype, "cpu")
+        # A tensor-parallel rank's pool and backend hold its heads only (all of them at tp size 1).
+        self.pool = TokenToKVPool(capacity, c.num_hidden_layers, model.local_num_kv_heads, c.head_dim, kv_dtype, "cpu")
         self.table = ReqToTokenPool(max_reqs, c.max_position_embeddings, "cpu")
         self.backend = create_attention_backend(backend, "cpu", kv_dtype, needs=c.attention_features)
         self.backend.use_mirror = use_mirror
-        self.backend.bind(self.pool, self.table, c.num_attention_heads)
+        self.backend.bind(self.pool, self.table, model.local_num_heads)
         self.rows: dict[int, int] = {}
         self.lens: dict[int, int] = {}
 

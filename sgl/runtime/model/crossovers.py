@@ -27,7 +27,7 @@ _table: dict[str, int] | None = None
 def crossover_file() -> Path:
     """This machine's table: under the cache root, keyed by the CPU, torch and the thread count."""
     from sgl.native import cpu_identity
-    from sgl.runtime.model.loader import cache_root
+    from sgl.runtime.model.paths import cache_root
 
     ident = f"{cpu_identity()}|{torch.__version__}|{torch.get_num_threads()}"
     return cache_root() / "crossovers" / f"{hashlib.sha1(ident.encode()).hexdigest()[:16]}.json"

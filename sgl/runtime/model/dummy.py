@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from sgl.runtime.distributed import TPGroup
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.llama import LlamaForCausalLM
+from sgl.runtime.model.registry import build_model
+from sgl.runtime.model.parallel import cut_of, param_dims, rule_for
 
 logger = logging.getLogger(__name__)
 
@@ -229,34 +232,67 @@ def dummy_hf_config(model_path: str) -> dict[str, Any]:
 def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = DUMMY_STD) -> None:
     """Fill every parameter in place: norms scale by 1 (Gemma's stored w - 1: 0), biases 0,
     the rest normal(0, std)."""
-    generators: dict[torch.device, torch.Generator] = {}
-    config = getattr(model, "config", None)
-    norm_value = 1.0 - (config.norm_offset if config is not None else 0.0)
+    fill = _dummy_filler(getattr(model, "config", None), seed, std)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(norm_value)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                gen = generators.get(p.device)
-                if gen is None:
-                    gen = generators[p.device] = torch.Generator(device=p.device)
-                    gen.manual_seed(seed)
-                p.normal_(0.0, std, generator=gen)
+            fill(name, p)
+
+
+def _dummy_filler(config: ModelConfig | None, seed: int, std: float) -> Callable[[str, torch.Tensor], None]:
+    """fill(name, tensor): the dummy value of one parameter, drawn from one seeded generator
+    per device in the order the parameters are filled."""
+    generators: dict[torch.device, torch.Generator] = {}
+    norm_value = 1.0 - (config.norm_offset if config is not None else 0.0)
+
+    def fill(name: str, p: torch.Tensor) -> None:
+        if name.endswith("norm.weight"):
+            p.fill_(norm_value)
+        elif name.endswith(".bias"):
+            p.zero_()
+        else:
+            gen = generators.get(p.device)
+            if gen is None:
+                gen = generators[p.device] = torch.Generator(device=p.device)
+                gen.manual_seed(seed)
+            p.normal_(0.0, std, generator=gen)
+
+    return fill
+
+
+def init_dummy_shards(model: LlamaForCausalLM, seed: int = 0, std: float = DUMMY_STD) -> None:
+    """A tensor-parallel rank's shards of exactly the weights `init_dummy_weights` gives the
+    whole model: each whole parameter is drawn in turn (same order, shapes, dtype and
+    generator) and cut by `parallel.SHARD_RULES`, so at most one whole parameter exists at once."""
+    with torch.device("meta"):
+        whole = build_model(model.config)
+    ours = dict(model.named_parameters())
+    dtype = next(iter(ours.values())).dtype
+    fill = _dummy_filler(model.config, seed, std)
+    with torch.no_grad():
+        for name, meta in whole.named_parameters():
+            device = ours[name].device if name in ours else next(iter(ours.values())).device
+            full = torch.empty(meta.shape, dtype=dtype, device=device)
+            fill(name, full)
+            cut = cut_of(model.shards, rule_for(name), tuple(full.shape), *param_dims(name, full.dim()), name=name)
+            if cut is not None:  # None: a row-parallel bias, rank 0's only
+                ours[name].copy_(cut.apply(full, name))
 
 
 def load_dummy_model(
-    model_path: str, dtype: torch.dtype, device: torch.device, seed: int = 0
+    model_path: str, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TPGroup | None = None
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """A random-weight model of the config `model_path` names, in `dtype` on `device`."""
+    """A random-weight model of the config `model_path` names, in `dtype` on `device`; with
+    `tp`, this rank's shard of the same weights as the whole model's."""
     config = ModelConfig.from_hf_dict(dummy_hf_config(model_path))
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = build_model(config, tp)
     # Cast on the meta device, so the weights are allocated once, in their final dtype.
     model = model.to(dtype=dtype).to_empty(device=device)
     model.build_rotary(device)  # float32 RoPE tables, computed for real
-    init_dummy_weights(model, seed)
+    if model.shards.sharded:
+        init_dummy_shards(model, seed)
+    else:
+        init_dummy_weights(model, seed)
     model.requires_grad_(False)
     return model.eval(), config
 
@@ -268,7 +304,7 @@ def dummy_tokenizer_source(model_path: str) -> str | None:
     path = Path(model_path).expanduser()
     if path.is_dir() and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
         return str(path)
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
 
     try:
         return resolve_model_path("default")

@@ -28,8 +28,9 @@ def linear_ops_built() -> bool:
             try:
                 from sgl import native
 
-                native.build("sgl_linear_ops", SOURCE, ["-O3", "-march=native", "-fopenmp"], ldflags=["-fopenmp"],
-                             python_module=False)
+                # no FMA contraction: a dequantized weight is (q - 8) * s + z rounded as torch rounds it
+                native.build("sgl_linear_ops", SOURCE, ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
+                             ldflags=["-fopenmp"], python_module=False)
                 _register_fakes()
                 _built.append(True)
             except Exception as e:  # no compiler: the torch-ops routes serve
@@ -46,9 +47,11 @@ def compiled_ops_ready() -> bool:
 def _register_fakes() -> None:
     fake = torch.library.register_fake
     fake("sgl_linear::int4_dequant_t")(
-        lambda packed, scales_zeros, group: packed.new_empty(packed.shape[1] * 2, packed.shape[0],
-                                                             dtype=torch.bfloat16))
-    fake("sgl_linear::int8_linear")(lambda x, qweight, scales, crossover: x.new_empty(x.shape[0], qweight.shape[0]))
+        lambda packed, scales_zeros, group, block_n, pairs, dtype: packed.new_empty(packed.shape[1] * 2,
+                                                                                    packed.shape[0], dtype=dtype))
+    fake("sgl_linear::int8_linear")(
+        lambda x, qweight, scales, crossover, dense_dtype: x.new_empty(x.shape[0], qweight.shape[0]))
     fake("sgl_linear::int4_linear")(
-        lambda x, qweight, scales_zeros, group, crossover: x.new_empty(x.shape[0], qweight.shape[0]))
+        lambda x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype: x.new_empty(
+            x.shape[0], qweight.shape[0]))
     fake("sgl_linear::packed_linear")(lambda x, packed, bias: x.new_empty(x.shape[0], packed.shape[0]))

@@ -9,6 +9,10 @@ The model works on a flat batch of tokens from many requests (no padding). Atten
 delegated to an `AttentionBackend`, which writes the new K/V into the paged pool and reads
 each request's context through the request-to-token table. Q/K/V and gate/up projections
 are fused into one matmul each.
+
+Built for a tensor-parallel group (`tp`, see `parallel.py`), each rank holds its shard of
+every layer; attention and MLP blocks then return this rank's partial sum, which
+`DecoderLayer` all-reduces (one collective per block). At tp size 1 nothing differs.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
+from sgl.runtime.distributed import TPGroup
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.layer_ops import fused_ops_for
 from sgl.runtime.model.moe import SparseMoE
+from sgl.runtime.model.parallel import TPShards
 from sgl.runtime.model.rope import RotaryEmbedding, rotate
 
 
@@ -75,16 +81,23 @@ class RMSNorm(nn.Module):
         return x, self(x)
 
 
+def _single(config: ModelConfig, shards: TPShards | None) -> TPShards:
+    return shards if shards is not None else TPShards(config, TPGroup.single())
+
+
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    """This rank's query heads and the KV heads they read (all of them at tp size 1); the
+    output is o_proj's partial sum over this rank's heads (bias on rank 0 only)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, shards: TPShards | None = None) -> None:
         super().__init__()
+        shards = _single(config, shards)
         self.layer_id = layer_id
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads, self.num_kv_heads = shards.num_heads, shards.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = config.q_size, config.kv_size
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias and shards.tp.rank == 0)
         self.scaling = config.attn_scale or self.head_dim**-0.5
         self.qk_norm = config.qk_norm
         if config.qk_norm:  # per head, before RoPE
@@ -111,11 +124,16 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
+    """Gated MLP on this rank's slice of the intermediate dim; the output is down_proj's
+    partial sum (bias on rank 0 only)."""
+
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None,
+                 shards: TPShards | None = None) -> None:
         super().__init__()
-        self.intermediate_size = size = intermediate_size or config.intermediate_size
+        shards = _single(config, shards)
+        self.intermediate_size = size = shards.split(intermediate_size or config.intermediate_size, "intermediate_size")
         self.gate_up_proj = Linear(config.hidden_size, 2 * size, bias=config.mlp_bias)
-        self.down_proj = Linear(size, config.hidden_size, bias=config.mlp_bias)
+        self.down_proj = Linear(size, config.hidden_size, bias=config.mlp_bias and shards.tp.rank == 0)
         self.gelu = config.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -129,15 +147,18 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm blocks; with `sandwich_norms` (Gemma 2/3) each block's output is normed too
-    (`post_attention_layernorm` then norms the attention output, not the MLP input)."""
+    (`post_attention_layernorm` then norms the attention output, not the MLP input).
+    Under tensor parallelism each block's output is summed over ranks here, once per block."""
 
-    def __init__(self, config: ModelConfig, layer_id: int) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, shards: TPShards | None = None) -> None:
         super().__init__()
+        shards = _single(config, shards)
+        self.tp = shards.tp
         norm = lambda: RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)  # noqa: E731
         self.input_layernorm = norm()
-        self.self_attn = Attention(config, layer_id)
+        self.self_attn = Attention(config, layer_id, shards)
         self.post_attention_layernorm = norm()
-        self.mlp = SparseMoE(config, MLP) if config.is_sparse(layer_id) else MLP(config)
+        self.mlp = SparseMoE(config, MLP, shards) if config.is_sparse(layer_id) else MLP(config, shards=shards)
         self.sandwich = config.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
@@ -146,23 +167,35 @@ class DecoderLayer(nn.Module):
         self.local_rope = bool(config.window_of(layer_id)) and config.local_rope_theta is not None
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
+        reduce = self.tp.all_reduce  # returns its argument at tp size 1
         if self.sandwich:
-            x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch))
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
-        x, h = self.post_attention_layernorm.add_forward(x, self.self_attn(self.input_layernorm(x), rope, batch))
-        return x + self.mlp(h)
+            x = x + self.post_attention_layernorm(reduce(self.self_attn(self.input_layernorm(x), rope, batch)))
+            return x + self.post_feedforward_layernorm(reduce(self.mlp(self.pre_feedforward_layernorm(x))))
+        attn = reduce(self.self_attn(self.input_layernorm(x), rope, batch))
+        x, h = self.post_attention_layernorm.add_forward(x, attn)
+        return x + reduce(self.mlp(h))
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    """The decoder, or this rank's shard of it when `tp` has more than one rank (a config that
+    cannot be cut in `tp.size` shards is refused here, `parallel.check_splittable`).
+
+    What the runtime sizes per rank from it: `local_num_heads` (the attention backend's query
+    heads) and `local_num_kv_heads` (the KV pool's heads); `config` stays the whole model's,
+    and `compute_logits` returns the whole vocabulary on every rank."""
+
+    def __init__(self, config: ModelConfig, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.tp = tp if tp is not None else TPGroup.single()
+        self.shards = shards = TPShards(config, self.tp)
+        self.local_num_heads, self.local_num_kv_heads = shards.num_heads, shards.num_kv_heads
+        self.embed_tokens = nn.Embedding(shards.vocab_per_rank, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, shards) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.build_rotary()
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = nn.Linear(config.hidden_size, shards.vocab_per_rank, bias=False)
 
     def build_rotary(self, device: torch.device | str | None = None) -> None:
         """The float32 RoPE tables (not in checkpoints: loaders build them for real after a
@@ -176,7 +209,7 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states [T, hidden] for the flat token batch (after the last norm)."""
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         if self.config.embed_scale is not None:  # rounded to the activations' dtype first, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         rope = self.rotary.tables(positions)
@@ -184,6 +217,16 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             x = layer(x, local if layer.local_rope else rope, batch)
         return self.norm(x)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; sharded, each rank looks up the ids in its vocabulary slice (zeros
+        for the others') and the ranks' rows are summed."""
+        if not self.shards.sharded:
+            return self.embed_tokens(input_ids)
+        local = input_ids - self.shards.vocab_start
+        outside = (local < 0) | (local >= self.shards.vocab_per_rank)
+        x = self.embed_tokens(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0)
+        return self.tp.all_reduce(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the selected hidden rows (soft-capped where the model is)."""
@@ -194,6 +237,8 @@ class LlamaForCausalLM(nn.Module):
             logits = F.linear(hidden, self.embed_tokens.weight).float()
         else:
             logits = self.embed_tokens.logits(hidden)  # quantized embeddings serve as the head
+        if self.shards.sharded:  # each rank's vocabulary slice, in rank order; the padding dropped
+            logits = self.tp.all_gather(logits, dim=-1)[:, : self.config.vocab_size]
         cap = self.config.final_logit_cap
         return logits if not cap else torch.tanh(logits / cap) * cap
 

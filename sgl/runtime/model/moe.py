@@ -10,6 +10,13 @@ routing weights. The Python loop runs over experts that received tokens, never o
 Each expert's row count is padded to `row_grid` (oneDNN keeps a primitive per matmul shape).
 On CUDA with Triton the same grouping runs as two kernels that read the stacked weights in
 place and need no host sync (`moe_triton.py`).
+
+Tensor parallelism splits each expert's intermediate dim across ranks (gate/up rows and
+down's inputs, as for a dense MLP; the router is replicated): every rank routes every token
+the same way and runs the chosen experts on its slice, and the block's output, shared expert
+included, is a partial sum that `DecoderLayer` all-reduces once. This is the choice over
+expert parallelism (whole experts per rank): no token exchange, balanced work whatever the
+routing, and the same shard rules as the dense layers.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.parallel import TPShards
 from sgl.runtime.model.row_grid import on_row_grid
 
 
@@ -113,16 +121,19 @@ def _triton_grouped_experts():
 
 class SparseMoE(nn.Module):
     """Router (softmax over all experts in float32, top-k, renormalized where the model says)
-    -> stacked experts (+ the gated shared expert of Qwen2-MoE)."""
+    -> stacked experts (+ the gated shared expert of Qwen2-MoE). Sharded (`shards`), the
+    experts and the shared expert hold this rank's slice of their intermediate dims and the
+    output is this rank's partial sum; the router and the shared expert's gate are whole."""
 
-    def __init__(self, config: ModelConfig, dense_mlp: type[nn.Module]) -> None:
+    def __init__(self, config: ModelConfig, dense_mlp: type[nn.Module], shards: TPShards | None = None) -> None:
         super().__init__()
         self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        self.experts = StackedExperts(config.num_experts, config.hidden_size, config.moe_intermediate_size,
-                                      config.hidden_act)
+        size = shards.split(config.moe_intermediate_size, "moe_intermediate_size") if shards else \
+            config.moe_intermediate_size
+        self.experts = StackedExperts(config.num_experts, config.hidden_size, size, config.hidden_act)
         if config.shared_expert_intermediate_size:
-            self.shared_expert = dense_mlp(config, config.shared_expert_intermediate_size)
+            self.shared_expert = dense_mlp(config, config.shared_expert_intermediate_size, shards=shards)
             self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

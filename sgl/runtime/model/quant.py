@@ -7,9 +7,10 @@ Why these layouts: they are what torch's CPU kernels take, and on both AMX and A
 CPUs they move 2x / 4x fewer weight bytes than bf16 for the skinny activations of decoding,
 where a step is bound by weight bandwidth. The packed kernels cost in proportion to the rows
 (no reuse of a weight across rows), so for many tokens at once (prefill) a layer dequantizes
-its weight to bf16 for the call and uses the dense matmul (oneDNN on AMX / AVX512-BF16)
-instead (int4 in one C++ pass, csrc/linear_ops_cpu.cpp). Where that pays depends on the
-shape (a weight that fits in cache dequantizes cheaply), so it is measured, once per layer
+its weight for the call and uses the dense matmul instead (int4 in one C++ pass,
+csrc/linear_ops_cpu.cpp), in `dense_dtype()`: bf16 where the CPU multiplies it natively (AMX /
+AVX512-BF16), else float32 (oneDNN emulates bf16 there: 25x slower than float32 on an AVX2
+EPYC). Where that pays depends on the shape and the CPU, so it is measured, once per layer
 shape, on the first call above `DEQUANT_MIN_TOKENS` rows (`crossover_rows`).
 
 A `QuantizedTensor` is the unpacked, row-editable form used while loading: codes, scales,
@@ -20,10 +21,16 @@ QKV / gate-up) before `pack_*` turns it into a module's buffers. Values are
 (torch's int4 convention, so Q4_0 / Q4_1 / Q4_K blocks of 32 map onto it exactly).
 The kernels take bf16 scales: packing rounds them to bf16, the one error a repacked GGUF
 block gets (relative <= 2^-8 of a group's scale; `packing_error` measures it).
+
+Where torch's int4 pack puts each code depends on the CPU kernel torch runs (AVX-512, AVX2
+or neither: `Int4PackLayout`), so the layout is read off torch once per process
+(`int4_pack_layout`) and every reader of packed bytes (`unpack_int4`, the C++ dequantize)
+is given it.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -39,9 +46,15 @@ from sgl.runtime.model.row_grid import on_row_grid
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128)
 # Calls of up to this many rows always take the packed kernel; above it, a layer takes the
-# dequantize-then-bf16-matmul route past its measured crossover (`crossover_rows`).
+# dequantize-then-dense-matmul route past its measured crossover (`crossover_rows`).
 DEQUANT_MIN_TOKENS = 16
-_PACK_BLOCK_N = 64  # torch's CPU int4 layout: blocks of 64 output rows
+# Rows at which the dense matmul's cost per row is measured (`crossover_rows`).
+DENSE_PROBE_ROWS = 64
+# The crossover of a layer that never dequantizes (its packed kernel is as cheap per row).
+NEVER_DEQUANTIZE = 1 << 30
+# Int4Linear pads its rows to a multiple of this: whole blocks in every Int4PackLayout, so a
+# layer's buffers have the same shapes on every CPU.
+INT4_PAD_ROWS = 64
 
 
 @dataclass
@@ -69,6 +82,20 @@ class QuantizedTensor:
         """The rows `index` (a permutation or a selection), codes and scales together."""
         zeros = None if self.zeros is None else self.zeros[index]
         return QuantizedTensor(self.kind, self.codes[index], self.scales[index], zeros, self.group)
+
+    def columns(self, start: int, stop: int, name: str = "a weight") -> "QuantizedTensor":
+        """Inputs start:stop (a row-parallel shard): exact on group boundaries, and anywhere
+        for one scale per row (int8), which then covers the slice alone."""
+        n, k = self.shape
+        per_row = self.scales.shape[1] == 1
+        if not per_row and (start % self.group or stop % self.group):
+            raise ValueError(f"tensor parallelism: {name} of shape {[n, k]} cannot give inputs {start}:{stop} to a "
+                             f"rank: its quantization groups of {self.group} would be split; choose a tp_size "
+                             f"with in_features / tp_size a multiple of {self.group}")
+        g0, g1 = (0, 1) if per_row else (start // self.group, stop // self.group)
+        zeros = None if self.zeros is None else self.zeros[:, g0:g1].contiguous()
+        return QuantizedTensor(self.kind, self.codes[:, start:stop].contiguous(), self.scales[:, g0:g1].contiguous(),
+                               zeros, stop - start if per_row else self.group)
 
     def rounded_scales(self) -> "QuantizedTensor":
         """The same codes with scales and zeros rounded to bf16, as the packed kernels hold them."""
@@ -133,24 +160,85 @@ def quantize(w: torch.Tensor | QuantizedTensor, kind: str, group: int,
 # ----------------------------------------------------------------------------- packing
 
 
+@dataclass(frozen=True)
+class Int4PackLayout:
+    """Where torch's CPU int4 pack (`_convert_weight_to_int4pack_for_cpu`) puts each code.
+
+    The [N, K/2] bytes are blocks of `block_n` output rows, one after the other; within a
+    block, input k has block_n / 2 bytes, and byte j holds two of the block's rows:
+        halves (pairs=False): row j in the low nibble, row j + block_n / 2 in the high one;
+        pairs  (pairs=True):  row 2j in the low nibble, row 2j + 1 in the high one.
+    Why there are several: torch packs for the matmul kernel of the CPU capability it
+    dispatches to at run time (torch.backends.cpu.get_cpu_capability(); int4mm_kernel.cpp,
+    BLOCK_N = 4 vector widths): AVX512 -> 64 rows in halves, AVX2 -> 32 in halves, DEFAULT
+    (neither) -> 32 in pairs. (A last block of fewer rows is in pairs; Int4Linear never has one.)
+    """
+
+    name: str
+    block_n: int
+    pairs: bool
+
+
+INT4_PACK_LAYOUTS = (
+    Int4PackLayout("avx512", 64, pairs=False),
+    Int4PackLayout("avx2", 32, pairs=False),
+    Int4PackLayout("default", 32, pairs=True),
+)
+
+
+def _torch_pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """torch's pack of uint8 [N, K] codes (the op takes int32; 2: inner k tiles, unused on CPU)."""
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
+
+
+def _int4_probe_codes() -> torch.Tensor:
+    """Fixed random codes, [64, 16]: whole blocks in every layout, and (checked by the unit
+    tests) packed differently by each, so exactly one layout reads torch's pack back."""
+    return torch.randint(0, 16, (INT4_PAD_ROWS, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+
+
+@functools.cache
+def int4_pack_layout() -> Int4PackLayout:
+    """The layout torch's int4 pack writes in this process: the one of INT4_PACK_LAYOUTS that
+    reads a packed probe back to its codes. Found by packing, not from the CPU's flags,
+    because torch's choice is what counts (ATEN_CPU_CAPABILITY can lower it); once per
+    process, since torch's capability is fixed at start. A torch whose pack matches no known
+    layout fails here, loudly, rather than computing with scrambled weights."""
+    probe = _int4_probe_codes()
+    packed = _torch_pack_int4(probe)
+    n, k = probe.shape
+    matches = [layout for layout in INT4_PACK_LAYOUTS if torch.equal(unpack_int4(packed, n, k, layout), probe)]
+    if len(matches) != 1:
+        raise RuntimeError(f"torch {torch.__version__}'s CPU int4 pack (capability "
+                           f"{torch.backends.cpu.get_cpu_capability()}) matches "
+                           f"{[m.name for m in matches] or 'none'} of the known layouts "
+                           f"{[m.name for m in INT4_PACK_LAYOUTS]}: the int4 kernels cannot read it")
+    return matches[0]
+
+
 def pack_int4(codes: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
-    """uint8 [N, K] codes -> torch's CPU int4 layout ([N, K/2] bytes). The op takes int32
-    codes, so it goes a few million at a time, in whole blocks of 64 rows (blocks are packed
-    independently): a 4-byte copy of a whole large weight never exists."""
+    """uint8 [N, K] codes -> torch's CPU int4 layout ([N, K/2] bytes; `int4_pack_layout`).
+    The op takes int32 codes, so it goes a few million at a time, in multiples of 64 rows:
+    whole blocks in every layout, which torch packs independently (the bytes are those of
+    one call), and a 4-byte copy of a whole large weight never exists."""
     n, k = codes.shape
-    if n % _PACK_BLOCK_N:
-        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
-    rows = max(_PACK_BLOCK_N, chunk_elems // k // _PACK_BLOCK_N * _PACK_BLOCK_N)
-    return torch.cat([torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[i : i + rows].to(torch.int32), 2)
-                      for i in range(0, n, rows)])
+    rows = max(INT4_PAD_ROWS, chunk_elems // k // INT4_PAD_ROWS * INT4_PAD_ROWS)
+    return torch.cat([_torch_pack_int4(codes[i : i + rows]) for i in range(0, n, rows)])
 
 
-def unpack_int4(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """Inverse of `pack_int4` for N a multiple of 64: per block of 64 rows, byte (k, j)
-    holds row j in its low nibble and row j + 32 in its high one."""
-    blocks = packed.reshape(n // _PACK_BLOCK_N, k, _PACK_BLOCK_N // 2)
-    both = torch.cat([blocks & 15, blocks >> 4], dim=2)  # [N/64, K, 64]
-    return both.transpose(1, 2).reshape(n, k)
+def unpack_int4(packed: torch.Tensor, n: int, k: int, layout: Int4PackLayout | None = None) -> torch.Tensor:
+    """Inverse of `pack_int4`: uint8 [N, K] codes of bytes in `layout` (default: this
+    process's, `int4_pack_layout`), N a multiple of its block."""
+    layout = layout or int4_pack_layout()
+    if n % layout.block_n:
+        raise ValueError(f"unpack_int4: {n} rows are not whole blocks of {layout.block_n} ({layout.name} layout)")
+    blocks = packed.reshape(n // layout.block_n, k, layout.block_n // 2)
+    low, high = blocks & 15, blocks >> 4  # [N/B, K, B/2]
+    if layout.pairs:  # byte j: rows 2j, 2j + 1
+        rows = torch.stack([low, high], dim=3).reshape(n // layout.block_n, k, layout.block_n)
+    else:  # byte j: rows j, j + B/2
+        rows = torch.cat([low, high], dim=2)
+    return rows.transpose(1, 2).reshape(n, k)
 
 
 def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
@@ -162,9 +250,20 @@ def _pad_rows(q: QuantizedTensor, multiple: int) -> QuantizedTensor:
 
 
 def int4_dequant_op() -> Callable | None:
-    """torch.ops.sgl_linear.int4_dequant_t (C++, built on first use like the attention kernel),
-    or None where it cannot be built: `Int4Linear` then dequantizes with torch ops (slower)."""
+    """torch.ops.sgl_linear.int4_dequant_t (C++, built on first use like the attention kernel;
+    called as op(packed, scales_zeros, group, layout.block_n, layout.pairs, dtype)), or None
+    where it cannot be built: `Int4Linear` then dequantizes with torch ops (slower)."""
     return torch.ops.sgl_linear.int4_dequant_t if linear_ops_built() else None
+
+
+@functools.cache
+def dense_dtype() -> torch.dtype:
+    """The dtype of a quantized layer's dequantized route: bf16 where this CPU multiplies it
+    natively, else float32 (emulated bf16 matmuls are ~25x slower than float32 on AVX2).
+    The packed kernels take bf16 activations on every CPU (they are fast on all of them)."""
+    from sgl.runtime.cpu_features import bf16_matmul_support
+
+    return torch.bfloat16 if bf16_matmul_support() else torch.float32
 
 
 def _best_seconds(fn, repeats: int) -> float:
@@ -177,17 +276,26 @@ def _best_seconds(fn, repeats: int) -> float:
 
 
 def crossover_rows(layer: nn.Module) -> int:
-    """Rows above which dequantize + bf16 matmul beats the packed kernel for this layer's
-    shape: one dequantization against the packed kernel's cost per row, measured once per
-    (layout, shape) on this machine (a few ms; at most ~0.3 s for a 1B layer) and kept on disk
+    """Rows above which dequantize + dense matmul beats the packed kernel for this layer's
+    shape. Costs per call: packed = a * rows, dense = D + b * rows (D: one dequantization, b:
+    the dense matmul per row), equal at D / (a - b); where the dense matmul is no cheaper per
+    row (a <= b) the layer never dequantizes. Measured once per (layout, shape, dense dtype)
+    on this machine (a few ms; at most ~0.5 s for a 1B layer) and kept on disk
     (`crossovers.py`), so compiled graphs stay the same from one start to the next."""
-    key = f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)}"
+    dtype = dense_dtype()
+    key = (f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)} "
+           f"{str(dtype).removeprefix('torch.')}")
 
     def measure() -> int:
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
-        per_row = _best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
-        dequant = _best_seconds(layer.dequantized_t if hasattr(layer, "dequantized_t") else layer.dequantized, 2)
-        return max(DEQUANT_MIN_TOKENS, int(dequant / per_row))
+        packed_per_row = _best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
+        dequantize = layer.dequantized_t if hasattr(layer, "dequantized_t") else (lambda: layer.dequantized().t())
+        dequant = _best_seconds(dequantize, 2)
+        weight_t, rows = dequantize(), torch.zeros(DENSE_PROBE_ROWS, layer.in_features, dtype=dtype)
+        dense_per_row = _best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
+        if packed_per_row <= dense_per_row:
+            return NEVER_DEQUANTIZE
+        return min(NEVER_DEQUANTIZE, max(DEQUANT_MIN_TOKENS, int(dequant / (packed_per_row - dense_per_row))))
 
     return crossovers.measured(key, measure)
 
@@ -222,47 +330,52 @@ def prepare_for_compile(model: nn.Module) -> None:
 
 
 def int8_mm(xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int) -> torch.Tensor:
-    """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows, else dequantized
-    (a oneDNN matmul: on the row grid)."""
+    """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows (bf16
+    out), else dequantized (a oneDNN matmul in `dense_dtype()`, on the row grid)."""
     if xb.shape[0] > crossover:
         weight = _int8_dequantized(qweight, scales)
-        return on_row_grid(lambda rows: F.linear(rows, weight), xb)
+        return on_row_grid(lambda rows: F.linear(rows, weight), xb.to(weight.dtype))
     return torch.ops.aten._weight_int8pack_mm(xb, qweight, scales)
 
 
 def _int8_dequantized(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """The bf16 [N, K] weight of int8 codes with per-row bf16 scales."""
-    return qweight.to(torch.bfloat16) * scales.unsqueeze(1)
+    """The [N, K] weight (in `dense_dtype()`) of int8 codes with per-row bf16 scales."""
+    dtype = dense_dtype()
+    return qweight.to(dtype) * scales.to(dtype).unsqueeze(1)
 
 
 def int4_mm(xb: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, padded_out: int,
-            crossover: int) -> torch.Tensor:
-    """bf16 x [M, K] @ W^T for torch's packed int4 W (padded_out rows): packed kernel up to
-    `crossover` rows, else dequantized (one C++ pass where it builds)."""
+            crossover: int, layout: Int4PackLayout) -> torch.Tensor:
+    """bf16 x [M, K] @ W^T for torch's packed int4 W (padded_out rows, in `layout`): packed
+    kernel up to `crossover` rows (bf16 out), else dequantized (one C++ pass where it builds)
+    and multiplied in `dense_dtype()`."""
     if xb.shape[0] > crossover:
-        weight_t = _int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1])
-        return on_row_grid(lambda rows: torch.mm(rows, weight_t), xb)
+        weight_t = _int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1], layout)
+        return on_row_grid(lambda rows: torch.mm(rows, weight_t), xb.to(weight_t.dtype))
     return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qweight, group, scales_zeros)
 
 
-def _int4_dequantized_t(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int) -> torch.Tensor:
-    """The bf16 W^T [K, N] (padded rows included): one C++ pass where the op is built, else torch ops."""
-    op = int4_dequant_op()
+def _int4_dequantized_t(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int,
+                        layout: Int4PackLayout) -> torch.Tensor:
+    """W^T [K, N] in `dense_dtype()` (padded rows included): one C++ pass where the op is
+    built, else torch ops."""
+    op, dtype = int4_dequant_op(), dense_dtype()
     if op is None:
-        return _int4_dequantized(qweight, scales_zeros, group, n, k).t()
-    return op(qweight, scales_zeros, group)
+        return _int4_dequantized(qweight, scales_zeros, group, n, k, layout, dtype).t()
+    return op(qweight, scales_zeros, group, layout.block_n, layout.pairs, dtype)
 
 
 def _int4_dequantized(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int,
-                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The [N, K] weight (padded rows included) of torch's packed int4 layout, with torch ops."""
-    codes = unpack_int4(qweight, n, k).to(dtype).reshape(n, k // group, group)
+                      layout: Int4PackLayout, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The [N, K] weight (padded rows included) of torch's packed int4 bytes in `layout`, with torch ops."""
+    codes = unpack_int4(qweight, n, k, layout).to(dtype).reshape(n, k // group, group)
     scales, zeros = scales_zeros.to(dtype).permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
     return ((codes - 8) * scales + zeros).reshape(n, k)
 
 
 class Int8Linear(nn.Module):
-    """y = x W^T (+ b) with W int8 per output channel, computed in bf16."""
+    """y = x W^T (+ b) with W int8 per output channel, bf16 activations (the dense route of
+    prefill in `dense_dtype()`)."""
 
     def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None) -> None:
         super().__init__()
@@ -272,10 +385,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("scales", q.scales[:, 0].to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
         self.crossover: int | None = None  # set by prepare_for_compile
+        self.dense_dtype = dense_dtype()  # read here: a compiled graph must not trace the CPU probe
         self.layout = "int8"
 
     def dequantized(self) -> torch.Tensor:
-        """The bf16 [N, K] weight (one call's worth; prefill)."""
+        """The [N, K] weight in `dense_dtype()` (one call's worth; prefill)."""
         return _int8_dequantized(self.qweight, self.scales)
 
     def held_weight(self) -> torch.Tensor:
@@ -288,7 +402,8 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         xb = x.to(torch.bfloat16)
         if _in_compiled_graph():
-            y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, _prepared_crossover(self))
+            y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, _prepared_crossover(self),
+                                                 self.dense_dtype)
         else:
             y = int8_mm(xb, self.qweight, self.scales, _crossover(self, xb.shape[0]))
         if self.bias is not None:
@@ -297,34 +412,39 @@ class Int8Linear(nn.Module):
 
 
 class Int4Linear(nn.Module):
-    """y = x W^T (+ b) with W int4 in groups along the input dim, computed in bf16."""
+    """y = x W^T (+ b) with W int4 in groups along the input dim, bf16 activations (the dense
+    route of prefill in `dense_dtype()`)."""
 
     def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         assert q.kind == "int4"
         self.out_features, self.in_features = q.shape
         self.group = q.group
-        padded = _pad_rows(q, _PACK_BLOCK_N)
+        padded = _pad_rows(q, INT4_PAD_ROWS)
         self.padded_out = padded.codes.shape[0]
+        self.pack_layout = int4_pack_layout()  # how torch laid out qweight: read by every dequantize
         self.register_buffer("qweight", pack_int4(padded.codes))
         sz = torch.stack([padded.scales.t(), padded.zeros.t()], dim=2)  # [K/g, N, 2]
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
         self.crossover: int | None = None  # set by prepare_for_compile
+        self.dense_dtype = dense_dtype()  # read here: a compiled graph must not trace the CPU probe
         self.layout = f"int4_g{self.group}"
 
     def dequantized_t(self) -> torch.Tensor:
-        """The bf16 W^T [K, N] (padded rows included; one call's worth: prefill)."""
-        return _int4_dequantized_t(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features)
+        """W^T [K, N] in `dense_dtype()` (padded rows included; one call's worth: prefill)."""
+        return _int4_dequantized_t(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
+                                   self.pack_layout)
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (padded rows included), with torch ops."""
-        return _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features)
+        return _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
+                                 self.pack_layout)
 
     def held_weight(self) -> torch.Tensor:
         """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros), exactly."""
         w = _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
-                              torch.float32)
+                              self.pack_layout, torch.float32)
         return w[: self.out_features]
 
     def packed_mm(self, xb: torch.Tensor) -> torch.Tensor:
@@ -334,10 +454,11 @@ class Int4Linear(nn.Module):
         xb = x.to(torch.bfloat16)
         if _in_compiled_graph():
             y = torch.ops.sgl_linear.int4_linear(xb, self.qweight, self.scales_zeros, self.group,
-                                                 _prepared_crossover(self))
+                                                 self.pack_layout.block_n, self.pack_layout.pairs,
+                                                 _prepared_crossover(self), self.dense_dtype)
         else:
             y = int4_mm(xb, self.qweight, self.scales_zeros, self.group, self.padded_out,
-                        _crossover(self, xb.shape[0]))
+                        _crossover(self, xb.shape[0]), self.pack_layout)
         if self.padded_out != self.out_features:
             y = y[:, : self.out_features]
         if self.bias is not None:
@@ -425,3 +546,8 @@ def quantization_summary(model: nn.Module) -> dict[str, int]:
             continue
         counts[key] = counts.get(key, 0) + 1
     return counts
+
+
+def dense_weight(value: torch.Tensor | QuantizedTensor) -> torch.Tensor:
+    """A checkpoint weight as a dense tensor (quantized codes dequantized to float32)."""
+    return value.dequantize() if isinstance(value, QuantizedTensor) else value

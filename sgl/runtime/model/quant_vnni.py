@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from sgl.runtime.model.quant import QuantizedTensor, _crossover, _in_compiled_graph, _prepared_crossover
+from sgl.runtime.model.quant import QuantizedTensor, _crossover, _in_compiled_graph, _prepared_crossover, dense_dtype
 from sgl.runtime.model.row_grid import on_row_grid
 
 logger = logging.getLogger(__name__)
@@ -55,8 +55,8 @@ def _build() -> bool:
         logger.info("this CPU has no AVX-512 VNNI: quantized layers use torch's kernels")
         return False
     fake = torch.library.register_fake
-    fake("sgl_qmm::int4_linear")(lambda x, qw, sm, group, n, crossover: x.new_empty(x.shape[0], n))
-    fake("sgl_qmm::int8_linear")(lambda x, qw, sc, group, n, crossover: x.new_empty(x.shape[0], n))
+    fake("sgl_qmm::int4_linear")(lambda x, qw, sm, group, n, crossover, dense_dtype: x.new_empty(x.shape[0], n))
+    fake("sgl_qmm::int8_linear")(lambda x, qw, sc, group, n, crossover, dense_dtype: x.new_empty(x.shape[0], n))
     return True
 
 
@@ -136,7 +136,8 @@ def _expand(groups: torch.Tensor, k: int) -> torch.Tensor:
 
 
 class _TiledLinear(nn.Module):
-    """y = x W^T (+ b): the VNNI kernel up to `crossover` rows, else dequantize + bf16 matmul."""
+    """y = x W^T (+ b): the VNNI kernel up to `crossover` rows, else dequantize + a dense
+    matmul (in `quant.dense_dtype()`)."""
 
     kind = ""
 
@@ -146,6 +147,7 @@ class _TiledLinear(nn.Module):
         self.group = q.group
         self.register_buffer("bias", None if bias is None else bias.to(torch.bfloat16))
         self.crossover: int | None = None  # set by prepare_for_compile
+        self.dense_dtype = dense_dtype()  # read here: a compiled graph must not trace the CPU probe
         grouped = self.kind == "int4" or q.group != self.in_features
         self.layout = f"{self.kind}_g{q.group}" if grouped else self.kind
 
@@ -153,24 +155,26 @@ class _TiledLinear(nn.Module):
         return torch.ops.sgl_qmm.int4_linear if self.kind == "int4" else torch.ops.sgl_qmm.int8_linear
 
     def packed_mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self._op()(x, self.qweight, self.qscales, self.group, self.out_features, 1 << 30)
+        return self._op()(x, self.qweight, self.qscales, self.group, self.out_features, 1 << 30, self.dense_dtype)
 
     def dequantized_t(self) -> torch.Tensor:
-        """bf16 W^T [K, N padded to 16] (one call's worth: prefill)."""
+        """W^T [K, N padded to 16] in `dense_dtype()` (one call's worth: prefill)."""
         op = torch.ops.sgl_qmm.int4_dequant_t if self.kind == "int4" else torch.ops.sgl_qmm.int8_dequant_t
-        return op(self.qweight, self.qscales, self.group)
+        return op(self.qweight, self.qscales, self.group).to(self.dense_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _in_compiled_graph():
-            y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, _prepared_crossover(self))
+            y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, _prepared_crossover(self),
+                           self.dense_dtype)
         else:
             y = self._dispatch(x, _crossover(self, x.shape[0]))
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _dispatch(self, x: torch.Tensor, crossover: int) -> torch.Tensor:
-        """The op on x; above `crossover` rows (a dequantized bf16 matmul in oneDNN) on the row grid."""
+        """The op on x; above `crossover` rows (a dequantized dense matmul in oneDNN) on the row grid."""
         def call(rows: torch.Tensor) -> torch.Tensor:
-            return self._op()(rows, self.qweight, self.qscales, self.group, self.out_features, crossover)
+            return self._op()(rows, self.qweight, self.qscales, self.group, self.out_features, crossover,
+                              self.dense_dtype)
         return on_row_grid(call, x) if x.shape[0] > crossover else call(x)
 
 

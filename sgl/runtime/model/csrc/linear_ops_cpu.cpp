@@ -1,8 +1,10 @@
 // CPU linear-layer ops (library sgl_linear), built on first use like the attention kernel:
 //
-//   int4_dequant_t   torch's packed int4 weight -> bf16 W^T [K, N] in one pass (prefill);
+//   int4_dequant_t   torch's packed int4 weight -> W^T [K, N] (bf16 or float32) in one pass (prefill);
 //   int8_linear      x @ W^T for an int8 weight: torch's packed kernel up to `crossover`
-//   int4_linear      rows, else dequantize + bf16 matmul (AMX / AVX512-BF16);
+//   int4_linear      rows, else dequantize + a dense matmul in `dense_dtype` (bf16 where the
+//                    CPU multiplies it natively, AMX / AVX512-BF16; else float32: oneDNN
+//                    emulates bf16 there, ~25x slower than float32 on an AVX2 EPYC);
 //   packed_linear    x @ W^T (+ b) for a weight prepacked by oneDNN (model/cpu_packed.py).
 //
 // The last three are what a torch.compile'd graph calls (model/cpu_compile.py): one C++
@@ -12,12 +14,17 @@
 //
 // int4_dequant_t, why: torch's packed int4 matmul costs in proportion to the rows it multiplies, so for
 // more than a few rows a layer is better off dequantizing its weight once and running the
-// bf16 matmul (AMX / AVX512-BF16). Doing that in torch ops takes ~8 passes over the weight;
-// here it is one pass that reads N*K/2 bytes and writes N*K bf16 values.
+// dense matmul. Doing that in torch ops takes ~8 passes over the weight; here it is one pass
+// that reads N*K/2 bytes and writes N*K values.
 //
-// Layout (from _convert_weight_to_int4pack_for_cpu, N a multiple of 64): per block b of 64
-// output rows, byte (b, k, j) holds row 64b + j in its low nibble and row 64b + 32 + j in
-// its high one. scales_zeros: [K / group, N, 2] bf16; w = (q - 8) * scale + zero.
+// Layout (from _convert_weight_to_int4pack_for_cpu): blocks of BLOCK_N output rows, one
+// after the other; in block b, input k has BLOCK_N / 2 bytes, and byte (b, k, j) holds two
+// of the block's rows, one per nibble (low, high):
+//   halves: rows j and j + BLOCK_N / 2   (torch on AVX-512: BLOCK_N 64; on AVX2: 32)
+//   pairs:  rows 2j and 2j + 1           (torch on neither: BLOCK_N 32)
+// Which one torch wrote depends on the CPU kernel it dispatches to at run time, so the caller
+// passes it (block_n, pairs: model/quant.py Int4PackLayout, read off torch by a probe); N must
+// be whole blocks. scales_zeros: [K / group, N, 2] bf16; w = (q - 8) * scale + zero.
 // The output is W^T (row k holds every output's weight for input k): the writes run along n.
 
 #include <ATen/ATen.h>
@@ -49,20 +56,26 @@ inline uint16_t float_to_bf16(float f) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t group) {
-  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
-              "packed must be a contiguous uint8 [N, K/2] tensor");
-  const int64_t N = packed.size(0), K = packed.size(1) * 2;
-  TORCH_CHECK(N % 64 == 0, "N (", N, ") must be a multiple of 64");
-  TORCH_CHECK(group > 0 && K % group == 0, "group ", group, " must divide K (", K, ")");
-  TORCH_CHECK(scales_zeros.scalar_type() == at::kBFloat16 && scales_zeros.is_contiguous() && scales_zeros.dim() == 3 &&
-                  scales_zeros.size(0) == K / group && scales_zeros.size(1) == N && scales_zeros.size(2) == 2,
-              "scales_zeros must be a contiguous bf16 [K/group, N, 2] tensor");
-  at::Tensor out = at::empty({K, N}, packed.options().dtype(at::kBFloat16));
-  const uint8_t* p = packed.data_ptr<uint8_t>();
-  const uint16_t* sz = reinterpret_cast<const uint16_t*>(scales_zeros.data_ptr<at::BFloat16>());
-  uint16_t* o = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  const int64_t blocks = N / 64;
+inline void store(float f, uint16_t* dst) { *dst = float_to_bf16(f); }
+inline void store(float f, float* dst) { *dst = f; }
+
+// One block's BLOCK_N weights for one input k, from its BLOCK_N / 2 bytes `src` (layout above);
+// s, z: the block's scales and zeros for k's group. Compile-time layout: the loop vectorizes.
+template <int BLOCK_N, bool PAIRS, typename Out>
+inline void dequant_block(const uint8_t* src, const float* s, const float* z, Out* dst) {
+  constexpr int HALF = BLOCK_N / 2;
+  for (int j = 0; j < HALF; ++j) {
+    const int lo = PAIRS ? 2 * j : j, hi = PAIRS ? 2 * j + 1 : HALF + j;
+    store(static_cast<float>(static_cast<int>(src[j] & 15) - 8) * s[lo] + z[lo], dst + lo);
+    store(static_cast<float>(static_cast<int>(src[j] >> 4) - 8) * s[hi] + z[hi], dst + hi);
+  }
+}
+
+// W^T [K, N] of packed bytes p in the layout (BLOCK_N, PAIRS), in parallel over k; Out:
+// uint16_t (bf16 bits) or float.
+template <int BLOCK_N, bool PAIRS, typename Out>
+void dequant_t(const uint8_t* p, const uint16_t* sz, Out* o, int64_t N, int64_t K, int64_t group) {
+  const int64_t blocks = N / BLOCK_N;
   at::parallel_for(0, K, 8, [&](int64_t k0, int64_t k1) {
     std::vector<float> scale(N), zero(N);
     int64_t loaded = -1;
@@ -75,35 +88,66 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
         }
         loaded = g;
       }
-      uint16_t* row = o + k * N;
+      Out* row = o + k * N;
       for (int64_t b = 0; b < blocks; ++b) {
-        const uint8_t* src = p + (b * K + k) * 32;
-        const float* s = scale.data() + b * 64;
-        const float* z = zero.data() + b * 64;
-        uint16_t* dst = row + b * 64;
-        for (int j = 0; j < 32; ++j) {
-          dst[j] = float_to_bf16(static_cast<float>(static_cast<int>(src[j] & 15) - 8) * s[j] + z[j]);
-          dst[32 + j] = float_to_bf16(static_cast<float>(static_cast<int>(src[j] >> 4) - 8) * s[32 + j] + z[32 + j]);
-        }
+        const int64_t n0 = b * BLOCK_N;
+        dequant_block<BLOCK_N, PAIRS>(p + (b * K + k) * (BLOCK_N / 2), scale.data() + n0, zero.data() + n0, row + n0);
       }
     }
   });
+}
+
+template <typename Out>
+void dequant_t_in_layout(const uint8_t* p, const uint16_t* sz, Out* o, int64_t N, int64_t K, int64_t group,
+                         int64_t block_n, bool pairs) {
+  if (block_n == 64 && !pairs) {
+    dequant_t<64, false>(p, sz, o, N, K, group);
+  } else if (block_n == 32 && !pairs) {
+    dequant_t<32, false>(p, sz, o, N, K, group);
+  } else if (block_n == 32 && pairs) {
+    dequant_t<32, true>(p, sz, o, N, K, group);
+  } else {
+    TORCH_CHECK(false, "unknown int4 pack layout: blocks of ", block_n, pairs ? " in pairs" : " in halves");
+  }
+}
+
+at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zeros, int64_t group, int64_t block_n,
+                          bool pairs, at::ScalarType dtype) {
+  TORCH_CHECK(packed.scalar_type() == at::kByte && packed.dim() == 2 && packed.is_contiguous(),
+              "packed must be a contiguous uint8 [N, K/2] tensor");
+  const int64_t N = packed.size(0), K = packed.size(1) * 2;
+  TORCH_CHECK(block_n > 0 && N % block_n == 0, "N (", N, ") must be whole blocks of ", block_n);
+  TORCH_CHECK(group > 0 && K % group == 0, "group ", group, " must divide K (", K, ")");
+  TORCH_CHECK(scales_zeros.scalar_type() == at::kBFloat16 && scales_zeros.is_contiguous() && scales_zeros.dim() == 3 &&
+                  scales_zeros.size(0) == K / group && scales_zeros.size(1) == N && scales_zeros.size(2) == 2,
+              "scales_zeros must be a contiguous bf16 [K/group, N, 2] tensor");
+  TORCH_CHECK(dtype == at::kBFloat16 || dtype == at::kFloat, "int4_dequant_t writes bf16 or float32");
+  at::Tensor out = at::empty({K, N}, packed.options().dtype(dtype));
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  const uint16_t* sz = reinterpret_cast<const uint16_t*>(scales_zeros.data_ptr<at::BFloat16>());
+  if (dtype == at::kFloat) {
+    dequant_t_in_layout(p, sz, out.data_ptr<float>(), N, K, group, block_n, pairs);
+  } else {
+    dequant_t_in_layout(p, sz, reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>()), N, K, group, block_n, pairs);
+  }
   return out;
 }
 
-
-
-at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, int64_t crossover) {
+// The dense route's result in x's dtype.
+at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, int64_t crossover,
+                       at::ScalarType dense_dtype) {
   if (x.size(0) > crossover) {
-    return at::linear(x, qweight.to(at::kBFloat16) * scales.unsqueeze(1));
+    return at::linear(x.to(dense_dtype), qweight.to(dense_dtype) * scales.to(dense_dtype).unsqueeze(1))
+        .to(x.scalar_type());
   }
   return at::_weight_int8pack_mm(x, qweight, scales);
 }
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales_zeros, int64_t group,
-                       int64_t crossover) {
+                       int64_t block_n, bool pairs, int64_t crossover, at::ScalarType dense_dtype) {
   if (x.size(0) > crossover) {
-    return at::mm(x, int4_dequant_t(qweight, scales_zeros, group));
+    return at::mm(x.to(dense_dtype), int4_dequant_t(qweight, scales_zeros, group, block_n, pairs, dense_dtype))
+        .to(x.scalar_type());
   }
   return at::_weight_int4pack_mm_for_cpu(x, qweight, group, scales_zeros);
 }
@@ -120,9 +164,11 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
 }  // namespace
 
 TORCH_LIBRARY(sgl_linear, m) {
-  m.def("int4_dequant_t(Tensor packed, Tensor scales_zeros, int group) -> Tensor");
-  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int crossover) -> Tensor");
-  m.def("int4_linear(Tensor x, Tensor qweight, Tensor scales_zeros, int group, int crossover) -> Tensor");
+  m.def("int4_dequant_t(Tensor packed, Tensor scales_zeros, int group, int block_n, bool pairs, ScalarType dtype) "
+        "-> Tensor");
+  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int crossover, ScalarType dense_dtype) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor qweight, Tensor scales_zeros, int group, int block_n, bool pairs, "
+        "int crossover, ScalarType dense_dtype) -> Tensor");
   m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
 
 }

@@ -21,7 +21,9 @@
 //   int4_mm / int8_mm       x [M, K] (bf16 or float32) @ W^T -> [M, out_features], x's dtype
 //   int4_dequant_t / int8_dequant_t   bf16 W^T [K, N] (all padded rows): prefill
 //   int4_linear / int8_linear         the packed kernel up to `crossover` rows, else
-//                                     dequantize + bf16 matmul (AMX / AVX512-BF16)
+//                                     dequantize + a matmul in `dense_dtype` (bf16 where the
+//                                     CPU has AMX / AVX512-BF16, else float32: a VNNI CPU
+//                                     without them, Cascade / Ice Lake, emulates bf16)
 //   supported()             whether this build has the kernels (AVX-512 VNNI + F16C)
 
 #include <ATen/ATen.h>
@@ -376,22 +378,26 @@ at::Tensor int8_dequant_t(const at::Tensor& qweight, const at::Tensor& scales, i
   return out;
 }
 
-// The route per call: the VNNI kernel for a few rows, dequantize + bf16 matmul for many.
-at::Tensor dense_route(const at::Tensor& x, const at::Tensor& w_t, int64_t out_features) {
-  at::Tensor y = at::mm(x.to(at::kBFloat16), w_t);
+// The route per call: the VNNI kernel for a few rows, dequantize + a dense matmul for many.
+at::Tensor dense_route(const at::Tensor& x, const at::Tensor& w_t, int64_t out_features, at::ScalarType dense_dtype) {
+  at::Tensor y = at::mm(x.to(dense_dtype), w_t.to(dense_dtype));
   if (w_t.size(1) != out_features) y = y.narrow(1, 0, out_features);
   return y.to(x.scalar_type()).contiguous();
 }
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale_min, int64_t group,
-                       int64_t out_features, int64_t crossover) {
-  if (x.size(0) > crossover) return dense_route(x, int4_dequant_t(qweight, scale_min, group), out_features);
+                       int64_t out_features, int64_t crossover, at::ScalarType dense_dtype) {
+  if (x.size(0) > crossover) {
+    return dense_route(x, int4_dequant_t(qweight, scale_min, group), out_features, dense_dtype);
+  }
   return int4_mm(x, qweight, scale_min, group, out_features);
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, int64_t group,
-                       int64_t out_features, int64_t crossover) {
-  if (x.size(0) > crossover) return dense_route(x, int8_dequant_t(qweight, scales, group), out_features);
+                       int64_t out_features, int64_t crossover, at::ScalarType dense_dtype) {
+  if (x.size(0) > crossover) {
+    return dense_route(x, int8_dequant_t(qweight, scales, group), out_features, dense_dtype);
+  }
   return int8_mm(x, qweight, scales, group, out_features);
 }
 
@@ -403,8 +409,10 @@ TORCH_LIBRARY(sgl_qmm, m) {
   m.def("int8_mm(Tensor x, Tensor qweight, Tensor scales, int group, int out_features) -> Tensor");
   m.def("int4_dequant_t(Tensor qweight, Tensor scale_min, int group) -> Tensor");
   m.def("int8_dequant_t(Tensor qweight, Tensor scales, int group) -> Tensor");
-  m.def("int4_linear(Tensor x, Tensor qweight, Tensor scale_min, int group, int out_features, int crossover) -> Tensor");
-  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int group, int out_features, int crossover) -> Tensor");
+  m.def("int4_linear(Tensor x, Tensor qweight, Tensor scale_min, int group, int out_features, int crossover, "
+        "ScalarType dense_dtype) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int group, int out_features, int crossover, "
+        "ScalarType dense_dtype) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sgl_qmm, CPU, m) {
