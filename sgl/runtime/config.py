@@ -51,8 +51,20 @@ class EngineConfig:
     # CPU: compile the batch-1 decode forward with torch.compile (inductor) at start-up
     # (15-45 s the first time, cached on disk by inductor); other steps run eagerly.
     torch_compile: bool = False
+    # Run the scheduler and the model in a child process (`Engine`'s default: a thread of the
+    # caller's process; the server's: a process, see `sgl.server.launch`).
+    scheduler_process: bool = False
+    # Tensor parallelism: the model sharded over this many scheduler processes (one per rank;
+    # implies scheduler_process). On CPU each rank gets cores // tp_size threads.
+    tp_size: int = 1
+
+    @property
+    def in_processes(self) -> bool:
+        return self.scheduler_process or self.tp_size > 1
 
     def validate(self) -> None:
+        if not isinstance(self.tp_size, int) or isinstance(self.tp_size, bool) or self.tp_size < 1:
+            raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -139,8 +151,9 @@ def cuda_graph_max_bs(cfg: EngineConfig, device: torch.device) -> int:
 
 @dataclass
 class SchedulerConfig:
-    """What the scheduler thread runs with. `engine` is the user's `EngineConfig` itself (read,
-    never copied field by field); the rest is resolved once the model is loaded."""
+    """What the scheduler runs with. `engine` is the scheduler's own copy of the user's
+    `EngineConfig` (changed only by `UpdateOptions` messages); the rest is resolved once the
+    model is loaded."""
 
     engine: EngineConfig
     max_total_tokens: int

@@ -1,6 +1,7 @@
-"""`Engine`: the in-process entry point. Builds and validates requests on the caller's
-thread, hands them to the scheduler thread as messages, and turns its events into result
-dicts.
+"""`Engine`: the in-process entry point, i.e. the caller side of the runtime. It builds and
+validates requests on the caller's thread, sends them to the scheduler through a transport
+(transport.py: a thread of this process, or a scheduler process with `scheduler_process=True`)
+and turns the events that come back into result dicts.
 
 Result shape (the server's /generate returns exactly this):
     {"text", "output_ids", "meta_info": {"id", "prompt_tokens", "completion_tokens",
@@ -13,10 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import copy
 import dataclasses
 import logging
-import os
 import threading
 import uuid
 import weakref
@@ -25,12 +24,13 @@ from typing import Any, AsyncIterator, Iterator
 import torch
 
 from sgl.runtime.chat import render_messages, validate_messages
-from sgl.runtime.config import EngineConfig, SchedulerConfig
-from sgl.runtime.errors import EngineFault, EngineOverloadedError, EngineUnavailableError, InvalidRequestError
-from sgl.runtime.model.quant import quantization_summary
+from sgl.runtime.config import EngineConfig
+from sgl.runtime.errors import (EngineDeadError, EngineFault, EngineOverloadedError, EngineUnavailableError,
+                                InvalidRequestError)
 from sgl.runtime.messages import (
     AbortRequest,
     CloseSession,
+    EngineFaulted,
     FlushCache,
     GenerateRequest,
     GetInfo,
@@ -38,12 +38,15 @@ from sgl.runtime.messages import (
     OpenSession,
     ReqEvent,
     SchedulerMessage,
-    Shutdown,
     SubmitRequest,
+    UpdateOptions,
 )
 from sgl.runtime.results import AsyncSink, QueueSink, ResultRouter, event_to_dict
+from sgl.runtime.request_builder import constraint_of
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.session import SessionParams
+from sgl.runtime.transport import ProcessTransport, ThreadTransport
+from sgl.runtime.worker import ModelInfo, build_scheduler, load_engine_tokenizer, on_fresh_thread, private_config
 from sgl.runtime import request_builder as rb
 
 logger = logging.getLogger(__name__)
@@ -60,30 +63,6 @@ def _shutdown_live_engines() -> None:
             engine.shutdown()
         except Exception:  # pragma: no cover - best effort at exit
             pass
-
-
-def _on_fresh_thread(fn: Any) -> None:
-    """Run fn on a thread that then exits, re-raising its exception here.
-
-    Loading the weights and allocating the KV pool run parallel torch ops. On the caller's
-    thread they would give it a lasting OpenMP thread pool; with the scheduler thread's own
-    pool, libgomp then sees more threads than cores and stops spinning between parallel
-    regions, so every op of every step pays a thread wake-up (measured on 2 cores: small
-    parallel ops 5-16x slower in the scheduler thread). A thread's pool is freed when it exits.
-    """
-    error: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as e:  # re-raised on the caller's thread
-            error.append(e)
-
-    t = threading.Thread(target=run, name="sgl-engine-init", daemon=True)  # Ctrl-C can still exit
-    t.start()
-    t.join()
-    if error:
-        raise error[0]
 
 
 QUERY_TIMEOUT_S = 60.0
@@ -126,6 +105,13 @@ class _Call:
     def done(self) -> bool:
         return not self.pending
 
+    @property
+    def errors_come_late(self) -> bool:
+        """Whether the scheduler may refuse the call (a session turn checked with its history, a
+        constraint that does not compile): a stream then waits for its first event, so the
+        error is raised before the stream starts."""
+        return any(r.session is not None or constraint_of(r.sampling_params) is not None for r in self.reqs)
+
     def output(self) -> dict | list[dict]:
         return self.results if self.is_batch else self.results[0]  # type: ignore[return-value]
 
@@ -134,15 +120,20 @@ class _Call:
         rest, self.pending = list(self.pending), set()
         self.engine._router.unregister(rest)
         for rid in rest:
-            self.engine._send(AbortRequest(rid))
+            self.engine.abort(rid)
 
 
 class Engine:
     """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens": 8})`.
 
-    `tokenizer` is the callers' copy (the scheduler thread has its own); the engine's uses of
-    its encoder and decoder hold one lock, so concurrent callers are safe through `encode`,
+    `tokenizer` is the callers' copy (the scheduler has its own); the engine's uses of its
+    encoder and decoder hold one lock, so concurrent callers are safe through `encode`,
     `decode` and `render_messages` (which renders the template without the encoder).
+
+    `scheduler_process=True` runs the scheduler and the model in a child process (HTTP work
+    and model steps no longer share a GIL); `tp_size=N` shards the model over N such processes
+    (tensor parallelism). The default runs the scheduler on a thread of this process, where
+    `engine.model` and `engine.scheduler` can also be inspected (tests, benchmarks).
     """
 
     def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
@@ -158,39 +149,62 @@ class Engine:
         self.dtype, self.dtype_reason = self.config.resolve_dtype(self.device)
         self._router = ResultRouter()
         self._tokenizer_lock = threading.Lock()
-        self._grammar_compiler: Any = None  # built on the first constrained request
-        self._compiler_lock = threading.Lock()
+        self._fault: BaseException | None = None  # EngineFault or EngineDeadError, once
+        self.faulted = threading.Event()  # set with `fault`: the server drains and exits on it
         self._closed = True
-        _on_fresh_thread(self._load)
-        self.scheduler.start()
+        self.model: Any = None
+        self.scheduler: Any = None
+        if self.config.in_processes:
+            self._transport: ThreadTransport | ProcessTransport = ProcessTransport(self._on_outputs, self._on_dead)
+            info = self._transport.start(private_config(self.config))
+            try:
+                self.tokenizer = load_engine_tokenizer(info.tokenizer_path)
+            except BaseException:
+                self._transport.close()
+                raise
+        else:
+            self._transport = ThreadTransport(self._on_outputs)
+            self.scheduler, info, self.tokenizer = on_fresh_thread(
+                lambda: build_scheduler(private_config(self.config), self._transport.emit))
+            self.model = self.scheduler.runner.model
+            self._transport.start(self.scheduler)
+        self._take_model_info(info)
         self._closed = False
         _live_engines.add(self)
 
-    def _load(self) -> None:
-        """Load the model and tokenizer, plan the KV pool and build the scheduler."""
-        from sgl.runtime.memory_plan import plan_kv_pool
-        from sgl.runtime.model_runner import ModelRunner
-        from sgl.runtime.scheduler import Scheduler
+    def _take_model_info(self, info: ModelInfo) -> None:
+        self.model_info = info
+        self.model_config = info.model_config
+        self.model_path = info.model_path
+        self.context_len = info.context_len
+        self.memory_plan = info.memory_plan
+        self.eos_token_ids = info.eos_token_ids
 
-        cfg = self.config
-        self.model, self.model_config, self.model_path, self.tokenizer = _load_model_and_tokenizer(
-            cfg, self.dtype, self.device)
-        mc = self.model_config
-        self.context_len = cfg.context_length or mc.max_position_embeddings
-        if self.context_len > mc.max_position_embeddings:
-            raise ValueError(f"context_length {self.context_len} exceeds the model's max_position_embeddings "
-                             f"{mc.max_position_embeddings}")
-        runner = ModelRunner(self.model, cfg, self.device, self.dtype)
-        self.memory_plan = plan_kv_pool(cfg, mc, self.device, self.dtype,
-                                        lambda tokens: runner.backend_reserved_bytes(tokens, self.dtype))
-        eos = set(mc.eos_token_ids)
-        if self.tokenizer.eos_token_id is not None:
-            eos.add(self.tokenizer.eos_token_id)
-        self.eos_token_ids = sorted(eos)
-        sched_cfg = SchedulerConfig(cfg, self.memory_plan["max_total_tokens"], self.context_len, self.device,
-                                    self.dtype)
-        self.scheduler = Scheduler(sched_cfg, runner, copy.deepcopy(self.tokenizer), self.eos_token_ids,
-                                   self._router.deliver)
+    @property
+    def scheduler_pids(self) -> list[int]:
+        """The scheduler processes' pids (empty in thread mode)."""
+        return getattr(self._transport, "pids", [])
+
+    def _on_outputs(self, outputs: list) -> None:
+        """The transport's delivery thread: events and replies to their callers."""
+        for out in outputs:
+            try:
+                if isinstance(out, EngineFaulted):
+                    self._set_fault(EngineFault(out.incident))
+                else:
+                    self._router.deliver(out)
+            except Exception:  # e.g. a reply whose waiter was cancelled: the next outputs still go out
+                logger.exception("could not deliver a scheduler output")
+
+    def _on_dead(self, error: BaseException) -> None:
+        """The scheduler process died: every waiting and later call fails with `error`."""
+        self._set_fault(error)
+        self._router.fail_waiters(error)
+
+    def _set_fault(self, fault: BaseException) -> None:
+        if self._fault is None:
+            self._fault = fault
+            self.faulted.set()
 
     # ------------------------------------------------------------------ the callers' tokenizer
 
@@ -233,40 +247,9 @@ class Engine:
         for ids, p, r in zip(inputs.id_lists, inputs.params, inputs.rids):
             if inputs.session is None:  # a session turn is checked with its history, by the scheduler
                 rb.check_fit(ids, p, logprobs, self.context_len, capacity, self.config.max_new_tokens_limit)
-            reqs.extend(rb.expand_n(r, ids, p, logprobs, stream, self._compile_constraint(p), inputs.session))
+            reqs.extend(rb.expand_n(r, ids, p, logprobs, stream, inputs.session))
         rb.check_unique(reqs, inputs.rids)
         return _Call(self, reqs, inputs.is_batch or len(reqs) > 1)
-
-    def _compile_constraint(self, p: SamplingParams) -> Any:
-        """Compile the request's regex / json_schema / ebnf (cached) on the caller's thread,
-        so a bad spec is rejected at submit time and a slow compile never stalls the
-        scheduler loop."""
-        constraint = rb.constraint_of(p)
-        if constraint is None:
-            return None
-        from sgl.constrained.errors import GrammarError
-
-        try:
-            return self.grammar_compiler.compile(*constraint)
-        except GrammarError as e:
-            raise InvalidRequestError(str(e), param=e.param) from e
-
-    @property
-    def grammar_compiler(self) -> Any:
-        with self._compiler_lock:
-            if self._grammar_compiler is None:
-                from sgl.constrained.compiler import GrammarCompiler
-                from sgl.constrained.vocab import TokenVocabulary
-
-                with self._tokenizer_lock:
-                    vocab = TokenVocabulary.from_tokenizer(
-                        self.tokenizer, vocab_size=self.model_config.vocab_size, eos_token_ids=self.eos_token_ids)
-                cfg = self.config
-                self._grammar_compiler = GrammarCompiler(
-                    vocab, isolate=True, compile_timeout_s=cfg.constraint_compile_timeout,
-                    compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30), backend=cfg.grammar_backend,
-                    tokenizer=self.tokenizer)
-            return self._grammar_compiler
 
     # ------------------------------------------------------------------ generate
 
@@ -300,7 +283,14 @@ class Engine:
         sink = QueueSink()
         call.submit(sink)
         if stream:
-            return self._stream(call, sink)
+            first = None
+            if call.errors_come_late:  # raise them here, before the stream starts
+                try:
+                    first = call.take(sink.get())
+                except BaseException:
+                    call.abort_rest()
+                    raise
+            return self._stream(call, sink, first)
         try:
             while not call.done:
                 call.take(sink.get())
@@ -309,8 +299,10 @@ class Engine:
             raise
         return call.output()
 
-    def _stream(self, call: _Call, sink: QueueSink) -> Iterator[dict]:
+    def _stream(self, call: _Call, sink: QueueSink, first: dict | None) -> Iterator[dict]:
         try:
+            if first is not None:
+                yield first
             while not call.done:
                 yield call.take(sink.get())
         finally:
@@ -333,8 +325,8 @@ class Engine:
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """Like `generate`, awaitable; with stream=True returns an async iterator of chunks.
 
-        Tokenizing and compiling constraints run in a worker thread, off the event loop. If
-        the caller is cancelled meanwhile, nothing is submitted."""
+        Tokenizing and rendering run in a worker thread, off the event loop. If the caller is
+        cancelled meanwhile, nothing is submitted."""
         self._check_admission()  # refuse on the event loop at once, not after a worker thread frees up
         call = await asyncio.to_thread(
             self._build_requests, prompt, messages, input_ids, sampling_params, return_logprob, logprob_start_len,
@@ -342,8 +334,8 @@ class Engine:
         sink = AsyncSink(asyncio.get_running_loop())
         call.submit(sink)
         if stream:
-            if call.reqs[0].session is not None:  # a session turn's errors are found by the scheduler:
-                first = await self._first_event(call, sink)  # raise them here, before the stream starts
+            if call.errors_come_late:  # raise them here, before the stream starts
+                first = await self._first_event(call, sink)
                 return self._astream(call, sink, first)
             return self._astream(call, sink, None)
         try:
@@ -374,13 +366,14 @@ class Engine:
 
     def add_finish_listener(self, fn: Any) -> None:
         """Call `fn(event: ReqEvent)` for every request that finishes, aborted ones included
-        (on the scheduler thread: keep it short and thread-safe). The server's metrics use it."""
+        (on the transport's delivery thread: keep it short and thread-safe). The server's
+        metrics use it."""
         self._router.add_finish_listener(fn)
 
     # ------------------------------------------------------------------ sessions and queries
 
     def _send(self, msg: SchedulerMessage) -> None:
-        self.scheduler.inbox.put(msg)
+        self._transport.send(msg)
 
     def _query(self, make: Any) -> Any:
         self._check_open()
@@ -398,6 +391,7 @@ class Engine:
         context length). Sessions pin at most half the KV pool together: past that, and when
         running requests would otherwise stall, the least recently used are unpinned (they
         stay open; their next turn recomputes what was evicted)."""
+        session_id = uuid.uuid4().hex if session_id is None else session_id  # the same on every rank
         return self._query(lambda rid: OpenSession(rid, capacity_tokens, session_id, timeout)).result(QUERY_TIMEOUT_S)
 
     def close_session(self, session_id: str) -> bool:
@@ -407,6 +401,7 @@ class Engine:
 
     async def async_open_session(self, capacity_tokens: int | None = None, session_id: str | None = None,
                                  timeout: float | None = None) -> str:
+        session_id = uuid.uuid4().hex if session_id is None else session_id
         return await asyncio.wrap_future(self._query(lambda rid: OpenSession(rid, capacity_tokens, session_id,
                                                                              timeout)))
 
@@ -415,8 +410,11 @@ class Engine:
 
     def abort(self, rid: str) -> None:
         """Abort a request by id (with n > 1, all its samples); it finishes with finish_reason
-        type 'abort' and frees its KV."""
-        self._send(AbortRequest(rid))
+        type 'abort' and frees its KV. On a dead scheduler process there is nothing to abort."""
+        try:
+            self._send(AbortRequest(rid))
+        except EngineDeadError:
+            pass
 
     def start_profile(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
                       record_shapes: bool = False, with_stack: bool = False) -> str:
@@ -447,7 +445,10 @@ class Engine:
             "dtype": str(self.dtype).replace("torch.", ""),
             "dtype_reason": self.dtype_reason,
             "quantization": cfg.quantization,
-            "weight_layouts": quantization_summary(self.model),
+            "weight_layouts": self.model_info.weight_layouts,
+            "scheduler_process": cfg.in_processes,
+            "tp_size": cfg.tp_size,
+            "scheduler_pids": self.scheduler_pids,
             "context_length": self.context_len,
             "vocab_size": mc.vocab_size,
             "num_layers": mc.num_hidden_layers,
@@ -460,15 +461,28 @@ class Engine:
             "load_format": cfg.load_format,
             "grammar_backend": cfg.grammar_backend,
             "memory_plan": dict(self.memory_plan),
+            "rank_memory": [{"rank": rank, "weight_bytes": r.weight_bytes,
+                             "kv_pool_bytes": r.memory_plan["kv_bytes_per_token"] * r.memory_plan["max_total_tokens"]}
+                            for rank, r in enumerate(getattr(self._transport, "rank_infos", None) or [self.model_info])],
         })
         return info
 
     # ------------------------------------------------------------------ lifecycle
 
+    def update_options(self, **values: Any) -> dict[str, Any]:
+        """Change options the scheduler allows to change while running (`messages.LIVE_OPTIONS`,
+        e.g. `disable_jump_forward`); returns their values now. `engine.config` is the caller's
+        record and follows."""
+        result = self._query(lambda rid: UpdateOptions(rid, dict(values))).result(QUERY_TIMEOUT_S)
+        for name, value in result.items():
+            setattr(self.config, name, value)
+        return result
+
     @property
-    def fault(self) -> EngineFault | None:
-        """The scheduler's first step failure (its `incident` names the log entry), or None."""
-        return self.scheduler.fault
+    def fault(self) -> BaseException | None:
+        """Why the engine stopped serving, or None: the scheduler's first step failure
+        (`EngineFault`) or its process's death (`EngineDeadError`); `incident` names the log entry."""
+        return self._fault
 
     def _check_open(self) -> None:
         if self._closed:
@@ -477,7 +491,7 @@ class Engine:
     def _check_admission(self) -> None:
         """Refuse a new request early (before tokenizing) when the engine failed or is full."""
         self._check_open()
-        fault = self.scheduler.fault
+        fault = self._fault
         if fault is not None:
             raise EngineUnavailableError(f"the engine failed (incident {fault.incident}) and takes no new requests; "
                                          "the server restarts it", fault.incident)
@@ -488,11 +502,8 @@ class Engine:
     def shutdown(self) -> None:
         if not getattr(self, "_closed", True):
             self._closed = True
-            self._send(Shutdown())
-            self.scheduler.join(timeout=30)
+            self._transport.close()
             self._router.fail_waiters(RuntimeError("the engine is shut down"))
-            if self._grammar_compiler is not None:
-                self._grammar_compiler.shutdown(wait=False)
 
     def __enter__(self) -> "Engine":
         return self
@@ -505,48 +516,3 @@ class Engine:
             self.shutdown()
         except Exception:
             pass
-
-
-def effective_quantization(quantization: str, device: torch.device) -> str:
-    """The weight layout policy on this device: the int8 / int4 kernels are torch's packed CPU
-    matmuls, so off the CPU "auto" loads dense weights and int8 / int4 are refused."""
-    if device.type == "cpu":
-        return quantization
-    if quantization in ("int8", "int4"):
-        raise ValueError(f"quantization={quantization!r} runs on the CPU only (torch's packed CPU matmuls); "
-                         f"on {device.type} use quantization='none' or 'auto' (dense weights)")
-    return "none"
-
-
-def _load_model_and_tokenizer(cfg: EngineConfig, dtype: torch.dtype, device: torch.device) -> tuple:
-    """(model, model config, resolved model path, tokenizer)."""
-    quantization = effective_quantization(cfg.quantization, device)
-    from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
-    from sgl.runtime.model.loader import QuantPolicy, load_model, quantize_model, resolve_model_path
-    from sgl.runtime.tokenizer import load_tokenizer
-
-    if cfg.load_format == "dummy":
-        from sgl.runtime.model.dummy import byte_level_tokenizer, dummy_tokenizer_source, load_dummy_model
-
-        path = cfg.model_path
-        model, mc = load_dummy_model(cfg.model_path, dtype, device, seed=cfg.random_seed or 0)
-        quantize_model(model, QuantPolicy(quantization, cfg.int4_group_size))
-        tok_path = cfg.tokenizer_path or dummy_tokenizer_source(cfg.model_path)
-    else:
-        path = resolve_model_path(cfg.model_path)
-        model, mc = load_model(path, dtype, device, quantization, cfg.int4_group_size)
-        tok_path = cfg.tokenizer_path or path
-    if packing_applies(dtype, device):
-        pack_dense_layers(model)
-    if device.type == "cpu":  # build (or load) the fused layer ops now, not inside the first step
-        from sgl.runtime.model.layer_ops import layer_ops_built
-
-        layer_ops_built()
-    if tok_path is None:
-        logger.warning("no tokenizer found for the dummy model %r: using a byte-level one", cfg.model_path)
-        tokenizer = byte_level_tokenizer()
-    elif tok_path.endswith(".gguf"):
-        tokenizer = load_tokenizer(os.path.dirname(tok_path), gguf_file=os.path.basename(tok_path))
-    else:
-        tokenizer = load_tokenizer(tok_path)
-    return model, mc, path, tokenizer

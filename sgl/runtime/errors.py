@@ -11,7 +11,25 @@ def new_incident_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-class InvalidRequestError(ValueError):
+def _rebuilt(cls: type, message: str, state: dict) -> BaseException:
+    """An error of `cls` from its message and attributes, without calling its `__init__`
+    (whose arguments differ from what `Exception.args` holds)."""
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
+
+class _PlainDataError(Exception):
+    """Pickles as (class, message, attributes): errors cross from the scheduler process to
+    its callers unchanged (the default pickling calls `__init__(*args)` with the formatted
+    message, which doubles it or drops `param`)."""
+
+    def __reduce__(self) -> tuple:
+        return _rebuilt, (type(self), str(self), dict(self.__dict__))
+
+
+class InvalidRequestError(_PlainDataError, ValueError):
     """A request field is invalid. `param` names the field; the message says how to fix it."""
 
     status = 400
@@ -55,9 +73,18 @@ class EngineUnavailableError(InvalidRequestError):
         self.retry_after = retry_after
 
 
-class EngineFault(RuntimeError):
+class EngineFault(_PlainDataError, RuntimeError):
     """An internal error inside the scheduler loop; `incident` names its log entry."""
 
     def __init__(self, incident: str) -> None:
         super().__init__(f"engine step failed (incident {incident})")
+        self.incident = incident
+
+
+class EngineDeadError(_PlainDataError, RuntimeError):
+    """A scheduler process exited while the engine was running: every waiting and later call
+    fails with it (`incident` names the log entry with the exit code)."""
+
+    def __init__(self, message: str, incident: str) -> None:
+        super().__init__(f"{message} (incident {incident})")
         self.incident = incident

@@ -54,16 +54,19 @@ def available_memory_bytes(device: torch.device) -> int:
 
 
 def plan_kv_pool(cfg: EngineConfig, mc: Any, device: torch.device, dtype: torch.dtype,
-                 backend_bytes: Any) -> dict[str, Any]:
+                 backend_bytes: Any, kv_heads: int | None = None, sharers: int = 1) -> dict[str, Any]:
     """The KV pool size and how it was reached (reported as server info `memory_plan`).
 
     `backend_bytes(max_total_tokens)` is the most the attention backend may allocate beyond
     the pool for a pool of that size (e.g. torch_native's dense decode mirror); it is taken
-    out of the memory the pool is sized from.
+    out of the memory the pool is sized from. `kv_heads`: the heads this rank keeps (a
+    tensor-parallel shard's); `sharers`: how many ranks plan from the same free memory (the
+    ranks of one CPU host), each taking its share.
     """
     from sgl.runtime.memory import TokenToKVPool
 
-    per_token = TokenToKVPool.bytes_per_token_for(mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim, dtype)
+    kv_heads = mc.num_key_value_heads if kv_heads is None else kv_heads
+    per_token = TokenToKVPool.bytes_per_token_for(mc.num_hidden_layers, kv_heads, mc.head_dim, dtype)
     plan: dict[str, Any] = {"kv_bytes_per_token": per_token, "max_total_tokens_given": cfg.max_total_tokens}
     max_total = cfg.max_total_tokens
     if max_total is None:
@@ -74,7 +77,7 @@ def plan_kv_pool(cfg: EngineConfig, mc: Any, device: torch.device, dtype: torch.
             step_tokens = cfg.chunk_size or cfg.max_prefill_tokens
             headroom = activation_headroom_bytes(mc, dtype, step_tokens + cfg.max_running_requests,
                                                  cfg.max_running_requests)
-        free = available_memory_bytes(device)
+        free = available_memory_bytes(device) // sharers
         max_total = kv_pool_tokens(free, fraction, per_token, headroom)
         if device.type == "cpu":
             max_total = min(max_total, CPU_MAX_POOL_TOKENS)

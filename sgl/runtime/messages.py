@@ -1,10 +1,11 @@
 """What crosses the boundary between callers and the scheduler: plain, picklable dataclasses.
 
-Callers put `SchedulerMessage`s into the scheduler's inbox; the scheduler answers through
-one `emit` function with `ReqEvent`s (per request) and `Reply`s (per query, matched by
-`reply_id`). Nothing here holds a lock, a queue, a callable or a tensor, so the scheduler
-could run in another process behind a pipe with its callers unchanged. (A compiled
-constraint, `GenerateRequest.grammar`, is the one heavy object; it pickles as data.)
+Callers send `SchedulerMessage`s through a transport (transport.py: a queue to a thread, or
+a pipe to a process); the scheduler answers with lists of `SchedulerOutput`s: `ReqEvent`s
+(per request), `Reply`s (per query, matched by `reply_id`) and `EngineFaulted` (once, when a
+step failed). Nothing here holds a lock, a queue, a callable, a tensor or a compiled
+grammar: a constraint travels as its spec in the sampling params and is compiled where it is
+used, by the scheduler (grammar_queue.py).
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ class GenerateRequest:
     logprobs: LogprobOptions = NO_LOGPROBS
     stream: bool = False
     parent_rid: str | None = None  # the caller's rid when this is one of n > 1 samples
-    grammar: Any = None  # compiled constraint (regex / json_schema / ebnf), see sgl.constrained
     session: SessionParams | None = None  # the open session this request is a turn of
 
 
@@ -160,12 +160,23 @@ class Profile:
 
 
 @dataclass
+class UpdateOptions:
+    """Change engine options that may change while running (`LIVE_OPTIONS`), between steps."""
+
+    reply_id: str
+    values: dict[str, Any]
+
+
+LIVE_OPTIONS = ("disable_jump_forward",)
+
+
+@dataclass
 class Shutdown:
     pass
 
 
 SchedulerMessage = Union[SubmitRequest, AbortRequest, OpenSession, CloseSession, FlushCache, GetInfo, Profile,
-                         Shutdown]
+                         UpdateOptions, Shutdown]
 
 
 @dataclass
@@ -177,4 +188,11 @@ class Reply:
     error: BaseException | None = None
 
 
-SchedulerOutput = Union[ReqEvent, Reply]
+@dataclass
+class EngineFaulted:
+    """A step failed (logged under `incident`): the engine refuses new requests from now on."""
+
+    incident: str
+
+
+SchedulerOutput = Union[ReqEvent, Reply, EngineFaulted]

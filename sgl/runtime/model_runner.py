@@ -56,16 +56,26 @@ class ModelRunner:
         CPU compile warms up on one."""
         return 1 if self.graph_max_bs or self.compiled_decode is not None else 0
 
+    @property
+    def num_heads(self) -> int:
+        """Query heads this rank computes (all of them without tensor parallelism)."""
+        return getattr(self.model, "local_num_heads", self.model.config.num_attention_heads)
+
+    @property
+    def num_kv_heads(self) -> int:
+        """KV heads this rank keeps in its pool."""
+        return getattr(self.model, "local_num_kv_heads", self.model.config.num_key_value_heads)
+
     def backend_reserved_bytes(self, max_total_tokens: int, dtype: torch.dtype) -> int:
         """What the attention backend may allocate beyond a pool of this size (memory plan)."""
         mc = self.model.config
-        return self.attn_backend.reserved_memory_bytes(max_total_tokens, mc.num_key_value_heads, mc.head_dim,
+        return self.attn_backend.reserved_memory_bytes(max_total_tokens, self.num_kv_heads, mc.head_dim,
                                                        mc.num_hidden_layers, dtype)
 
     def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool) -> None:
         """Attach the KV memory; captures the CUDA graphs (when used) on it."""
         self.kv_pool, self.req_to_token = kv_pool, req_to_token
-        self.attn_backend.bind(kv_pool, req_to_token, self.model.config.num_attention_heads)
+        self.attn_backend.bind(kv_pool, req_to_token, self.num_heads)
         if self.graph_max_bs:
             padding_row = req_to_token.alloc()  # never freed, never written: stays zeros
             self.graph_runner = CudaGraphRunner(

@@ -47,9 +47,9 @@ class OutputProcessor:
 
     # ------------------------------------------------------------------ a new request
 
-    def init_request(self, req: Req) -> None:
+    def init_request(self, req: Req, grammar: Any = None) -> None:
+        """Set up a request's decoding state; `grammar` is its compiled constraint (or None)."""
         sp = req.sampling_params
-        grammar = req.request.grammar
         req.matcher = grammar.matcher() if grammar is not None else None
         req.generator = make_generator(sp.seed, self.device) if sp.seed is not None else None
         req.detokenizer = self._detokenizer(req, req.origin_input_ids)

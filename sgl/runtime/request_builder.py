@@ -166,14 +166,14 @@ def constraint_of(p: SamplingParams) -> tuple[str, Any] | None:
     return None
 
 
-def expand_n(rid: str, ids: list[int], p: SamplingParams, logprobs: LogprobOptions, stream: bool, grammar: Any,
+def expand_n(rid: str, ids: list[int], p: SamplingParams, logprobs: LogprobOptions, stream: bool,
              session: SessionParams | None) -> list[GenerateRequest]:
     """One request per sample: n > 1 gives rids `rid-i`, each seeded `seed + i` when seeded."""
     if p.n == 1:
-        return [GenerateRequest(rid, ids, p, logprobs, stream, None, grammar, session)]
+        return [GenerateRequest(rid, ids, p, logprobs, stream, None, session)]
     return [
         GenerateRequest(f"{rid}-{i}", ids, dataclasses.replace(p, n=1, seed=None if p.seed is None else p.seed + i),
-                        logprobs, stream, rid, grammar, session)
+                        logprobs, stream, rid, session)
         for i in range(p.n)
     ]
 

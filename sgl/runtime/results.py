@@ -1,10 +1,9 @@
 """Caller-side delivery of what the scheduler emits.
 
-The scheduler calls `ResultRouter.deliver` with each `ReqEvent` or `Reply`; the router hands
-it to the sink registered for that request id (or the waiter of that reply id) and tells
-the finish listeners (e.g. server metrics) about every finished request, including those
-whose caller has gone. Sinks are thread-safe queues, so the scheduler thread never runs a
-caller's code beyond putting into them.
+The transport's delivery thread calls `ResultRouter.deliver` with each `ReqEvent` or `Reply`;
+the router hands it to the sink registered for that request id (or the waiter of that reply
+id) and tells the finish listeners (e.g. server metrics) about every finished request,
+including those whose caller has gone. Sinks are thread-safe queues.
 """
 
 from __future__ import annotations
@@ -97,7 +96,7 @@ class ResultRouter:
         if isinstance(out, Reply):
             with self._lock:
                 fut = self._replies.pop(out.reply_id, None)
-            if fut is not None:
+            if fut is not None and not fut.done():  # done: its waiter was cancelled
                 fut.set_exception(out.error) if out.error is not None else fut.set_result(out.value)
             return
         if not out.finished:  # the hot path (a streamed token): one dict read, atomic under the GIL
@@ -113,7 +112,7 @@ class ResultRouter:
         for fn in listeners:
             try:
                 fn(out)
-            except Exception:  # a listener's bug must not reach the scheduler loop
+            except Exception:  # a listener's bug must not stop the delivery of other outputs
                 logger.exception("finish listener failed")
 
     def fail_waiters(self, error: BaseException) -> None:
@@ -122,7 +121,8 @@ class ResultRouter:
             replies, self._replies = self._replies, {}
             sinks, self._sinks = self._sinks, {}
         for fut in replies.values():
-            fut.set_exception(error)
+            if not fut.done():
+                fut.set_exception(error)
         for rid, sink in sinks.items():
             sink.put(ReqEvent(rid, "", [], RequestStats(0, 0, 0, 0.0), FinishReason.abort(str(error)), error))
 

@@ -2,13 +2,16 @@
 
 One thread owns every piece of mutable engine state: the KV memory and prefix cache
 (kv_manager.py), the queues (batch.py), the model runner (model_runner.py), per-token
-output state (output.py) and the sessions (session.py). Callers reach it only through
-typed messages (messages.py) in `inbox`; it answers only through `emit`. Each step:
-drain the inbox, expire idle sessions, build the next batch, run it, and turn the sampled
-tokens into events. A step that raises is a fault: it is logged under an incident id, every
-request in flight fails with it (their KV returned), `faulted` is set and later requests are
-refused: the state a failed step leaves is not trusted, so the process that owns the engine
-is expected to drain and restart it (the server does), not to go on serving.
+output state (output.py), the sessions (session.py) and the constraints being compiled
+(grammar_queue.py). Callers reach it only through typed messages (messages.py) in `inbox`,
+put there by a transport (transport.py); it answers only through `emit`, once per loop
+turn, with the list of outputs that turn made. Each turn: drain the inbox, admit requests
+whose constraint compiled, expire idle sessions, build the next batch, run it, and turn the
+sampled tokens into events. A step that raises is a fault: it is logged under an incident
+id, every request in flight fails with it (their KV returned), an `EngineFaulted` goes out
+and later requests are refused: the state a failed step leaves is not trusted, so the
+process that owns the engine is expected to drain and restart it (the server does), not to
+go on serving.
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ from sgl.runtime.errors import EngineFault, InvalidRequestError, new_incident_id
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.messages import (
+    LIVE_OPTIONS,
     AbortRequest,
     CloseSession,
+    EngineFaulted,
     FinishReason,
     FlushCache,
     Profile,
@@ -40,10 +45,13 @@ from sgl.runtime.messages import (
     SchedulerOutput,
     Shutdown,
     SubmitRequest,
+    UpdateOptions,
 )
-from sgl.runtime.model_runner import ModelRunner, StepInput
+from sgl.runtime.grammar_queue import GrammarQueue
+from sgl.runtime.model_runner import ModelRunner, Sampled, StepInput
 from sgl.runtime.output import OutputProcessor, TokenOutput
 from sgl.runtime.profiler import StepProfiler
+from sgl.runtime.rank_sync import RankGroup, SingleRank, Turn
 from sgl.runtime.request import Req
 from sgl.runtime.request_builder import check_fit
 from sgl.runtime.session import SessionRegistry
@@ -53,15 +61,21 @@ logger = logging.getLogger(__name__)
 SESSION_EXPIRY_CHECK_S = 1.0
 
 
+class _Wake:
+    """An inbox message that only ends a blocking wait (a constraint finished compiling)."""
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, runner: ModelRunner, tokenizer: Any, eos_token_ids: list[int],
-                 emit: Callable[[SchedulerOutput], None]) -> None:
+                 emit: Callable[[list[SchedulerOutput]], None], ranks: SingleRank | RankGroup | None = None) -> None:
         self.config = config
+        self.ranks = ranks or SingleRank()  # tensor parallel: rank 0 decides, the others follow (rank_sync.py)
         self.runner = runner
-        self.emit = emit
+        self._send_outputs = emit
+        self._outputs: list[SchedulerOutput] = []
         self.eos_token_ids = sorted(set(eos_token_ids))
         mc = runner.model.config
-        pool = TokenToKVPool(config.max_total_tokens, mc.num_hidden_layers, mc.num_key_value_heads, mc.head_dim,
+        pool = TokenToKVPool(config.max_total_tokens, mc.num_hidden_layers, runner.num_kv_heads, mc.head_dim,
                              config.dtype, config.device)
         table = ReqToTokenPool(config.engine.max_running_requests + runner.padding_rows, config.max_context_len + 1,
                                config.device)
@@ -73,53 +87,71 @@ class Scheduler:
                                       lambda: not config.engine.disable_jump_forward)
         self.tokenizer = tokenizer
         self.stats = {"forward_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "finished_requests": 0}
-        self.inbox: queue.Queue[SchedulerMessage] = queue.Queue()
+        self.inbox: queue.Queue[SchedulerMessage | _Wake] = queue.Queue()
+        self.grammars = GrammarQueue(lambda: make_grammar_compiler(config.engine, tokenizer, mc.vocab_size,
+                                                                   self.eos_token_ids),
+                                     lambda: self.inbox.put(_Wake()))
         self._next_expiry_check = 0.0
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.fault: EngineFault | None = None  # the first step failure; then every new request is refused
-        self.faulted = threading.Event()
+        self._fault: EngineFault | None = None  # the first step failure; then every new request is refused
         self._handlers: dict[type, Callable[[Any], None]] = {
             SubmitRequest: self._on_submit, AbortRequest: self._on_abort, OpenSession: self._on_open_session,
             CloseSession: self._on_close_session, FlushCache: self._on_flush, GetInfo: self._on_info,
-            Profile: self._on_profile, Shutdown: self._on_shutdown,
+            Profile: self._on_profile, UpdateOptions: self._on_update_options, Shutdown: self._on_shutdown,
+            _Wake: lambda msg: None,
         }
         self.profiler = StepProfiler()
 
     # ------------------------------------------------------------------ the loop
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="sgl-scheduler", daemon=True)
+        """Run the loop on a thread of this process (thread mode); `run` is the loop itself."""
+        self._thread = threading.Thread(target=self.run, name="sgl-scheduler", daemon=True)
         self._thread.start()
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def _loop(self) -> None:
+    def emit(self, out: SchedulerOutput) -> None:
+        """Queue an output; the turn's outputs go to the callers together (`_flush`)."""
+        self._outputs.append(out)
+
+    def _flush(self) -> None:
+        if self._outputs:
+            outputs, self._outputs = self._outputs, []
+            self._send_outputs(outputs)
+
+    def run(self) -> None:
         if self.config.device.type == "cuda" and self.config.device.index is not None:
             torch.cuda.set_device(self.config.device)  # this thread's kernels and graph replays go there
         while not self._stop:
             try:
-                self._drain_inbox(block=not (self.batches.waiting or self.batches.running))
+                self._take_messages()
                 if self._stop:
                     break
-                self._expire_sessions()
+                self._admit_and_expire()
                 self.step()
             except Exception as e:  # the loop survives to answer every caller, but the engine is done
                 self._on_fault(e)
+            self._flush()
         self._fail_all(RuntimeError("engine shut down"))
         self._refuse_late_messages()
+        self.grammars.shutdown()
+        self._flush()
 
     def _on_fault(self, error: Exception) -> None:
         incident = new_incident_id()
         logger.error("incident %s: scheduler step failed; the engine refuses new requests", incident, exc_info=error)
         fault = EngineFault(incident)
         fault.__cause__ = error
-        if self.fault is None:
-            self.fault = fault
-            self.faulted.set()
+        if self._fault is None:
+            self._fault = fault
+            self.emit(EngineFaulted(incident))
         self._fail_all(fault)
+        if not isinstance(self.ranks, SingleRank):  # ranks may be out of step (or gone): this one stops
+            self._stop = True
 
     def _refuse_late_messages(self) -> None:
         """Messages that arrived after the last drain: every request and query still gets an answer."""
@@ -136,14 +168,46 @@ class Scheduler:
             elif getattr(msg, "reply_id", None) is not None:
                 self.emit(Reply(msg.reply_id, error=error))
 
-    def _drain_inbox(self, block: bool) -> None:
-        while True:
-            try:
-                msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
-            except queue.Empty:
-                return
-            block = False
+    def _take_messages(self) -> None:
+        """Handle what arrived since the last turn (rank 0's inbox, on every rank). An idle
+        loop waits for a message up to half a second (then looks at session expiry)."""
+        messages: list[Any] = []
+        if self.ranks.is_leader:
+            block = not (self.batches.waiting or self.batches.running)
+            while True:
+                try:
+                    msg = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+                except queue.Empty:
+                    break
+                block = False
+                if not isinstance(msg, _Wake):
+                    messages.append(msg)
+        else:  # only wake-ups arrive here (this rank's own compiles): nothing waits on them
+            while not self.inbox.empty():
+                self.inbox.get_nowait()
+        for msg in self.ranks.share_turn(Turn(messages=messages)).messages:
             self._handlers[type(msg)](msg)
+
+    def _admit_and_expire(self) -> None:
+        """Requests whose constraint compiled join the queue (or fail with its error), and idle
+        sessions expire: rank 0 decides which, the other ranks do the same."""
+        if self.ranks.is_leader:
+            compiled = self.grammars.ready()
+            expired = self._expiring_sessions()
+            self.ranks.share_turn(Turn(compiled=[(req.rid, error is None) for req, _, error in compiled],
+                                       expired_sessions=expired))
+        else:
+            turn = self.ranks.share_turn(None)
+            compiled, expired = self.grammars.take([rid for rid, _ in turn.compiled]), turn.expired_sessions
+            if [error is None for _, _, error in compiled] != [ok for _, ok in turn.compiled]:
+                raise RuntimeError("a constraint compiled on rank 0 failed on this rank (or the other way): "
+                                   "the ranks would run different batches")
+            for sid in expired:
+                self.sessions.close(sid)
+        for req, grammar, error in compiled:
+            self._start(req, grammar, error)
+        for sid in expired:
+            self.kv.unpin_session(sid)
 
     def step(self) -> bool:
         """Build and run one batch; False when there was nothing to run."""
@@ -172,7 +236,13 @@ class Scheduler:
         if not ready:
             return
         reqs = [it.req for it, _ in ready]
-        out = self.runner.sample(hidden, reqs, [row for _, row in ready], self.eos_token_ids)
+        rows = [row for _, row in ready]
+        if self.ranks.is_leader:
+            out = self.runner.sample(hidden, reqs, rows, self.eos_token_ids)
+            self.ranks.share_tokens(out.token_ids)
+        else:  # the logits are computed together (the LM head is split); the tokens are rank 0's
+            self.runner.logits(hidden, rows)
+            out = Sampled(self.ranks.share_tokens(None), None, [None] * len(reqs))
         for i, r in enumerate(reqs):
             lp = out.logprobs[i] if out.logprobs else None
             token = self.output.process_token(r, out.token_ids[i], lp, out.top_logprobs[i], now)
@@ -188,8 +258,8 @@ class Scheduler:
     def _on_submit(self, msg: SubmitRequest) -> None:
         request = msg.request
         req = Req(request, request.input_ids)
-        if self.fault is not None:  # sent before the caller could see the fault
-            self._finish(req, FinishReason.abort(f"engine error: {self.fault}"), error=self.fault)
+        if self._fault is not None:  # sent before the caller could see the fault
+            self._finish(req, FinishReason.abort(f"engine error: {self._fault}"), error=self._fault)
             return
         if request.session is not None:  # prepend the continued turn, then check the whole prompt fits
             try:
@@ -201,14 +271,21 @@ class Scheduler:
             except InvalidRequestError as e:  # e.g. the session closed before this turn arrived
                 self._finish(req, FinishReason.abort(e.message), error=e)
                 return
-        self.output.init_request(req)
+        self.grammars.submit(req)  # started by `_admit_and_expire` when its constraint is compiled
+
+    def _start(self, req: Req, grammar: Any, error: InvalidRequestError | None) -> None:
+        """Queue a request whose constraint (if any) is compiled; a bad one ends it with its error."""
+        if error is not None:
+            self._finish(req, FinishReason.abort(error.message), error=error)
+            return
+        self.output.init_request(req, grammar)
         self.batches.waiting.append(req)
 
     def _on_abort(self, msg: AbortRequest) -> None:
         self._abort_where(lambda r: msg.rid in (r.rid, r.parent_rid), msg.message)
 
     def _abort_where(self, match: Callable[[Req], bool], message: str) -> None:
-        for req in [r for r in self.batches.waiting + self.batches.running if match(r)]:
+        for req in [r for r in self.batches.waiting + self.batches.running if match(r)] + self.grammars.remove(match):
             self._finish(req, FinishReason.abort(message))
 
     def _finish(self, r: Req, reason: FinishReason, delta: TokenOutput | None = None,
@@ -226,7 +303,7 @@ class Scheduler:
 
     def _fail_all(self, error: BaseException) -> None:
         """After an internal error: end every request with it, returning all their KV."""
-        for req in self.batches.fail_all():
+        for req in self.batches.fail_all() + self.grammars.remove(lambda r: True):
             req.finish = FinishReason.abort(f"engine error: {error}")
             self.stats["finished_requests"] += 1
             self.emit(self.output.final_event(req, None, error))
@@ -245,15 +322,14 @@ class Scheduler:
         if msg.reply_id is not None:
             self.emit(Reply(msg.reply_id, closed))
 
-    def _expire_sessions(self) -> None:
-        """Close sessions idle past their timeout (checked about once a second)."""
+    def _expiring_sessions(self) -> list[str]:
+        """Close sessions idle past their timeout (checked about once a second); their ids."""
         now = time.monotonic()
         if now < self._next_expiry_check:
-            return
+            return []
         self._next_expiry_check = now + SESSION_EXPIRY_CHECK_S
-        busy = {r.session_id for r in self.batches.waiting + self.batches.running if r.session_id is not None}
-        for sid in self.sessions.expire(busy, now):
-            self.kv.unpin_session(sid)
+        busy = {r.session_id for r in self._in_flight() if r.session_id is not None}
+        return self.sessions.expire(busy, now)
 
     # ------------------------------------------------------------------ queries
 
@@ -267,9 +343,12 @@ class Scheduler:
             return
         self.emit(Reply(reply_id, value))
 
+    def _in_flight(self) -> list[Req]:
+        return self.batches.waiting + self.batches.running + [req for req, _ in self.grammars.pending]
+
     def _on_flush(self, msg: FlushCache) -> None:
         """Refused (False) while requests are in flight."""
-        busy = bool(self.batches.running or self.batches.waiting)
+        busy = bool(self._in_flight())
         self.emit(Reply(msg.reply_id, False if busy else self.kv.flush()))
 
     def _on_profile(self, msg: Profile) -> None:
@@ -281,6 +360,18 @@ class Scheduler:
     def _on_info(self, msg: GetInfo) -> None:
         self.emit(Reply(msg.reply_id, self.info()))
 
+    def _on_update_options(self, msg: UpdateOptions) -> None:
+        def update() -> dict[str, Any]:
+            unknown = sorted(set(msg.values) - set(LIVE_OPTIONS))
+            if unknown:
+                raise InvalidRequestError(f"options {unknown} cannot change while the engine runs; "
+                                          f"these can: {list(LIVE_OPTIONS)}", unknown[0])
+            for name, value in msg.values.items():
+                setattr(self.config.engine, name, value)
+            return {name: getattr(self.config.engine, name) for name in LIVE_OPTIONS}
+
+        self._reply(msg.reply_id, update)
+
     def _on_shutdown(self, msg: Shutdown) -> None:
         self._stop = True
 
@@ -289,7 +380,8 @@ class Scheduler:
         return {
             **self.kv.info(),
             "num_running_reqs": len(b.running),
-            "num_waiting_reqs": len(b.waiting),
+            "num_waiting_reqs": len(b.waiting) + len(self.grammars),
+            "num_compiling_reqs": len(self.grammars),
             "num_open_sessions": len(self.sessions),
             "new_token_ratio": b.new_token_ratio,
             "attention_backend": backend_name(self.runner.attn_backend),
@@ -303,3 +395,15 @@ class Scheduler:
                               "steps": dict(self.runner.compiled_steps)},
         }
 
+
+
+def make_grammar_compiler(cfg: Any, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Any:
+    """The scheduler's constraint compiler: its vocabulary from the scheduler's tokenizer; the
+    regex index built in a capped child process (`isolate`), under the engine's limits."""
+    from sgl.constrained.compiler import GrammarCompiler
+    from sgl.constrained.vocab import TokenVocabulary
+
+    vocab = TokenVocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
+    return GrammarCompiler(vocab, isolate=True, compile_timeout_s=cfg.constraint_compile_timeout,
+                           compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30),
+                           backend=cfg.grammar_backend, tokenizer=tokenizer)

@@ -25,8 +25,6 @@ from sgl.lang import assistant, function, gen, system, user
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.interpreter import ProgramError
 from sgl.runtime.errors import InvalidRequestError
-from sgl.runtime.request_builder import constraint_of
-from sgl.runtime.sampling import SamplingParams
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
 from sgl.server.lifecycle import DRAIN_RETRY_AFTER_S
@@ -73,12 +71,11 @@ class _CancellableBackend(EngineBackend):
     the program: no generation starts after it, and what is already in the engine is
     aborted, which frees its KV.
 
-    A generation first compiles its constraint (the slow part of building a request; the
-    engine caches the result, so its own compile is then a lookup), then checks for
-    cancellation and submits. `cancel()` aborts the generations submitted so far by id and
-    closes the program's sessions, which aborts their turns in the engine and makes the
-    scheduler reject a turn submitted after the close; either way nothing a cancelled
-    program submitted runs to its end."""
+    A generation checks for cancellation, then submits (its constraint compiles in the
+    scheduler, where an abort also reaches a request still compiling). `cancel()` aborts the
+    generations submitted so far by id and closes the program's sessions, which aborts their
+    turns in the engine and makes the scheduler reject a turn submitted after the close;
+    either way nothing a cancelled program submitted runs to its end."""
 
     def __init__(self, shared: EngineBackend) -> None:
         super().__init__(shared.engine)
@@ -106,7 +103,6 @@ class _CancellableBackend(EngineBackend):
 
     def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
                  session: str | None = None) -> tuple[str, dict[str, Any]]:
-        self._compile_first(sampling)
         rid = uuid.uuid4().hex
         with self._cancel_lock:  # cancel() either sees this rid, or this sees the cancellation
             if self._cancelled:
@@ -118,20 +114,12 @@ class _CancellableBackend(EngineBackend):
         finally:
             with self._cancel_lock:
                 self._inflight.discard(rid)
+        if self._cancelled:  # aborted by the cancellation: its partial text is no result
+            raise _Cancelled()
         return out["text"], out["meta_info"]
 
     def generate_stream(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("extraction programs are not streamed")
-
-    def _compile_first(self, sampling: dict[str, Any]) -> None:
-        """Compile the constraint into the engine's cache; a bad one is left for the engine
-        to report (its failures are cached too)."""
-        try:
-            constraint = constraint_of(SamplingParams.from_dict(sampling))
-            if constraint is not None:
-                self.engine.grammar_compiler.compile(*constraint)
-        except Exception:
-            pass
 
     def shutdown(self) -> None:
         pass  # the engine is the server's, not this request's

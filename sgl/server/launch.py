@@ -82,6 +82,13 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
                                      "context length)")),
     "--max-n": ("max_n", dict(type=int, default=128, help="largest n (samples per prompt) taken")),
     "--max-top-logprobs": ("max_top_logprobs", dict(type=int, default=20, help="largest top_logprobs taken")),
+    "--scheduler-process": ("scheduler_process", dict(
+        action=argparse.BooleanOptionalAction, default=True,
+        help="run the scheduler and the model in their own process (default), so HTTP work and model "
+             "steps do not share a GIL; --no-scheduler-process runs them on a thread of the server")),
+    "--tp-size": ("tp_size", dict(
+        type=int, default=1, help="tensor parallelism: shard the model over this many scheduler processes "
+                                  "(gloo on CPU, NCCL on CUDA; on CPU each gets cores / N threads)")),
     "--torch-compile": ("torch_compile", dict(
         action="store_true", help="CPU: compile the batch-1 decode forward with torch.compile at start-up "
                                   "(15-45 s the first time, cached on disk)")),
@@ -195,7 +202,7 @@ class DrainingServer(uvicorn.Server):
         self.lifecycle = lifecycle
         self.drain_timeout = drain_timeout
         self._drain_started = threading.Lock()
-        faulted = getattr(getattr(engine, "scheduler", None), "faulted", None)
+        faulted = getattr(engine, "faulted", None)
         if faulted is not None:
             threading.Thread(target=self._drain_on, args=(faulted,), name="sgl-fault-watch", daemon=True).start()
 

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 def embedded_model() -> dict:
     """The embedded SmolLM2-135M when its package (and gguf) is installed; else a dummy model
     of its shape, whose CPU weights the GPU engine copies."""
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
 
     try:
         resolve_model_path("default")
@@ -65,3 +65,23 @@ def test_bfloat16_is_the_cuda_default_and_the_pool_is_sized_after_the_weights():
     assert plan["headroom_bytes"] > 1 << 30
     assert free_now > plan["headroom_bytes"]  # what the pool left is at least the headroom
     assert len(out["output_ids"]) == 4
+
+
+def test_the_scheduler_in_its_own_process_on_the_gpu():
+    """The scheduler process on CUDA (CUDA graphs, the server's default mode): the same greedy
+    tokens as the scheduler on a thread, and no process left after shutdown."""
+    import os
+
+    kw = dict(model_path="smollm2-135m", load_format="dummy", random_seed=0, device="cuda", dtype="float32",
+              max_total_tokens=8192, context_length=512)
+    prompts = random_prompts(4, 49152, seed=2)
+    with sgl.Engine(**kw) as threaded:
+        ref = greedy_top2(threaded, prompts, 12)
+    free_cuda()
+    with sgl.Engine(**kw, scheduler_process=True) as proc:
+        pid = proc.scheduler_pids[0]
+        got = greedy_top2(proc, prompts, 12)
+        info = proc.get_server_info()
+    assert info["scheduler_process"] and info["device"].startswith("cuda")
+    assert_same_greedy(ref, got, lp_tol=1e-3, tie_margin=1e-3)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z")

@@ -39,7 +39,7 @@ ORACLE_EXACT = dict(dtype="float32", quantization="none")
 def load_hf_model() -> Any:
     import transformers
 
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
 
     path = resolve_model_path("default")
     model = transformers.AutoModelForCausalLM.from_pretrained(

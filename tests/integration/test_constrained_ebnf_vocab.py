@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def tok():
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer
 
     path = resolve_model_path("default")

@@ -34,7 +34,7 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer
 
     try:

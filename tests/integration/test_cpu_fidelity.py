@@ -76,7 +76,7 @@ def test_bf16_logprobs_track_hf_bf16(hf_model, prompts):
 
 @pytest.mark.parametrize("quantization,layout", [("auto", "int4_g32"), ("int8", "int8")])
 def test_quantized_logprobs_track_hf_on_held_weights(hf_model, prompts, quantization, layout):
-    from sgl.runtime.model.loader import held_hf_state_dict
+    from sgl.runtime.model.held_weights import held_hf_state_dict
 
     with _engine(dtype="bfloat16", quantization=quantization) as engine:
         info = engine.get_server_info()

@@ -14,6 +14,7 @@ import sys
 import pytest
 import requests
 
+from process_helpers import fault_env, gone
 from server_helpers import assert_error, wait_until
 
 pytestmark = pytest.mark.integration
@@ -50,6 +51,7 @@ def test_launch_server_cli_and_graceful_sigterm():
             ["launched"]
         info = requests.get(url + "/get_server_info", headers=auth, timeout=10).json()
         assert info["max_total_tokens"] == 4096 and info["schedule_policy"] == "fcfs"
+        assert info["scheduler_process"] and len(info["scheduler_pids"]) == 1  # the server's default
 
         # a long stream in flight: SIGTERM drains, so it finishes while new requests get 503
         body = {"text": "Count:", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
@@ -66,35 +68,26 @@ def test_launch_server_cli_and_graceful_sigterm():
         assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
         assert events[-1]["meta_info"]["completion_tokens"] == 200  # finished, not cut off
         assert proc.wait(timeout=60) == 0
+        assert all(gone(pid) for pid in info["scheduler_pids"])  # stopped with the server
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
 
 
-# The engine raises inside its forward step for the request with rid "boom" (a stand-in for a
-# kernel or memory error), in a real server process started as the CLI does.
-FAULTY_SERVER = """
-import sys
-from sgl.runtime.model_runner import ModelRunner
-forward = ModelRunner.forward
-def forward_or_fail(self, step, *args, **kwargs):
-    if any(r.rid == "boom" for r in step.reqs):
-        raise RuntimeError("injected fault")
-    return forward(self, step, *args, **kwargs)
-ModelRunner.forward = forward_or_fail
-from sgl.server.launch import main
-main(sys.argv[1:])
-"""
+def _start_tiny_server(port: int, tmp_path, *flags: str, fault: bool = False) -> subprocess.Popen:
+    env = {**os.environ, **(fault_env(tmp_path) if fault else {})}
+    cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "tiny-llama", "--load-format", "dummy",
+           "--max-total-tokens", "1024", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning", *flags]
+    return subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_an_engine_fault_answers_with_an_incident_and_exits_1():
+@pytest.mark.parametrize("mode", ["--scheduler-process", "--no-scheduler-process"])
+def test_an_engine_fault_answers_with_an_incident_and_exits_1(mode, tmp_path):
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-c", FAULTY_SERVER, "--model-path", "tiny-llama", "--load-format", "dummy",
-           "--max-total-tokens", "1024", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = _start_tiny_server(port, tmp_path, mode, fault=True)
     try:
         assert wait_until(lambda: _up(url) or proc.poll() is not None, timeout=180, interval=0.25)
         assert proc.poll() is None, proc.stdout.read()
@@ -107,6 +100,40 @@ def test_an_engine_fault_answers_with_an_incident_and_exits_1():
         assert proc.wait(timeout=60) == 1
         log = proc.stdout.read()
         assert f"incident {incident}" in log and "Traceback" in log and "injected fault" in log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("tp_size,killed_rank", [(1, 0), (2, 1)])
+def test_a_killed_scheduler_process_fails_the_stream_and_exits_1(tmp_path, tp_size, killed_rank):
+    """A scheduler process dies (OOM killer, a crash in native code; at --tp-size 2 the rank
+    that does not talk to the server): the request in flight fails at once, the server drains
+    and exits non-zero for its supervisor, and no scheduler process is left (/health's 503 is
+    held in test_tensor_parallel_serving.py, on an app that does not exit)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = _start_tiny_server(port, tmp_path, "--tp-size", str(tp_size))
+    try:
+        assert wait_until(lambda: _up(url) or proc.poll() is not None, timeout=180, interval=0.25)
+        assert proc.poll() is None, proc.stdout.read()
+        pids = requests.get(url + "/get_server_info", timeout=10).json()["scheduler_pids"]
+        assert len(pids) == tp_size
+        pid = pids[killed_rank]
+        body = {"text": "Count:", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}, "stream": True}
+        with requests.post(url + "/generate", json=body, stream=True, timeout=120) as stream:
+            lines = stream.iter_lines(decode_unicode=True)
+            assert next(line for line in lines if line).startswith("data: {")
+            os.kill(pid, signal.SIGKILL)
+            rest = [line for line in lines if line.startswith("data: {")]
+        error = json.loads(rest[-1][6:])["error"]
+        incident = error["message"].split("incident ")[1].split(";")[0]
+        assert proc.wait(timeout=60) == 1
+        log = proc.stdout.read()
+        assert f"incident {incident}: the scheduler process (pid {pid}, rank {killed_rank}) exited unexpectedly" \
+            in log, log[-3000:]
+        assert all(gone(p) for p in pids)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -146,21 +146,22 @@ def test_messages_and_results_are_plain_picklable_data():
     assert FinishReason.abort("x").to_dict() == {"type": "abort", "message": "x"}
 
 
-def test_a_compiled_constraint_travels_with_its_request(engine):
-    """A compiled grammar pickles with its request; the copy's masks equal the original's."""
-    from sgl.constrained.matcher import allocate_bitmask
+def test_messages_and_errors_cross_a_process_boundary_as_plain_data():
+    """A request travels with its constraint as a spec (the JSON schema and EBNF grammars
+    that did not pickle compiled); errors come back whole: same type, message and fields."""
+    from sgl.runtime.errors import EngineDeadError, EngineFault, EngineOverloadedError, NotFoundError
 
-    grammar = engine._compile_constraint(SamplingParams(regex="[ab]{3}"))
-    back = pickle.loads(pickle.dumps(GenerateRequest("r", [1], SamplingParams(), grammar=grammar))).grammar
-    m1, m2 = grammar.matcher(), back.matcher()
-    for _ in range(3):
-        bits1, bits2 = allocate_bitmask(1, VOCAB), allocate_bitmask(1, VOCAB)
-        m1.fill_mask(bits1[0])
-        m2.fill_mask(bits2[0])
-        assert bits1.tolist() == bits2.tolist()
-        tid = next(t for t in range(VOCAB) if engine.decode([t]) == "a")
-        assert m1.accept(tid) and m2.accept(tid)
-    assert m1.is_done() and m2.is_done()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    for params in (SamplingParams(json_schema=schema), SamplingParams(ebnf='root ::= "a"+'),
+                   SamplingParams(json_object=True)):
+        back = pickle.loads(pickle.dumps(GenerateRequest("r", [1], params)))
+        assert back.sampling_params == params
+    for error in (InvalidRequestError("bad regex", "regex"), NotFoundError("no session", "session_params"),
+                  EngineOverloadedError("full", retry_after=7), EngineFault("abc123"),
+                  EngineDeadError("the scheduler process exited", "def456")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error) and back.__dict__ == error.__dict__
+    assert str(pickle.loads(pickle.dumps(EngineFault("x")))) == "engine step failed (incident x)"
 
 
 def test_prefix_cache_off_is_a_cache_that_keeps_nothing(tmp_path):

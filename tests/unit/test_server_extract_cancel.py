@@ -1,15 +1,17 @@
-"""A client that leaves while its request is still being built (the constraint compiling)
-stops it before anything reaches the scheduler, or at the latest before it runs: nothing
-a cancelled request submitted ever finishes with 'stop' or 'length'.
+"""A client that leaves while its request is still being built, or while its constraint
+compiles in the scheduler, stops it before anything reaches the scheduler, or at the latest
+before it runs: nothing a cancelled request submitted ever finishes with 'stop' or 'length'.
 
-Deterministic: the compile is made to block on an event, the cancellation happens while it
-blocks, and only then is it released. Observed through the engine's own boundary: the
-messages sent to the scheduler (`engine._send`) and its finish events."""
+Deterministic: the build (tokenizing) or the compile is made to block on an event, the
+cancellation happens while it blocks, and only then is it released. Observed through the
+engine's own boundary: the messages sent to the scheduler (`engine._send`) and its finish
+events."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import Future
 
 import pytest
 
@@ -27,7 +29,7 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    path, _hf = save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-extract-cancel"), 320)
+    path, _hf = save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-extract-cancel"), 320, max_position_embeddings=1024)
     with sgl.Engine(model_path=str(path), max_total_tokens=2048) as e:
         finished: list[ReqEvent] = []
         e.add_finish_listener(finished.append)
@@ -93,6 +95,15 @@ def run_extraction(engine, backend, n: int) -> threading.Thread:
     return t
 
 
+def wait_for(condition, timeout: float = TIMEOUT) -> bool:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.05)):
+        if condition():
+            return True
+        done.wait(0.05)
+    return condition()
+
+
 def ran_to_an_end(events: list[ReqEvent]) -> list[ReqEvent]:
     return [e for e in events if e.finish is not None and e.finish.type in ("stop", "length")]
 
@@ -102,21 +113,46 @@ def idle(engine) -> bool:
     return info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_open_sessions"] == 0
 
 
-def test_extraction_cancelled_while_its_schema_compiles_submits_nothing(engine, watch, monkeypatch):
+def gate_scheduler_compiles(engine, monkeypatch) -> Gate:
+    """Make the scheduler's next constraint compile block on a gate (thread mode: the test
+    reaches into the scheduler's grammar queue, whose compiler is built by a first compile)."""
+    engine.generate("x", {"max_new_tokens": 1, "regex": "a"})
+    compiler = engine.scheduler.grammars._compiler
+    gate = Gate(lambda kind, spec: compiler.compile(kind, spec))
+
+    def compile_async(kind, spec):
+        fut: Future = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(gate(kind, spec))
+            except BaseException as e:
+                fut.set_exception(e)
+
+        threading.Thread(target=run, daemon=True).start()
+        return fut
+
+    monkeypatch.setattr(compiler, "compile_async", compile_async)
+    return gate
+
+
+def test_extraction_cancelled_while_its_schema_compiles_never_runs(engine, watch, monkeypatch):
+    gate = gate_scheduler_compiles(engine, monkeypatch)
     submitted, finished = watch
-    compiler = engine.grammar_compiler
-    gate = Gate(compiler.compile)
-    monkeypatch.setattr(compiler, "compile", gate)
+    submitted.clear()
+    assert wait_for(lambda: len(finished) == 1)  # the warm-up compile's request
+    finished.clear()
     backend = _CancellableBackend(EngineBackend(engine))
     t = run_extraction(engine, backend, 1)
-    assert gate.entered.wait(TIMEOUT)  # the program's gen is compiling its schema
-    backend.cancel()  # the client left
+    assert gate.entered.wait(TIMEOUT), t.result  # the program's gen is in the scheduler, compiling its schema
+    backend.cancel()  # the client left: its request is aborted while it compiles
     gate.release()
     t.join(TIMEOUT)
     assert not t.is_alive()
     assert isinstance(t.result.get("error"), _Cancelled), t.result
-    assert submitted == []  # checked after the compile, before the submit
+    assert len(submitted) == 1  # the gen that was compiling, and nothing after the cancellation
     assert ran_to_an_end(finished) == []
+    assert [e.rid for e in finished] == [submitted[0].rid] and finished[0].finish.is_abort
     assert idle(engine)  # its session was closed too
 
 
@@ -125,8 +161,8 @@ def test_extraction_cancelled_while_the_engine_builds_its_request_never_runs(eng
     building the request: the closed session makes the scheduler reject the turn, and the
     program's retry without a session meets the cancellation."""
     submitted, finished = watch
-    gate = Gate(engine._compile_constraint)
-    monkeypatch.setattr(engine, "_compile_constraint", gate)
+    gate = Gate(engine.encode)
+    monkeypatch.setattr(engine, "encode", gate)
     backend = _CancellableBackend(EngineBackend(engine))
     t = run_extraction(engine, backend, 2)
     assert gate.entered.wait(TIMEOUT)
@@ -155,8 +191,8 @@ def test_async_generate_cancelled_while_building_submits_nothing(engine, watch, 
     engine call; if that happens while the request is built (in a worker thread), nothing is
     ever submitted, also once the build has finished."""
     submitted, finished = watch
-    gate = Gate(engine._compile_constraint)
-    monkeypatch.setattr(engine, "_compile_constraint", gate)
+    gate = Gate(engine.encode)
+    monkeypatch.setattr(engine, "encode", gate)
     built = threading.Event()
     real_build = engine._build_requests
 

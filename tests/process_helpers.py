@@ -1,0 +1,53 @@
+"""Helpers for tests that start processes: whether one has exited, and a fault injected into
+every Python process a test starts (scheduler processes included)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+# Loaded by every Python process whose PYTHONPATH holds its folder (`sitecustomize`): the
+# model's forward raises for the request whose rid is $SGL_TEST_FAIL_RID (a stand-in for a
+# kernel or memory error), in the server and in its scheduler processes alike.
+FAULT_HOOK = """
+import os
+if os.environ.get("SGL_TEST_FAIL_RID"):
+    from sgl.runtime.model_runner import ModelRunner
+    forward = ModelRunner.forward
+    def forward_or_fail(self, step, *args, **kwargs):
+        if any(r.rid == os.environ["SGL_TEST_FAIL_RID"] for r in step.reqs):
+            raise RuntimeError("injected fault")
+        return forward(self, step, *args, **kwargs)
+    ModelRunner.forward = forward_or_fail
+"""
+
+
+def fault_env(folder: Path, rid: str = "boom") -> dict[str, str]:
+    """Environment variables that make processes started with them fail the step of `rid`."""
+    (folder / "sitecustomize.py").write_text(FAULT_HOOK)
+    return {"PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "SGL_TEST_FAIL_RID": rid}
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (or is a zombie its parent has not waited for yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def call_in_background(fn) -> tuple[threading.Thread, dict]:
+    """Start `fn()` on a thread; returns it and a dict that gets "result" or "error"."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = fn()
+        except BaseException as e:  # checked by the test
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
