@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # pytest exits 5 when it collects nothing: say so, and fail (a suite that runs nothing proves nothing).
+# --durations: the slowest tests are named in every run's log (what to look at when CI nears its limit).
 test: setup
-	$(PY) -m pytest -q tests; rc=$$?; \
+	$(PY) -m pytest -q --durations=25 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 test-unit: setup

@@ -53,7 +53,7 @@ def measure(backend: str) -> dict[str, float]:
     params = {"json_schema": json.dumps(SCHEMA), "temperature": 0, "max_new_tokens": 128}
     engine.generate(json_prompts[:2], params)  # compiles the schema
     for jf in (True, False):
-        engine.config.disable_jump_forward = not jf
+        engine.update_options(disable_jump_forward=not jf)
         seconds, _, _ = run_engine(engine, json_prompts, params)
         out[f"JSON, jump-forward {'on' if jf else 'off'}, s"] = seconds
     engine.shutdown()

@@ -221,7 +221,8 @@ def prepare(model: str) -> dict[str, Path]:
     import torch
 
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.loader import read_gguf, resolve_model_path
+    from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.paths import resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer
 
     embedded = Path(resolve_model_path("default"))

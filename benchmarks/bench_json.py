@@ -73,8 +73,11 @@ def mask_latency(engine, kind: str, spec, steps: int = 200) -> dict:
     from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
 
     from sgl.constrained.compiler import GrammarCompiler
+    from sgl.constrained.vocab import TokenVocabulary
 
-    compiler = GrammarCompiler(engine.grammar_compiler.vocab)  # empty cache: the first compile is real
+    vocab = TokenVocabulary.from_tokenizer(engine.tokenizer, vocab_size=engine.model_config.vocab_size,
+                                           eos_token_ids=engine.eos_token_ids)
+    compiler = GrammarCompiler(vocab)  # empty cache: the first compile is real
     t = time.perf_counter()
     grammar = compiler.compile(kind, spec)
     first = time.perf_counter() - t
@@ -115,7 +118,7 @@ def run_outlines(prompts: list[str], max_new_tokens: int) -> tuple[float, list[s
     import outlines
     from outlines.types import JsonSchema
 
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
 
     hf = load_hf_model("default")
     import os
@@ -168,7 +171,7 @@ def main() -> None:
         out: dict = {}
         for _ in range(args.repeats):
             for name in runs:
-                engine.config.disable_jump_forward = name != "jump-forward on"
+                engine.update_options(disable_jump_forward=name != "jump-forward on")
                 if one_at_a_time:
                     engine.flush_cache()
                     steps = engine.get_server_info()["forward_steps"]
@@ -181,7 +184,7 @@ def main() -> None:
                 runs[name].append(seconds)
                 out[name] = {"forward_steps": steps, "valid": validate(outs), "texts": [o["text"] for o in outs],
                              "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs)}
-        engine.config.disable_jump_forward = False
+        engine.update_options(disable_jump_forward=False)
         for name, times in runs.items():
             out[name].update(seconds=min(times), all_seconds=times)
         on, off = out["jump-forward on"], out["jump-forward off"]

@@ -112,7 +112,7 @@ def main() -> None:
     from sgl.constrained import GrammarCompiler, TokenVocabulary
     from sgl.constrained.ebnf import EbnfGrammar, compile_ebnf
     from sgl.constrained.json_schema import json_schema_to_rules
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path("default"))

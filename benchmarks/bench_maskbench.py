@@ -79,7 +79,7 @@ class BackendEngine:
 
 
 def load_tokenizer() -> tuple[Any, int]:
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
     from sgl.runtime.tokenizer import load_tokenizer as load
 
     tok = load(resolve_model_path("default"))

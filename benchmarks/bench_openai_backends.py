@@ -180,7 +180,7 @@ def refusals(text_api: Any, chat_api: Any) -> dict[str, str]:
 def start(engine: str) -> tuple[subprocess.Popen, str]:
     from bench_cpu_peers import peer, prepare
 
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
 
     port = free_port()
     env = dict(os.environ)

@@ -299,6 +299,39 @@ def fmt(x: float | None, spec: str = ".1f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def compare_modes(args: argparse.Namespace) -> None:
+    """The chat sweep with the scheduler on a thread of the server and in its own process,
+    alternating (thread, process, process, thread, ...) so a noisy machine's drift falls on both."""
+    runs: dict[str, list] = {"thread": [], "process": []}
+    for rnd in range(args.rounds):
+        for mode in (("thread", "process") if rnd % 2 == 0 else ("process", "thread")):
+            engine = sgl.Engine(model_path="default", scheduler_process=mode == "process")
+            server = InProcessServer(engine)
+            url = server.start()
+            try:
+                runs[mode].append(bench_chat(engine, url, args.num_requests, args.rates, args.max_tokens, args.seed))
+            finally:
+                server.stop()
+                engine.shutdown()
+    rows, summary = [], []
+    for i, rate in enumerate(args.rates):
+        best = {m: max(r[i]["output_throughput"] for r in rs) for m, rs in runs.items()}
+        ttft = {m: min(r[i]["ttft_ms_p50"] or math.inf for r in rs) for m, rs in runs.items()}
+        tpot = {m: min(r[i]["tpot_ms_p50"] or math.inf for r in rs) for m, rs in runs.items()}
+        label = "inf" if math.isinf(rate) else rate
+        summary.append({"rate": label, "out_tok_s": best, "ttft_ms_p50": ttft, "tpot_ms_p50": tpot,
+                        "process_over_thread_throughput": best["process"] / best["thread"]})
+        rows.append((label, f"{best['thread']:.1f}", f"{best['process']:.1f}", f"{best['process'] / best['thread']:.2f}",
+                     fmt(ttft["thread"]), fmt(ttft["process"]), fmt(tpot["thread"]), fmt(tpot["process"])))
+    print_table(f"Chat workload, scheduler on a thread vs in its own process (best of {args.rounds}, interleaved)",
+                rows, ("req/s", "thread tok/s", "process tok/s", "process/thread", "TTFT p50 thr", "TTFT p50 proc",
+                       "TPOT p50 thr", "TPOT p50 proc"))
+    config = {**vars(args), "rates": ["inf" if math.isinf(r) else r for r in args.rates],
+              "out": str(args.out) if args.out else None}
+    result = {"config": config, "summary": summary, "runs": runs}
+    write_result("serving_modes", result, args.out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=48, help="chat requests per rate")
@@ -311,13 +344,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None,
                     help="write the JSON here instead of benchmarks/results/serving.json (for smoke tests)")
+    ap.add_argument("--scheduler", choices=["thread", "process", "compare"], default="process",
+                    help="where the engine's scheduler runs (the server's default: its own process); compare: "
+                         "the chat sweep with each, --rounds times interleaved, into results/serving_modes.json")
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --scheduler compare")
     args = ap.parse_args()
+    if args.scheduler == "compare":
+        compare_modes(args)
+        return
 
-    engine = sgl.Engine(model_path="default")
+    engine = sgl.Engine(model_path="default", scheduler_process=args.scheduler == "process")
     server = InProcessServer(engine)
     url = server.start()
     config = {**vars(args), "rates": ["inf" if math.isinf(r) else r for r in args.rates],
-              "out": str(args.out) if args.out else None, "server": "in process (uvicorn thread)"}
+              "out": str(args.out) if args.out else None,
+              "server": f"uvicorn thread; scheduler in {'its own process' if args.scheduler == 'process' else 'a thread'}"}
     results: dict[str, Any] = {"config": config}
     try:
         chat = bench_chat(engine, url, args.num_requests, args.rates, args.max_tokens, args.seed)

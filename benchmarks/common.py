@@ -26,7 +26,7 @@ def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab_lo: int = 1000
 def load_hf_model(model_path: str = "default"):
     import transformers
 
-    from sgl.runtime.model.loader import resolve_model_path
+    from sgl.runtime.model.paths import resolve_model_path
 
     p = resolve_model_path(model_path)
     if p.endswith(".gguf"):
