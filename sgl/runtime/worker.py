@@ -111,6 +111,9 @@ def model_bytes(model: torch.nn.Module) -> int:
         for t in tensors:
             if t is None or t.is_meta:
                 continue
+            if t.is_mkldnn:  # oneDNN's packed layout (bf16 on AVX512-BF16 / AMX): no storage to share
+                total += t.numel() * t.element_size()
+                continue
             storage = t.untyped_storage()
             if storage.data_ptr() not in seen:
                 seen.add(storage.data_ptr())

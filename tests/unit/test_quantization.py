@@ -338,6 +338,17 @@ def test_quantization_is_a_cpu_layout():
         effective_quantization("int4", cuda)
 
 
+def test_model_bytes_counts_shared_storage_once_and_opaque_packed_weights():
+    """oneDNN's packed bf16 weights (mkldnn tensors, used where the CPU has AVX512-BF16 or AMX)
+    have no storage to read; they are counted by their elements."""
+    from sgl.runtime.worker import model_bytes
+
+    model = torch.nn.Linear(8, 4, bias=False)
+    model.tied = model.weight  # the same storage held twice counts once
+    model.packed = torch.zeros(16, 32).to_mkldnn()
+    assert model_bytes(model) == 8 * 4 * 4 + 16 * 32 * 4
+
+
 def _random_k_blocks(qtype: str, n: int, k: int, seed: int) -> np.ndarray:
     """Random [n, k] blocks of a type whose fp16 fields sit elsewhere than _random_blocks's
     (Q6_K: d last; Q5_K: d and dmin first; Q5_0: d first), with sane values."""
