@@ -7,7 +7,8 @@ Engines, run one at a time (`--engines`, comma-separated):
   sgl-plain          the plain client code against sgl's server `/v1/completions`
   vllm-plain, llama.cpp-plain     the plain client code against the peer (../shared/tools/)
   vllm-openai, llama.cpp-openai   the sgl program through `sgl.OpenAI` on the peer
-Ablations: sgl-dsl-no-radix, sgl-dsl-no-jump-forward, sgl-dsl-fcfs, sgl-endpoint-unshipped.
+Ablations: sgl-dsl-no-radix, sgl-dsl-no-jump-forward, sgl-dsl-fcfs, sgl-endpoint-unshipped;
+sgl-dsl-process runs the in-process engine's scheduler in its own process (the server's default).
 
 Per workload and engine: programs/s with `--concurrency` programs in flight (`--programs` of
 them), one program's latency alone (median of `--latency-runs`), and on sgl the share of prompt
@@ -44,7 +45,7 @@ import sgl  # noqa: E402
 from sgl.lang import ChatTemplate  # noqa: E402
 
 PEERS = ("vllm", "llama.cpp")
-IN_PROCESS = {"sgl-dsl": {}, "sgl-dsl-no-radix": {"disable_radix_cache": True},
+IN_PROCESS = {"sgl-dsl": {}, "sgl-dsl-process": {"scheduler_process": True}, "sgl-dsl-no-radix": {"disable_radix_cache": True},
               "sgl-dsl-no-jump-forward": {"disable_jump_forward": True}, "sgl-dsl-fcfs": {"schedule_policy": "fcfs"}}
 
 
@@ -145,7 +146,7 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for name, by_engine in results.items():
         ok = {e: r for e, r in by_engine.items() if "programs_per_s" in r}
-        sgl_best = [r for e, r in ok.items() if e in ("sgl-dsl", "sgl-endpoint")]
+        sgl_best = [r for e, r in ok.items() if e in ("sgl-dsl", "sgl-dsl-process", "sgl-endpoint")]
         peers = [r for e, r in ok.items() if e.partition("-")[0] in PEERS]
         if sgl_best and peers:
             out[name] = {

@@ -91,7 +91,9 @@ def join_ranks(start: StartScheduler) -> tuple[Any, Any]:
     else:
         import torch
 
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // cfg.tp_size))
+        from sgl.runtime.cpu_features import usable_cpus
+
+        torch.set_num_threads(max(1, usable_cpus() // cfg.tp_size))
     tp = init_tp_group(start.rank, cfg.tp_size, start.dist_init, "nccl" if cuda else "gloo")
     import torch.distributed as dist
 

@@ -47,3 +47,19 @@ def test_engine_reports_its_choice(flags):
         info = engine.get_server_info()
     assert info["dtype"] == "float32" and "no AMX-BF16" in info["dtype_reason"]
     assert info["quantization"] == "auto" and info["weight_layouts"] == {"dense": 2 * 4 + 2}  # + embeddings, LM head
+
+
+def test_usable_cpus_follow_the_affinity_mask():
+    """A process limited to one CPU (taskset, a container's cpuset) counts one, whatever the machine has."""
+    import os
+    import subprocess
+    import sys
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    code = (f"import os; os.sched_setaffinity(0, {{{cpu}}}); "
+            "from sgl.runtime.cpu_features import usable_cpus; print(usable_cpus())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+    assert cpu_features.usable_cpus() == len(os.sched_getaffinity(0))
