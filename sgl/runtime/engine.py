@@ -383,27 +383,21 @@ class Engine:
         return fut
 
     def open_session(self, capacity_tokens: int | None = None, session_id: str | None = None,
-                     timeout: float | None = None, *, wait: bool = True) -> str:
+                     timeout: float | None = None) -> str:
         """Open a session and return its id. Requests with `session_params={"id": ...}` are
         its turns: each finished turn's KV stays pinned in the radix cache (safe from
         eviction) until `close_session` or `timeout` seconds without use (default 600).
         `capacity_tokens` caps one turn's history + input + max_new_tokens (default: the
         context length). Sessions pin at most half the KV pool together: past that, and when
         running requests would otherwise stall, the least recently used are unpinned (they
-        stay open; their next turn recomputes what was evicted).
-
-        `wait=False` returns the id without waiting for the scheduler's turn (a program's
-        interpreter does, once per program): the scheduler handles messages in order, so the
-        session is open before any later request; an error would reach its first turn."""
+        stay open; their next turn recomputes what was evicted)."""
         session_id = uuid.uuid4().hex if session_id is None else session_id  # the same on every rank
-        opened = self._query(lambda rid: OpenSession(rid, capacity_tokens, session_id, timeout))
-        return opened.result(QUERY_TIMEOUT_S) if wait else session_id
+        return self._query(lambda rid: OpenSession(rid, capacity_tokens, session_id, timeout)).result(QUERY_TIMEOUT_S)
 
-    def close_session(self, session_id: str, *, wait: bool = True) -> bool | None:
+    def close_session(self, session_id: str) -> bool:
         """Close a session: its unfinished turns are aborted and its KV unpinned. False if it
-        was not open (closed or timed out); None with `wait=False` (sent, not waited for)."""
-        closed = self._query(lambda rid: CloseSession(rid, session_id))
-        return closed.result(QUERY_TIMEOUT_S) if wait else None
+        was not open (closed or timed out)."""
+        return self._query(lambda rid: CloseSession(rid, session_id)).result(QUERY_TIMEOUT_S)
 
     async def async_open_session(self, capacity_tokens: int | None = None, session_id: str | None = None,
                                  timeout: float | None = None) -> str:

@@ -262,22 +262,3 @@ def test_a_program_outlives_its_session(tiny_dir, monkeypatch):
         state = two_gens.run(backend=engine)
         assert state.get_meta_info("b")["completion_tokens"] == 3
         assert info(engine)["num_open_sessions"] == 0
-
-
-def test_a_session_opened_and_closed_without_waiting_is_in_order_with_its_turns(tiny_dir):
-    """`wait=False` (what a program's interpreter uses) returns before the scheduler's turn; the
-    scheduler handles messages in order, so the next turn finds the session open, and a turn
-    after an unwaited close is refused."""
-    path, _ = tiny_dir
-    with sgl.Engine(model_path=str(path), max_total_tokens=1024) as engine:
-        sid = engine.open_session(wait=False)
-        first = gen(engine, ids(8, 1), 4, id=sid)
-        assert first["meta_info"]["completion_tokens"] == 4
-        second = gen(engine, ids(4, 2), 4, id=sid, rid=first["meta_info"]["id"])
-        whole = gen(engine, ids(8, 1) + first["output_ids"] + ids(4, 2), 4)  # the history came with it
-        assert second["output_ids"] == whole["output_ids"]
-        assert info(engine)["num_open_sessions"] == 1
-        assert engine.close_session(sid, wait=False) is None
-        with pytest.raises(InvalidRequestError, match="no open session"):
-            gen(engine, ids(4, 3), 4, id=sid)
-        assert info(engine)["num_open_sessions"] == 0

@@ -60,13 +60,10 @@ class EngineBackend(TokenScoringBackend):
             return self._template
 
     def open_session(self) -> str | None:
-        """Without waiting for the scheduler's turn: a program's first gen follows at once, and
-        waiting for a step of the running batch twice per program cost short programs most of
-        their latency."""
-        return self.engine.open_session(wait=False)
+        return self.engine.open_session()
 
     def close_session(self, session: str) -> None:
-        self.engine.close_session(session, wait=False)
+        self.engine.close_session(session)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()
