@@ -8,6 +8,7 @@ import platform
 import random
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -169,8 +170,6 @@ def start_server(engine: str, args: tuple[str, ...] = (), parallel: int = 4) -> 
     (its GGUF, the default layout; `args` are extra launch flags), "llama.cpp" (the same GGUF,
     `parallel` slots of 2,048 tokens) or "vllm" (its CPU build, bf16, on the HF directory
     `bench_cpu_peers.prepare` writes from the same weights). Returns the process and base URL."""
-    import sys
-
     from bench_cpu_peers import peer, prepare
 
     from sgl.runtime.model.paths import resolve_model_path

@@ -40,8 +40,6 @@ def bf16_matmul_support() -> str | None:
 def usable_cpus() -> int:
     """CPUs this process may run on (its affinity mask: a container's or `taskset`'s limit),
     not the machine's count that `os.cpu_count()` gives."""
-    import os
-
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # no affinity call on this platform
