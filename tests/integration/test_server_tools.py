@@ -5,8 +5,9 @@ syntax), and on a tiny model whose template takes tools.
 The oracle for every call is `jsonschema` against the declared parameters, over many
 samples at temperature 1.0: no response may carry a call to an undeclared function or with
 arguments that fail validation. Streams are reassembled and compared with the non-streamed
-answer to the same request (seeded), both run on an empty prefix cache. These tests run on the
-default configuration (int4 codes), the rest on the session's float32 engine."""
+answer to the same request (seeded), both run on an empty prefix cache. The sampling tests run
+on the default configuration (int4 codes); the conversation, extraction, pythonic and
+bad-request tests on the session's float32 engine."""
 
 from __future__ import annotations
 
@@ -79,9 +80,8 @@ def client(url):
 def default_engine():
     """The default configuration (int4 codes on the CPU) for the tests whose oracle is
     jsonschema alone: they sample ~10k tokens at batch 6, where it decodes ~4x faster than the
-    float32 oracle engine (380 vs 89 tok/s measured). Tests comparing a stream with the same
-    seeded request whole stay on the float32 engine: with int4 codes a prefix-cache hit changes
-    the prefill's kernel route, and so the sampled tokens."""
+    float32 oracle engine (380 vs 89 tok/s measured). A stream compared with the same seeded
+    request whole runs both on an empty prefix cache (`cold`)."""
     import sgl
 
     with sgl.Engine(model_path="default") as e:
@@ -137,7 +137,7 @@ def test_auto_calls_are_valid_and_text_stays_text(fast_client, default_engine):
     with_calls, lt = 0, default_engine.tokenizer("<").input_ids[-1]
     for seed in range(3):
         r = fast_client.chat.completions.create(model="tools-model", messages=ASK, tools=TOOLS, temperature=1.0, n=6,
-                                           seed=seed * 6, max_tokens=120, logit_bias={str(lt): 8})
+                                                seed=seed * 6, max_tokens=120, logit_bias={str(lt): 8})
         for ch in r.choices:
             if ch.message.tool_calls:
                 with_calls += 1
@@ -149,7 +149,7 @@ def test_auto_calls_are_valid_and_text_stays_text(fast_client, default_engine):
 
 def test_parallel_tool_calls_false_gives_at_most_one(fast_client):
     r = fast_client.chat.completions.create(model="tools-model", messages=ASK, tools=TOOLS, tool_choice="required",
-                                       parallel_tool_calls=False, temperature=1.0, n=6, seed=5, max_tokens=160)
+                                            parallel_tool_calls=False, temperature=1.0, n=6, seed=5, max_tokens=160)
     for ch in r.choices:
         if ch.finish_reason == "tool_calls":
             assert len(check_calls(ch.message.tool_calls)) == 1
