@@ -44,8 +44,6 @@ class HttpCompletions:
         self.vllm_version, self.timeout = vllm_version, timeout
         self._local = threading.local()  # one HTTP session (kept-alive connection) per thread
         self._branches = ThreadPoolExecutor(branch_threads, thread_name_prefix="plain-branch")
-        self.prompt_tokens = self.completion_tokens = self.calls = 0
-        self._lock = threading.Lock()
 
     def _post(self, body: dict[str, Any]) -> str:
         session = self._local.__dict__.setdefault("session", requests.Session())
@@ -53,13 +51,7 @@ class HttpCompletions:
                          timeout=self.timeout)
         if r.status_code != 200:
             raise RuntimeError(f"{self.kind} /v1/completions answered {r.status_code}: {r.text[:300]}")
-        out = r.json()
-        usage = out.get("usage") or {}
-        with self._lock:
-            self.calls += 1
-            self.prompt_tokens += usage.get("prompt_tokens") or 0
-            self.completion_tokens += usage.get("completion_tokens") or 0
-        return out["choices"][0]["text"]
+        return r.json()["choices"][0]["text"]
 
     def complete(self, prompt: str, max_tokens: int, *, stop: str | None = None, regex: str | None = None,
                  gbnf: str | None = None, ignore_eos: bool = False) -> str:
@@ -99,6 +91,11 @@ def recorded_answer(prompt: str) -> str:
     return f" w{sum(map(ord, prompt)) % 997}"
 
 
+def recorded_choice(prompt: str, choices: list[str]) -> str:
+    """What both recorders pick: a function of the prompt alone, as `recorded_answer`."""
+    return choices[sum(map(ord, prompt)) % len(choices)]
+
+
 class Recorder:
     """Completions that answer at once and record (prompt, what was asked)."""
 
@@ -116,7 +113,7 @@ class Recorder:
 
     def choose(self, prompt: str, choices: list[str]) -> str:
         self._record(("select", prompt, tuple(choices)))
-        return choices[sum(map(ord, prompt)) % len(choices)]
+        return recorded_choice(prompt, choices)
 
     def concurrently(self, calls: list[Callable[[], T]]) -> list[T]:
         return [call() for call in calls]
@@ -141,7 +138,7 @@ class RecordingBackend(Backend):
     def select(self, text, choices, temperature, method):
         with self._lock:
             self.calls.append(("select", text, tuple(choices)))
-        return ChoicesDecision(choices[sum(map(ord, text)) % len(choices)])
+        return ChoicesDecision(recorded_choice(text, choices))
 
     def cache_prefix(self, text):
         pass
