@@ -27,6 +27,7 @@ import torch
 from sgl.runtime.attention import backend_name
 from sgl.runtime.batch import BatchBuilder, BatchItem
 from sgl.runtime.config import SchedulerConfig
+from sgl.runtime.cpu_share import CpuShare
 from sgl.runtime.errors import EngineFault, InvalidRequestError, new_incident_id
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
@@ -126,7 +127,10 @@ class Scheduler:
     def run(self) -> None:
         if self.config.device.type == "cuda" and self.config.device.index is not None:
             torch.cuda.set_device(self.config.device)  # this thread's kernels and graph replays go there
+        cpu_share = CpuShare.for_this_thread() if self.config.device.type == "cpu" else None
         while not self._stop:
+            if cpu_share is not None:
+                cpu_share.tick()
             try:
                 self._take_messages()
                 if self._stop:
