@@ -78,11 +78,12 @@ def main() -> None:
         ax.set_yscale("log")
         ax.set_ylabel(title)
         ax.set_xticks(range(len(workloads)), workloads, rotation=20)
-    axes[0].legend(ncol=4, fontsize=8)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8, bbox_to_anchor=(0.5, 0.955))
     m, c = data.get("machine", {}), data.get("config", {})
     fig.suptitle(f"Program workloads, SmolLM2-135M, greedy, {c.get('programs')} programs / {c.get('concurrency')} "
                  f"in flight; {m.get('cpu_model', '')}, {m.get('cpu_count')} CPUs", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(args.out, dpi=110)
     print(f"wrote {args.out}")
 
