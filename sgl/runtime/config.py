@@ -22,6 +22,9 @@ class EngineConfig:
     # in `dtype`) | int8 (per output channel) | int4 (groups of int4_group_size inputs).
     quantization: str = "auto"
     int4_group_size: int = 32  # 32 | 64 | 128
+    # A dense bf16 copy beside each quantized layer, used from the row count where it is faster
+    # (batched decode): auto (where bf16 is native and the copies fit a share of memory) | on | off.
+    dense_copy: str = "auto"
     device: str = "auto"  # auto | cpu | cuda
     max_total_tokens: int | None = None  # KV pool capacity; default from free memory
     mem_fraction_static: float | None = None  # share of free memory for the KV pool
@@ -73,6 +76,10 @@ class EngineConfig:
 
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        from sgl.runtime.model.dense_copy import DENSE_COPY_MODES
+
+        if self.dense_copy not in DENSE_COPY_MODES:
+            raise ValueError(f"dense_copy must be one of {DENSE_COPY_MODES}, got {self.dense_copy!r}")
         if self.int4_group_size not in INT4_GROUP_SIZES:
             raise ValueError(f"int4_group_size must be one of {INT4_GROUP_SIZES}, got {self.int4_group_size}")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -446,6 +446,8 @@ class Engine:
             "dtype_reason": self.dtype_reason,
             "quantization": cfg.quantization,
             "weight_layouts": self.model_info.weight_layouts,
+            "dense_copy": cfg.dense_copy,
+            "dense_copy_bytes": self.model_info.dense_copy_bytes,
             "scheduler_process": cfg.in_processes,
             "tp_size": cfg.tp_size,
             "scheduler_pids": self.scheduler_pids,

@@ -136,6 +136,7 @@ class Scheduler:
                 if self._stop:
                     break
                 self._admit_and_expire()
+                self._flush()  # this turn's replies (a session opened, info) do not wait for the step
                 self.step()
             except Exception as e:  # the loop survives to answer every caller, but the engine is done
                 self._on_fault(e)

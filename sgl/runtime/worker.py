@@ -35,6 +35,7 @@ class ModelInfo:
     eos_token_ids: list[int]
     weight_layouts: dict[str, Any]
     weight_bytes: int = 0  # what this rank's model holds (its shard under tensor parallelism)
+    dense_copy_bytes: int = 0  # of which dense copies of quantized layers (dense_copy.py)
 
 
 def on_fresh_thread(fn: Callable[[], Any]) -> Any:
@@ -70,6 +71,7 @@ def build_scheduler(cfg: EngineConfig, emit: Callable[[list], None], tp: Any = N
     the tokenizer). `cfg` becomes the scheduler's own: the caller passes a copy (options change
     only through `UpdateOptions` messages). `ranks` keeps tensor-parallel ranks in step."""
     from sgl.runtime.memory_plan import plan_kv_pool
+    from sgl.runtime.model.dense_copy import held_copy_bytes
     from sgl.runtime.model.quant import quantization_summary
     from sgl.runtime.model_runner import ModelRunner
     from sgl.runtime.scheduler import Scheduler
@@ -94,7 +96,7 @@ def build_scheduler(cfg: EngineConfig, emit: Callable[[list], None], tp: Any = N
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     info = ModelInfo(mc, str(path), tok_path, context_len, dict(memory_plan), sorted(eos),
-                     quantization_summary(model), model_bytes(model))
+                     quantization_summary(model), model_bytes(model), held_copy_bytes(model))
     sched_cfg = SchedulerConfig(cfg, memory_plan["max_total_tokens"], context_len, device, dtype)
     scheduler = Scheduler(sched_cfg, runner, copy.deepcopy(tokenizer), info.eos_token_ids, emit, ranks)
     return scheduler, info, tokenizer
@@ -143,6 +145,7 @@ def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.devic
     shard = {} if tp is None else {"tp": tp}
     quantization = effective_quantization(cfg.quantization, device)
     from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
+    from sgl.runtime.model.dense_copy import add_dense_copies
     from sgl.runtime.model.loader import load_model
     from sgl.runtime.model.paths import resolve_model_path
     from sgl.runtime.model.quant_policy import QuantPolicy, quantize_model
@@ -160,11 +163,21 @@ def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.devic
         tok_path = cfg.tokenizer_path or path
     if packing_applies(dtype, device):
         pack_dense_layers(model)
+        add_dense_copies(model, dense_copy_budget(cfg.dense_copy, device, tp))
     if device.type == "cpu":  # build (or load) the fused layer ops now, not inside the first step
         from sgl.runtime.model.layer_ops import layer_ops_built
 
         layer_ops_built()
     return model, mc, path, tok_path
+
+
+def dense_copy_budget(mode: str, device: torch.device, tp: Any = None) -> int:
+    """Bytes this rank may spend on dense copies of its quantized layers (dense_copy.py): the
+    ranks of one host share its memory."""
+    from sgl.runtime.memory_plan import available_memory_bytes
+    from sgl.runtime.model.dense_copy import budget_bytes
+
+    return budget_bytes(mode, available_memory_bytes(device)) // (1 if tp is None else tp.size)
 
 
 def load_engine_tokenizer(tok_path: str | None) -> Any:

@@ -32,8 +32,7 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int = 32) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        w = weight.detach().to(torch.bfloat16).contiguous()
-        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(w, rows_hint))
+        self.register_buffer("packed", pack_bf16(weight, rows_hint))
         self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).contiguous())
 
     def held_weight(self) -> torch.Tensor:
@@ -46,7 +45,17 @@ class PackedLinear(nn.Module):
         return on_row_grid(self._matmul, x)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return packed_matmul(x, self.packed, self.bias)
+
+
+def pack_bf16(weight: torch.Tensor, rows_hint: int = 32) -> torch.Tensor:
+    """A [out, in] weight in bf16, reordered once into oneDNN's blocked layout."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16).contiguous(), rows_hint)
+
+
+def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """bf16 x [M, in] @ W^T (+ b) for a weight from `pack_bf16`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:

@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sgl.runtime.model import crossovers
+from sgl.runtime.model import crossovers, dense_copy
 from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
 from sgl.runtime.model.row_grid import on_row_grid
 
@@ -387,6 +387,8 @@ class Int8Linear(nn.Module):
         self.crossover: int | None = None  # set by prepare_for_compile
         self.dense_dtype = dense_dtype()  # read here: a compiled graph must not trace the CPU probe
         self.layout = "int8"
+        self.register_buffer("dense_packed", None)  # a dense bf16 copy, if kept (dense_copy.py)
+        self.dense_from = dense_copy.NEVER
 
     def dequantized(self) -> torch.Tensor:
         """The [N, K] weight in `dense_dtype()` (one call's worth; prefill)."""
@@ -400,6 +402,9 @@ class Int8Linear(nn.Module):
         return torch.ops.aten._weight_int8pack_mm(xb, self.qweight, self.scales)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dense = dense_copy.dense_route(self, x)
+        if dense is not None:
+            return dense
         xb = x.to(torch.bfloat16)
         if _in_compiled_graph():
             y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, _prepared_crossover(self),
@@ -430,6 +435,8 @@ class Int4Linear(nn.Module):
         self.crossover: int | None = None  # set by prepare_for_compile
         self.dense_dtype = dense_dtype()  # read here: a compiled graph must not trace the CPU probe
         self.layout = f"int4_g{self.group}"
+        self.register_buffer("dense_packed", None)  # a dense bf16 copy, if kept (dense_copy.py)
+        self.dense_from = dense_copy.NEVER
 
     def dequantized_t(self) -> torch.Tensor:
         """W^T [K, N] in `dense_dtype()` (padded rows included; one call's worth: prefill)."""
@@ -451,6 +458,9 @@ class Int4Linear(nn.Module):
         return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group, self.scales_zeros)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dense = dense_copy.dense_route(self, x)
+        if dense is not None:
+            return dense
         xb = x.to(torch.bfloat16)
         if _in_compiled_graph():
             y = torch.ops.sgl_linear.int4_linear(xb, self.qweight, self.scales_zeros, self.group,

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sgl.runtime.model import dense_copy
 from sgl.runtime.model.quant import QuantizedTensor, _crossover, _in_compiled_graph, _prepared_crossover, dense_dtype
 from sgl.runtime.model.row_grid import on_row_grid
 
@@ -150,6 +151,8 @@ class _TiledLinear(nn.Module):
         self.dense_dtype = dense_dtype()  # read here: a compiled graph must not trace the CPU probe
         grouped = self.kind == "int4" or q.group != self.in_features
         self.layout = f"{self.kind}_g{q.group}" if grouped else self.kind
+        self.register_buffer("dense_packed", None)  # a dense bf16 copy, if kept (dense_copy.py)
+        self.dense_from = dense_copy.NEVER
 
     def _op(self):
         return torch.ops.sgl_qmm.int4_linear if self.kind == "int4" else torch.ops.sgl_qmm.int8_linear
@@ -163,6 +166,9 @@ class _TiledLinear(nn.Module):
         return op(self.qweight, self.qscales, self.group).to(self.dense_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dense = dense_copy.dense_route(self, x)
+        if dense is not None:
+            return dense
         if _in_compiled_graph():
             y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, _prepared_crossover(self),
                            self.dense_dtype)
