@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine_info, print_table, write_result  # noqa: E402
+from common import machine_info, print_table, python_child, write_result  # noqa: E402
 
 BATCHES = (1, 8, 16, 48)
 VARIANTS = {"int4": {"dense_copy": "off"}, "int4+copy": {"dense_copy": "auto"}, "dense": {"quantization": "none"}}
@@ -51,15 +49,6 @@ e.shutdown()
 '''
 
 
-def run_child(kwargs: dict, batches: tuple[int, ...]) -> dict:
-    root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(kwargs), json.dumps(list(batches))],
-                         env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
@@ -67,7 +56,7 @@ def main() -> None:
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for name, kwargs in VARIANTS.items():
-            runs[name].append(run_child(kwargs, BATCHES))
+            runs[name].append(python_child(CHILD, [json.dumps(kwargs), json.dumps(list(BATCHES))]))
             print(f"round {r} {name}: {runs[name][-1]}", flush=True)
     keys = list(runs["int4"][0])
     summary = {v: {k: round(statistics.median(x[k] for x in rs), 3) for k in keys} for v, rs in runs.items()}

@@ -14,8 +14,6 @@ Results: results/shared_cpu.json (per variant: quiet and loaded seconds, loaded 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -25,7 +23,7 @@ from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine_info, print_table, write_result  # noqa: E402
+from common import machine_info, print_table, python_child, write_result  # noqa: E402
 
 CHILD = r'''
 import json, statistics, time, sgl
@@ -53,15 +51,6 @@ def busy_loops(n: int) -> Iterator[None]:
             p.wait()
 
 
-def run_child(env: dict[str, str]) -> dict[str, float]:
-    root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", CHILD], env={**os.environ, "PYTHONPATH": root, **env},
-                         capture_output=True, text=True, timeout=1800)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
@@ -74,7 +63,7 @@ def main() -> None:
         for load in ("quiet", "loaded"):
             for v in variants:
                 with busy_loops(args.busy if load == "loaded" else 0):
-                    res = run_child(VARIANTS[v])
+                    res = python_child(CHILD, env=VARIANTS[v])
                 runs[v][load].append(res)
                 print(f"round {r} {load} {v}: {res}", flush=True)
     summary = {}

@@ -133,6 +133,17 @@ def write_result(name: str, data: dict[str, Any], path: Path | None = None) -> P
     return path
 
 
+def python_child(code: str, args: list[str] = (), env: dict[str, str] | None = None, timeout: float = 1800) -> dict:
+    """Run `code` in a fresh python (this project on its path) and return the JSON object
+    its last output line holds: each measured variant starts from a clean process."""
+    root = str(Path(__file__).resolve().parent.parent)
+    out = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, "PYTHONPATH": root, **(env or {})},
+                         capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

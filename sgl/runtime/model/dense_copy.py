@@ -20,7 +20,6 @@ dequantized prefill route already is.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Callable
 
 import torch
@@ -80,14 +79,9 @@ def add_dense_copies(model: nn.Module, budget: int) -> int:
     return total
 
 
-def _seconds(fn: Callable[[], object], repeats: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+def _seconds(fn: Callable[[], object]) -> float:
+    fn()  # the first call builds oneDNN's primitive for the shape
+    return crossovers.best_seconds(fn, 3)
 
 
 def dense_rows(layer: nn.Module) -> int:

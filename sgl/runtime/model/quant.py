@@ -31,7 +31,6 @@ is given it.
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -266,15 +265,6 @@ def dense_dtype() -> torch.dtype:
     return torch.bfloat16 if bf16_matmul_support() else torch.float32
 
 
-def _best_seconds(fn, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
 def crossover_rows(layer: nn.Module) -> int:
     """Rows above which dequantize + dense matmul beats the packed kernel for this layer's
     shape. Costs per call: packed = a * rows, dense = D + b * rows (D: one dequantization, b:
@@ -288,11 +278,11 @@ def crossover_rows(layer: nn.Module) -> int:
 
     def measure() -> int:
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
-        packed_per_row = _best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
+        packed_per_row = crossovers.best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
         dequantize = layer.dequantized_t if hasattr(layer, "dequantized_t") else (lambda: layer.dequantized().t())
-        dequant = _best_seconds(dequantize, 2)
+        dequant = crossovers.best_seconds(dequantize, 2)
         weight_t, rows = dequantize(), torch.zeros(DENSE_PROBE_ROWS, layer.in_features, dtype=dtype)
-        dense_per_row = _best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
+        dense_per_row = crossovers.best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
         if packed_per_row <= dense_per_row:
             return NEVER_DEQUANTIZE
         return min(NEVER_DEQUANTIZE, max(DEQUANT_MIN_TOKENS, int(dequant / (packed_per_row - dense_per_row))))
