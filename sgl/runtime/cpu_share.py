@@ -12,6 +12,7 @@ they free up. Off Linux, or with `SGL_CPU_SHARE=0`, the team keeps its size.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import time
@@ -46,6 +47,26 @@ def cpu_ticks(cpus: set[int], stat_path: str = "/proc/stat", self_path: str = "/
     return total, busy, own
 
 
+def omp_set_num_threads() -> Callable[[int], None] | None:
+    """The OpenMP runtime's `omp_set_num_threads` (the one torch loaded), which sizes the calling
+    thread's teams only. Not `torch.set_num_threads`: that also changes the process-wide count
+    every thread started later takes (another engine's scheduler, the caller's own threads)."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if line.rstrip().endswith((".so", ".so.1", ".so.5"))}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        if any(name in os.path.basename(path) for name in ("libgomp", "libiomp", "libomp")):
+            try:
+                fn = ctypes.CDLL(path).omp_set_num_threads
+            except (OSError, AttributeError):
+                continue
+            fn.argtypes, fn.restype = [ctypes.c_int], None
+            return fn
+    return None
+
+
 def threads_for(cpus: int, others: float, max_threads: int) -> int:
     """The team size when other processes use `others` CPUs' worth of our `cpus`."""
     free = cpus - others
@@ -68,12 +89,14 @@ class CpuShare:
 
     @classmethod
     def for_this_thread(cls) -> "CpuShare | None":
-        """A governor of torch's threads, or None where it cannot read the counters (or is off)."""
+        """A governor of this thread's OpenMP team, or None where it cannot read the counters or
+        reach the OpenMP runtime (or is off)."""
         import torch
 
-        if os.environ.get("SGL_CPU_SHARE", "1") == "0" or torch.get_num_threads() < 2:
+        set_threads = omp_set_num_threads()
+        if os.environ.get("SGL_CPU_SHARE", "1") == "0" or torch.get_num_threads() < 2 or set_threads is None:
             return None
-        share = cls(torch.get_num_threads(), torch.set_num_threads)
+        share = cls(torch.get_num_threads(), set_threads)
         try:
             share._last = share._read()
         except (OSError, ValueError, IndexError):

@@ -163,7 +163,10 @@ def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.devic
         tok_path = cfg.tokenizer_path or path
     if packing_applies(dtype, device):
         pack_dense_layers(model)
-        add_dense_copies(model, dense_copy_budget(cfg.dense_copy, device, tp))
+        add_dense_copies(model, lambda: dense_copy_budget(cfg.dense_copy, device, tp))
+    elif cfg.dense_copy == "on" and device.type == "cpu":
+        logger.warning("dense_copy='on' keeps no copies here: they are bf16 matmuls, kept only for a bfloat16 "
+                       "model on a CPU with AMX or AVX512-BF16 (this model: %s)", str(dtype).removeprefix("torch."))
     if device.type == "cpu":  # build (or load) the fused layer ops now, not inside the first step
         from sgl.runtime.model.layer_ops import layer_ops_built
 

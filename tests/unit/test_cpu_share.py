@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
 
-import pytest
 import torch
 
 from sgl.runtime.cpu_share import CpuShare, cpu_ticks, threads_for
@@ -96,8 +96,27 @@ def test_off_by_environment(monkeypatch):
     assert CpuShare.for_this_thread() is None
 
 
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="needs a team of two threads")
-def test_for_this_thread_governs_torch(monkeypatch):
+def test_for_this_thread_sizes_only_its_own_team(monkeypatch):
+    """The governor changes the calling thread's OpenMP team; other threads, and threads started
+    later (another engine's scheduler), keep torch's count."""
     monkeypatch.delenv("SGL_CPU_SHARE", raising=False)
-    share = CpuShare.for_this_thread()
-    assert share is not None and share.max_threads == torch.get_num_threads()
+    seen: dict[str, int] = {}
+
+    def scheduler_thread() -> None:
+        torch.set_num_threads(2)  # what an engine's scheduler thread starts with on two cores
+        share = CpuShare.for_this_thread()
+        assert share is not None and share.max_threads == 2
+        share._set_threads(1)
+        seen["governed"] = torch.get_num_threads()
+
+    before = torch.get_num_threads()
+    try:
+        t = threading.Thread(target=scheduler_thread)
+        t.start()
+        t.join()
+        later = threading.Thread(target=lambda: seen.update(later=torch.get_num_threads()))
+        later.start()
+        later.join()
+        assert seen == {"governed": 1, "later": 2}
+    finally:
+        torch.set_num_threads(before)

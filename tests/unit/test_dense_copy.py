@@ -36,9 +36,9 @@ def reference(layer, x: torch.Tensor) -> torch.Tensor:
 def test_copies_follow_the_budget():
     model = TwoLayers()
     need = 96 * 128 * 2 + 128 * 96 * 2
-    assert dense_copy.add_dense_copies(model, need - 1) == 0
+    assert dense_copy.add_dense_copies(model, lambda: need - 1) == 0
     assert model.a.dense_packed is None and model.b.dense_packed is None
-    assert dense_copy.add_dense_copies(model, need) == need
+    assert dense_copy.add_dense_copies(model, lambda: need) == need
     assert model.a.dense_packed is not None and model.b.dense_packed is not None
     assert dense_copy.budget_bytes("off", 1 << 40) == 0
     assert dense_copy.budget_bytes("auto", 10 << 30) == int((10 << 30) * dense_copy.AUTO_FRACTION)
@@ -52,7 +52,7 @@ def test_the_copy_computes_the_held_weight(rows):
     model = TwoLayers()
     x = torch.randn(rows, 128).to(torch.bfloat16)
     before = model.a(x)
-    dense_copy.add_dense_copies(model, 1 << 30)
+    dense_copy.add_dense_copies(model, lambda: 1 << 30)
     model.a.dense_from = 2  # force the copy's route for every row count above one
     y = model.a(x)
     assert y.dtype == x.dtype and y.shape == (rows, 96)
@@ -65,6 +65,6 @@ def test_the_copy_computes_the_held_weight(rows):
 
 def test_dense_rows_is_a_probe_row_count_or_never():
     model = TwoLayers()
-    dense_copy.add_dense_copies(model, 1 << 30)
+    dense_copy.add_dense_copies(model, lambda: 1 << 30)
     for layer in (model.a, model.b):
         assert layer.dense_from in (*dense_copy.PROBE_ROWS, dense_copy.NEVER)

@@ -62,15 +62,16 @@ def budget_bytes(mode: str, available: int) -> int:
     return 1 << 62 if mode == "on" else min(int(available * AUTO_FRACTION), AUTO_MAX_BYTES)
 
 
-def add_dense_copies(model: nn.Module, budget: int) -> int:
-    """Give every quantized linear layer a dense bf16 copy when all of them fit `budget` bytes;
-    returns the bytes added (0: none kept)."""
+def add_dense_copies(model: nn.Module, budget: Callable[[], int]) -> int:
+    """Give every quantized linear layer a dense bf16 copy when all of them fit `budget()` bytes
+    (asked only when the model has quantized layers); returns the bytes added (0: none kept)."""
     layers = quantized_layers(model)
-    total = sum(copy_bytes(m) for m in layers)
-    if not layers or total > budget:
-        if layers:
-            logger.info("dense copies of the quantized layers (%.0f MB) exceed the budget (%.0f MB): not kept",
-                        total / 2**20, budget / 2**20)
+    if not layers:
+        return 0
+    total, allowed = sum(copy_bytes(m) for m in layers), budget()
+    if total > allowed:
+        logger.info("dense copies of the quantized layers (%.0f MB) exceed the budget (%.0f MB): not kept",
+                    total / 2**20, allowed / 2**20)
         return 0
     for layer in layers:
         layer.dense_packed = pack_bf16(layer.held_weight())
