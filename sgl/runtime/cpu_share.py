@@ -108,7 +108,10 @@ class CpuShare:
         if now < self._next:
             return
         self._next = now + self._interval
-        reading = self._read()
+        try:
+            reading = self._read()
+        except (OSError, ValueError, IndexError):  # counters unreadable now: keep the team as it is
+            return
         if self._last is None or reading[0] - self._last[0] < MIN_TICKS * self._cpus:
             self._last = self._last or reading
             return  # too few ticks since the last reading to tell a share
