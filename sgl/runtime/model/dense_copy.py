@@ -3,8 +3,8 @@
 Why: the quantized kernels (quant_vnni.py; torch's packed int4 / int8) stream every weight
 once per block of activation rows, so their cost grows with the rows. For a few rows (batch-1
 decode) they win by reading 2-4x fewer bytes; from some rows on (a decode step of 16-48
-requests) a bf16 matmul on oneDNN's prepacked weight is faster (measured on SmolLM2 at 48
-rows: 548 tok/s quantized vs 966 dense). Dequantizing for a call costs about as much as the
+requests) a bf16 matmul on oneDNN's prepacked weight is faster (SmolLM2's decode at 48 rows on
+a 2-core Zen 4: 409 tok/s int4, 506 dense bf16; `benchmarks/bench_dense_copy.py`). Dequantizing for a call costs about as much as the
 call, so without a copy a layer only switches to the dense route at hundreds of rows
 (`quant.crossover_rows`). With a copy it switches at the row count where the dense matmul
 wins, measured per layer shape on this machine (`dense_rows`, kept with the crossovers).
