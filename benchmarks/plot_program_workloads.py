@@ -36,9 +36,9 @@ def relative(results: dict, key: str, higher_is_better: bool) -> tuple[list[str]
     return workloads, engines, out
 
 
-def markdown(results: dict, engines: list[str]) -> str:
+def markdown(results: dict, ratios: dict, engines: list[str]) -> str:
     """programs/s and one program's latency (s) per workload and engine, and sgl's best over
-    the best peer's."""
+    the best peer's (`ratios`: the benchmark's `sgl_over_best_peer`)."""
     head = ["workload", *engines, "sgl / best peer"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for w, by in results.items():
@@ -47,12 +47,8 @@ def markdown(results: dict, engines: list[str]) -> str:
             r = by.get(e, {})
             cells.append(f"{r['programs_per_s']:.2f} / {r['latency_s']:.2f}" if "programs_per_s" in r else
                          "failed" if "failed" in r else "-")
-        sgl = [r for e, r in by.items() if e in ("sgl-dsl", "sgl-dsl-process", "sgl-endpoint") and "programs_per_s" in r]
-        peers = [r for e, r in by.items() if e.partition("-")[0] in PEERS and "programs_per_s" in r]
-        ratio = "-" if not (sgl and peers) else (
-            f"{max(r['programs_per_s'] for r in sgl) / max(r['programs_per_s'] for r in peers):.2f}x / "
-            f"{min(r['latency_s'] for r in peers) / min(r['latency_s'] for r in sgl):.2f}x")
-        lines.append("| " + " | ".join([w, *cells, ratio]) + " |")
+        r = ratios.get(w)
+        lines.append("| " + " | ".join([w, *cells, f"{r['throughput']:.2f}x / {r['latency']:.2f}x" if r else "-"]) + " |")
     return "\n".join(lines)
 
 
@@ -64,7 +60,7 @@ def main() -> None:
     args = ap.parse_args()
     data = json.loads(Path(args.results).read_text())
     if args.markdown:
-        print(markdown(data["results"], args.markdown.split(",")))
+        print(markdown(data["results"], data.get("sgl_over_best_peer", {}), args.markdown.split(",")))
         return
     fig, axes = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True)
     for ax, (key, better, title) in zip(axes, [("programs_per_s", True, "programs/s, x best peer"),

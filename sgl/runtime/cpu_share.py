@@ -18,8 +18,6 @@ import os
 import time
 from typing import Callable
 
-from sgl.runtime.cpu_features import usable_cpus
-
 logger = logging.getLogger(__name__)
 
 INTERVAL_S = 0.5
@@ -81,8 +79,8 @@ class CpuShare:
                  interval: float = INTERVAL_S) -> None:
         self.max_threads, self.threads = max_threads, max_threads
         self._set_threads, self._clock, self._interval = set_threads, clock, interval
-        cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
-        self._cpus = len(cpus) or usable_cpus()
+        cpus = os.sched_getaffinity(0)
+        self._cpus = len(cpus)
         self._read = read or (lambda: cpu_ticks(cpus))
         self._next = 0.0
         self._last: tuple[int, int, int] | None = None
@@ -93,8 +91,10 @@ class CpuShare:
         reach the OpenMP runtime (or is off)."""
         import torch
 
+        if os.environ.get("SGL_CPU_SHARE", "1") == "0" or not hasattr(os, "sched_getaffinity"):
+            return None
         set_threads = omp_set_num_threads()
-        if os.environ.get("SGL_CPU_SHARE", "1") == "0" or torch.get_num_threads() < 2 or set_threads is None:
+        if torch.get_num_threads() < 2 or set_threads is None:
             return None
         share = cls(torch.get_num_threads(), set_threads)
         try:
@@ -112,8 +112,10 @@ class CpuShare:
             reading = self._read()
         except (OSError, ValueError, IndexError):  # counters unreadable now: keep the team as it is
             return
-        if self._last is None or reading[0] - self._last[0] < MIN_TICKS * self._cpus:
-            self._last = self._last or reading
+        if self._last is None:
+            self._last = reading
+            return
+        if reading[0] - self._last[0] < MIN_TICKS * self._cpus:
             return  # too few ticks since the last reading to tell a share
         total, busy, own = (a - b for a, b in zip(reading, self._last))
         self._last = reading
