@@ -187,3 +187,16 @@ def test_engine_greedy_tokens_equal_hf(tiny_dir):
         with torch.no_grad():
             want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
         assert out["output_ids"] == want[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
+def test_prefill_chunks_after_cached_prefixes_match_reference(dtype, tol):
+    """Long rows over a cached prefix (attended as a prefix block and a causal block merged by
+    their log-sum-exps): prefixes shorter, equal to and longer than the chunk, one key of prefix."""
+    specs = [(1, 70), (300, 120), (97, 97), (20, 400), (0, 1)]
+    case = make_case(specs, 3, 64, dtype, heads=9, max_context=512, capacity=1500, seed=5)
+    expected = reference(case)
+    for backend in (bound(CpuBackend(paged_attention), case), TorchNativeBackend(use_mirror=False)):
+        got = run(backend, case)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)

@@ -155,6 +155,21 @@ def attend(q, k, v, mask: torch.Tensor | None, scale: float, logit_cap: float = 
     return torch.matmul(probs, v32).to(q.dtype)
 
 
+def attend_after_prefix(q, k, v, prefix: int, scale: float) -> torch.Tensor:
+    """Causal attention of E new queries [1, h, E, D] over `prefix` cached keys then their own
+    E, on CPU: two flash calls, the prefix block unmasked and the new block causal (square, so
+    torch's top-left alignment is right), merged by their log-sum-exps. With the offset mask
+    instead, torch's CPU flash kernel turns the mask into floats and computes every (query, key)
+    pair, the half it masks out included: on a 2,048-token chunk after a 27-token cached prefix
+    (embedded model) 76 ms a layer against 46 ms this way."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out_prefix, lse_prefix = flash(q, k[..., :prefix, :], v[..., :prefix, :], scale=scale)
+    out_new, lse_new = flash(q, k[..., prefix:, :], v[..., prefix:, :], is_causal=True, scale=scale)
+    # softmax over both blocks = each block's softmax weighted by its share of the total mass
+    share_prefix = torch.sigmoid(lse_prefix - lse_new).unsqueeze(-1)
+    return torch.lerp(out_new.float(), out_prefix.float(), share_prefix).to(q.dtype)
+
+
 def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first: int) -> _ExtendRow:
     """A multi-token row whose context is read from the pool (or, with no prefix, is its own k/v)."""
     seq = prefix + ext
@@ -175,7 +190,10 @@ def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, ou
             ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
     ke = ke.transpose(0, 1).unsqueeze(0)
     ve = ve.transpose(0, 1).unsqueeze(0)
-    oe = attend(qe, ke, ve, ext.mask_for(sliding_window, q.device), scaling, logit_cap)
+    if ext.slots is not None and q.device.type == "cpu" and not (sliding_window or logit_cap):
+        oe = attend_after_prefix(qe, ke, ve, ext.seq_len - (ext.tok_end - ext.tok_start), scaling)
+    else:
+        oe = attend(qe, ke, ve, ext.mask_for(sliding_window, q.device), scaling, logit_cap)
     out[ext.tok_start : ext.tok_end] = oe.squeeze(0).transpose(0, 1)
 
 
