@@ -3,12 +3,13 @@ quantized layers (`dense_copy`, sgl/runtime/model/dense_copy.py), beside the den
 (`quantization="none"`): decode tokens/s at batch 1, 8, 16 and 48 (64 new tokens a request,
 greedy, ignore_eos), one 1,000-token prefill, and the model's bytes.
 
-Each variant runs in a fresh process (eager, as `Engine` defaults), variants interleaved over
-`--rounds` (this machine drifts 20-30% between minutes); medians reported.
+Each variant runs in a fresh process (eager, as `Engine` defaults; `--torch-compile`: decode
+steps compiled, as `make serve` runs, where each quantized layer's C++ op takes the copy),
+variants interleaved over `--rounds` (this machine drifts 20-30% between minutes); medians reported.
 
-    .venv/bin/python benchmarks/bench_dense_copy.py --rounds 2
+    .venv/bin/python benchmarks/bench_dense_copy.py --rounds 2 [--torch-compile]
 
-Results: results/dense_copy.json.
+Results: results/dense_copy.json (dense_copy_compiled.json).
 """
 
 from __future__ import annotations
@@ -52,16 +53,18 @@ e.shutdown()
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--torch-compile", action="store_true", help="compile the decode steps in every variant")
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for name, kwargs in VARIANTS.items():
+            kwargs = {**kwargs, "torch_compile": args.torch_compile}
             runs[name].append(python_child(CHILD, [json.dumps(kwargs), json.dumps(list(BATCHES))]))
             print(f"round {r} {name}: {runs[name][-1]}", flush=True)
     keys = list(runs["int4"][0])
     summary = {v: {k: round(statistics.median(x[k] for x in rs), 3) for k in keys} for v, rs in runs.items()}
     print_table("medians", [(v, *(s[k] for k in keys)) for v, s in summary.items()], ("variant", *keys))
-    write_result("dense_copy", {"machine": machine_info(), "config": vars(args), "runs": runs, "summary": summary})
+    write_result("dense_copy_compiled" if args.torch_compile else "dense_copy", {"machine": machine_info(), "config": vars(args), "runs": runs, "summary": summary})
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def build_name(prefix: str, source: Path, cflags: list[str]) -> str:
     import torch
 
     h = hashlib.sha1()
-    for part in (source.read_bytes(), " ".join(cflags).encode(), torch.__version__.encode(), cpu_identity().encode()):
+    headers = [p.read_bytes() for p in sorted(source.parent.glob("*.h"))]  # what the source may include
+    for part in (source.read_bytes(), *headers, " ".join(cflags).encode(), torch.__version__.encode(),
+                 cpu_identity().encode()):
         h.update(part)
         h.update(b"\0")
     return f"{prefix}_{h.hexdigest()[:12]}"

@@ -12,19 +12,26 @@ import torch
 
 from sgl.runtime.model import dense_copy
 from sgl.runtime.model.cpu_packed import packing_applies
-from sgl.runtime.model.quant import quantize_int4, quantize_int8, quantized_linear
+from sgl.runtime.model.quant import (Int4Linear, Int8Linear, per_row_int8, quantize_int4, quantize_int8,
+                                     quantized_linear)
 
 pytestmark = pytest.mark.skipif(not packing_applies(torch.bfloat16, torch.device("cpu")),
                                 reason="dense copies are kept only where bf16 matmuls are native (AMX / AVX512-BF16)")
 
 
 class TwoLayers(torch.nn.Module):
-    def __init__(self) -> None:
+    """An int4 layer with a bias and an int8 one: on the VNNI kernels where the CPU has them, or
+    (torch_kernels) on torch's packed ops."""
+
+    def __init__(self, torch_kernels: bool = False) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(0)
-        self.a = quantized_linear(quantize_int4(torch.randn(96, 128, generator=gen) * 0.05, 32),
-                                  torch.randn(96, generator=gen))
-        self.b = quantized_linear(quantize_int8(torch.randn(128, 96, generator=gen) * 0.05), None)
+        w4, bias, w8 = torch.randn(96, 128, generator=gen) * 0.05, torch.randn(96, generator=gen), \
+            torch.randn(128, 96, generator=gen) * 0.05
+        if torch_kernels:
+            self.a, self.b = Int4Linear(quantize_int4(w4, 32), bias), Int8Linear(per_row_int8(quantize_int8(w8)), None)
+        else:
+            self.a, self.b = quantized_linear(quantize_int4(w4, 32), bias), quantized_linear(quantize_int8(w8), None)
 
 
 def reference(layer, x: torch.Tensor) -> torch.Tensor:
@@ -47,9 +54,10 @@ def test_copies_follow_the_budget():
         dense_copy.budget_bytes("always", 1 << 30)
 
 
+@pytest.mark.parametrize("torch_kernels", [False, True], ids=["model-kernels", "torch-kernels"])
 @pytest.mark.parametrize("rows", [1, 5, 64, 200])
-def test_the_copy_computes_the_held_weight(rows):
-    model = TwoLayers()
+def test_the_copy_computes_the_held_weight(rows, torch_kernels):
+    model = TwoLayers(torch_kernels)
     x = torch.randn(rows, 128).to(torch.bfloat16)
     before = model.a(x)
     dense_copy.add_dense_copies(model, lambda: 1 << 30)
@@ -68,3 +76,36 @@ def test_dense_rows_is_a_probe_row_count_or_never():
     dense_copy.add_dense_copies(model, lambda: 1 << 30)
     for layer in (model.a, model.b):
         assert layer.dense_from in (*dense_copy.PROBE_ROWS, dense_copy.NEVER)
+
+
+@pytest.mark.parametrize("torch_kernels", [False, True], ids=["model-kernels", "torch-kernels"])
+def test_compiled_graph_takes_the_copy_from_its_row_count(torch_kernels):
+    """Compiled with a symbolic row count (cpu_compile's batched graph), each layer's C++ op takes
+    the copy from `dense_from` rows and the quantized kernel below, in one graph. The copy here
+    holds twice the weight, so which route ran shows in the result."""
+    from torch._dynamo.utils import counters
+
+    from sgl.runtime.model import quant
+    from sgl.runtime.model.cpu_packed import pack_bf16
+
+    model = TwoLayers(torch_kernels)
+    quant.prepare_for_compile(model)
+    if not quant.compiled_ops_ready():
+        pytest.skip("no C++ compiler: compiled graphs trace the torch-ops route")
+    dense_copy.add_dense_copies(model, lambda: 1 << 30)
+    for layer in (model.a, model.b):
+        layer.dense_packed = pack_bf16(layer.held_weight().to(torch.bfloat16) * 2)
+        layer.dense_from, layer.crossover = 16, 1 << 30
+        torch._dynamo.reset()
+        graphs = counters["stats"]["unique_graphs"]
+        compiled = torch.compile(layer, dynamic=None)
+        for rows in (3, 40, 7, 16):
+            x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+            torch._dynamo.mark_dynamic(x, 0)
+            y = compiled(x).double()
+            plain = reference(layer, x.float())
+            doubled = plain * 2 - (0 if layer.bias is None else layer.bias.double())
+            want, other = (doubled, plain) if rows >= 16 else (plain, doubled)
+            assert (y - want).abs().max() <= 2e-2 * want.abs().max(), rows
+            assert (y - other).abs().max() > 0.2 * want.abs().max(), rows
+        assert counters["stats"]["unique_graphs"] - graphs == 1

@@ -105,9 +105,10 @@ def dense_rows(layer: nn.Module) -> int:
 
 
 def dense_route(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
-    """y = x W^T (+ b) on the layer's dense copy where it has one and x has enough rows (eager
-    only: a compiled graph keeps the quantized op), else None."""
-    if layer.dense_packed is None or x.shape[0] < layer.dense_from or torch.compiler.is_compiling():
+    """y = x W^T (+ b) on the layer's dense copy where it has one and x has enough rows, else
+    None. Eager only: in a compiled graph the layer's C++ op takes the copy and `dense_from`
+    and makes the same choice per call (csrc/dense_copy.h), so the graph does not guard on rows."""
+    if torch.compiler.is_compiling() or layer.dense_packed is None or x.shape[0] < layer.dense_from:
         return None
     y = on_row_grid(lambda rows: packed_matmul(rows, layer.dense_packed, layer.bias), x.to(torch.bfloat16))
     return y.to(x.dtype)

@@ -50,8 +50,8 @@ def _register_fakes() -> None:
         lambda packed, scales_zeros, group, block_n, pairs, dtype: packed.new_empty(packed.shape[1] * 2,
                                                                                     packed.shape[0], dtype=dtype))
     fake("sgl_linear::int8_linear")(
-        lambda x, qweight, scales, crossover, dense_dtype: x.new_empty(x.shape[0], qweight.shape[0]))
+        lambda x, qweight, scales, crossover, dense_dtype, dense, dense_from: x.new_empty(x.shape[0], qweight.shape[0]))
     fake("sgl_linear::int4_linear")(
-        lambda x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype: x.new_empty(
+        lambda x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype, dense, dense_from: x.new_empty(
             x.shape[0], qweight.shape[0]))
     fake("sgl_linear::packed_linear")(lambda x, packed, bias: x.new_empty(x.shape[0], packed.shape[0]))

@@ -398,7 +398,7 @@ class Int8Linear(nn.Module):
         xb = x.to(torch.bfloat16)
         if _in_compiled_graph():
             y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, _prepared_crossover(self),
-                                                 self.dense_dtype)
+                                                 self.dense_dtype, self.dense_packed, self.dense_from)
         else:
             y = int8_mm(xb, self.qweight, self.scales, _crossover(self, xb.shape[0]))
         if self.bias is not None:
@@ -455,7 +455,8 @@ class Int4Linear(nn.Module):
         if _in_compiled_graph():
             y = torch.ops.sgl_linear.int4_linear(xb, self.qweight, self.scales_zeros, self.group,
                                                  self.pack_layout.block_n, self.pack_layout.pairs,
-                                                 _prepared_crossover(self), self.dense_dtype)
+                                                 _prepared_crossover(self), self.dense_dtype, self.dense_packed,
+                                                 self.dense_from)
         else:
             y = int4_mm(xb, self.qweight, self.scales_zeros, self.group, self.padded_out,
                         _crossover(self, xb.shape[0]), self.pack_layout)

@@ -56,8 +56,10 @@ def _build() -> bool:
         logger.info("this CPU has no AVX-512 VNNI: quantized layers use torch's kernels")
         return False
     fake = torch.library.register_fake
-    fake("sgl_qmm::int4_linear")(lambda x, qw, sm, group, n, crossover, dense_dtype: x.new_empty(x.shape[0], n))
-    fake("sgl_qmm::int8_linear")(lambda x, qw, sc, group, n, crossover, dense_dtype: x.new_empty(x.shape[0], n))
+    fake("sgl_qmm::int4_linear")(
+        lambda x, qw, sm, group, n, crossover, dense_dtype, dense, dense_from: x.new_empty(x.shape[0], n))
+    fake("sgl_qmm::int8_linear")(
+        lambda x, qw, sc, group, n, crossover, dense_dtype, dense, dense_from: x.new_empty(x.shape[0], n))
     return True
 
 
@@ -158,7 +160,8 @@ class _TiledLinear(nn.Module):
         return torch.ops.sgl_qmm.int4_linear if self.kind == "int4" else torch.ops.sgl_qmm.int8_linear
 
     def packed_mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self._op()(x, self.qweight, self.qscales, self.group, self.out_features, 1 << 30, self.dense_dtype)
+        return self._op()(x, self.qweight, self.qscales, self.group, self.out_features, 1 << 30, self.dense_dtype,
+                          None, dense_copy.NEVER)
 
     def dequantized_t(self) -> torch.Tensor:
         """W^T [K, N padded to 16] in `dense_dtype()` (one call's worth: prefill)."""
@@ -171,7 +174,7 @@ class _TiledLinear(nn.Module):
             return dense
         if _in_compiled_graph():
             y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, _prepared_crossover(self),
-                           self.dense_dtype)
+                           self.dense_dtype, self.dense_packed, self.dense_from)
         else:
             y = self._dispatch(x, _crossover(self, x.shape[0]))
         return y if self.bias is None else y + self.bias.to(y.dtype)
@@ -180,7 +183,7 @@ class _TiledLinear(nn.Module):
         """The op on x; above `crossover` rows (a dequantized dense matmul in oneDNN) on the row grid."""
         def call(rows: torch.Tensor) -> torch.Tensor:
             return self._op()(rows, self.qweight, self.qscales, self.group, self.out_features, crossover,
-                              self.dense_dtype)
+                              self.dense_dtype, None, dense_copy.NEVER)
         return on_row_grid(call, x) if x.shape[0] > crossover else call(x)
 
 

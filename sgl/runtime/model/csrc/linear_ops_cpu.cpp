@@ -1,10 +1,11 @@
 // CPU linear-layer ops (library sgl_linear), built on first use like the attention kernel:
 //
 //   int4_dequant_t   torch's packed int4 weight -> W^T [K, N] (bf16 or float32) in one pass (prefill);
-//   int8_linear      x @ W^T for an int8 weight: torch's packed kernel up to `crossover`
-//   int4_linear      rows, else dequantize + a dense matmul in `dense_dtype` (bf16 where the
-//                    CPU multiplies it natively, AMX / AVX512-BF16; else float32: oneDNN
-//                    emulates bf16 there, ~25x slower than float32 on an AVX2 EPYC);
+//   int8_linear      x @ W^T for an int8 weight: the layer's dense copy from `dense_from` rows
+//   int4_linear      where it keeps one (dense_copy.h), else torch's packed kernel up to
+//                    `crossover` rows, else dequantize + a dense matmul in `dense_dtype` (bf16
+//                    where the CPU multiplies it natively, AMX / AVX512-BF16; else float32:
+//                    oneDNN emulates bf16 there, ~25x slower than float32 on an AVX2 EPYC);
 //   packed_linear    x @ W^T (+ b) for a weight prepacked by oneDNN (model/cpu_packed.py).
 //
 // The last three are what a torch.compile'd graph calls (model/cpu_compile.py): one C++
@@ -28,6 +29,8 @@
 // The output is W^T (row k holds every output's weight for input k): the writes run along n.
 
 #include <ATen/ATen.h>
+
+#include "dense_copy.h"
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -135,7 +138,8 @@ at::Tensor int4_dequant_t(const at::Tensor& packed, const at::Tensor& scales_zer
 
 // The dense route's result in x's dtype.
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, int64_t crossover,
-                       at::ScalarType dense_dtype) {
+                       at::ScalarType dense_dtype, const std::optional<at::Tensor>& dense, int64_t dense_from) {
+  if (sgl_dense_copy::takes_copy(x, dense, dense_from)) return sgl_dense_copy::linear(x, *dense, qweight.size(0));
   if (x.size(0) > crossover) {
     return at::linear(x.to(dense_dtype), qweight.to(dense_dtype) * scales.to(dense_dtype).unsqueeze(1))
         .to(x.scalar_type());
@@ -144,7 +148,9 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
 }
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales_zeros, int64_t group,
-                       int64_t block_n, bool pairs, int64_t crossover, at::ScalarType dense_dtype) {
+                       int64_t block_n, bool pairs, int64_t crossover, at::ScalarType dense_dtype,
+                       const std::optional<at::Tensor>& dense, int64_t dense_from) {
+  if (sgl_dense_copy::takes_copy(x, dense, dense_from)) return sgl_dense_copy::linear(x, *dense, qweight.size(0));
   if (x.size(0) > crossover) {
     return at::mm(x.to(dense_dtype), int4_dequant_t(qweight, scales_zeros, group, block_n, pairs, dense_dtype))
         .to(x.scalar_type());
@@ -153,12 +159,7 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
 }
 
 at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const std::optional<at::Tensor>& bias) {
-  static const c10::OperatorHandle op =
-      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
-  torch::jit::Stack stack{x, packed, bias, std::string("none"), c10::List<std::optional<at::Scalar>>(),
-                          std::optional<std::string>()};
-  op.callBoxed(&stack);
-  return stack[0].toTensor();
+  return sgl_dense_copy::packed_linear(x, packed, bias);
 }
 
 }  // namespace
@@ -166,9 +167,10 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& packed, const st
 TORCH_LIBRARY(sgl_linear, m) {
   m.def("int4_dequant_t(Tensor packed, Tensor scales_zeros, int group, int block_n, bool pairs, ScalarType dtype) "
         "-> Tensor");
-  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int crossover, ScalarType dense_dtype) -> Tensor");
+  m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int crossover, ScalarType dense_dtype, Tensor? dense, "
+        "int dense_from) -> Tensor");
   m.def("int4_linear(Tensor x, Tensor qweight, Tensor scales_zeros, int group, int block_n, bool pairs, "
-        "int crossover, ScalarType dense_dtype) -> Tensor");
+        "int crossover, ScalarType dense_dtype, Tensor? dense, int dense_from) -> Tensor");
   m.def("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor");
 
 }
@@ -180,5 +182,9 @@ TORCH_LIBRARY_IMPL(sgl_linear, CPU, m) {
   m.impl("packed_linear", &packed_linear);
 }
 
-// The packed weight is an mkldnn-layout tensor: calls dispatch on its key.
-TORCH_LIBRARY_IMPL(sgl_linear, MkldnnCPU, m) { m.impl("packed_linear", &packed_linear); }
+// A packed weight (or dense copy) is an mkldnn-layout tensor: calls dispatch on its key.
+TORCH_LIBRARY_IMPL(sgl_linear, MkldnnCPU, m) {
+  m.impl("packed_linear", &packed_linear);
+  m.impl("int8_linear", &int8_linear);
+  m.impl("int4_linear", &int4_linear);
+}

@@ -20,7 +20,9 @@
 //
 //   int4_mm / int8_mm       x [M, K] (bf16 or float32) @ W^T -> [M, out_features], x's dtype
 //   int4_dequant_t / int8_dequant_t   bf16 W^T [K, N] (all padded rows): prefill
-//   int4_linear / int8_linear         the packed kernel up to `crossover` rows, else
+//   int4_linear / int8_linear         the layer's dense copy from `dense_from` rows where it
+//                                     keeps one (dense_copy.h), else
+//                                     the packed kernel up to `crossover` rows, else
 //                                     dequantize + a matmul in `dense_dtype` (bf16 where the
 //                                     CPU has AMX / AVX512-BF16, else float32: a VNNI CPU
 //                                     without them, Cascade / Ice Lake, emulates bf16)
@@ -29,6 +31,8 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include "dense_copy.h"
 
 #include <immintrin.h>
 
@@ -386,7 +390,9 @@ at::Tensor dense_route(const at::Tensor& x, const at::Tensor& w_t, int64_t out_f
 }
 
 at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scale_min, int64_t group,
-                       int64_t out_features, int64_t crossover, at::ScalarType dense_dtype) {
+                       int64_t out_features, int64_t crossover, at::ScalarType dense_dtype,
+                       const std::optional<at::Tensor>& dense, int64_t dense_from) {
+  if (sgl_dense_copy::takes_copy(x, dense, dense_from)) return sgl_dense_copy::linear(x, *dense, out_features);
   if (x.size(0) > crossover) {
     return dense_route(x, int4_dequant_t(qweight, scale_min, group), out_features, dense_dtype);
   }
@@ -394,7 +400,9 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
 }
 
 at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at::Tensor& scales, int64_t group,
-                       int64_t out_features, int64_t crossover, at::ScalarType dense_dtype) {
+                       int64_t out_features, int64_t crossover, at::ScalarType dense_dtype,
+                       const std::optional<at::Tensor>& dense, int64_t dense_from) {
+  if (sgl_dense_copy::takes_copy(x, dense, dense_from)) return sgl_dense_copy::linear(x, *dense, out_features);
   if (x.size(0) > crossover) {
     return dense_route(x, int8_dequant_t(qweight, scales, group), out_features, dense_dtype);
   }
@@ -410,9 +418,9 @@ TORCH_LIBRARY(sgl_qmm, m) {
   m.def("int4_dequant_t(Tensor qweight, Tensor scale_min, int group) -> Tensor");
   m.def("int8_dequant_t(Tensor qweight, Tensor scales, int group) -> Tensor");
   m.def("int4_linear(Tensor x, Tensor qweight, Tensor scale_min, int group, int out_features, int crossover, "
-        "ScalarType dense_dtype) -> Tensor");
+        "ScalarType dense_dtype, Tensor? dense, int dense_from) -> Tensor");
   m.def("int8_linear(Tensor x, Tensor qweight, Tensor scales, int group, int out_features, int crossover, "
-        "ScalarType dense_dtype) -> Tensor");
+        "ScalarType dense_dtype, Tensor? dense, int dense_from) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sgl_qmm, CPU, m) {
@@ -420,6 +428,12 @@ TORCH_LIBRARY_IMPL(sgl_qmm, CPU, m) {
   m.impl("int8_mm", &int8_mm);
   m.impl("int4_dequant_t", &int4_dequant_t);
   m.impl("int8_dequant_t", &int8_dequant_t);
+  m.impl("int4_linear", &int4_linear);
+  m.impl("int8_linear", &int8_linear);
+}
+
+// With a dense copy (an mkldnn-layout tensor) calls dispatch on its key.
+TORCH_LIBRARY_IMPL(sgl_qmm, MkldnnCPU, m) {
   m.impl("int4_linear", &int4_linear);
   m.impl("int8_linear", &int8_linear);
 }
