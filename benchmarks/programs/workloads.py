@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import sgl
 
+from . import held_out
 from .data import SUBJECTS, mcq, paragraph, seeded, sentence
 from .plain_client import Completions
 
@@ -274,4 +275,8 @@ WORKLOADS = {w.name: w for w in [
     Workload("chat_short", multi_turn_chat, plain_multi_turn_chat, chat_items((4, 8), 8)),
     Workload("chat_long", multi_turn_chat, plain_multi_turn_chat, chat_items((256, 256), 16)),
     Workload("line_retrieval", line_retrieval, plain_line_retrieval, line_retrieval_items),
+    # held out: written after the engine work on the ones above, never tuned on
+    Workload("tree_of_thought", held_out.tree_of_thought, held_out.plain_tree_of_thought,
+             held_out.tree_of_thought_items),
+    Workload("llm_judge", held_out.llm_judge, held_out.plain_llm_judge, held_out.llm_judge_items),
 ]}
