@@ -101,20 +101,20 @@ class StreamExecutor:
         self.stream = stream
         # num_api_spec_tokens, for backends that speculate (completion APIs); see speculative.py
         self.spec_tokens = parent.spec_tokens if parent else spec_tokens
-        self.spec: Speculation | None = parent.spec if parent else None
+        self.spec: Speculation | None = None
         # Text added outside any role: a chat backend (wants_messages) would never see it.
-        self.loose_text = parent.loose_text if parent else False
+        self.loose_text = False
         self.sid = uuid.uuid4().hex
-        self.text_ = parent.text_ if parent else ""
-        self.messages_: list[dict[str, str]] = [dict(m) for m in parent.messages_] if parent else []
-        self.variables: dict[str, Any] = dict(parent.variables) if parent else {}
+        self.text_ = ""
+        self.messages_: list[dict[str, str]] = []
+        self.variables: dict[str, Any] = {}
         self.assigned: dict[str, None] = {}  # variables this state set itself (ordered set), for join
-        self.meta_info: dict[str, Any] = dict(parent.meta_info) if parent else {}
-        self.role: str | None = parent.role if parent else None
-        self.role_start = parent.role_start if parent else 0
-        self.roles_seen = parent.roles_seen if parent else 0
-        self.scopes: dict[str, int] = dict(parent.scopes) if parent else {}
-        self.fork_start = len(self.text_)  # where this branch's own text starts
+        self.meta_info: dict[str, Any] = {}
+        self.role: str | None = None
+        self.role_start = 0
+        self.roles_seen = 0
+        self.scopes: dict[str, int] = {}
+        self.fork_start = 0  # where this branch's own text starts
         self.children: list[StreamExecutor] = []  # fork branches: ended when this state ends
         # Where this state sits in the fork tree: per fork level, (which fork of the parent,
         # which branch of it); () for the root. A stream's branch events go to
@@ -124,7 +124,7 @@ class StreamExecutor:
         self.branch_listener: Callable[[tuple[tuple[int, int], ...], str | None, str], None] | None = (
             parent.branch_listener if parent else None)
         self.error: BaseException | None = None
-        self._template: ChatTemplate | None = parent._template if parent else None
+        self._template: ChatTemplate | None = None
         self._queue: queue.Queue = queue.Queue()
         self._pending = 0
         self._cond = threading.Condition()
@@ -140,7 +140,18 @@ class StreamExecutor:
         self._session: str | None = None
         self._session_asked = False
         self.finished = threading.Event()  # set when the worker is done with this state
+        if parent is not None:
+            self.inherit(parent)
         _WORKERS.run(self._loop)
+
+    def inherit(self, parent: "StreamExecutor") -> None:
+        """Continue from the parent's state as it is now (a fork branch's start)."""
+        self.spec, self.loose_text, self._template = parent.spec, parent.loose_text, parent._template
+        self.text_, self.messages_ = parent.text_, [dict(m) for m in parent.messages_]
+        self.variables, self.meta_info = dict(parent.variables), dict(parent.meta_info)
+        self.role, self.role_start, self.roles_seen = parent.role, parent.role_start, parent.roles_seen
+        self.scopes = dict(parent.scopes)
+        self.fork_start = len(self.text_)
 
     # ------------------------------------------------------------------ submission
 
@@ -210,7 +221,7 @@ class StreamExecutor:
                 self.finished.set()
                 return
             try:
-                if self.error is None:
+                if self.error is None or isinstance(expr, _ForkPoint):
                     self._execute(expr)
             except BaseException as e:  # recorded; the rest of this state's expressions are skipped
                 self.error = e
@@ -242,6 +253,8 @@ class StreamExecutor:
             self.set_variable(expr.name, self.text_[self.scopes.pop(expr.name) :])
         elif isinstance(expr, ir.SetVar):
             self.set_variable(expr.name, expr.value)
+        elif isinstance(expr, _ForkPoint):
+            expr.reached(self)
         elif isinstance(expr, _Call):
             expr.fn(self)
         else:
@@ -447,6 +460,29 @@ class _Call(ir.Expr):
         self.fn = fn
 
 
+class _ForkPoint(ir.Expr):
+    """Where a fork's branches start, in the parent's stream (internal). The fork does not wait
+    for the parent: the parent's thread, on reaching this point (after everything submitted
+    before the fork), hands its state to the branches, whose threads wait for it. So a program
+    can go on building (a second fork, the next branch's text) while a generation runs. Run
+    even after the parent failed: the branches then take its error instead of hanging."""
+
+    def __init__(self, branches: list[StreamExecutor]) -> None:
+        self.branches = branches
+        self._ready = threading.Event()
+        for b in branches:
+            b.submit(_Call(self._start))
+
+    def reached(self, parent: StreamExecutor) -> None:
+        for b in self.branches:
+            b.inherit(parent)
+            b.error = parent.error
+        self._ready.set()
+
+    def _start(self, branch: StreamExecutor) -> None:
+        self._ready.wait()  # a failed parent's error is then the branch's: its expressions are skipped
+
+
 class ProgramState(StateBuilder):
     """The `s` of a program: add expressions to it, read results from it."""
 
@@ -464,11 +500,11 @@ class ProgramState(StateBuilder):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be a positive integer, got {size!r}")
         parent = self.stream_executor
-        parent.sync()
         branches = [ProgramState(StreamExecutor(parent.backend, parent.defaults, parent.stream, parent=parent))
                     for _ in range(size)]
         for i, b in enumerate(branches):
             b.stream_executor.branch_path = parent.branch_path + ((parent.forks_made, i),)
+        parent.submit(_ForkPoint([b.stream_executor for b in branches]))
         parent.forks_made += 1
         parent.children.extend(b.stream_executor for b in branches)
         return ProgramStateGroup(branches, self)
@@ -551,7 +587,9 @@ class ProgramStateGroup(BranchGroup):
     """The branches of `s.fork(n)`."""
 
     def join(self, mode: str = "gather_variable") -> None:
-        """Wait for every branch and bring its results back to the parent (as SGLang does).
+        """Bring every branch's results back to the parent once the branches are done (as SGLang
+        does). It does not block the program body: the parent's stream waits, and reading the
+        parent (a variable, its text) waits for the merge; a branch's error becomes the parent's.
 
         "gather_variable" (the default): every variable a branch set after the fork becomes,
         in the parent, the list of the branches' values in fork order; the parent's text is
@@ -562,17 +600,16 @@ class ProgramStateGroup(BranchGroup):
             raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
         for s in self.states:
             s.stream_executor.end()
-        errors = []
-        for s in self.states:
-            try:
-                s.sync()
-            except ProgramError as e:
-                errors.append(e)
-        if errors:
-            raise errors[0]
         executors = [s.stream_executor for s in self.states]
 
         def merge(parent: StreamExecutor) -> None:
+            # On the parent's thread, in order: the program body goes on building (the next
+            # branch of an outer fork, say) while these branches run.
+            for ex in executors:
+                ex.sync_quietly()
+            failed = next((ex.error for ex in executors if ex.error is not None), None)
+            if failed is not None:
+                raise failed  # the parent's error now: its later expressions are skipped
             # The variables some branch set after the fork (not those it inherited: a value
             # equal to, or even the same object as, the parent's still counts as set).
             if mode == "concate_and_append":

@@ -240,3 +240,72 @@ def test_unjoined_fork_branches_end_with_the_program():
     assert state.text() == "xab"
     for child in state.stream_executor.children:
         assert child.finished.wait(5)
+
+
+@within(10)
+def test_nested_fork_plans_run_concurrently():
+    """Tree of thought: each branch generates, then forks again. A fork does not wait for its
+    parent's generation (the branches start from the parent's state when its thread gets
+    there), so the three plans are in flight at once, not one after the other."""
+    barrier = threading.Barrier(3, timeout=5)
+
+    def plans_together(call):
+        if call.kind == "generate" and call.text.endswith("Plan:"):
+            barrier.wait()  # raises BrokenBarrierError unless the 3 plans are in flight at once
+
+    @sgl.function
+    def prog(s):
+        s += "Q."
+        plans = s.fork(3)
+        for i, p in enumerate(plans):
+            p += f" {i} Plan:" + sgl.gen("plan", max_tokens=2)
+            tries = p.fork(2)
+            tries += lambda j: f" try {j}:" + sgl.gen("try", max_tokens=1)
+            tries.join()
+        plans.join()
+
+    state = prog.run(backend=FakeBackend(default="ab", on_call=plans_together))
+    assert state["plan"] == ["ab"] * 3
+    assert state["try"] == [["a", "a"]] * 3
+
+
+@within(10)
+def test_fork_returns_before_the_parents_generation_and_branches_see_its_text():
+    release = threading.Event()
+    forked = threading.Event()
+
+    def hold_parent(call):
+        if call.kind == "generate" and call.text.endswith("Start:"):
+            assert forked.wait(5), "fork waited for the parent's generation"
+            release.wait(5)
+
+    @sgl.function
+    def prog(s):
+        s += "Start:" + sgl.gen("first", max_tokens=3)
+        forks = s.fork(2)
+        forked.set()
+        release.set()
+        forks += lambda i: f" b{i}:" + sgl.gen("v", max_tokens=1)
+        forks.join()
+
+    fake = FakeBackend(default="xyz", on_call=hold_parent)
+    state = prog.run(backend=fake)
+    assert state["v"] == ["x", "x"]
+    branch_prompts = sorted(c.text for c in fake.calls if c.kind == "generate" and " b" in c.text)
+    assert branch_prompts == ["Start:xyz b0:", "Start:xyz b1:"]
+
+
+@within(10)
+def test_a_parent_that_fails_before_its_fork_fails_the_branches_without_hanging():
+    @sgl.function
+    def prog(s):
+        s += "Start:" + sgl.gen("first")
+        forks = s.fork(2)
+        forks += lambda i: f"Branch {i}:" + sgl.gen("v")
+        forks.join()
+
+    fake = FakeBackend(replies=BRANCH_REPLIES, fail_on=lambda call: call.text.endswith("Start:"))
+    with pytest.raises(sgl.ProgramError) as info:
+        prog.run(backend=fake)
+    assert isinstance(info.value.__cause__, FakeBackendError)
+    assert not [c for c in fake.calls if "Branch" in c.text]  # the branches never generated

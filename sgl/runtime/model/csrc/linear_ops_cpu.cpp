@@ -29,8 +29,6 @@
 // The output is W^T (row k holds every output's weight for input k): the writes run along n.
 
 #include <ATen/ATen.h>
-
-#include "dense_copy.h"
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -42,6 +40,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "dense_copy.h"
 
 namespace {
 

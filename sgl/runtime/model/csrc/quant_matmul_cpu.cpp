@@ -32,8 +32,6 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "dense_copy.h"
-
 #include <immintrin.h>
 
 #include <algorithm>
@@ -41,6 +39,8 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+
+#include "dense_copy.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #define SGL_QMM 1
