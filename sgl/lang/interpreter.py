@@ -140,8 +140,8 @@ class StreamExecutor:
         self._session: str | None = None
         self._session_asked = False
         self.finished = threading.Event()  # set when the worker is done with this state
-        if parent is not None:
-            self.inherit(parent)
+        # A fork branch (parent given) takes the parent's text, variables and roles later, on
+        # the parent's thread (`_ForkPoint`): reading them here would race its generations.
         _WORKERS.run(self._loop)
 
     def inherit(self, parent: "StreamExecutor") -> None:
