@@ -30,18 +30,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <torch/library.h>
-
-#include <optional>
-#include <string>
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <vector>
 
-#include "dense_copy.h"
+#include "dense_copy.h"  // packed_linear and the dense-copy route (its dispatcher call)
 
 namespace {
 
