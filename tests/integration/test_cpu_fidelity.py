@@ -74,6 +74,20 @@ def test_bf16_logprobs_track_hf_bf16(hf_model, prompts):
     assert worst <= BF16_MAX_ERR and mean <= BF16_MEAN_ERR, (worst, mean)
 
 
+def test_bf16_long_prompts_track_hf(hf_model):
+    """Prompts of 150-1,500 tokens in chunks of 256 (each chunk after a cached prefix): the
+    prefill attention (sgl's kernel where the CPU has AVX512-BF16, else SDPA) in a bf16 model
+    holds to HF float32 within the bf16 tolerances of (a)."""
+    import random
+
+    rng = random.Random(3)
+    long_prompts = [[rng.randrange(1000, 20000) for _ in range(n)] for n in (150, 700, 1500)]
+    with _engine(dtype="bfloat16", quantization="none", chunked_prefill_size=256) as engine:
+        worst, mean = _errors(engine, hf_model, long_prompts)
+    print(f"bf16 long prompts vs HF float32: max {worst:.3f}, mean {mean:.4f}")
+    assert worst <= BF16_MAX_ERR and mean <= BF16_MEAN_ERR, (worst, mean)
+
+
 @pytest.mark.parametrize("quantization,layout", [("auto", "int4_g32"), ("int8", "int8")])
 def test_quantized_logprobs_track_hf_on_held_weights(hf_model, prompts, quantization, layout):
     from sgl.runtime.model.held_weights import held_hf_state_dict

@@ -200,3 +200,70 @@ def test_prefill_chunks_after_cached_prefixes_match_reference(dtype, tol):
         got = run(backend, case)
         assert got.dtype == dtype
         torch.testing.assert_close(got.double(), expected, rtol=tol, atol=tol)
+
+
+# ----------------------------------------------------------------------------- the prefill kernel
+
+from sgl.runtime.attention.cpu_kernel import load_prefill_attention  # noqa: E402
+from sgl.runtime.cpu_features import cpu_flags  # noqa: E402
+
+needs_prefill_kernel = pytest.mark.skipif(
+    not {"avx512f", "avx512_bf16"} <= cpu_flags(), reason="the prefill kernel needs AVX512-BF16 (this CPU lacks it)")
+
+
+class CountingOp:
+    """The prefill op, counting its calls: shows which rows took it."""
+
+    def __init__(self, op) -> None:
+        self.op, self.calls = op, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.op(*args)
+
+
+@needs_prefill_kernel
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(9, 3, 64), (8, 8, 128), (4, 2, 32)])
+def test_prefill_kernel_matches_reference(heads, kv_heads, head_dim):
+    """Prefill chunks (rows over KERNEL_MAX_EXTEND new tokens) of a bf16 pool through the prefill
+    kernel: query blocks of 32 and key blocks of 64 cut at every offset (chunks of 65-300 new
+    tokens after no prefix, 1 key, and prefixes shorter and longer than the chunk), beside
+    decode rows in the paged kernel; float64 oracle."""
+    op = load_prefill_attention()
+    assert op is not None  # AVX512-BF16 and a compiler: the kernel must build
+    specs = [(0, 65), (1, 70), (300, 120), (97, 97), (0, 1), (33, 300), (64, 128), (20, 1)]
+    case = make_case(specs, kv_heads, head_dim, torch.bfloat16, heads=heads, max_context=512, capacity=2000, seed=7)
+    counting = CountingOp(op)
+    got = run(bound(CpuBackend(paged_attention, counting), case), case)
+    assert counting.calls == sum(e > KERNEL_MAX_EXTEND for _, e in specs)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), reference(case), rtol=8e-3, atol=8e-3)
+
+
+@needs_prefill_kernel
+def test_prefill_kernel_leaves_window_cap_and_float_pools_to_sdpa():
+    """Sliding-window or soft-capped layers and float32 pools are not the prefill kernel's:
+    those rows take SDPA and still match the oracle."""
+    counting = CountingOp(load_prefill_attention())
+    case = make_case(LONG, 2, 64, torch.bfloat16, heads=4, seed=3)
+    for features in (dict(sliding_window=5), dict(logit_cap=0.7)):
+        got = run(bound(CpuBackend(paged_attention, counting), case), case, **features)
+        torch.testing.assert_close(got.double(), reference(case, **features), rtol=8e-3, atol=8e-3)
+    case = make_case(LONG, 2, 64, torch.float32, heads=4, seed=3)
+    got = run(bound(CpuBackend(paged_attention, counting), case), case)
+    torch.testing.assert_close(got.double(), reference(case), rtol=1e-5, atol=1e-5)
+    assert counting.calls == 0
+
+
+@needs_prefill_kernel
+def test_prefill_kernel_checks_its_inputs():
+    op = load_prefill_attention()
+    q, k = torch.zeros(4, 4, 64, dtype=torch.bfloat16), torch.zeros(6, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="bfloat16"):
+        op(q.float(), k, k, 0.125)
+    with pytest.raises(RuntimeError, match="keys .* >= queries"):
+        op(q, k[:3], k[:3], 0.125)
+    with pytest.raises(RuntimeError, match="multiple of kv heads"):
+        op(q, torch.zeros(6, 3, 64, dtype=torch.bfloat16), torch.zeros(6, 3, 64, dtype=torch.bfloat16), 0.125)
+    with pytest.raises(RuntimeError, match="head_dim 48"):
+        op(q[..., :48], k[..., :48], k[..., :48], 0.125)

@@ -100,9 +100,9 @@ def _check_torch_native(device: torch.device, dtype: torch.dtype | None) -> str 
 
 def _make_cpu() -> AttentionBackend:
     from sgl.runtime.attention.cpu_backend import CpuBackend
-    from sgl.runtime.attention.cpu_kernel import load_paged_attention
+    from sgl.runtime.attention.cpu_kernel import load_paged_attention, load_prefill_attention
 
-    return CpuBackend(load_paged_attention())
+    return CpuBackend(load_paged_attention(), load_prefill_attention())
 
 
 def _check_cpu(device: torch.device, dtype: torch.dtype | None) -> str | None:

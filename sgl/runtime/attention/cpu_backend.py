@@ -6,8 +6,9 @@ Against TorchNativeBackend (torch SDPA over a dense mirror of the contexts), a s
 what its real (query, key) pairs cost: a batch mixing single-token rows with a few
 multi-token rows no longer pads every row to the longest query, a batch of short prompts
 no longer makes one SDPA call per row, and there is no mirror to keep up to date (nothing
-is held beyond the pool). Longer rows (prefill chunks) still go to SDPA over the pool, by
-torch_native's row routine, whose matrix-multiply kernels suit them better.
+is held beyond the pool). Longer rows (prefill chunks) go to the prefill kernel
+(csrc/prefill_attention_cpu.cpp: blocked like a matrix multiply, AVX512-BF16 dot products)
+where the CPU and the layer allow it, else to SDPA over the pool by torch_native's row routine.
 
 The kernel takes float32 queries, a float32, bf16 or fp16 pool, and head_dim in
 SUPPORTED_HEAD_DIMS. `CpuBackend` (the `cpu`
@@ -23,7 +24,7 @@ from typing import Callable
 import torch
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
-from sgl.runtime.attention.cpu_kernel import SUPPORTED_HEAD_DIMS
+from sgl.runtime.attention.cpu_kernel import PREFILL_HEAD_DIMS, SUPPORTED_HEAD_DIMS
 from sgl.runtime.attention.torch_native import TorchNativeBackend, _ExtendRow, attend_extend_row, pool_extend_row
 
 # Rows with more new tokens than this go to SDPA (the kernel's cost grows with queries x keys
@@ -44,14 +45,17 @@ class _KernelMetadata:
 
 
 class CpuKernelBackend(AttentionBackend):
-    """The kernel for rows with <= KERNEL_MAX_EXTEND new tokens, SDPA over the pool for the
-    rest. Only for a CPU pool of a KERNEL_DTYPES dtype and a supported head_dim (`kernel_supports`)."""
+    """The kernel for rows with <= KERNEL_MAX_EXTEND new tokens; the rest (prefill chunks) by
+    the prefill kernel where it runs (`prefill`: AVX512-BF16, bf16, no window / soft-cap), else
+    SDPA over the pool. Only for a CPU pool of a KERNEL_DTYPES dtype and a supported head_dim
+    (`kernel_supports`)."""
 
     name = "cpu"
     features = frozenset({"sliding_window", "logit_cap"})
 
-    def __init__(self, op: Callable) -> None:
+    def __init__(self, op: Callable, prefill: Callable | None = None) -> None:
         self._op = op
+        self._prefill = prefill
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         table = batch.req_to_token.req_to_token
@@ -82,18 +86,35 @@ class CpuKernelBackend(AttentionBackend):
             out = out.to(q.dtype)
         else:
             out = torch.empty_like(q)
+        plain = not (sliding_window or logit_cap)
         for ext in md.extends:
-            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, sliding_window=sliding_window,
-                              logit_cap=logit_cap)
+            if plain and self._prefill_takes(q, k_buf):
+                self._prefill_row(q, k, v, k_buf, v_buf, ext, scaling, out)
+            else:
+                attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, sliding_window=sliding_window,
+                                  logit_cap=logit_cap)
         return out
+
+    def _prefill_takes(self, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
+        return (self._prefill is not None and q.dtype == torch.bfloat16 and k_buf.dtype == torch.bfloat16
+                and q.shape[-1] in PREFILL_HEAD_DIMS)
+
+    def _prefill_row(self, q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor) -> None:
+        """A prefill chunk's causal attention over its cached prefix (read from the pool by slot)
+        and its own new keys, by the prefill kernel."""
+        if ext.slots is None:
+            ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
+        else:
+            ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
+        out[ext.tok_start : ext.tok_end] = self._prefill(q[ext.tok_start : ext.tok_end], ke, ve, scaling)
 
 
 class CpuBackend(AttentionBackend):
     """The `cpu` backend: `CpuKernelBackend` where the pool suits the kernel, else an inner
     TorchNativeBackend; `bind` chooses, and every step goes to the chosen one."""
 
-    def __init__(self, op: Callable) -> None:
-        self._kernel = CpuKernelBackend(op)
+    def __init__(self, op: Callable, prefill: Callable | None = None) -> None:
+        self._kernel = CpuKernelBackend(op, prefill)
         self._torch = TorchNativeBackend()
         self._impl: AttentionBackend = self._kernel  # until bind has seen the pool
 

@@ -1,11 +1,14 @@
-"""Build and load the CPU paged-attention kernel (csrc/paged_attention_cpu.cpp).
+"""Build and load the CPU attention kernels: paged attention for decode and short rows
+(csrc/paged_attention_cpu.cpp) and causal prefill attention where the CPU has AVX512-BF16
+(csrc/prefill_attention_cpu.cpp).
 
-The kernel is compiled on first use (about 10 s) for this machine's instruction set and
+A kernel is compiled on first use (about 10 s) for this machine's instruction set and
 cached (see :mod:`sgl.native`); later engines load the cached library in milliseconds.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Callable
@@ -13,10 +16,15 @@ from typing import Callable
 import torch
 
 from sgl import native
+from sgl.runtime.cpu_features import cpu_flags
+
+logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # -fopenmp: at::parallel_for runs threads
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
+PREFILL_SOURCE = Path(__file__).parent / "csrc" / "prefill_attention_cpu.cpp"
+PREFILL_HEAD_DIMS = (32, 64, 128)
 
 _lock = threading.Lock()
 _op: Callable | None = None
@@ -43,3 +51,26 @@ def load_paged_attention() -> Callable:
             except Exception as e:  # compiler missing, build error, ...
                 _error = e
         raise RuntimeError(f"the CPU attention kernel could not be built: {_error}") from _error
+
+
+_prefill_lock = threading.Lock()
+_prefill: list[Callable | None] = []  # [op or None] once tried
+
+
+def load_prefill_attention() -> Callable | None:
+    """torch.ops.sgl_prefill.causal_attention (bf16 q/k/v, head_dim in PREFILL_HEAD_DIMS) where
+    this CPU has AVX512-BF16 and the kernel builds; else None, and prefill rows keep torch's
+    SDPA. Tried once per process; a build failure is logged."""
+    with _prefill_lock:
+        if not _prefill:
+            op = None
+            if {"avx512f", "avx512_bf16"} <= cpu_flags():
+                try:
+                    native.build("sgl_cpu_prefill_attention", PREFILL_SOURCE, CFLAGS, ldflags=["-fopenmp"],
+                                 python_module=False)
+                    if torch.ops.sgl_prefill.available():
+                        op = torch.ops.sgl_prefill.causal_attention
+                except Exception as e:  # compiler missing, build error, ...
+                    logger.warning("the CPU prefill attention kernel could not be built (SDPA is used): %s", e)
+            _prefill.append(op)
+        return _prefill[0]

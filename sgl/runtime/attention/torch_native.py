@@ -56,10 +56,19 @@ class _ExtendRow:
     tok_start: int
     tok_end: int
     seq_len: int
-    mask: torch.Tensor | None  # [E, S] bool causal mask with prefix offset; None: plain causal
+    device: torch.device
     mirror_row: int | None = None  # context from the mirror; None: from the pool
     slots: torch.Tensor | None = None  # pool slots of the context (None with no prefix: fresh k/v)
     windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, made once a step
+    _mask: list = field(default_factory=list)  # [mask] once made
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """[E, S] bool causal mask with the prefix offset (None: plain causal), made on first use:
+        rows taken by a kernel never need it (a 2,048-token chunk's costs ~2 ms to build)."""
+        if not self._mask:
+            self._mask.append(_causal_mask(self.seq_len - (self.tok_end - self.tok_start), self.seq_len, self.device))
+        return self._mask[0]
 
     def mask_for(self, window: int, device) -> torch.Tensor | None:
         """The causal mask, narrowed to the last `window` keys of each query where window > 0."""
@@ -173,7 +182,7 @@ def attend_after_prefix(q, k, v, prefix: int, scale: float) -> torch.Tensor:
 def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first: int) -> _ExtendRow:
     """A multi-token row whose context is read from the pool (or, with no prefix, is its own k/v)."""
     seq = prefix + ext
-    return _ExtendRow(first, first + ext, seq, _causal_mask(prefix, seq, table.device),
+    return _ExtendRow(first, first + ext, seq, table.device,
                       slots=table[prow, :seq] if prefix > 0 else None)
 
 
@@ -352,8 +361,7 @@ class TorchNativeBackend(AttentionBackend):
                 paddable = []
         for r, prefix, ext, first in multi:
             if ext > PAD_QUERY_MAX or not paddable:
-                extends.append(_ExtendRow(first, first + ext, prefix + ext,
-                                          _causal_mask(prefix, prefix + ext, device), mirror_row=r))
+                extends.append(_ExtendRow(first, first + ext, prefix + ext, device, mirror_row=r))
         batched_rows = single + paddable
         batched = self._plan_padded(batched_rows, num_tokens, device) if batched_rows else None
         write = _MirrorWrite(
