@@ -25,7 +25,8 @@ import torch
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.attention.cpu_kernel import PREFILL_HEAD_DIMS, SUPPORTED_HEAD_DIMS
-from sgl.runtime.attention.torch_native import TorchNativeBackend, _ExtendRow, attend_extend_row, pool_extend_row
+from sgl.runtime.attention.torch_native import (TorchNativeBackend, _ExtendRow, attend_extend_row,
+                                                 extend_row_context, pool_extend_row)
 
 # Rows with more new tokens than this go to SDPA (the kernel's cost grows with queries x keys
 # without the blocking a matrix multiply gets).
@@ -86,10 +87,11 @@ class CpuKernelBackend(AttentionBackend):
             out = out.to(q.dtype)
         else:
             out = torch.empty_like(q)
-        plain = not (sliding_window or logit_cap)
+        use_prefill = not (sliding_window or logit_cap) and self._prefill_takes(q, k_buf)
         for ext in md.extends:
-            if plain and self._prefill_takes(q, k_buf):
-                self._prefill_row(q, k, v, k_buf, v_buf, ext, scaling, out)
+            if use_prefill:
+                ke, ve = extend_row_context(k, v, k_buf, v_buf, ext)
+                out[ext.tok_start : ext.tok_end] = self._prefill(q[ext.tok_start : ext.tok_end], ke, ve, scaling)
             else:
                 attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, sliding_window=sliding_window,
                                   logit_cap=logit_cap)
@@ -98,15 +100,6 @@ class CpuKernelBackend(AttentionBackend):
     def _prefill_takes(self, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
         return (self._prefill is not None and q.dtype == torch.bfloat16 and k_buf.dtype == torch.bfloat16
                 and q.shape[-1] in PREFILL_HEAD_DIMS)
-
-    def _prefill_row(self, q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor) -> None:
-        """A prefill chunk's causal attention over its cached prefix (read from the pool by slot)
-        and its own new keys, by the prefill kernel."""
-        if ext.slots is None:
-            ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
-        else:
-            ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
-        out[ext.tok_start : ext.tok_end] = self._prefill(q[ext.tok_start : ext.tok_end], ke, ve, scaling)
 
 
 class CpuBackend(AttentionBackend):

@@ -24,6 +24,7 @@ difference).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -60,15 +61,12 @@ class _ExtendRow:
     mirror_row: int | None = None  # context from the mirror; None: from the pool
     slots: torch.Tensor | None = None  # pool slots of the context (None with no prefix: fresh k/v)
     windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, made once a step
-    _mask: list = field(default_factory=list)  # [mask] once made
 
-    @property
+    @functools.cached_property
     def mask(self) -> torch.Tensor | None:
         """[E, S] bool causal mask with the prefix offset (None: plain causal), made on first use:
         rows taken by a kernel never need it (a 2,048-token chunk's costs ~2 ms to build)."""
-        if not self._mask:
-            self._mask.append(_causal_mask(self.seq_len - (self.tok_end - self.tok_start), self.seq_len, self.device))
-        return self._mask[0]
+        return _causal_mask(self.seq_len - (self.tok_end - self.tok_start), self.seq_len, self.device)
 
     def mask_for(self, window: int, device) -> torch.Tensor | None:
         """The causal mask, narrowed to the last `window` keys of each query where window > 0."""
@@ -186,6 +184,14 @@ def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first
                       slots=table[prow, :seq] if prefix > 0 else None)
 
 
+def extend_row_context(k, v, k_buf, v_buf, ext: _ExtendRow) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pool-read row's keys and values [S, kv_heads, D]: its own fresh k/v without a prefix,
+    else gathered from the pool by slot (the new tokens' K/V are already written there)."""
+    if ext.slots is None:
+        return k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
+    return k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
+
+
 def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor,
                       ke: torch.Tensor | None = None, ve: torch.Tensor | None = None, sliding_window: int = 0,
                       logit_cap: float = 0.0) -> None:
@@ -193,10 +199,7 @@ def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, ou
     context is (ke, ve) when given, else the fresh k/v (no prefix) or the pool at ext.slots."""
     qe = q[ext.tok_start : ext.tok_end].transpose(0, 1).unsqueeze(0)  # [1, h, E, D]
     if ke is None:
-        if ext.slots is None:
-            ke, ve = k[ext.tok_start : ext.tok_end], v[ext.tok_start : ext.tok_end]
-        else:
-            ke, ve = k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
+        ke, ve = extend_row_context(k, v, k_buf, v_buf, ext)
     ke = ke.transpose(0, 1).unsqueeze(0)
     ve = ve.transpose(0, 1).unsqueeze(0)
     if ext.slots is not None and q.device.type == "cpu" and not (sliding_window or logit_cap):
