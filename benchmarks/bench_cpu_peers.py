@@ -279,9 +279,11 @@ def peer(tool: str) -> str | None:
 
 
 def run_worker(python: str, engine: str, model_file: Path, quick: bool, names: list[str]) -> dict:
+    from common import vllm_cpu_env
+
     cmd = [python, __file__, "--worker", engine, "--model-file", str(model_file), "--workloads", ",".join(names)]
     cmd += ["--quick"] if quick else []
-    env = dict(os.environ, PYTHONPATH=str(ROOT), VLLM_CPU_KVCACHE_SPACE="4", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **vllm_cpu_env())
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
     if res.returncode != 0 or not lines:

@@ -9,7 +9,7 @@ torch ops, and the compiled graph's own generated code; "python and dispatch" is
 time per step not inside any op (module calls, argument handling, dynamo's guards).
 
     .venv/bin/python benchmarks/bench_cpu_step.py [--quantization auto] [--dtype bfloat16] [--steps 40]
-        [--batch 1] [--context 64] [--no-compile] [--wrapper cpp|python] [--name cpu_step]
+        [--batch 1] [--context 64] [--dense-copy auto|on|off] [--no-compile] [--wrapper cpp|python] [--name cpu_step]
 """
 
 from __future__ import annotations
@@ -119,17 +119,22 @@ def main() -> None:
     ap.add_argument("--wrapper", choices=("cpp", "python"), default="cpp",
                     help="inductor's wrapper around the generated kernels (the engine tries cpp first)")
     ap.add_argument("--no-pack", action="store_true", help="plain bf16 weights (no oneDNN prepacking)")
+    ap.add_argument("--dense-copy", default="auto", choices=("auto", "on", "off"),
+                    help="dense bf16 copies of the quantized layers, as the engine's option")
     ap.add_argument("--top", type=int, default=0, help="also print the N ops of most self time a step")
     ap.add_argument("--name", default="cpu_step")
     args = ap.parse_args()
     from sgl.runtime.cpu_compile import _register_attention_fake
     from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
     from sgl.runtime.model.loader import load_model
+    from sgl.runtime.model.dense_copy import add_dense_copies
     from sgl.runtime.model.quant import prepare_for_compile
+    from sgl.runtime.worker import dense_copy_budget
 
     model, _ = load_model("default", getattr(torch, args.dtype), torch.device("cpu"), args.quantization)
     if packing_applies(getattr(torch, args.dtype), torch.device("cpu")) and not args.no_pack:
         pack_dense_layers(model)  # as the engine does
+        add_dense_copies(model, lambda: dense_copy_budget(args.dense_copy, torch.device("cpu")))
     results = {}
 
     def fresh_rows() -> DecodeRows:
@@ -159,7 +164,8 @@ def main() -> None:
     print_table(f"decode step of {args.batch} row(s) at ~{args.context} tokens, ms (SmolLM2, {args.dtype}, "
                 f"quantization={args.quantization})", [(k, *(r[k] for r in results.values())) for k in keys],
                 ("part", *results))
-    write_result(args.name, {"dtype": args.dtype, "quantization": args.quantization, "batch": args.batch,
+    write_result(args.name, {"dtype": args.dtype, "quantization": args.quantization, "dense_copy": args.dense_copy,
+                             "batch": args.batch,
                              "context": args.context, "compile_s": compile_s, "wrapper": args.wrapper, "split_ms": results})
 
 
