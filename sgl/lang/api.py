@@ -10,7 +10,7 @@ import threading
 from typing import Any, Callable
 
 from sgl.lang import ir
-from sgl.lang.backends.base import Backend
+from sgl.lang.backends.base import Backend, ProgramsNotServed
 from sgl.lang.choices import ChoicesMethod
 from sgl.lang.global_config import global_config
 from sgl.lang.interpreter import DTYPE_REGEX, ProgramError, ProgramState, run_program, run_program_batch
@@ -375,6 +375,11 @@ class SglFunction:
             if template is not None:  # one program and each item's argument values
                 return runner([template[0]], defaults, stream, arguments=template[1])
             return runner(programs, defaults, stream)
+        except ProgramsNotServed as e:  # nothing ran: a router in front, say
+            if ship is True:
+                raise ProgramError(f"{self.func.__name__}: ship=True, but the server cannot run programs ({e}); "
+                                   "use ship='auto' to run them client-side") from e
+            return None
         except ValueError as e:  # the server refused it (a 400 names the field)
             raise ProgramError(f"{self.func.__name__}: {e}") from e
 

@@ -380,12 +380,20 @@ class Scheduler:
     def _on_shutdown(self, msg: Shutdown) -> None:
         self._stop = True
 
+    def load_tokens(self) -> int:
+        """Tokens of work on this engine: the running requests' prompt and output so far, and the
+        waiting requests' prompts (SGLang's `/get_load` `num_tokens`, read by the router)."""
+        b = self.batches
+        return (sum(len(r.origin_input_ids) + len(r.output_ids) for r in b.running)
+                + sum(len(r.origin_input_ids) for r in b.waiting))
+
     def info(self) -> dict[str, Any]:
         b = self.batches
         return {
             **self.kv.info(),
             "num_running_reqs": len(b.running),
             "num_waiting_reqs": len(b.waiting) + len(self.grammars),
+            "num_load_tokens": self.load_tokens(),
             "num_compiling_reqs": len(self.grammars),
             "num_open_sessions": len(self.sessions),
             "new_token_ratio": b.new_token_ratio,

@@ -181,6 +181,19 @@ def load_gguf_tokenizer(gguf_path: str | os.PathLike[str]) -> tuple[PreTrainedTo
     return tok, False
 
 
+def tokenizer_directory(tok_path: str | None) -> str | None:
+    """A local directory with the tokenizer's files (`tokenizer.json`, its config and chat
+    template) that other programs load, e.g. the sglang-router: an HF directory itself, or a
+    GGUF's converted tokenizer in the cache (written when the engine loaded it); None for a
+    dummy model's byte-level tokenizer or where the cache could not be written."""
+    if tok_path is None:
+        return None
+    if os.path.isfile(tok_path):
+        entry = gguf_tokenizer_cache_dir(tok_path)
+        return str(entry) if (entry / "tokenizer.json").is_file() else None
+    return str(Path(tok_path).resolve()) if os.path.isdir(tok_path) else None
+
+
 def load_tokenizer(path: str, gguf_file: str | None = None) -> PreTrainedTokenizerBase:
     """Load a tokenizer from an HF model directory (or hub id) or a GGUF file.
 

@@ -16,6 +16,7 @@ from sgl.server.lifecycle import DRAIN_RETRY_AFTER_S
 from sgl.server.protocol import (
     AbortRequest,
     HealthResponse,
+    LoadReport,
     ModelInfo,
     ProfileReqInput,
     ServerInfo,
@@ -58,13 +59,18 @@ async def health_generate(request: Request) -> JSONBody:
 
 
 @router.get("/get_model_info", response_model=ModelInfo, responses=error_responses())
+@router.get("/model_info", response_model=ModelInfo, responses=error_responses())
 async def get_model_info(request: Request) -> JSONBody:
-    """The model, its limits and its chat roles (so remote programs render roles exactly)."""
+    """The model, its limits and its chat roles (so remote programs render roles exactly);
+    `/model_info` is SGLang's current name for it. `model_path` and `tokenizer_path` are a local
+    directory a router or client can load the tokenizer from (for a GGUF file, its converted
+    tokenizer's files; the file itself is `/get_server_info`'s `resolved_model_path`)."""
     state = get_state(request)
     engine = state.engine
     tmpl = state.chat_template
     return JSONBody({
         "model_path": state.model_path,
+        "tokenizer_path": state.model_path,
         "served_model_name": state.served_model_name,
         "is_generation": True,
         "vocab_size": engine.model_config.vocab_size,
@@ -83,8 +89,19 @@ async def get_server_info(request: Request) -> JSONBody:
     `/server_info` is SGLang's current name for it."""
     state = get_state(request)
     info = await asyncio.to_thread(state.engine.get_server_info)
-    info.update({"served_model_name": state.served_model_name, "version": sgl.__version__})
+    info.update({"model_path": state.model_path, "tokenizer_path": state.model_path,
+                 "served_model_name": state.served_model_name, "version": sgl.__version__, "pid": os.getpid()})
     return JSONBody(info)
+
+
+@router.get("/get_load", response_model=list[LoadReport], responses=error_responses())
+async def get_load(request: Request) -> JSONBody:
+    """The engine's load, one entry per data-parallel rank as SGLang reports it (sgl: one):
+    requests running and waiting, and their tokens. The sglang-router polls it to balance."""
+    info = await asyncio.to_thread(get_state(request).engine.get_server_info)
+    running, waiting = info["num_running_reqs"], info["num_waiting_reqs"]
+    return JSONBody([{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
+                      "num_tokens": info["num_load_tokens"]}])
 
 
 @router.post("/flush_cache", response_model=SuccessResponse, responses=error_responses())

@@ -17,6 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.chat_template import ChatTemplate
+from sgl.runtime.tokenizer import tokenizer_directory
 from sgl.tool_calls import ReasoningParser, detect_parser, get_parser
 from sgl.server import admin, extract, native, openai_api, programs, sessions
 from sgl.server.auth import APIKeyMiddleware
@@ -56,7 +57,8 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
         served_model_name=served_model_name,
         metrics=metrics,
         chat_template=ChatTemplate.from_hf_tokenizer(engine.tokenizer),
-        model_path=str(engine.config.model_path),  # as given, as SGLang reports it
+        # a directory a router can load the tokenizer from (SGLang reports a hub id it can fetch)
+        model_path=tokenizer_directory(engine.model_info.tokenizer_path) or str(engine.config.model_path),
         context_len=int(engine.context_len),
         created=int(time.time()),
         bos_token_id=getattr(engine.tokenizer, "bos_token_id", None),

@@ -24,6 +24,7 @@ from typing import Any
 import uvicorn
 
 from sgl.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
+from sgl.server.data_parallel import ROUTER_POLICIES
 from sgl.server.lifecycle import Lifecycle
 
 logger = logging.getLogger("sgl.server")
@@ -131,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
                         help="the format of tool calls in the model's output (default: the one its chat "
                              "template uses; hermes when it names none)")
+    server.add_argument("--dp-size", type=int, default=1,
+                        help="data parallelism: this many workers (each its share of the CPUs, or its own CUDA "
+                             "device) behind the sglang-router on --host/--port (pip install 'sgl[router]')")
+    server.add_argument("--router-policy", default="cache_aware", choices=list(ROUTER_POLICIES),
+                        help="with --dp-size: the router's policy (cache_aware: the worker holding the longest "
+                             "prefix of the request, unless the loads drift apart)")
     server.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek-r1"],
                         help="split the model's <think> reasoning into reasoning_content")
     return p
@@ -171,6 +178,12 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.dp_size < 1:
+        parser.error(f"--dp-size must be >= 1, got {args.dp_size}")
+    if args.dp_size > 1:
+        from sgl.server import data_parallel
+
+        sys.exit(data_parallel.serve(parser, args, api_key))
     from sgl.runtime.engine import Engine
 
     kwargs = engine_kwargs(args)

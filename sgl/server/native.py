@@ -50,8 +50,9 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
         raise APIError(400, "give exactly one of text and input_ids", "text")
     unsupported = req.unsupported_sglang_field()
     if unsupported is not None:
-        raise APIError(400, f"{unsupported} is not supported by sgl (no LoRA adapters, multimodal input, hidden-state "
-                       "output or custom logit processors); leave it null / false", unsupported)
+        raise APIError(400, f"{unsupported} is not supported by sgl (no LoRA adapters, multimodal input, hidden-state, "
+                       "byte or entropy output, custom logit processors, background requests, prefill-decode "
+                       "disaggregation; a worker is one data-parallel rank); leave it null / false", unsupported)
     kwargs = dict(
         input_ids=req.input_ids,
         return_logprob=req.return_logprob,

@@ -268,13 +268,37 @@ class GenerateReqInput(_Strict):
     audio_data: Any = Field(None, description="SGLang's; only null.")
     input_embeds: Any = Field(None, description="SGLang's; only null.")
     modalities: Any = Field(None, description="SGLang's; only null.")
+    # What the sglang-router and SGLang 0.5 clients add: ignored (one model, one rank, no
+    # priorities, request logging set by the server's --log-requests), or only their "off" value.
+    model: str | None = Field(None, description="The router's; ignored (one model).")
+    no_logs: bool = Field(False, description="SGLang's; ignored (--log-requests decides).")
+    priority: int | None = Field(None, description="SGLang's; ignored (no priority scheduling).")
+    extra_key: str | None = Field(None, description="SGLang's; ignored.")
+    conversation_id: str | None = Field(None, description="SGLang's; ignored.")
+    label: str | None = Field(None, description="SGLang's; ignored.")
+    custom_labels: dict[str, Any] | None = Field(None, description="SGLang's; ignored.")
+    data_parallel_rank: int | None = Field(None, description="SGLang's; only null or 0 (a worker is one rank).")
+    routed_dp_rank: int | None = Field(None, description="SGLang's; only null or 0.")
+    background: bool = Field(False, description="SGLang's; only false.")
+    return_bytes: bool = Field(False, description="SGLang's; only false.")
+    return_entropy: bool = Field(False, description="SGLang's; only false.")
+    lora_id: Any = Field(None, description="SGLang's; only null.")
+    bootstrap_host: Any = Field(None, description="SGLang's (prefill-decode disaggregation); only null.")
+    bootstrap_port: Any = Field(None, description="SGLang's; only null.")
+    bootstrap_room: Any = Field(None, description="SGLang's; only null.")
+    bootstrap_pair_key: Any = Field(None, description="SGLang's; only null.")
 
     def unsupported_sglang_field(self) -> str | None:
         """The first SGLang-only field set to something sgl does not do, or None."""
-        if self.return_hidden_states:
-            return "return_hidden_states"
-        for name in ("token_ids_logprob", "lora_path", "custom_logit_processor", "image_data", "video_data",
-                     "audio_data", "input_embeds", "modalities"):
+        for name in ("return_hidden_states", "background", "return_bytes", "return_entropy"):
+            if getattr(self, name):
+                return name
+        for name in ("data_parallel_rank", "routed_dp_rank"):
+            if getattr(self, name) not in (None, 0):
+                return name
+        for name in ("token_ids_logprob", "lora_path", "lora_id", "custom_logit_processor", "image_data", "video_data",
+                     "audio_data", "input_embeds", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room",
+                     "bootstrap_pair_key"):
             if getattr(self, name) not in (None, [], [None]):
                 return name
         return None
@@ -352,8 +376,20 @@ class ModelInfo(BaseModel):
     context_length: int
     eos_token_ids: list[int]
     bos_token_id: int | None = None
+    tokenizer_path: str | None = Field(None, description="A local directory with the tokenizer's files "
+                                       "(tokenizer.json, its config and chat template), for routers and clients.")
     chat_roles: ChatRoles
     supports_sessions: bool = Field(True, description="/open_session, /close_session and session_params work.")
+
+
+class LoadReport(BaseModel):
+    """One data-parallel rank's load (`GET /get_load`, a list of these, as SGLang's)."""
+
+    dp_rank: int
+    num_reqs: int = Field(description="Requests running and waiting.")
+    num_waiting_reqs: int
+    num_tokens: int = Field(description="Their tokens: running requests' prompt and output so far, waiting "
+                            "requests' prompts.")
 
 
 class HealthResponse(BaseModel):

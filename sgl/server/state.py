@@ -18,7 +18,7 @@ class ServerState:
     served_model_name: str
     metrics: Metrics
     chat_template: ChatTemplate  # the model's chat roles as prefix/suffix strings (for remote programs)
-    model_path: str
+    model_path: str  # local: the HF directory, or a GGUF's tokenizer files (runtime/tokenizer.py tokenizer_directory)
     context_len: int
     created: int  # unix time the app was built (OpenAI's `created` of the model)
     bos_token_id: int | None = None

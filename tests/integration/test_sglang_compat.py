@@ -183,12 +183,19 @@ def test_openai_stream_carries_each_chunks_logprobs(url):
     assert "".join(c["delta"]["content"] for c in with_text) == whole["message"]["content"]
 
 
-def test_server_info_alias_and_model_path_as_given(url):
+def test_server_info_alias_and_a_loadable_model_path(url):
+    """`model_path` is a local directory a router loads the tokenizer from (for the embedded
+    GGUF: its converted tokenizer's files, the same tokenizer the engine encodes with)."""
+    from transformers import AutoTokenizer
+
     old = requests.get(url + "/get_server_info", timeout=30).json()
     new = requests.get(url + "/server_info", timeout=30).json()
-    assert set(new) == set(old) and new["model_path"] == "default"
-    assert new["resolved_model_path"].endswith(".gguf")
-    assert requests.get(url + "/get_model_info", timeout=30).json()["model_path"] == "default"
+    assert set(new) == set(old) and new["resolved_model_path"].endswith(".gguf")
+    info = requests.get(url + "/get_model_info", timeout=30).json()
+    assert new["model_path"] == info["model_path"] == info["tokenizer_path"]
+    text = "Hello, router: tokenize me the same way."
+    ids = requests.post(url + "/tokenize", json={"text": text}, timeout=30).json()["input_ids"]
+    assert AutoTokenizer.from_pretrained(info["model_path"])(text).input_ids == ids
 
 
 def test_profiler_writes_a_chrome_trace_under_the_profile_dir(url, engine):

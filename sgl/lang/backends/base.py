@@ -11,6 +11,11 @@ from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import ChoicesDecision, ChoicesMethod
 
 
+class ProgramsNotServed(Exception):
+    """The server behind a backend cannot run shipped programs (e.g. a router in front of sgl
+    workers forwards no `/run_program`): the program runs here, one request per call."""
+
+
 @dataclass
 class TokenUsage:
     """Tokens a backend's generations used (SGLang's `backend.token_usage`): per call, the

@@ -7,12 +7,18 @@ carries the chat template's role strings, so roles render the same remotely), an
 `/flush_cache` / `/get_server_info`, and `/open_session` / `/close_session`: each program
 state runs as a session, so its KV stays pinned in the server's cache while it lives.
 `Runtime(...)` starts a local server process for it.
+
+Behind a router (the sglang-router in front of several sgl workers) `/run_program` and the
+session routes are not forwarded: their first 404 is remembered, and from then on programs
+run here, one `/generate` per call, without sessions (the router's cache-aware policy keeps
+a program's calls on the worker holding its prefix).
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -23,8 +29,11 @@ from typing import Any, Iterator
 
 import requests
 
+from sgl.lang.backends.base import ProgramsNotServed
 from sgl.lang.backends.scoring import TokenScoringBackend, logprobs_of
 from sgl.lang.chat_template import ChatTemplate
+
+logger = logging.getLogger(__name__)
 
 
 class RemoteError(ValueError):
@@ -48,6 +57,8 @@ class RuntimeEndpoint(TokenScoringBackend):
         self.timeout = timeout
         self._local = threading.local()  # one HTTP session per thread (connection reuse)
         self.model_info = self._request("GET", "/get_model_info")
+        self.serves_programs = True  # until /run_program answers 404 (a router in front)
+        self.serves_sessions = bool(self.model_info.get("supports_sessions"))
         roles = self.model_info.get("chat_roles")
         self._template = (
             ChatTemplate(roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server")
@@ -114,6 +125,20 @@ class RuntimeEndpoint(TokenScoringBackend):
         """Run static programs (IR JSON, `sgl.lang.ir_json`) on the server in one request:
         a `ShippedState` each (streamed: one program, read as the server sends it). With
         `arguments`, the one program runs once per argument set (the batch form)."""
+        if not self.serves_programs:
+            raise ProgramsNotServed(f"{self.base_url} does not serve /run_program")
+        try:
+            return self._run_program(programs, defaults, stream, arguments)
+        except RemoteError as e:
+            if not _route_missing(e):  # sgl's own 404 (a session closed under the program) names a param
+                raise
+            self.serves_programs = False  # nothing ran: the route itself is missing
+            logger.info("%s has no /run_program (a router in front of workers?): programs run client-side",
+                        self.base_url)
+            raise ProgramsNotServed(str(e)) from e
+
+    def _run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool,
+                     arguments: list[dict[str, Any]] | None) -> list:
         from sgl.lang.shipping import ShippedState
 
         sampling = {k: v for k, v in defaults.items() if v is not None}
@@ -153,9 +178,17 @@ class RuntimeEndpoint(TokenScoringBackend):
         return self._template
 
     def open_session(self) -> str | None:
-        if not self.model_info.get("supports_sessions"):
+        if not self.serves_sessions:
             return None
-        return self._request("POST", "/open_session", {})
+        try:
+            return self._request("POST", "/open_session", {})
+        except RemoteError as e:
+            if not _route_missing(e):
+                raise
+            self.serves_sessions = False  # the route is missing (a router in front): run without
+            logger.info("%s has no /open_session (a router in front of workers?): programs run without "
+                        "sessions", self.base_url)
+            return None
 
     def close_session(self, session: str) -> None:
         try:
@@ -170,6 +203,12 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
+
+
+def _route_missing(e: RemoteError) -> bool:
+    """A 404 for the route itself (what a router that does not forward it answers), not one of
+    sgl's own (an unknown session), which name their field."""
+    return e.status == 404 and e.param is None
 
 
 def _free_port() -> int:
