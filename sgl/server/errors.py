@@ -9,6 +9,8 @@ incident id. Handlers only build responses, so the server goes on serving.
 
 from __future__ import annotations
 
+import difflib
+
 import logging
 from typing import Any
 
@@ -110,9 +112,10 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return ".".join(parts)
 
 
-def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+def _validation_message(errors: list[dict[str, Any]], known: Any = ()) -> tuple[str, str | None]:
     """One readable line for pydantic's error list, and the first bad field as `param`.
-    Errors of the branches of one union field are merged ("... or ...")."""
+    Errors of the branches of one union field are merged ("... or ..."); an unknown top-level
+    field close to one of `known` (the body's field names) gets a "did you mean"."""
     by_field: dict[str, list[str]] = {}
     for err in errors:
         kind = err.get("type", "")
@@ -125,13 +128,27 @@ def _validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
             return "the request body is missing: send a JSON object", None
         if not field and kind in ("model_attributes_type", "dict_type", "model_type"):
             return "the request body must be a JSON object (sent with Content-Type: application/json)", None
-        msg = "unknown field (not part of this API)" if kind == "extra_forbidden" else err.get("msg", "invalid")
+        msg = _unknown_field(field, known) if kind == "extra_forbidden" else err.get("msg", "invalid")
         msgs = by_field.setdefault(field, [])
         if msg not in msgs:
             msgs.append(msg)
     parts = [f"{f}: {' or '.join(m)}" if f else " or ".join(m) for f, m in list(by_field.items())[:5]]
     param = next((f for f in by_field if f), None)
     return "; ".join(parts) or "invalid request", param
+
+
+def _unknown_field(field: str, known: Any) -> str:
+    close = difflib.get_close_matches(field, list(known), n=1, cutoff=0.75) if "." not in field else []
+    return f"unknown field (not part of this API); did you mean {close[0]!r}?" if close else \
+        "unknown field (not part of this API)"
+
+
+def _body_fields(request: Request) -> list[str]:
+    """The top-level field names of the route's body model (none where it has no model)."""
+    body = getattr(request.scope.get("route"), "body_field", None)
+    model = getattr(getattr(body, "field_info", None), "annotation", None)
+    fields = getattr(model, "model_fields", None) or {}
+    return [f.alias or name for name, f in fields.items()]
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -147,7 +164,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONBody:
-        message, param = _validation_message(list(exc.errors()))
+        message, param = _validation_message(list(exc.errors()), _body_fields(request))
         return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)

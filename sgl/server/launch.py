@@ -138,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--router-policy", default="cache_aware", choices=list(ROUTER_POLICIES),
                         help="with --dp-size: the router's policy (cache_aware: the worker holding the longest "
                              "prefix of the request, unless the loads drift apart)")
+    server.add_argument("--router-balance-abs-threshold", type=int, default=2,
+                        help="with --dp-size: requests in flight one worker may have beyond another before the "
+                             "router balances by load instead of by prefix (the router's own default, 64, keeps "
+                             "CPU workers idle while one queues)")
     server.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek-r1"],
                         help="split the model's <think> reasoning into reasoning_content")
     return p

@@ -12,7 +12,8 @@ from sgl.server.launch import build_parser
     [],
     ["--dp-size", "2", "--port", "31000", "--host", "0.0.0.0"],
     ["--dp-size", "3", "--quantization", "none", "--torch-compile", "--no-scheduler-process", "--max-total-tokens",
-     "4096", "--cors-allow-origins", "http://a", "http://b", "--router-policy", "round_robin", "--served-model-name", "m"],
+     "4096", "--cors-allow-origins", "http://a", "http://b", "--router-policy", "round_robin", "--served-model-name", "m",
+     "--router-balance-abs-threshold", "8"],
 ])
 def test_worker_argv_reproduces_every_worker_option(argv):
     """Parsing a worker's options gives the supervisor's namespace back, but for the
@@ -53,7 +54,7 @@ def test_router_command_names_workers_policy_and_address():
     i = cmd.index("--worker-urls")
     assert cmd[i + 1 : i + 3] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
     assert cmd[cmd.index("--policy") + 1] == "cache_aware" and cmd[cmd.index("--port") + 1] == "30000"
-    assert "--api-key" not in cmd
+    assert cmd[cmd.index("--balance-abs-threshold") + 1] == "2" and "--api-key" not in cmd
 
 
 def test_dp_size_below_one_is_refused(capsys):

@@ -8,10 +8,11 @@ carries the chat template's role strings, so roles render the same remotely), an
 state runs as a session, so its KV stays pinned in the server's cache while it lives.
 `Runtime(...)` starts a local server process for it.
 
-Behind a router (the sglang-router in front of several sgl workers) `/run_program` and the
-session routes are not forwarded: their first 404 is remembered, and from then on programs
-run here, one `/generate` per call, without sessions (the router's cache-aware policy keeps
-a program's calls on the worker holding its prefix).
+Behind a router (the sglang-router in front of several sgl workers) `/run_program`, the
+session routes and `/tokenize` are not forwarded: their first 404 is remembered, and from then
+on programs run here, one `/generate` per call, without sessions (the router's cache-aware
+policy keeps a program's calls on the worker holding its prefix), and select's choices are
+tokenized by the router's `/v1/tokenize`.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class RuntimeEndpoint(TokenScoringBackend):
         self.model_info = self._request("GET", "/get_model_info")
         self.serves_programs = True  # until /run_program answers 404 (a router in front)
         self.serves_sessions = bool(self.model_info.get("supports_sessions"))
+        self.serves_tokenize = True  # until /tokenize answers 404 (the router has /v1/tokenize)
         roles = self.model_info.get("chat_roles")
         self._template = (
             ChatTemplate(roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server")
@@ -158,7 +160,17 @@ class RuntimeEndpoint(TokenScoringBackend):
         return [ShippedState(result=r) if "error" not in r else _failed(r["error"]) for r in results]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self._request("POST", "/tokenize", {"text": texts})["input_ids"]
+        """Token ids as the server encodes prompts: its `/tokenize`, or behind the sglang-router
+        (which forwards no `/tokenize`) the router's `/v1/tokenize`, on the tokenizer it loaded
+        from the workers' `model_path`."""
+        if self.serves_tokenize:
+            try:
+                return self._request("POST", "/tokenize", {"text": texts})["input_ids"]
+            except RemoteError as e:
+                if not _route_missing(e):
+                    raise
+                self.serves_tokenize = False
+        return self._request("POST", "/v1/tokenize", {"model": self.get_model_name(), "prompt": texts})["tokens"]
 
     def score_tokens(self, id_lists: list[list[int]], start: int) -> list[list[float]]:
         outs = self._request("POST", "/generate", {
