@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger("sgl.server")
 
@@ -109,6 +109,9 @@ def make_workers(parser: argparse.ArgumentParser, args: argparse.Namespace, api_
     if api_key:
         env["SGL_API_KEY"] = api_key  # never on a command line (`ps` shows those)
     cuda = str(args.device).startswith("cuda") or (args.device == "auto" and _cuda_devices() > 0)
+    if cuda and args.dp_size * max(1, args.tp_size) > _cuda_devices():
+        raise ValueError(f"--dp-size {args.dp_size} x --tp-size {args.tp_size} needs that many CUDA devices; "
+                         f"{_cuda_devices()} visible")
     slices = None if cuda else cpu_slices(sorted(os.sched_getaffinity(0)), args.dp_size)
     workers = []
     per_worker = max(1, args.tp_size)  # CUDA devices of one worker (its tensor-parallel ranks)
@@ -129,13 +132,20 @@ def _cuda_devices() -> int:
         return 0
 
 
-def wait_healthy(workers: list[Worker], timeout: float) -> None:
-    """Until every worker answers /health 200; RuntimeError naming one that exited first."""
+class Stopped(Exception):
+    """A signal came while the workers were starting."""
+
+
+def wait_healthy(workers: list[Worker], timeout: float, stopping: Callable[[], bool] = lambda: False) -> None:
+    """Until every worker answers /health 200; RuntimeError naming one that exited first,
+    `Stopped` as soon as `stopping()` (Ctrl-C while the models load)."""
     import requests
 
     deadline = time.monotonic() + timeout
     pending = list(workers)
     while pending:
+        if stopping():
+            raise Stopped()
         for w in list(pending):
             if w.proc.poll() is not None:
                 raise RuntimeError(f"worker {w.index} ({w.url}) exited with {w.proc.returncode} while starting")
@@ -166,11 +176,13 @@ class Supervisor:
         try:
             for w in self.workers:
                 w.start()
-            wait_healthy(self.workers, START_TIMEOUT_S)
+            wait_healthy(self.workers, START_TIMEOUT_S, lambda: self.stopping)
             self.router = subprocess.Popen(self.router_cmd)
             logger.info("router (%s) in front of %s", self.router_cmd[self.router_cmd.index("--policy") + 1],
                         [w.url for w in self.workers])
             return self._watch()
+        except Stopped:
+            return 0
         except RuntimeError as e:
             logger.error("%s", e)
             return 1
@@ -232,7 +244,11 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, api_key: st
     except ImportError:
         logger.error("--dp-size needs the sglang-router: pip install 'sgl[router]' (make setup installs it)")
         return 1
-    workers = make_workers(parser, args, api_key)
+    try:
+        workers = make_workers(parser, args, api_key)
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
     router = router_command([w.url for w in workers], args.router_policy, args.host, args.port, api_key,
                             args.router_balance_abs_threshold)
     return Supervisor(workers, router).run()

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sgl.server.data_parallel import SUPERVISOR_OPTIONS, cpu_slices, router_command, worker_argv
+import subprocess
+import sys
+
+from sgl.server.data_parallel import (SUPERVISOR_OPTIONS, Stopped, Worker, cpu_slices, router_command,
+                                      wait_healthy, worker_argv)
 from sgl.server.launch import build_parser
 
 
@@ -63,3 +67,17 @@ def test_dp_size_below_one_is_refused(capsys):
     with pytest.raises(SystemExit) as e:
         main(["--dp-size", "0"])
     assert e.value.code == 2 and "--dp-size must be >= 1" in capsys.readouterr().err
+
+
+def test_a_signal_while_workers_start_stops_the_wait():
+    """Ctrl-C while the models load: the wait ends at once (the supervisor then stops them)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        w = Worker(0, 9, [], {}, None, proc)  # port 9: nothing answers
+        with pytest.raises(Stopped):
+            wait_healthy([w], timeout=600, stopping=lambda: True)
+        with pytest.raises(RuntimeError, match="not healthy after 0 s"):
+            wait_healthy([w], timeout=0)
+    finally:
+        proc.kill()
+        proc.wait()
