@@ -59,13 +59,18 @@ class RuntimeEndpoint(TokenScoringBackend):
         self._local = threading.local()  # one HTTP session per thread (connection reuse)
         self.model_info = self._request("GET", "/get_model_info")
         self.serves_programs = True  # until /run_program answers 404 (a router in front)
-        self.serves_sessions = bool(self.model_info.get("supports_sessions"))
+        self._no_session_routes = False  # set when /open_session answers 404 (a router in front)
         self.serves_tokenize = True  # until /tokenize answers 404 (the router has /v1/tokenize)
         roles = self.model_info.get("chat_roles")
         self._template = (
             ChatTemplate(roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server")
             if roles else ChatTemplate.plain()
         )
+
+    @property
+    def serves_sessions(self) -> bool:
+        """The server says it has sessions and its session routes were not found missing."""
+        return bool(self.model_info.get("supports_sessions")) and not self._no_session_routes
 
     def get_model_name(self) -> str:
         return self.model_info.get("served_model_name") or self.model_info["model_path"]
@@ -197,7 +202,7 @@ class RuntimeEndpoint(TokenScoringBackend):
         except RemoteError as e:
             if not _route_missing(e):
                 raise
-            self.serves_sessions = False  # the route is missing (a router in front): run without
+            self._no_session_routes = True  # the route is missing (a router in front): run without
             logger.info("%s has no /open_session (a router in front of workers?): programs run without "
                         "sessions", self.base_url)
             return None
