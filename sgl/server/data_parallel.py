@@ -33,6 +33,9 @@ SUPERVISOR_OPTIONS = ("dp_size", "router_policy", "router_balance_abs_threshold"
 START_TIMEOUT_S = 900.0  # a worker's first start may build native kernels and compile
 RESTARTS_PER_WINDOW, RESTART_WINDOW_S = 3, 300.0
 STOP_GRACE_S = 40.0
+# The router's health checks (its default: every 60 s, 3 failures): until they fail, requests
+# it sends to a dead worker fail with a 500; at 2 s that window is a few seconds.
+HEALTH_CHECK_INTERVAL_S = 2
 
 
 def worker_argv(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
@@ -98,7 +101,8 @@ def router_command(urls: list[str], policy: str, host: str, port: int, api_key: 
     so at 64 its peers idle while it queues: measured, 18 of 18 requests on one of two workers
     at 64, 13 / 5 at 2 with 88% of one worker's prefix hits)."""
     cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--policy", policy,
-           "--host", host, "--port", str(port), "--balance-abs-threshold", str(balance_abs_threshold)]
+           "--host", host, "--port", str(port), "--balance-abs-threshold", str(balance_abs_threshold),
+           "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S)]
     return cmd + (["--api-key", api_key] if api_key else [])
 
 

@@ -10,7 +10,6 @@ incident id. Handlers only build responses, so the server goes on serving.
 from __future__ import annotations
 
 import difflib
-
 import logging
 from typing import Any
 

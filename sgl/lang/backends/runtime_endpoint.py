@@ -58,9 +58,7 @@ class RuntimeEndpoint(TokenScoringBackend):
         self.timeout = timeout
         self._local = threading.local()  # one HTTP session per thread (connection reuse)
         self.model_info = self._request("GET", "/get_model_info")
-        self.serves_programs = True  # until /run_program answers 404 (a router in front)
-        self._no_session_routes = False  # set when /open_session answers 404 (a router in front)
-        self.serves_tokenize = True  # until /tokenize answers 404 (the router has /v1/tokenize)
+        self._missing_routes: set[str] = set()  # routes that answered a route-missing 404 (a router in front)
         roles = self.model_info.get("chat_roles")
         self._template = (
             ChatTemplate(roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server")
@@ -68,9 +66,26 @@ class RuntimeEndpoint(TokenScoringBackend):
         )
 
     @property
+    def serves_programs(self) -> bool:
+        return "/run_program" not in self._missing_routes
+
+    @property
     def serves_sessions(self) -> bool:
         """The server says it has sessions and its session routes were not found missing."""
-        return bool(self.model_info.get("supports_sessions")) and not self._no_session_routes
+        return bool(self.model_info.get("supports_sessions")) and "/open_session" not in self._missing_routes
+
+    @property
+    def serves_tokenize(self) -> bool:
+        return "/tokenize" not in self._missing_routes
+
+    def _missing(self, path: str, e: RemoteError, then: str) -> bool:
+        """Whether `e` says `path` itself is missing (remembered, logged once); sgl's own 404s
+        (a session closed under a program) name their field and are not."""
+        if e.status != 404 or e.param is not None:
+            return False
+        self._missing_routes.add(path)
+        logger.info("%s has no %s (a router in front of workers?): %s", self.base_url, path, then)
+        return True
 
     def get_model_name(self) -> str:
         return self.model_info.get("served_model_name") or self.model_info["model_path"]
@@ -137,12 +152,9 @@ class RuntimeEndpoint(TokenScoringBackend):
         try:
             return self._run_program(programs, defaults, stream, arguments)
         except RemoteError as e:
-            if not _route_missing(e):  # sgl's own 404 (a session closed under the program) names a param
+            if not self._missing("/run_program", e, "programs run client-side"):
                 raise
-            self.serves_programs = False  # nothing ran: the route itself is missing
-            logger.info("%s has no /run_program (a router in front of workers?): programs run client-side",
-                        self.base_url)
-            raise ProgramsNotServed(str(e)) from e
+            raise ProgramsNotServed(str(e)) from e  # nothing ran: the route itself is missing
 
     def _run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool,
                      arguments: list[dict[str, Any]] | None) -> list:
@@ -172,9 +184,8 @@ class RuntimeEndpoint(TokenScoringBackend):
             try:
                 return self._request("POST", "/tokenize", {"text": texts})["input_ids"]
             except RemoteError as e:
-                if not _route_missing(e):
+                if not self._missing("/tokenize", e, "tokenizing with its /v1/tokenize"):
                     raise
-                self.serves_tokenize = False
         return self._request("POST", "/v1/tokenize", {"model": self.get_model_name(), "prompt": texts})["tokens"]
 
     def score_tokens(self, id_lists: list[list[int]], start: int) -> list[list[float]]:
@@ -200,11 +211,8 @@ class RuntimeEndpoint(TokenScoringBackend):
         try:
             return self._request("POST", "/open_session", {})
         except RemoteError as e:
-            if not _route_missing(e):
+            if not self._missing("/open_session", e, "programs run without sessions"):
                 raise
-            self._no_session_routes = True  # the route is missing (a router in front): run without
-            logger.info("%s has no /open_session (a router in front of workers?): programs run without "
-                        "sessions", self.base_url)
             return None
 
     def close_session(self, session: str) -> None:
@@ -220,12 +228,6 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     def get_server_info(self) -> dict[str, Any]:
         return self._request("GET", "/get_server_info")
-
-
-def _route_missing(e: RemoteError) -> bool:
-    """A 404 for the route itself (what a router that does not forward it answers), not one of
-    sgl's own (an unknown session), which name their field."""
-    return e.status == 404 and e.param is None
 
 
 def _free_port() -> int:
