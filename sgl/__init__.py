@@ -9,7 +9,8 @@ from sgl.lang import __all__ as _LANG_ALL
 
 __version__ = "0.1.0"
 
-# The runtime pulls in torch; import it only when it is asked for.
+# The runtime pulls in torch; import it only when it is asked for (and only then need the
+# `runtime` extra: the bare package is the frontend and its clients).
 _LAZY = {
     "Engine": "sgl.runtime.engine",
     "SamplingParams": "sgl.runtime.sampling",
@@ -28,6 +29,11 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'sgl' has no attribute {name!r}")
     import importlib
 
+    from sgl.extras import needs_extra
+
+    if module.startswith(("sgl.runtime", "sgl.lang.backends.engine")):
+        with needs_extra("runtime", f"sgl.{name}"):
+            return getattr(importlib.import_module(module), name)
     return getattr(importlib.import_module(module), name)
 
 

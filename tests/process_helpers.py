@@ -1,5 +1,6 @@
-"""Helpers for tests that start processes: whether one has exited, and a fault injected into
-every Python process a test starts (scheduler processes included)."""
+"""Helpers for tests that start processes: whether one has exited, a fault injected into
+every Python process a test starts (scheduler processes included), and a Python process that
+cannot import the runtime's packages (as after a bare `pip install sgl`)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,18 @@ def call_in_background(fn) -> tuple[threading.Thread, dict]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, outcome
+
+
+# The packages of the runtime and server extras (pip's names and import names).
+RUNTIME_PACKAGES = {"torch", "transformers", "tokenizers", "outlines-core", "outlines_core", "numpy", "safetensors",
+                    "gguf", "fastapi", "uvicorn", "lark", "interegular", "nvidia-cublas"}
+# Code to run first in a `python -c` child: every runtime or server package is unimportable there.
+BLOCK_RUNTIME = f"""
+import importlib.abc, sys
+_BLOCKED = {sorted(RUNTIME_PACKAGES | {"pydantic", "jsonschema", "ninja", "aiohttp", "starlette"})!r}
+class _Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in _BLOCKED:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, _Blocker())
+"""

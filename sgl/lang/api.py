@@ -238,8 +238,11 @@ def get_default_backend() -> Backend:
     global _default_backend
     with _backend_lock:
         if _default_backend is None:
-            from sgl.lang.backends.engine import EngineBackend
-            from sgl.runtime.engine import Engine
+            from sgl.extras import needs_extra
+
+            with needs_extra("runtime", "running a program without a backend (the embedded model in process)"):
+                from sgl.lang.backends.engine import EngineBackend
+                from sgl.runtime.engine import Engine
 
             _default_backend = EngineBackend(Engine(model_path="default"))
         return _default_backend

@@ -11,7 +11,10 @@ without `num_api_spec_tokens`, equal results and fewer calls and prompt tokens.
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -21,6 +24,7 @@ import pytest
 import sgl
 from sgl.lang.backends.openai_dialects import UnsupportedParameterError
 from sgl.lang.backends.runtime_endpoint import RemoteError
+from process_helpers import BLOCK_RUNTIME
 from server_helpers import PERSON, ServerThread
 
 
@@ -354,3 +358,39 @@ def test_example_runs_against_the_server(server_url):
     assert "by logprobs" in lines["select"]
     assert "'calls': 1" in lines["3 gens, speculative"]
     assert "first thing in an assistant turn" in lines["refused"]
+
+
+# ---------------------------------------------------------------------- the bare package
+
+
+def test_programs_run_with_the_frontend_alone(server_url):
+    """What `pip install sgl` gives (no torch, transformers, numpy, fastapi...: made unimportable
+    here) runs programs against a server, natively (a shipped batch included) and through /v1."""
+    program = BLOCK_RUNTIME + f"""
+import json, re, sgl
+
+@sgl.function
+def prog(s, topic):
+    s += "A number about " + topic + ": " + sgl.gen("n", regex="[0-9]{{1,3}}", max_tokens=4)
+    s += "\\nIs it big? " + sgl.select("big", choices=["yes", "no"])
+    forks = s.fork(2)
+    for i, f in enumerate(forks):
+        f += " Fact " + str(i) + ":" + sgl.gen("fact", max_tokens=3)
+
+@sgl.function
+def chat(s):
+    s += sgl.user("Say hi") + sgl.assistant(sgl.gen("reply", max_tokens=4))
+
+native = sgl.RuntimeEndpoint({server_url!r})
+one = prog.run(topic="cats", backend=native, temperature=0)
+batch = prog.run_batch([{{"topic": t}} for t in ("dogs", "owls")], backend=native, ship=True, temperature=0)
+reply = chat.run(backend=sgl.OpenAI("default", base_url={server_url + "/v1"!r}), temperature=0)
+print(json.dumps({{"n": [one["n"]] + [b["n"] for b in batch], "big": [one["big"]] + [b["big"] for b in batch],
+                  "reply": reply["reply"]}}))
+"""
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(out["n"]) == 3 and all(re.fullmatch(r"[0-9]{1,3}", n) for n in out["n"]), out
+    assert all(b in ("yes", "no") for b in out["big"]) and isinstance(out["reply"], str)
