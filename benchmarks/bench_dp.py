@@ -76,7 +76,8 @@ def one(url: str, text: str, out: list) -> None:
     tokens = 0
     with requests.post(url + "/generate", json=body, stream=True, timeout=600) as r:
         r.raise_for_status()
-        for line in r.iter_lines(decode_unicode=True):
+        for raw in r.iter_lines():  # bytes: split on SSE's line endings only, then decode
+            line = raw.decode("utf-8")
             if line.startswith("data: {"):
                 ttft = ttft if ttft is not None else time.perf_counter() - t0
                 tokens = json.loads(line[6:])["meta_info"]["completion_tokens"]

@@ -52,9 +52,17 @@ class ServerThread:
         self.sock.close()
 
 
+def sse_lines(resp: requests.Response) -> Iterator[str]:
+    """The lines of a streamed response, split on bytes (CR, LF, CRLF: SSE's line endings) and
+    only then decoded; `iter_lines(decode_unicode=True)` would also split inside a JSON string
+    holding U+2028, U+0085 and the like."""
+    for line in resp.iter_lines():
+        yield line.decode("utf-8")
+
+
 def sse_events(resp: requests.Response) -> Iterator[Any]:
     """The `data:` payloads of an SSE response: parsed JSON, or the string '[DONE]'."""
-    for line in resp.iter_lines(decode_unicode=True):
+    for line in sse_lines(resp):
         if not line:
             continue
         assert line.startswith("data: "), line
@@ -102,7 +110,7 @@ def parse_metrics(text: str) -> dict[str, float]:
 
     line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
     out: dict[str, float] = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):  # the exposition format's line ending (str.splitlines splits more)
         if not line or line.startswith("#"):
             continue
         m = line_re.match(line)

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 import sgl
-from server_helpers import ServerThread, assert_error, wait_until
+from server_helpers import ServerThread, assert_error, sse_lines, wait_until
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
@@ -159,7 +159,7 @@ def test_an_engine_fault_is_an_incident_then_the_server_reports_unhealthy(faulty
                  "rid": "bystander"}
     with caplog.at_level(logging.ERROR):
         with requests.post(url + "/generate", json=streaming, stream=True, timeout=120) as bystander:
-            lines = bystander.iter_lines(decode_unicode=True)
+            lines = sse_lines(bystander)
             assert next(line for line in lines if line)  # the bystander is running
             r = requests.post(url + "/generate", json={"text": "b", "sampling_params": {"max_new_tokens": 2},
                                                        "rid": "boom"}, timeout=60)

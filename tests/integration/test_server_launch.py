@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from process_helpers import fault_env, gone
-from server_helpers import assert_error, wait_until
+from server_helpers import assert_error, sse_lines, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -56,7 +56,7 @@ def test_launch_server_cli_and_graceful_sigterm():
         # a long stream in flight: SIGTERM drains, so it finishes while new requests get 503
         body = {"text": "Count:", "sampling_params": {"max_new_tokens": 200, "ignore_eos": True}, "stream": True}
         with requests.post(url + "/generate", json=body, headers=auth, stream=True, timeout=120) as stream:
-            lines = stream.iter_lines(decode_unicode=True)
+            lines = sse_lines(stream)
             assert next(line for line in lines if line).startswith("data: {")
             proc.send_signal(signal.SIGTERM)
             assert wait_until(lambda: requests.get(url + "/health", timeout=10).status_code == 503, timeout=60,
@@ -123,7 +123,7 @@ def test_a_killed_scheduler_process_fails_the_stream_and_exits_1(tmp_path, tp_si
         pid = pids[killed_rank]
         body = {"text": "Count:", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}, "stream": True}
         with requests.post(url + "/generate", json=body, stream=True, timeout=120) as stream:
-            lines = stream.iter_lines(decode_unicode=True)
+            lines = sse_lines(stream)
             assert next(line for line in lines if line).startswith("data: {")
             os.kill(pid, signal.SIGKILL)
             rest = [line for line in lines if line.startswith("data: {")]

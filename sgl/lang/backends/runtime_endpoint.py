@@ -32,6 +32,7 @@ import requests
 
 from sgl.lang.backends.base import ProgramsNotServed
 from sgl.lang.backends.scoring import TokenScoringBackend, logprobs_of
+from sgl.lang.backends.sse import sse_data
 from sgl.lang.chat_template import ChatTemplate
 
 logger = logging.getLogger(__name__)
@@ -291,14 +292,12 @@ class Runtime:
 
 
 def sse_events(r: requests.Response, what: str) -> Iterator[dict[str, Any]]:
-    """The `data:` objects of a server-sent event stream up to `[DONE]`; an error event
-    raises RemoteError (`what` names the call). The connection closes when it ends."""
+    """The `data:` objects of a server-sent event stream up to `[DONE]`, split on bytes
+    (`sgl.lang.backends.sse`); an error event raises RemoteError (`what` names the call).
+    The connection closes when it ends."""
     try:
-        for line in r.iter_lines(decode_unicode=True):
-            if not line or not line.startswith("data:"):
-                continue
-            data = line[len("data:") :].strip()
-            if data == "[DONE]":
+        for data in sse_data(r.iter_content(chunk_size=None)):
+            if data.strip() == "[DONE]":
                 return
             event = json.loads(data)
             if "error" in event:
