@@ -4,12 +4,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.sgl-setup-stamp
+SGLANG_FRONTEND := $(VENV)/sglang-frontend
+SGLANG_PIN ?= sglang==0.5.23
 # The CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
 .PHONY: setup test test-unit test-integration demo serve bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(SGLANG_FRONTEND)
+
+# SGLang's own frontend (tests/integration/test_sglang_test_programs.py runs its test programs
+# against our server): the wheel without its heavy deps, plus the few light ones its import needs,
+# in a folder of its own (PYTHONPATH), never in the venv's site-packages.
+$(SGLANG_FRONTEND): Makefile | $(STAMP)
+	rm -rf $@
+	$(PIP) install -q --disable-pip-version-check --no-deps --target $@ $(SGLANG_PIN) \
+		pybase64==1.5.1 msgspec==0.23.0 pyzmq==27.3.0 ipython==9.18.1 traitlets==5.16.1
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -162,6 +162,11 @@ class StreamExecutor:
             self._pending += 1
         self._queue.put(expr)
 
+    @property
+    def ended(self) -> bool:
+        """end() was called: no expression can be submitted any more."""
+        return self._closed
+
     def end(self) -> None:
         """No more expressions: the stream iterators finish once the queue drains, and the
         worker threads (this state's and its unjoined fork branches') exit."""
@@ -495,6 +500,17 @@ class ProgramState(StateBuilder):
     def _add(self, expr: ir.Expr) -> None:
         self.stream_executor.submit(expr)
 
+    def set_var(self, name: str, value: Any) -> None:
+        """In order with the program's expressions while it runs; on a state whose program has
+        ended (the one `run()` returned) it sets the variable once the program has finished,
+        without reopening it (SGLang's `state["x"] = int(state["x"])`): the text is unchanged."""
+        ex = self.stream_executor
+        if not ex.ended:
+            super().set_var(name, value)
+            return
+        ex.sync()
+        ex.set_variable(name, value)
+
     def fork(self, size: int = 1) -> "ProgramStateGroup":
         """Split into `size` branches that continue from the current text, concurrently."""
         if not isinstance(size, int) or size < 1:
@@ -568,7 +584,7 @@ class ProgramState(StateBuilder):
             return
         for var, piece, meta in ex.events():
             if var_name is None or var == var_name:
-                yield piece, meta
+                yield piece, _with_logprobs_length(meta)
 
     async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False
                               ) -> AsyncIterator[Any]:
@@ -581,6 +597,13 @@ class ProgramState(StateBuilder):
     def __repr__(self) -> str:
         ex = self.stream_executor
         return f"ProgramState(text={ex.text_[-60:]!r}, variables={sorted(ex.variables)})"
+
+
+def _with_logprobs_length(meta: dict | None) -> dict | None:
+    """SGLang's streamed meta also counts the output logprob entries so far."""
+    if meta is None or "output_token_logprobs" not in meta or "output_token_logprobs_length" in meta:
+        return meta
+    return {**meta, "output_token_logprobs_length": len(meta["output_token_logprobs"])}
 
 
 class ProgramStateGroup(BranchGroup):

@@ -230,6 +230,10 @@ class ShippedState:
     def __getitem__(self, name: str) -> Any:
         return self.get_var(name)
 
+    def __setitem__(self, name: str, value: Any) -> None:
+        """Set a variable on the finished state (SGLang's `state["x"] = int(state["x"])`)."""
+        self.sync()._result["variables"][name] = value
+
     def __contains__(self, name: str) -> bool:
         return name in self.sync()._result["variables"]
 

@@ -14,10 +14,12 @@ from sgl.runtime.results import merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
 from sgl.server.protocol import (
+    ConcateAndAppendReqInput,
     ErrorResponse,
     GenerateChunk,
     GenerateOutput,
     GenerateReqInput,
+    SuccessResponse,
     TokenizeRequest,
     TokenizeResponse,
     error_responses,
@@ -71,6 +73,18 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
     return sse_response(request, _cumulative(chunks), lambda: [state.engine.abort(r) for r in rids])
 
 
+@router.post("/concate_and_append_request", response_model=SuccessResponse, responses=error_responses(400))
+async def concate_and_append_request(req: ConcateAndAppendReqInput) -> JSONBody:
+    """SGLang's frontend calls this when forks join with `mode="concate_and_append"`, after
+    it appended the forks' texts to the parent's text itself. SGLang splices the forks' KV
+    (each encoded apart, "parallel encoding") onto the parent's; sgl's engine keeps no KV per
+    request id to splice, so the join is a text concatenation: the parent's next /generate
+    prefills the joined text, its prefix (the parent's, and the first fork's) reused from the
+    radix cache. The answer is the same as a text join (where SGLang's statements do not attend
+    to each other), and the call succeeds so SGLang's program goes on."""
+    return JSONBody({"success": True, "message": "joined as text: the next request prefills it through the radix cache"})
+
+
 def _new_rids(req: GenerateReqInput) -> str | list[str]:
     """Request ids the handler knows, so an abandoned stream can be aborted by id even before
     it started (n > 1 samples are aborted with their prompt's id)."""
@@ -94,6 +108,7 @@ async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
             meta = chunk["meta_info"]
             if "output_token_logprobs" in meta:  # the entries so far, like the text (as SGLang streams them)
                 meta = {**meta, **merge_logprobs(logprobs.setdefault(i, {}), meta)}  # (serialized at once)
+                meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])  # SGLang's count
             out: dict[str, Any] = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta}
             if i is not None:
                 out["index"] = i

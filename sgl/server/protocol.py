@@ -190,6 +190,13 @@ class CloseSessionReqInput(_Strict):
     session_id: str
 
 
+class ConcateAndAppendReqInput(_Strict):
+    """SGLang's `fork(...).join(mode="concate_and_append")`: the forks' request ids and the parent's."""
+
+    src_rids: list[str] = Field(min_length=1, description="The forks' request ids (SGLang's StreamExecutor sids).")
+    dst_rid: str = Field(description="The parent program's request id.")
+
+
 # For the schema only: the engine checks `sampling_params` itself (sgl.runtime.sampling.SamplingParams,
 # whose errors name the field); these must stay its fields, types and ranges.
 class SamplingParamsSpec(BaseModel):

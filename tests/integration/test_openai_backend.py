@@ -179,6 +179,28 @@ def test_streaming_equals_whole(mode, chat_api, text_api):
     assert state.get_meta_info("answer")["completion_tokens"] == whole.get_meta_info("answer")["completion_tokens"]
 
 
+SEPARATED = "a\u2028b\u0085c"  # str.splitlines breaks at both; SSE does not
+
+
+@sgl.function
+def separated_text(s):
+    s += "Write it: " + sgl.gen("x", regex=SEPARATED, max_tokens=16)
+
+
+@sgl.function
+def separated_chat(s):
+    s += sgl.user("Write it.")
+    s += sgl.assistant(sgl.gen("x", regex=SEPARATED, max_tokens=16))
+
+
+@pytest.mark.parametrize("mode", ["chat", "completion"])
+def test_streamed_text_with_unicode_line_separators_arrives_whole(mode, chat_api, text_api):
+    program, api = (separated_chat, chat_api) if mode == "chat" else (separated_text, text_api)
+    state = program.run(temperature=0, stream=True, backend=api)
+    pieces = list(state.text_iter("x"))
+    assert "".join(pieces) == state["x"] == SEPARATED
+
+
 # ---------------------------------------------------------------------- refusals
 
 

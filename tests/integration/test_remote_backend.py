@@ -113,3 +113,18 @@ def test_runtime_subprocess_serves_programs():
     finally:
         runtime.shutdown()
     assert runtime.process.poll() is not None
+
+
+# the separators str.splitlines breaks at (and SSE does not): a stream split on decoded text cut them
+SEPARATED = "a\u2028b\u0085c"
+
+
+@sgl.function
+def separated(s):
+    s += "Write it: " + sgl.gen("x", regex=SEPARATED, max_tokens=16)
+
+
+def test_streamed_text_with_unicode_line_separators_arrives_whole(remote):
+    state = separated.run(temperature=0, stream=True, backend=remote)
+    pieces = list(state.text_iter("x"))
+    assert "".join(pieces) == state["x"] == SEPARATED

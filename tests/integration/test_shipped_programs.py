@@ -301,3 +301,18 @@ def test_shared_prefixes_are_computed_once(url, engine, remote):
     computed, cached = _computed(engine, lambda: [s.sync() for s in question_on_notes.run_batch(
         items, backend=remote, temperature=0, ship=True)])
     assert computed < 2 * opening and cached >= 6 * (opening - 2), (computed, cached, opening)
+
+
+SEPARATED = "a\u2028b\u0085c"  # str.splitlines breaks at both; SSE does not
+
+
+@sgl.function
+def separated(s):
+    s += "Write it: " + sgl.gen("x", regex=SEPARATED, max_tokens=16)
+
+
+def test_streamed_shipped_text_with_unicode_line_separators_arrives_whole(remote):
+    state = separated.run(backend=remote, temperature=0, stream=True, ship=True)
+    assert isinstance(state, ShippedState)
+    pieces = list(state.text_iter("x"))
+    assert "".join(pieces) == state["x"] == SEPARATED

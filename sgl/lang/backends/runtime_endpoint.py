@@ -88,6 +88,12 @@ class RuntimeEndpoint(TokenScoringBackend):
         logger.info("%s has no %s (a router in front of workers?): %s", self.base_url, path, then)
         return True
 
+    @property
+    def endpoint(self) -> "RuntimeEndpoint":
+        """Itself: SGLang code reaches the server through `backend.endpoint` (on SGLang's
+        `Runtime`, its RuntimeEndpoint), e.g. `global_config.default_backend.endpoint.get_model_name()`."""
+        return self
+
     def get_model_name(self) -> str:
         return self.model_info.get("served_model_name") or self.model_info["model_path"]
 
