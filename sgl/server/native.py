@@ -66,7 +66,7 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
     if not req.stream:
         out = await until_disconnected(
             request, state.engine.async_generate(req.text, req.sampling_params, rid=req.rid, **kwargs))
-        return client_gone() if out is None else JSONBody(out)
+        return client_gone() if out is None else JSONBody(_count_logprobs(out))
     rid = req.rid if req.rid is not None else _new_rids(req)
     chunks = await state.engine.async_generate(req.text, req.sampling_params, rid=rid, stream=True, **kwargs)
     rids = rid if isinstance(rid, list) else [rid]
@@ -83,6 +83,16 @@ async def concate_and_append_request(req: ConcateAndAppendReqInput) -> JSONBody:
     radix cache. The answer is the same as a text join (where SGLang's statements do not attend
     to each other), and the call succeeds so SGLang's program goes on."""
     return JSONBody({"success": True, "message": "joined as text: the next request prefills it through the radix cache"})
+
+
+def _count_logprobs(out: dict | list) -> dict | list:
+    """SGLang's `output_token_logprobs_length` beside the output logprob entries (how many so
+    far, streamed), wherever they are returned."""
+    for item in out if isinstance(out, list) else [out]:
+        meta = item.get("meta_info") or {}
+        if "output_token_logprobs" in meta:
+            meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+    return out
 
 
 def _new_rids(req: GenerateReqInput) -> str | list[str]:
@@ -108,7 +118,7 @@ async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
             meta = chunk["meta_info"]
             if "output_token_logprobs" in meta:  # the entries so far, like the text (as SGLang streams them)
                 meta = {**meta, **merge_logprobs(logprobs.setdefault(i, {}), meta)}  # (serialized at once)
-                meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])  # SGLang's count
+                _count_logprobs({"meta_info": meta})
             out: dict[str, Any] = {"text": texts[i], "output_ids": list(ids[i]), "meta_info": meta}
             if i is not None:
                 out["index"] = i

@@ -14,6 +14,7 @@ import jsonschema
 import pytest
 import requests
 
+import sgl
 from server_helpers import ServerThread, assert_error, sse_events
 from sgl.server import create_app
 
@@ -239,3 +240,34 @@ def test_profiles_ended_in_the_same_second_write_distinct_traces(tmp_path):
         profiler.start(str(tmp_path), activities=["CPU"])
         paths.append(profiler.stop())
     assert len(set(paths)) == 3 and all(os.path.exists(p) for p in paths)
+
+
+def test_output_token_logprobs_length_counts_the_entries_so_far(url):
+    """SGLang's meta carries `output_token_logprobs_length` (its frontend's stream consumers read it)."""
+    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True}
+    events = [e for e in sse_events(requests.post(url + "/generate", json={**body, "stream": True}, stream=True,
+                                                  timeout=120)) if e != "[DONE]"]
+    for e in events:
+        meta = e["meta_info"]
+        assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+    meta = generate(url, body)["meta_info"]
+    assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == 6
+    assert "output_token_logprobs_length" not in generate(url, {**body, "return_logprob": False})["meta_info"]
+
+
+def test_concate_and_append_request_answers_as_sglang_and_checks_its_body(url):
+    """SGLang's RuntimeEndpoint calls it when forks join with mode="concate_and_append" (it
+    404'd and the program hung until the client's timeout)."""
+    r = requests.post(url + "/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "p"}, timeout=30)
+    assert r.status_code == 200 and r.json()["success"] is True, r.text
+    assert_error(requests.post(url + "/concate_and_append_request", json={"src_rids": [], "dst_rid": "p"},
+                               timeout=30), 400, "src_rids")
+    assert_error(requests.post(url + "/concate_and_append_request", json={"src_rids": ["a"]}, timeout=30),
+                 400, "dst_rid")
+
+
+def test_runtime_endpoint_endpoint_is_itself(url):
+    """SGLang code reads `global_config.default_backend.endpoint` (a Runtime's endpoint)."""
+    backend = sgl.RuntimeEndpoint(url)
+    assert backend.endpoint is backend and backend.endpoint.get_model_name() == "sgl-test"

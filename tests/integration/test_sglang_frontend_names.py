@@ -93,3 +93,22 @@ def test_global_config_default_backend_and_model_name_and_token_usage(backend, e
     assert backend.get_model_name() == "default"
     with ServerThread(create_app(engine, "served-name")) as url:
         assert sgl.RuntimeEndpoint(url).get_model_name() == "served-name"
+
+
+def test_variables_are_settable_on_a_finished_state(backend, engine):
+    """SGLang's `state["x"] = int(state["x"])` on the state run() returned (it raised "this
+    program state has ended"); the program is not reopened: its text stays as it was."""
+    @sgl.function
+    def prog(s):
+        s += "Count: " + sgl.gen("n", regex=r"[0-9]{2}", max_tokens=4, temperature=0)
+
+    state = prog.run(backend=backend)
+    text = state.text()
+    state["n"] = int(state["n"])
+    assert state["n"] == int(text[len("Count: "):]) and state.text() == text
+    with pytest.raises(sgl.ProgramError, match="ended"):
+        state += "more"
+    with ServerThread(create_app(engine, "default")) as url:
+        shipped = prog.run(backend=sgl.RuntimeEndpoint(url), ship=True)
+        shipped["n"] = int(shipped["n"])
+        assert isinstance(shipped["n"], int)
