@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from sgl.constrained.ebnf_automaton import build_network
-from sgl.constrained.ebnf_completion import Completions
+from sgl.constrained.ebnf_completion import Completions, TokenCover
 from sgl.constrained.ebnf_parse import parse_grammar
 from sgl.constrained.ebnf_runtime import DEAD, TablesBase, byte_classes, make_tables, vocab_trie
 from sgl.constrained.errors import GrammarError
@@ -130,7 +130,7 @@ class EbnfGrammar:
         self._lock = threading.RLock()
         # Budget-aware masks need every state's shortest completion: ~4 us a state, so only
         # for networks up to COMPLETIONS_MAX_STATES (larger ones decode without budgets).
-        self._completions = (Completions(self._net, _greedy_cover(vocab))
+        self._completions = (Completions(self._net, _token_cover(vocab))
                              if self._net.n_states <= COMPLETIONS_MAX_STATES else None)
         self._tables = self._new_tables()
         self._initial = self._tables.initial()
@@ -209,7 +209,7 @@ class EbnfMatcher:
             cur = self._hist[-1]
             if cur == _DONE or tables.completions is None:
                 return True
-            return tables.need(cur) <= budget
+            return tables.settle(cur) <= budget
 
     def allowed_token_ids(self) -> list[int]:
         """The allowed ids as a list (for tests and debugging)."""
@@ -310,15 +310,24 @@ class EbnfMatcher:
 COMPLETIONS_MAX_STATES = 100_000
 
 
-def _greedy_cover(vocab: "TokenVocabulary"):
-    """Tokens in a greedy longest-match cover of some bytes (a real tokenization: an upper
-    bound of the fewest tokens that spell them; inf if a byte has no token)."""
-    from sgl.constrained.regex import _cover
+_COVERS: dict[int, tuple[object, TokenCover]] = {}
+_COVERS_LOCK = threading.Lock()
 
+
+def _token_cover(vocab: "TokenVocabulary") -> TokenCover:
+    """The vocabulary's :class:`TokenCover` (special and EOS tokens excluded), built once per
+    vocabulary object (~0.1 s for 49k tokens; a few are kept)."""
+    with _COVERS_LOCK:
+        hit = _COVERS.get(id(vocab))
+        if hit is not None and hit[0] is vocab:
+            return hit[1]
     eos = set(vocab.eos_token_ids)
-    tokens = frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos)
-    longest = max((len(t) for t in tokens), default=1)
-    return lambda data: float(_cover(data, tokens, longest))
+    cover = TokenCover(frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos))
+    with _COVERS_LOCK:
+        if len(_COVERS) >= 4:
+            _COVERS.pop(next(iter(_COVERS)))
+        _COVERS[id(vocab)] = (vocab, cover)
+    return cover
 
 
 def compile_ebnf(spec: str, vocab: "TokenVocabulary") -> EbnfGrammar:

@@ -5,20 +5,20 @@ their own shortest member) is found by Knuth's generalization of Dijkstra's algo
 call edge costs the callee's length plus the rest after it: a sum of two unknowns, still
 monotone). A parse configuration (kernel state on a stack of return states) then finishes
 with the kernel's tail followed by each frame's tail, so the tokens it needs are at most the
-sum of those strings' greedy longest-token covers: a real tokenization of a real completion,
-so an upper bound. A parse state (a set of configurations) needs the least of its
-configurations, plus EOS.
+sum of those strings' fewest-token covers (:class:`TokenCover`): a real tokenization of a
+real completion, so an upper bound. A parse state (a set of configurations) needs the least
+of its configurations, plus EOS. That per-state figure is cheap but loose where a token
+would span two rules; the state a request is in gets a tight one (``TablesBase.settle``).
 """
 
 from __future__ import annotations
 
 import heapq
-from typing import Callable
 
 from sgl.constrained.ebnf_automaton import Network
 
 INF = float("inf")
-TAIL_WINDOW = 64  # bytes of a shortest completion covered by tokens; the rest at one token a byte (an upper bound)
+TAIL_WINDOW = 256  # bytes of a shortest completion covered by tokens; the rest at one token a byte (an upper bound)
 
 
 def shortest_tails(net: Network) -> tuple[list[float], list[tuple]]:
@@ -80,7 +80,7 @@ def _representative(lo: int, hi: int) -> int:
 class Completions:
     """Token costs of finishing, per network state and per parse state (memoized)."""
 
-    def __init__(self, net: Network, cover: Callable[[bytes], float]) -> None:
+    def __init__(self, net: Network, cover: "TokenCover") -> None:
         self.net = net
         self.cover = cover
         self.dist, self.move = shortest_tails(net)
@@ -115,6 +115,41 @@ class Completions:
                 hit = INF
             else:
                 head = data[:TAIL_WINDOW]
-                hit = min(float(len(head)), self.cover(head)) + (d - len(head))
+                hit = min(float(len(head)), self.cover.count(head)) + (d - len(head))
             self._tokens[state] = hit
         return hit
+
+
+class TokenCover:
+    """The fewest vocabulary tokens that spell some bytes exactly (a dynamic program over
+    positions, each extended along the tokens' prefixes): every such token is allowed by
+    a grammar mask wherever the bytes are valid text, so the count is a number of steps
+    that really finishes the text. Greedy longest-match is not minimal (and a byte-pair
+    tokenizer's own split need not be either); this is, for the given bytes."""
+
+    def __init__(self, tokens: frozenset[bytes]) -> None:
+        self.pieces: dict[bytes, bool] = {}  # every prefix of a token -> whether it is a token itself
+        for t in tokens:
+            for j in range(1, len(t)):
+                self.pieces.setdefault(t[:j], False)
+        for t in tokens:
+            self.pieces[t] = True
+        self.longest = max(map(len, tokens), default=1)
+
+    def count(self, data: bytes) -> float:
+        return self.plan(data)[0]
+
+    def plan(self, data: bytes) -> tuple[float, int]:
+        """(fewest tokens spelling ``data``, the byte length of the first of them); (inf, 0)
+        when some byte is in no token, (0, 0) for no bytes."""
+        n, pieces, longest = len(data), self.pieces, self.longest
+        best = [INF] * n + [0.0]
+        first = [0] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            for k in range(1, min(longest, n - i) + 1):
+                is_token = pieces.get(data[i:i + k])
+                if is_token is None:
+                    break
+                if is_token and best[i + k] + 1 < best[i]:
+                    best[i], first[i] = best[i + k] + 1, k
+        return best[0], first[0]

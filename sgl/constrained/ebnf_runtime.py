@@ -51,6 +51,9 @@ KERNEL_MASK_CACHE_BYTES = 32 << 20  # kernel walks kept per grammar (LRU past it
 KERNEL_ROUTE = True  # native masks through the kernel tables (see NativeTables.native_mask)
 DENSE_SWITCH = 2048  # live trie nodes in one level beyond which whole levels are processed
 FORCED_LIMIT = 256  # bytes of jump-forward text computed at most
+PLAN_LIMIT = 4096  # bytes of a completion a request's state is planned with (longer: the per-state figure)
+PLAN_CONFIGS = 8  # configurations of a state planned: those the per-state figure ranks best
+PLANS_KEPT = 8192  # planned completions kept per grammar (LRU)
 
 
 # ---------------------------------------------------------------------------
@@ -184,6 +187,10 @@ class TablesBase(ABC):
         self.needs: dict[int, float] = {}
         self.max_need_after: dict[int, float] = {}
         self.stack_tokens: dict[int, float] = {0: 0.0}
+        # A completion known to finish each planned parse state: (its tokens, EOS included
+        # where needed; its bytes; its first token's length; whether it needs EOS); see settle.
+        self.plans: OrderedDict[int, tuple[float, bytes, int, bool]] = OrderedDict()
+        self.planned: set[int] = set()
 
     def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
         """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next.
@@ -252,7 +259,8 @@ class TablesBase(ABC):
         return words
 
     def need(self, did: int) -> float:
-        """Tokens that finish the text from parse state ``did``, EOS included, at most."""
+        """Tokens that finish the text from parse state ``did``, at most: EOS included, unless
+        the text is done (a sentence nothing can extend: the request stops there by itself)."""
         hit = self.needs.get(did)
         if hit is not None:
             return hit
@@ -262,10 +270,13 @@ class TablesBase(ABC):
         M, ACCEPT = self.M, self.ACCEPT
         for cfg in self.configs(did):
             k, stack = cfg % M, cfg // M
-            cost = 0.0 if k == ACCEPT else comp.tail_tokens(k) + self._stack_tokens(stack)
+            if k == ACCEPT:
+                cost = 0.0 if self.allowed_bytes(did) == 0 else 1.0
+            else:
+                cost = comp.tail_tokens(k) + self._stack_tokens(stack) + 1  # + EOS
             best = min(best, cost)
-        self.needs[did] = best + 1  # + EOS
-        return best + 1
+        self.needs[did] = best
+        return best
 
     def _stack_tokens(self, stack: int) -> float:
         memo, chain = self.stack_tokens, []
@@ -278,6 +289,66 @@ class TablesBase(ABC):
             total += comp.tail_tokens(self.stack_frame(s)[0])  # type: ignore[union-attr]
             memo[s] = total
         return total
+
+    def settle(self, did: int) -> float:
+        """need(did), made tight for a state a request is in, and kept consistent along its way.
+
+        The per-state figure covers each rule's tail apart, so it overcounts where a token
+        would span two rules (and a budget that fits gets no help); here whole completions of
+        the best configurations are covered. The plan's first token leads to a state that is
+        offered the rest of the plan, so that state's need is at most this one's minus one:
+        a request whose budget fits its state's need always has a token that keeps it fitting,
+        and the masks never lead into a state where none does."""
+        if did not in self.planned:
+            self.planned.add(did)
+            for data in self._completion_texts(did):
+                end = self.advance(did, data)
+                if end != DEAD and self.accepting(end):
+                    self._offer(did, data, self.allowed_bytes(end) != 0)
+        plan = self.plans.get(did)
+        if plan is not None:
+            self.plans.move_to_end(did)
+            _, data, first, eos = plan
+            if first:
+                nxt = self.advance(did, data[:first])
+                if nxt != DEAD:
+                    self._offer(nxt, data[first:], eos)
+        return self.need(did)
+
+    def _offer(self, did: int, data: bytes, eos: bool) -> None:
+        """``data`` (then EOS if ``eos``) finishes ``did``: keep it as the state's plan if it
+        takes fewer tokens."""
+        count, first = self.completions.cover.plan(data)  # type: ignore[union-attr]
+        cost = count + eos
+        known = self.plans.get(did)
+        if cost == INF or (known is not None and known[0] <= cost):
+            return
+        self.plans[did] = (cost, data, first, eos)
+        self.needs[did] = min(self.need(did), cost)
+        if len(self.plans) > PLANS_KEPT:
+            self.plans.popitem(last=False)
+
+    def _completion_texts(self, did: int) -> list[bytes]:
+        """The shortest completions (bytes) of ``did``'s best configurations by the per-state
+        figure; those longer than PLAN_LIMIT are left out."""
+        comp = self.completions
+        assert comp is not None
+        M, ACCEPT = self.M, self.ACCEPT
+        ranked = sorted(self.configs(did), key=lambda cfg: 0.0 if cfg % M == ACCEPT
+                        else comp.tail_tokens(cfg % M) + self._stack_tokens(cfg // M))
+        out = []
+        for cfg in ranked[:PLAN_CONFIGS]:
+            k, stack = cfg % M, cfg // M
+            if k == ACCEPT:
+                out.append(b"")
+                continue
+            states = [k]
+            while stack:
+                ret, stack = self.stack_frame(stack)
+                states.append(ret)
+            if sum(comp.dist[s] for s in states) <= PLAN_LIMIT:
+                out.append(b"".join(comp.tail_bytes(s) or b"" for s in states))
+        return out
 
     def budget_mask(self, did: int, budget: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
         """The mask of tokens after which a completion still fits in ``budget - 1`` tokens;
@@ -293,6 +364,7 @@ class TablesBase(ABC):
                 self._plain(did, ends, trie)
             if budget - 1 >= self.max_need_after[did]:
                 return None
+        self.settle(did)  # the state's plan lowers its successor's need (before the needs are read)
         need_of = np.zeros(self.n_dstates(), dtype=np.float64)
         need_of[targets] = [self.need(int(d)) for d in targets]
         keep = live & (need_of[ends] <= budget - 1)

@@ -293,3 +293,47 @@ def test_budget_aware_outputs_are_complete_at_1_2x_the_shortest(engines, constra
     assert all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in aware)
     plain = engine.generate(prompt, {**params, "budget_aware": False})
     assert any(not _complete(check, o["text"]) for o in plain)  # without it, outputs get cut
+
+
+# The grammar route (EBNF, a JSON schema too large for the regex route, structural tags) at the
+# tightest budgets: (constraint, a shortest member written here, a check of a complete output).
+WIDE_SCHEMA = {"type": "object", "properties": {f"f{i:02d}": {"type": "integer" if i % 3 == 0 else "string"}
+               for i in range(80)}, "required": ["f00", "f01", "f02", "f03"], "additionalProperties": False}  # fmt: skip
+ADD = {"type": "object", "properties": {"description": {"type": "string"}, "first_operand": {"type": "integer"},
+       "second_operand": {"type": "integer"}}, "required": ["description", "first_operand", "second_operand"],
+       "additionalProperties": False}  # fmt: skip
+ADD_CALLS = {"type": "structural_tag", "free_text": False, "separator": " ", "triggers": ["<function="],
+             "structures": [{"begin": "<function=add_numbers>", "end": "</function>", "schema": ADD}]}
+CALL = r"<function=add_numbers>(\{.*?\})</function>"
+ITEM = r'\{"id": [0-9]+, "tags": \[("[a-z]+"(,"[a-z]+")*)?\]\}'
+TIGHT_GRAMMAR_LANGUAGES = {
+    "ebnf": ({"ebnf": 'root ::= "[" item ("," item)* "]"\nitem ::= "{\\"id\\": " [0-9]+ ", \\"tags\\": [" '
+                      '("\\"" [a-z]+ "\\"" ("," "\\"" [a-z]+ "\\"")*)? "]}"'},
+             '[{"id": 0, "tags": []}]', lambda t: re.fullmatch(rf"\[{ITEM}(,{ITEM})*\]", t)),
+    "wide_schema": ({"json_schema": WIDE_SCHEMA}, '{"f00":0,"f01":"","f02":"","f03":0}',
+                    lambda t: jsonschema.validate(json.loads(t), WIDE_SCHEMA) is None),
+    "structural_tag": ({"structural_tag": ADD_CALLS}, '<function=add_numbers>{"description":"","first_operand":0,"second_operand":0}</function>',
+                       lambda t: re.fullmatch(rf"{CALL}( {CALL})*", t, re.S) and all(
+                           jsonschema.validate(json.loads(x), ADD) is None for x in re.findall(CALL, t, re.S))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TIGHT_GRAMMAR_LANGUAGES)
+def test_grammar_route_outputs_are_complete_whenever_a_member_fits(engines, name):
+    """Temperature 1.0 at a budget of a shortest member's tokens (the tokenizer's, + EOS) and
+    a little more, jump-forward on and off: every output is complete. Before the grammar
+    route planned its completions (a bound counted beyond 64 bytes at a token a byte, tokens
+    split at rule boundaries), the tightest budget cut nearly every sample."""
+    from sgl.constrained.compiler import REGEX_ROUTE_MAX_TEXT
+    from sgl.constrained.json_schema import json_schema_to_rx
+
+    assert len(json_schema_to_rx(WIDE_SCHEMA).text) > REGEX_ROUTE_MAX_TEXT  # it takes the grammar route
+    constraint, member, check = TIGHT_GRAMMAR_LANGUAGES[name]
+    for mode, engine in engines.items():
+        fits = len(engine.tokenizer(member, add_special_tokens=False).input_ids) + 1
+        prompt = chat(engine, "Write one long example with many items. Be verbose.")
+        for budget in (fits, fits + 3):
+            outs = engine.generate(prompt, {**constraint, "temperature": 1.0, "max_new_tokens": budget, "n": 8,
+                                            "seed": budget})
+            incomplete = [o["text"] for o in outs if not _complete(check, o["text"])]
+            assert not incomplete, (mode, budget, incomplete)

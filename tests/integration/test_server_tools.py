@@ -120,9 +120,7 @@ def test_forced_calls_are_always_valid_at_temperature_one(fast_client, choice):
         r = fast_client.chat.completions.create(model="tools-model", messages=ASK, tools=TOOLS, tool_choice=choice,
                                                 temperature=1.0, n=6, seed=seed * 6, max_tokens=160)
         for ch in r.choices:
-            assert ch.finish_reason in ("tool_calls", "length")
-            if ch.finish_reason == "length":
-                continue  # cut off mid-call by max_tokens: then nothing was parsed as a call
+            assert ch.finish_reason == "tool_calls", ch.message.content  # a call fits in 160 tokens: never cut
             found = check_calls(ch.message.tool_calls)
             assert found and (not ch.message.content)
             if isinstance(choice, dict):
@@ -151,8 +149,32 @@ def test_parallel_tool_calls_false_gives_at_most_one(fast_client):
     r = fast_client.chat.completions.create(model="tools-model", messages=ASK, tools=TOOLS, tool_choice="required",
                                             parallel_tool_calls=False, temperature=1.0, n=6, seed=5, max_tokens=160)
     for ch in r.choices:
-        if ch.finish_reason == "tool_calls":
-            assert len(check_calls(ch.message.tool_calls)) == 1
+        assert ch.finish_reason == "tool_calls"
+        assert len(check_calls(ch.message.tool_calls)) == 1
+
+
+# The shortest call of TOOLS[:2], written here: as the tokenizer spells it, + EOS, it is an
+# upper bound of the fewest tokens a complete answer takes.
+SHORTEST_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city":"","unit":"celsius"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("choice,parallel", [("required", True), ("required", False),
+                                             ({"type": "function", "function": {"name": "get_weather"}}, True)],
+                         ids=["required-parallel", "required-one", "named"])
+def test_forced_calls_complete_whenever_one_fits(fast_client, default_engine, choice, parallel):
+    """Budget-aware completion on tool calls (a structural tag on the grammar route): at
+    temperature 1.0, with max_tokens from what the shortest call takes up, every sample ends
+    with finish_reason tool_calls and arguments that validate; parallel calls stop at as many
+    as fit. Before, every sample at the tightest budget was cut (the bound counted 50 tokens)."""
+    fits = len(default_engine.tokenizer(SHORTEST_CALL, add_special_tokens=False).input_ids) + 1
+    for max_tokens in (fits, fits + 2, fits + 40):
+        r = fast_client.chat.completions.create(model="tools-model", messages=ASK, tools=TOOLS[:2], tool_choice=choice,
+                                                parallel_tool_calls=parallel, temperature=1.0, n=8, seed=max_tokens,
+                                                max_tokens=max_tokens)
+        for ch in r.choices:
+            assert ch.finish_reason == "tool_calls", (max_tokens, ch.message.content)
+            found = check_calls(ch.message.tool_calls)
+            assert found and (parallel and choice == "required" or len(found) == 1)
 
 
 def _reassemble(stream) -> dict[int, dict]:

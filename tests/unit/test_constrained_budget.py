@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_constrained_support import make_compiler, make_vocab
+from test_constrained_support import make_compiler, make_tokenizer, make_vocab
 
 from sgl.constrained.ebnf import EbnfGrammar
 from sgl.constrained.json_schema import json_schema_to_rules
@@ -129,3 +129,46 @@ def test_grammar_budget_masks_keep_a_completion_within_budget(kind, spec) -> Non
             break
         assert m.accept(rng.choice(choices))
     assert narrowed  # the budget did narrow some masks: the check above ran
+
+
+# The grammar route at the tightest budgets: a hand-written shortest member, as the tokenizer
+# spells it, with EOS (an upper bound of the fewest tokens, found without the code under test).
+WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+           "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": False}  # fmt: skip
+ALARM = {"type": "object", "properties": {"hour": {"type": "integer"}, "minute": {"type": "integer"},
+         "label": {"type": "string"}}, "required": ["hour", "minute", "label"], "additionalProperties": False}  # fmt: skip
+CALLS = {"type": "structural_tag", "free_text": False, "separator": "\n", "triggers": ["<tool_call>"],
+         "structures": [{"begin": '<tool_call>\n{"name": "get_weather", "arguments": ', "schema": WEATHER,
+                         "end": "}\n</tool_call>"},
+                        {"begin": '<tool_call>\n{"name": "set_alarm", "arguments": ', "schema": ALARM,
+                         "end": "}\n</tool_call>"}]}  # fmt: skip  (tool calls: tool_choice "required", parallel)
+FREE_CALLS = {**CALLS, "free_text": True, "separator": ""}  # tool_choice "auto": text, calls begun must close
+WIDE = {"type": "object", "properties": {f"f{i}": {"type": ["integer", "boolean"] if i % 2 else "string"}
+        for i in range(10)}, "required": [f"f{i}" for i in range(10)], "additionalProperties": False}  # fmt: skip
+TIGHT_LANGUAGES = {  # id: (kind, spec, a shortest member)
+    "arith": ("ebnf", ARITH, "0="),
+    "list": ("ebnf", 'root ::= "[" item ("," item)* "]"\nitem ::= "{\\"id\\": " [0-9]+ ", \\"tags\\": [" '
+                     '("\\"" [a-z]+ "\\"" ("," "\\"" [a-z]+ "\\"")*)? "]}"', '[{"id": 0, "tags": []}]'),
+    "record": ("json_schema_grammar", RECORD, '{"id":0,"tags":[]}'),
+    "wide": ("json_schema_grammar", WIDE, "{" + ",".join(f'"f{i}":{0 if i % 2 else chr(34) * 2}' for i in range(10)) + "}"),
+    "calls": ("structural_tag", CALLS, '<tool_call>\n{"name": "get_weather", "arguments": {"city":"","unit":"celsius"}}\n</tool_call>'),
+    "free_calls": ("structural_tag", FREE_CALLS, ""),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TIGHT_LANGUAGES)
+def test_grammar_walks_complete_whenever_a_member_fits(name) -> None:
+    """Brute force at the tightest budgets: random walks (uniform over the allowed tokens,
+    as temperature 1.0 on a flat model) with a budget of a shortest member's tokens and EOS,
+    or one or three more, always end complete. A bound on the shortest completion that is
+    loose (e.g. counting a long tail a token a byte, or tokens split at rule boundaries), or
+    masks that lead into a state where nothing fits any more, fail here."""
+    kind, spec, member = TIGHT_LANGUAGES[name]
+    vocab, grammar = make_vocab("byte_level"), compile_for(kind, spec)
+    fits = len(make_tokenizer("byte_level")(member, add_special_tokens=False).input_ids) + 1
+    m = grammar.matcher()
+    assert m.accept_text(member) and m.is_accepting()  # the oracle's member is one
+    rng = random.Random(1)
+    for budget in (fits, fits + 1, fits + 3):
+        cut = sum(not walk(grammar, vocab, budget, True, rng) for _ in range(25))
+        assert cut == 0, (budget, cut)
