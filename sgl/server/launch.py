@@ -26,7 +26,7 @@ import uvicorn
 from sgl.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from sgl.server.data_parallel import ROUTER_POLICIES
 from sgl.server.launch_compat import (DTYPE_ALIASES, REASONING_PARSERS, TOOL_CALL_PARSERS, add_compat_flags,
-                                     check_kv_cache_dtype, config_argv, read_chat_template)
+                                     check_kv_cache_dtype, config_argv, read_chat_template, use_chat_template)
 from sgl.server.lifecycle import Lifecycle
 
 logger = logging.getLogger("sgl.server")
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     engine = Engine(**kwargs)
     try:
         if chat_template is not None:
-            engine.tokenizer.chat_template = chat_template  # what render_messages and the chat roles read
+            use_chat_template(engine.tokenizer, chat_template)
         name = args.served_model_name or default_served_name(engine.model_path)
         app = create_app(engine, name, api_key=api_key, profile_dir=args.profile_dir,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,

@@ -79,6 +79,13 @@ def check_kv_cache_dtype(args: argparse.Namespace) -> None:
                          f"give --dtype {kv} (or --kv-cache-dtype auto)")
 
 
+def use_chat_template(tokenizer: Any, text: str) -> None:
+    """Make `text` the template /v1/chat/completions renders with (Engine.render_messages reads
+    the tokenizer's), the tool-call format is detected from and the chat roles come from: set
+    before create_app."""
+    tokenizer.chat_template = text
+
+
 def read_chat_template(path: str) -> str:
     """The Jinja text of a --chat-template file; ValueError for a name (we ship no built-ins) or
     an unreadable file."""

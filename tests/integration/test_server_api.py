@@ -163,6 +163,32 @@ def test_retrieve_model(url):
     assert "no-such/model" in err["message"]
 
 
+CUSTOM_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]\n{% endfor %}"
+                   "{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+def test_chat_template_file_sets_the_served_template(engine, tmp_path):
+    from sgl.server.launch_compat import read_chat_template, use_chat_template
+
+    path = tmp_path / "t.jinja"
+    path.write_text(CUSTOM_TEMPLATE)
+    tok, before = engine.tokenizer, engine.tokenizer.chat_template
+    try:
+        use_chat_template(tok, read_chat_template(str(path)))
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        assert engine.render_messages(msgs) == "[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]"
+        roles = ChatTemplate.from_hf_tokenizer(tok)
+        assert (roles.prefix["user"], roles.suffix["user"]) == ("[user]", "[/user]\n")
+        with ServerThread(create_app(engine, MODEL)) as templated:
+            got = post(templated, "/tokenize", {"messages": msgs}).json()["tokens"]
+            assert got == list(tok("[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]",
+                                   add_special_tokens=False).input_ids)
+            body = {"messages": msgs, "max_tokens": 1, "temperature": 0}
+            usage = post(templated, "/v1/chat/completions", body).json()["usage"]
+            assert usage["prompt_tokens"] == len(engine.encode(engine.render_messages(msgs)))
+    finally:
+        tok.chat_template = before
+
 def test_model_and_server_info(url, engine):
     info = requests.get(url + "/get_model_info", timeout=30).json()
     ModelInfo.model_validate(info)
