@@ -141,6 +141,10 @@ async def detokenize(req: DetokenizeRequest, request: Request) -> JSONBody:
     """SGLang's and vLLM's `{"tokens"}` -> the text, under SGLang's name (`text`) and vLLM's (`prompt`)."""
     engine = get_state(request).engine
     skip = req.skip_special_tokens
+    vocab = engine.model_config.vocab_size  # checked before decoding, as /v1/completions echo checks them
+    for i in (t for row in req.tokens for t in (row if isinstance(row, list) else [row])):
+        if not 0 <= i < vocab:
+            raise APIError(400, f"token id {i} is outside the vocabulary [0, {vocab})", param="tokens")
     if req.tokens and isinstance(req.tokens[0], list):
         text: Any = await asyncio.to_thread(lambda: [engine.decode(t, skip_special_tokens=skip) for t in req.tokens])
     else:

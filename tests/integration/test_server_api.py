@@ -154,6 +154,10 @@ def test_detokenize_round_trips_tokenize(url, engine):
     both = post(url, "/v1/detokenize", {"tokens": [ids, ids + [eos]], "skip_special_tokens": False}).json()
     assert both["text"] == [engine.tokenizer.decode(ids), engine.tokenizer.decode(ids + [eos])] == both["prompt"]
     assert_error(post(url, "/detokenize", {"tokens": "abc"}), 400, "tokens")
+    vocab = engine.model_config.vocab_size
+    for bad in ([vocab], [[1], [-1]]):
+        assert str(bad[-1][0] if isinstance(bad[-1], list) else bad[-1]) in \
+            assert_error(post(url, "/detokenize", {"tokens": bad}), 400, "tokens")["message"]
 
 
 def test_retrieve_model(url):
