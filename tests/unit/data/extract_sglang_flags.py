@@ -18,7 +18,8 @@ HEADER = """# SGLang {version}'s `python -m sglang.launch_server` flags (ServerA
 
 
 def _annotated_meta(ann: ast.expr) -> list[ast.expr] | None:
-    if not (isinstance(ann, ast.Subscript) and getattr(ann.value, "id", getattr(ann.value, "attr", "")) in ("Annotated", "A")):
+    head = getattr(ann, "value", None)
+    if not (isinstance(ann, ast.Subscript) and getattr(head, "id", getattr(head, "attr", "")) in ("Annotated", "A")):
         return None
     return list(ann.slice.elts[1:]) if isinstance(ann.slice, ast.Tuple) else []
 
