@@ -20,7 +20,7 @@ from sgl.lang.chat_template import ChatTemplate
 from sgl.runtime.tokenizer import tokenizer_directory
 from sgl.tool_calls import ReasoningParser, detect_parser, get_parser
 from sgl.server import admin, extract, native, openai_api, programs, sessions
-from sgl.server.auth import APIKeyMiddleware
+from sgl.server.auth import OPEN_PATHS, APIKeyMiddleware
 from sgl.server.errors import install_error_handlers
 from sgl.server.lifecycle import BodySizeLimitMiddleware, Lifecycle, LifecycleMiddleware
 from sgl.server.metrics import Metrics
@@ -43,11 +43,13 @@ DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
                profile_dir: str | None = None, tool_call_parser: str | None = None,
                reasoning_parser: str | None = None, cors_allow_origins: list[str] | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_requests: bool = False) -> FastAPI:
+               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_requests: bool = False,
+               metrics_require_api_key: bool = False) -> FastAPI:
     """The app over `engine`. `tool_call_parser`: the tool-call format (default: the one the
     chat template uses); `reasoning_parser`: split reasoning from answers ("qwen3", ...);
     `cors_allow_origins`: the browser origins answered (none: no CORS headers at all);
-    `max_request_bytes`: larger bodies get a 413; `log_requests`: log bodies and responses."""
+    `max_request_bytes`: larger bodies get a 413; `log_requests`: log bodies and responses;
+    `metrics_require_api_key`: /metrics needs the API key too (open by default, as vLLM's)."""
     from sgl import __version__
 
     metrics = Metrics(served_model_name)
@@ -81,7 +83,8 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
     app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle, metrics=metrics)
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=api_key,
+                           open_paths=OPEN_PATHS if metrics_require_api_key else OPEN_PATHS | {"/metrics"})
     if cors_allow_origins:  # added last: outermost, so preflights are answered before the key check
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_allow_origins), allow_methods=["*"],
                            allow_headers=["*"])

@@ -1,4 +1,5 @@
-"""`--api-key`: every endpoint but /health needs `Authorization: Bearer <key>`.
+"""`--api-key`: every endpoint but /health (and /metrics unless `--metrics-require-api-key`) needs
+`Authorization: Bearer <key>`.
 
 A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming responses and
 client-disconnect detection pass through it untouched.
@@ -17,12 +18,13 @@ OPEN_PATHS = frozenset({"/health"})
 
 
 class APIKeyMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
+        self._open = open_paths
         self._key = api_key.encode("utf-8")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+        if scope["type"] != "http" or scope.get("path") in self._open:
             await self.app(scope, receive, send)
             return
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")

@@ -29,7 +29,7 @@ logger = logging.getLogger("sgl.server")
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 # Options the supervisor handles itself, never passed to a worker.
 SUPERVISOR_OPTIONS = ("dp_size", "router_policy", "router_balance_abs_threshold", "host", "port", "api_key",
-                      "api_key_file")
+                      "api_key_file", "config")
 START_TIMEOUT_S = 900.0  # a worker's first start may build native kernels and compile
 RESTARTS_PER_WINDOW, RESTART_WINDOW_S = 3, 300.0
 STOP_GRACE_S = 40.0

@@ -19,23 +19,27 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import uvicorn
 
 from sgl.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from sgl.server.data_parallel import ROUTER_POLICIES
+from sgl.server.launch_compat import (DTYPE_ALIASES, REASONING_PARSERS, TOOL_CALL_PARSERS, add_compat_flags,
+                                     check_kv_cache_dtype, config_argv, read_chat_template, use_chat_template)
 from sgl.server.lifecycle import Lifecycle
 
 logger = logging.getLogger("sgl.server")
 
 # flag -> (EngineConfig field, argparse kwargs)
 ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--model-path": ("model_path", dict(default="default",
+    "--model-path --model": ("model_path", dict(default="default",
                      help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file")),
     "--tokenizer-path": ("tokenizer_path", dict(default=None, help="tokenizer directory (default: the model's)")),
-    "--dtype": ("dtype", dict(default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                help="auto: bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, else float32")),
+    "--dtype": ("dtype", dict(default="auto", type=lambda v: DTYPE_ALIASES.get(v, v),
+                choices=["auto", "float32", "bfloat16", "float16"],
+                help="auto: bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, else float32 "
+                     "(SGLang's and vLLM's half = float16, float = float32)")),
     "--quantization": ("quantization", dict(
         default="auto", choices=["auto", "none", "int8", "int4"],
         help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, Q8_0/Q6_K/Q5_* -> int8), none "
@@ -92,10 +96,10 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         action=argparse.BooleanOptionalAction, default=True,
         help="run the scheduler and the model in their own process (default), so HTTP work and model "
              "steps do not share a GIL; --no-scheduler-process runs them on a thread of the server")),
-    "--tp-size": ("tp_size", dict(
+    "--tp-size --tensor-parallel-size --tp": ("tp_size", dict(
         type=int, default=1, help="tensor parallelism: shard the model over this many scheduler processes "
                                   "(gloo on CPU, NCCL on CUDA; on CPU each gets cores / N threads)")),
-    "--torch-compile": ("torch_compile", dict(
+    "--torch-compile --enable-torch-compile": ("torch_compile", dict(
         action="store_true", help="CPU: compile the batch-1 decode forward with torch.compile at start-up "
                                   "(15-45 s the first time, cached on disk)")),
 }
@@ -104,8 +108,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sgl.launch_server", description="Serve an sgl engine over HTTP.")
     engine = p.add_argument_group("engine")
-    for flag, (_field, kwargs) in ENGINE_FLAGS.items():
-        engine.add_argument(flag, **kwargs)
+    for flags, (_field, kwargs) in ENGINE_FLAGS.items():
+        engine.add_argument(*flags.split(), **kwargs)  # the first name is ours, the rest SGLang's / vLLM's
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=30000)
@@ -129,10 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--profile-dir", default=os.environ.get("SGL_TORCH_PROFILER_DIR"),
                         help="enable /start_profile and /stop_profile; torch profiler traces are written "
                              "under this directory (default: $SGL_TORCH_PROFILER_DIR; unset: profiling off)")
-    server.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
-                        help="the format of tool calls in the model's output (default: the one its chat "
-                             "template uses; hermes when it names none)")
-    server.add_argument("--dp-size", type=int, default=1,
+    server.add_argument("--tool-call-parser", default=None, type=parser_name("--tool-call-parser", TOOL_CALL_PARSERS),
+                        help="the format of tool calls in the model's output: " + _names(TOOL_CALL_PARSERS)
+                             + " (default: the one its chat template uses; hermes when it names none)")
+    server.add_argument("--dp-size", "--data-parallel-size", type=int, default=1,
                         help="data parallelism: this many workers (each its share of the CPUs, or its own CUDA "
                              "device) behind the sglang-router on --host/--port (pip install 'sgl[router]')")
     server.add_argument("--router-policy", default="cache_aware", choices=list(ROUTER_POLICIES),
@@ -142,13 +146,32 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --dp-size: requests in flight one worker may have beyond another before the "
                              "router balances by load instead of by prefix (the router's own default, 64, keeps "
                              "CPU workers idle while one queues)")
-    server.add_argument("--reasoning-parser", default=None, choices=["qwen3", "deepseek-r1"],
-                        help="split the model's <think> reasoning into reasoning_content")
+    server.add_argument("--reasoning-parser", default=None, type=parser_name("--reasoning-parser", REASONING_PARSERS),
+                        help="split the model's <think> reasoning into reasoning_content: "
+                             + _names(REASONING_PARSERS))
+    server.add_argument("--enable-metrics", action="store_true",
+                        help="accepted for SGLang command lines: /metrics is always on here")
+    server.add_argument("--metrics-require-api-key", action="store_true",
+                        help="with an API key: /metrics needs it too (default: /metrics is open, as vLLM's is)")
+    add_compat_flags(p)
     return p
 
 
+def _names(table: dict[str, str]) -> str:
+    return ", ".join(k if k == v else f"{k} (= {v})" for k, v in table.items())
+
+
+def parser_name(flag: str, table: dict[str, str]) -> Callable[[str], str]:
+    """An argparse type: our parser name for `name` (ours or SGLang's alias of the same format)."""
+    def convert(name: str) -> str:
+        if name not in table:
+            raise argparse.ArgumentTypeError(f"{flag} {name!r}: no such format here; the ones we have: {_names(table)}")
+        return table[name]
+    return convert
+
+
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {field: getattr(args, field) for _flag, (field, _kw) in ENGINE_FLAGS.items()}
+    return {field: getattr(args, field) for _flags, (field, _kw) in ENGINE_FLAGS.items()}
 
 
 def default_served_name(model_path: str) -> str:
@@ -174,11 +197,25 @@ def resolve_api_key(args: argparse.Namespace) -> str | None:
     return key
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line over its --config file (whose flags come first, so the command line's win)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:
+        if args.config is not None:
+            args = parser.parse_args(config_argv(parser, args.config) + argv)
+        check_kv_cache_dtype(args)
+    except ValueError as e:
+        parser.error(str(e))
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parse_args(parser, argv)
+    try:
         api_key = resolve_api_key(args)
+        chat_template = read_chat_template(args.chat_template) if args.chat_template else None
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -194,11 +231,13 @@ def main(argv: list[str] | None = None) -> None:
     logger.info("loading the engine: %s", {k: v for k, v in kwargs.items() if v is not None})
     engine = Engine(**kwargs)
     try:
+        if chat_template is not None:
+            use_chat_template(engine.tokenizer, chat_template)
         name = args.served_model_name or default_served_name(engine.model_path)
         app = create_app(engine, name, api_key=api_key, profile_dir=args.profile_dir,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                          cors_allow_origins=args.cors_allow_origins, max_request_bytes=args.max_request_bytes,
-                         log_requests=args.log_requests)
+                         log_requests=args.log_requests, metrics_require_api_key=args.metrics_require_api_key)
         logger.info("serving %r (%s) on http://%s:%d", name, engine.model_path, args.host, args.port)
         # uvicorn re-raises the signal that stopped it under the handler found before it; a
         # no-op one lets us exit with our own status.

@@ -15,6 +15,8 @@ from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
 from sgl.server.protocol import (
     ConcateAndAppendReqInput,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     GenerateChunk,
     GenerateOutput,
@@ -127,12 +129,49 @@ async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
-@router.post("/tokenize", response_model=TokenizeResponse, responses=error_responses(400))
+@router.post("/tokenize", response_model=TokenizeResponse, response_model_exclude_none=True,
+             responses=error_responses(400))
+@router.post("/v1/tokenize", response_model=TokenizeResponse, response_model_exclude_none=True,
+             responses=error_responses(400), include_in_schema=False)
 async def tokenize(req: TokenizeRequest, request: Request) -> JSONBody:
-    """Token ids of a text (or of each text of a list) exactly as the engine tokenizes prompts."""
-    engine = get_state(request).engine
-    if isinstance(req.text, str):
-        ids: Any = await asyncio.to_thread(engine.encode, req.text)
+    """Token ids exactly as the engine tokenizes prompts. Ours: `{"text"}` -> `{"input_ids"}`;
+    SGLang's and vLLM's: `{"prompt"}` or `{"messages"}` -> `{"tokens", "count", "max_model_len"}`."""
+    state = get_state(request)
+    engine = state.engine
+    if req.text is not None:
+        return JSONBody({"input_ids": await asyncio.to_thread(_encode_each, engine, req.text, True)})
+    if req.messages is not None:
+        from sgl.server.openai_api import chat_messages
+
+        gen = True if req.add_generation_prompt is None else req.add_generation_prompt
+        prompt: str | list[str] = engine.render_messages(chat_messages(req.messages), add_generation_prompt=gen)
+        special = req.add_special_tokens and "add_special_tokens" in req.model_fields_set  # the template has BOS
     else:
-        ids = await asyncio.to_thread(lambda: [engine.encode(t) for t in req.text])
-    return JSONBody({"input_ids": ids})
+        prompt, special = req.prompt, req.add_special_tokens  # type: ignore[assignment]
+    tokens = await asyncio.to_thread(_encode_each, engine, prompt, special)
+    count = len(tokens) if isinstance(prompt, str) else [len(t) for t in tokens]
+    return JSONBody({"tokens": tokens, "count": count, "max_model_len": state.context_len})
+
+
+def _encode_each(engine: Any, text: str | list[str], add_special_tokens: bool) -> Any:
+    if isinstance(text, str):
+        return engine.encode(text, add_special_tokens=add_special_tokens)
+    return [engine.encode(t, add_special_tokens=add_special_tokens) for t in text]
+
+
+@router.post("/detokenize", response_model=DetokenizeResponse, responses=error_responses(400))
+@router.post("/v1/detokenize", response_model=DetokenizeResponse, responses=error_responses(400),
+             include_in_schema=False)
+async def detokenize(req: DetokenizeRequest, request: Request) -> JSONBody:
+    """SGLang's and vLLM's `{"tokens"}` -> the text, under SGLang's name (`text`) and vLLM's (`prompt`)."""
+    engine = get_state(request).engine
+    skip = req.skip_special_tokens
+    vocab = engine.model_config.vocab_size  # checked before decoding, as /v1/completions echo checks them
+    for i in (t for row in req.tokens for t in (row if isinstance(row, list) else [row])):
+        if not 0 <= i < vocab:
+            raise APIError(400, f"token id {i} is outside the vocabulary [0, {vocab})", param="tokens")
+    if req.tokens and isinstance(req.tokens[0], list):
+        text: Any = await asyncio.to_thread(lambda: [engine.decode(t, skip_special_tokens=skip) for t in req.tokens])
+    else:
+        text = await asyncio.to_thread(engine.decode, req.tokens, skip)
+    return JSONBody({"text": text, "prompt": text})

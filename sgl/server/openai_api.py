@@ -35,6 +35,7 @@ from sgl.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     ErrorResponse,
+    ModelCard,
     ModelList,
     NamedToolChoice,
     OpenAISamplingFields,
@@ -277,9 +278,22 @@ def _include_usage(req: OpenAISamplingFields) -> bool:
 @router.get("/models", response_model=ModelList, responses=error_responses())
 async def list_models(request: Request) -> JSONBody:
     state = get_state(request)
-    card = {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "sgl",
+    return JSONBody({"object": "list", "data": [_model_card(state)]})
+
+
+@router.get("/models/{model_id:path}", response_model=ModelCard, responses=error_responses(404))
+async def retrieve_model(model_id: str, request: Request) -> JSONBody:
+    """OpenAI's retrieve model: the served model's card; 404 for any other id."""
+    state = get_state(request)
+    if model_id != state.served_model_name:
+        raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{state.served_model_name}'",
+                       param="model")
+    return JSONBody(_model_card(state))
+
+
+def _model_card(state: ServerState) -> dict[str, Any]:
+    return {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "sgl",
             "root": state.model_path, "max_model_len": state.context_len}
-    return JSONBody({"object": "list", "data": [card]})
 
 
 # ---------------------------------------------------------------------------- chat

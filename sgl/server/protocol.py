@@ -9,9 +9,9 @@ by the engine, whose error names the field.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, WithJsonSchema, field_validator, model_validator
 
 # ---------------------------------------------------------------------------- common
 
@@ -322,11 +322,43 @@ class GenerateOutput(BaseModel):
 
 
 class TokenizeRequest(_Strict):
-    text: Union[str, list[str]]
+    """Ours: `text`. SGLang's and vLLM's: `prompt` or `messages` (a chat rendered with the model's
+    template), with `model` and `add_special_tokens`."""
+
+    text: Union[str, list[str], None] = None
+    prompt: Union[str, list[str], None] = None
+    messages: Optional[list["ChatMessage"]] = None
+    model: Optional[str] = None
+    add_special_tokens: bool = True
+    add_generation_prompt: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _one_input(self) -> "TokenizeRequest":
+        given = [k for k in ("text", "prompt", "messages") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of text (ours), prompt or messages (SGLang's / vLLM's); "
+                             f"got {', '.join(given) or 'none'}")
+        return self
 
 
 class TokenizeResponse(BaseModel):
-    input_ids: Union[list[int], list[list[int]]]
+    input_ids: Union[list[int], list[list[int]], None] = None  # for `text`
+    tokens: Union[list[int], list[list[int]], None] = None  # for `prompt` / `messages`, with count and max_model_len
+    count: Union[int, list[int], None] = None
+    max_model_len: Optional[int] = None
+
+
+class DetokenizeRequest(_Strict):
+    """SGLang's and vLLM's body."""
+
+    tokens: Union[list[int], list[list[int]]]
+    model: Optional[str] = None
+    skip_special_tokens: bool = True
+
+
+class DetokenizeResponse(BaseModel):
+    text: Union[str, list[str]]  # SGLang's name
+    prompt: Union[str, list[str]]  # vLLM's
 
 
 class AbortRequest(_Strict):

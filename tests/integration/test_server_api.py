@@ -127,6 +127,72 @@ def test_tokenize(url, engine):
     assert post(url, "/tokenize", {"text": texts}).json() == {"input_ids": [engine.encode(t) for t in texts]}
 
 
+
+def test_tokenize_in_sglangs_and_vllms_bodies(url, engine):
+    tok = engine.tokenizer
+    for prompt, special in (("Hello world", True), ("Hello world", False)):
+        want = list(tok(prompt, add_special_tokens=special).input_ids)
+        got = post(url, "/tokenize", {"model": MODEL, "prompt": prompt, "add_special_tokens": special}).json()
+        assert got == {"tokens": want, "count": len(want), "max_model_len": engine.context_len}
+    texts = ["a b c", "<|im_start|>user"]
+    got = post(url, "/v1/tokenize", {"prompt": texts}).json()
+    assert got["tokens"] == [list(tok(t).input_ids) for t in texts] and got["count"] == [len(t) for t in got["tokens"]]
+    msgs = [{"role": "user", "content": "Hi there"}]
+    rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    got = post(url, "/tokenize", {"model": MODEL, "messages": msgs}).json()
+    assert got["tokens"] == list(tok(rendered, add_special_tokens=False).input_ids)
+    assert_error(post(url, "/tokenize", {"prompt": "a", "text": "a"}), 400)
+    assert_error(post(url, "/tokenize", {"model": MODEL}), 400)
+
+
+def test_detokenize_round_trips_tokenize(url, engine):
+    ids = post(url, "/tokenize", {"prompt": "The quick brown fox"}).json()["tokens"]
+    want = engine.tokenizer.decode(ids, skip_special_tokens=True)
+    assert want.strip() == "The quick brown fox"
+    assert post(url, "/detokenize", {"model": MODEL, "tokens": ids}).json() == {"text": want, "prompt": want}
+    eos = engine.tokenizer.eos_token_id
+    both = post(url, "/v1/detokenize", {"tokens": [ids, ids + [eos]], "skip_special_tokens": False}).json()
+    assert both["text"] == [engine.tokenizer.decode(ids), engine.tokenizer.decode(ids + [eos])] == both["prompt"]
+    assert_error(post(url, "/detokenize", {"tokens": "abc"}), 400, "tokens")
+    vocab = engine.model_config.vocab_size
+    for bad in ([vocab], [[1], [-1]]):
+        assert str(bad[-1][0] if isinstance(bad[-1], list) else bad[-1]) in \
+            assert_error(post(url, "/detokenize", {"tokens": bad}), 400, "tokens")["message"]
+
+
+def test_retrieve_model(url):
+    listed = requests.get(url + "/v1/models", timeout=30).json()["data"]
+    assert requests.get(url + f"/v1/models/{MODEL}", timeout=30).json() == listed[0]
+    err = assert_error(requests.get(url + "/v1/models/no-such/model", timeout=30), 404, "model")
+    assert "no-such/model" in err["message"]
+
+
+CUSTOM_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]\n{% endfor %}"
+                   "{% if add_generation_prompt %}[assistant]{% endif %}")
+
+
+def test_chat_template_file_sets_the_served_template(engine, tmp_path):
+    from sgl.server.launch_compat import read_chat_template, use_chat_template
+
+    path = tmp_path / "t.jinja"
+    path.write_text(CUSTOM_TEMPLATE)
+    tok, before = engine.tokenizer, engine.tokenizer.chat_template
+    try:
+        use_chat_template(tok, read_chat_template(str(path)))
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+        assert engine.render_messages(msgs) == "[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]"
+        roles = ChatTemplate.from_hf_tokenizer(tok)
+        assert (roles.prefix["user"], roles.suffix["user"]) == ("[user]", "[/user]\n")
+        with ServerThread(create_app(engine, MODEL)) as templated:
+            got = post(templated, "/tokenize", {"messages": msgs}).json()["tokens"]
+            assert got == list(tok("[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]",
+                                   add_special_tokens=False).input_ids)
+            body = {"messages": msgs, "max_tokens": 1, "temperature": 0}
+            usage = post(templated, "/v1/chat/completions", body).json()["usage"]
+            assert usage["prompt_tokens"] == len(engine.encode(engine.render_messages(msgs)))
+    finally:
+        tok.chat_template = before
+
 def test_model_and_server_info(url, engine):
     info = requests.get(url + "/get_model_info", timeout=30).json()
     ModelInfo.model_validate(info)

@@ -27,7 +27,7 @@ def url(engine):
 
 @pytest.fixture(scope="module")
 def keyed_url(engine):
-    with ServerThread(create_app(engine, MODEL, api_key="sekrit")) as u:
+    with ServerThread(create_app(engine, MODEL, api_key="sekrit", metrics_require_api_key=True)) as u:
         yield u
 
 
@@ -133,6 +133,15 @@ def test_api_key(keyed_url):
     assert resp.status_code == 200
     # a bad request with the right key is still judged on its merits
     assert_error(post(keyed_url, "/generate", {"text": 1}, headers=ok), 400, "text")
+    assert requests.get(keyed_url + "/metrics", headers=ok, timeout=30).status_code == 200
+
+
+def test_metrics_open_under_an_api_key_by_default(engine):
+    with ServerThread(create_app(engine, MODEL, api_key="sekrit")) as keyed:
+        resp = requests.get(keyed + "/metrics", timeout=30)
+        assert resp.status_code == 200 and parse_metrics(resp.text)
+        assert_error(requests.get(keyed + "/v1/models", timeout=30), 401)
+        assert_error(requests.get(keyed + "/get_model_info", timeout=30), 401)
 
 
 @pytest.mark.parametrize("path,body", [

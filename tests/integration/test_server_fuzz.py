@@ -142,7 +142,9 @@ def _call(case, server: str, http, openapi: dict) -> None:
 
 
 def _has_inputs(operation) -> bool:
-    return bool(operation.body) or any(True for _ in operation.iter_parameters())
+    """Whether a request to `operation` can be made invalid: a path segment (`/v1/models/{id}`,
+    any string) cannot, so its negative mode would generate nothing."""
+    return bool(operation.body) or any(p.location != "path" for p in operation.iter_parameters())
 
 
 def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
@@ -294,12 +296,12 @@ def test_the_declared_sampling_params_are_the_engines():
 
 
 def test_every_operation_declares_what_any_route_may_answer(fuzz_engine, openapi):
-    """401 without the key (all but /health), 413 for a body over the cap, 503 with
+    """401 without the key (all but /health; /metrics too, as guarded here), 413 for a body over the cap, 503 with
     Retry-After while the server drains (all but the paths that stay open): each operation
     answers them, and declares them (the fuzz's server has no key, no small cap, no drain).
     (429, at capacity, needs requests held in flight: test_server_admission has it; its body
     is the same error response, declared by the same table.)"""
-    app = create_app(fuzz_engine, MODEL, api_key="k", max_request_bytes=1024)
+    app = create_app(fuzz_engine, MODEL, api_key="k", max_request_bytes=1024, metrics_require_api_key=True)
     key = {"Authorization": "Bearer k"}
     with ServerThread(app) as url:
         for path, ops in openapi["paths"].items():

@@ -182,3 +182,40 @@ def test_prompts_and_outputs_are_logged_only_when_asked(log_requests):
         assert log.count(MARKER) >= 4 and log.count("  response: {") >= 4
     else:
         assert MARKER not in log and not any(text.strip() in log for text in distinctive), log[-3000:]
+
+
+def test_sglang_command_line_with_a_config_file_and_a_chat_template(tmp_path):
+    """SGLang's spellings and a --config file reach the server: the file's chat template renders
+    /tokenize's messages, its served name is the model's id, and its guarded /metrics needs the key."""
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                                      "{% if add_generation_prompt %}<assistant>{% endif %}")
+    (tmp_path / "cfg.yaml").write_text(f"chat_template: {tmp_path / 't.jinja'}\nserved-model-name: cfg-model\n"
+                                       "metrics_require_api_key: true\ndtype: float\n")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "key").write_text("k")
+    proc = _start_tiny_server(port, tmp_path, "--config", str(tmp_path / "cfg.yaml"), "--tp", "1",
+                              "--served-model-name", "cli-model", "--api-key-file", str(tmp_path / "key"))
+    key = {"Authorization": "Bearer k"}
+    try:
+        assert wait_until(lambda: _up(url) or proc.poll() is not None, timeout=180, interval=0.25)
+        assert proc.poll() is None, proc.stdout.read()
+        assert requests.get(url + "/v1/models/cli-model", headers=key, timeout=30).json()["id"] == "cli-model"
+        assert_error(requests.get(url + "/v1/models/cfg-model", headers=key, timeout=30), 404, "model")
+        assert_error(requests.get(url + "/metrics", timeout=30), 401)
+        info = requests.get(url + "/get_server_info", headers=key, timeout=30).json()
+        assert info["dtype"] == "float32", info.get("dtype")
+        roles = requests.get(url + "/get_model_info", headers=key, timeout=30).json()["chat_roles"]
+        assert (roles["prefix"]["user"], roles["suffix"]["user"]) == ("<user>", "")
+        msgs = [{"role": "user", "content": "Hi"}]
+        got = requests.post(url + "/tokenize", json={"messages": msgs}, headers=key, timeout=30).json()["tokens"]
+        want = requests.post(url + "/tokenize", json={"prompt": "<user>Hi<assistant>", "add_special_tokens": False},
+                             headers=key, timeout=30).json()["tokens"]
+        assert got == want
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
