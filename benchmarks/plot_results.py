@@ -149,6 +149,22 @@ def plot_remote_programs(results: Path, out_dir: Path) -> Path:
     return save(fig, out_dir / "remote_programs.png")
 
 
+def plot_tools(results: Path, out_dir: Path) -> Path:
+    d = load(results, "tools.json")
+    modes = list(field(d, "modes"))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(WIDTH_IN, 3.6))
+    grouped_bars(a, modes, {label: [100 * field(d, "modes", m, key) for m in modes] for key, label in
+                            [("well_formed_rate", "well-formed call"), ("schema_valid_rate", "arguments valid")]}, "{:.0f}%")
+    a.set_ylabel("% of outputs")
+    a.set_ylim(0, 110)
+    a.legend(fontsize=7)
+    grouped_bars(b, modes, {"ms / output token": [field(d, "modes", m, "median_ms_per_token") for m in modes]}, "{:.1f}")
+    b.set_ylabel("median ms per output token")
+    fig.suptitle(f"Tool calls, {field(d, 'requests')} requests x {field(d, 'samples')} samples at temperature "
+                 f"{field(d, 'temperature')} (results/tools.json); {machine(d)}", fontsize=9)
+    return save(fig, out_dir / "tools.png")
+
+
 def plot_program_workloads(results: Path, out_dir: Path) -> Path:
     from plot_program_workloads import draw  # the one way these two tables are drawn
     d = load(results, "program_workloads.json")
@@ -157,7 +173,7 @@ def plot_program_workloads(results: Path, out_dir: Path) -> Path:
 
 
 CHARTS = {"tp": plot_tp, "dp_saturated": plot_dp, "cpu_peers": plot_cpu_peers,
-          "remote_programs": plot_remote_programs, "program_workloads": plot_program_workloads}
+          "remote_programs": plot_remote_programs, "tools": plot_tools, "program_workloads": plot_program_workloads}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "plot_results.py"
 RESULTS = ROOT / "benchmarks" / "results"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-EXPECTED = ("tp", "dp_saturated", "cpu_peers", "remote_programs", "program_workloads")
+EXPECTED = ("tp", "dp_saturated", "cpu_peers", "remote_programs", "tools", "program_workloads")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
