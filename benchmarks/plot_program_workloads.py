@@ -52,16 +52,8 @@ def markdown(results: dict, ratios: dict, engines: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--results", default=str(RESULTS / "program_workloads.json"))
-    ap.add_argument("--out", default=str(RESULTS / "program_workloads.png"))
-    ap.add_argument("--markdown", default=None, help="comma-separated engines: print their table and stop")
-    args = ap.parse_args()
-    data = json.loads(Path(args.results).read_text())
-    if args.markdown:
-        print(markdown(data["results"], data.get("sgl_over_best_peer", {}), args.markdown.split(",")))
-        return
+def draw(data: dict, out: Path) -> Path:
+    """The chart of one program-workloads results dict (also drawn by plot_results.py)."""
     fig, axes = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True)
     for ax, (key, better, title) in zip(axes, [("programs_per_s", True, "programs/s, x best peer"),
                                                ("latency_s", False, "one program's latency, x best peer (inverse)")]):
@@ -80,7 +72,22 @@ def main() -> None:
     fig.suptitle(f"Program workloads, SmolLM2-135M, greedy, {c.get('programs')} programs / {c.get('concurrency')} "
                  f"in flight; {m.get('cpu_model', '')}, {m.get('cpu_count')} CPUs", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
-    fig.savefig(args.out, dpi=110)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--results", default=str(RESULTS / "program_workloads.json"))
+    ap.add_argument("--out", default=str(RESULTS / "program_workloads.png"))
+    ap.add_argument("--markdown", default=None, help="comma-separated engines: print their table and stop")
+    args = ap.parse_args()
+    data = json.loads(Path(args.results).read_text())
+    if args.markdown:
+        print(markdown(data["results"], data.get("sgl_over_best_peer", {}), args.markdown.split(",")))
+        return
+    draw(data, Path(args.out))
     print(f"wrote {args.out}")
 
 
