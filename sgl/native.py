@@ -93,13 +93,17 @@ def build(prefix: str, source: Path, cflags: list[str], *, ldflags: Sequence[str
     directory = build_directory(name)
     directory.mkdir(parents=True, exist_ok=True)
     _wait_for_lock(directory)
-    logger.info("loading %s from %s (built on first use)", source.name, directory)
+    cached = any(directory.glob("*.so"))
+    logger.info("%s %s (cached in %s)", "loading" if cached else "building", source.name, directory)
+    start = time.perf_counter()
     ninja_dir, path = _ninja_dir(), os.environ.get("PATH", "")
     if ninja_dir:
         os.environ["PATH"] = ninja_dir + os.pathsep + path
     try:
-        return load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=list(ldflags),
-                    build_directory=str(directory), is_python_module=python_module, verbose=False)
+        module = load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=list(ldflags),
+                      build_directory=str(directory), is_python_module=python_module, verbose=False)
+        logger.info("%s %s in %.1f s", "loaded" if cached else "built", source.name, time.perf_counter() - start)
+        return module
     finally:
         if ninja_dir:
             os.environ["PATH"] = path

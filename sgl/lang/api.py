@@ -350,7 +350,7 @@ class SglFunction:
         return run_program(self.func, be, args, kwargs, defaults, stream=stream, spec_tokens=self.num_api_spec_tokens)
 
     def _ship(self, backend: Backend, items: list[tuple[tuple, dict[str, Any]]], defaults: dict[str, Any],
-              stream: bool, ship: bool | str) -> list | None:
+              stream: bool, ship: bool | str, progress_bar: bool = False) -> list | None:
         """The shipped states of `items`, or None to run them here (see `run`)."""
         if ship not in ("auto", True, False):
             raise ValueError(f"ship must be 'auto', True or False, got {ship!r}")
@@ -375,6 +375,8 @@ class SglFunction:
 
         template = batch_template(self, items, programs) if len(items) > 1 else None
         try:
+            if progress_bar and len(programs) > 1:  # one request per item, so the bar moves as each finishes
+                return _ship_with_progress(runner, programs, defaults)
             if template is not None:  # one program and each item's argument values
                 return runner([template[0]], defaults, stream, arguments=template[1])
             return runner(programs, defaults, stream)
@@ -420,7 +422,7 @@ class SglFunction:
             else:
                 raise TypeError(f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}")
         be = _resolve(backend)
-        shipped = self._ship(be, items, self._defaults(sampling), False, ship) if items else None
+        shipped = self._ship(be, items, self._defaults(sampling), False, ship, progress_bar) if items else None
         if shipped is not None:  # one request for the whole batch (the server caches the shared prefix)
             return shipped
         if items and global_config.enable_precache_with_tracing:
@@ -454,3 +456,22 @@ def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int
     if func is None:
         return lambda f: SglFunction(f, num_api_spec_tokens=num_api_spec_tokens)
     return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
+
+
+def _ship_with_progress(runner: Callable[..., list], programs: list[dict[str, Any]],
+                        defaults: dict[str, Any]) -> list:
+    """Ship each program as its own concurrent request and advance a tqdm bar as each
+    completes (the server batches them together, and its prefix cache shares the prefix);
+    results keep input order."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from tqdm.auto import tqdm
+
+    results: list = [None] * len(programs)
+    with tqdm(total=len(programs), desc="run_batch") as bar, \
+            ThreadPoolExecutor(max_workers=min(64, len(programs)), thread_name_prefix="sgl-ship") as pool:
+        futures = {pool.submit(runner, [program], defaults, False): i for i, program in enumerate(programs)}
+        for fut in as_completed(futures):
+            results[futures[fut]] = fut.result()[0]
+            bar.update(1)
+    return results

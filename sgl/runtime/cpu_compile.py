@@ -65,10 +65,12 @@ class CompiledDecode:
         seconds: dict[str, float] = {}
         errors: dict[str, str] = {}
         wrappers: dict[str, str] = {}
+        logger.info("compiling the decode graphs (batch 1, batch 2+) with torch.compile")
         self.forward = self._compile("batch 1", self._batch1, make_batch(1), attn_backend, seconds, errors, wrappers)
         self.batched = self._compile("batch 2+", self._batched, make_batch(2), attn_backend, seconds, errors, wrappers)
         self.info = {"enabled": self.forward is not None or self.batched is not None,
                      "compile_seconds": round(sum(seconds.values()), 1), "graphs": seconds, "wrappers": wrappers}
+        logger.info("compiled %d of 2 decode graphs in %.1f s", len(seconds), self.info["compile_seconds"])
         if errors:
             self.info["errors"] = errors
 

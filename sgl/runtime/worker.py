@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -159,11 +160,17 @@ def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.devic
         tok_path = cfg.tokenizer_path or dummy_tokenizer_source(cfg.model_path)
     else:
         path = resolve_model_path(cfg.model_path)
+        logger.info("loading the weights of %s", path)
+        start = time.perf_counter()
         model, mc = load_model(path, dtype, device, quantization, cfg.int4_group_size, **shard)
+        logger.info("loaded the weights in %.1f s", time.perf_counter() - start)
         tok_path = cfg.tokenizer_path or path
     if packing_applies(dtype, device):
+        logger.info("packing the dense layers for the CPU")
+        start = time.perf_counter()
         pack_dense_layers(model)
         add_dense_copies(model, lambda: dense_copy_budget(cfg.dense_copy, device, tp))
+        logger.info("packed the dense layers in %.1f s", time.perf_counter() - start)
     elif cfg.dense_copy == "on" and device.type == "cpu":
         logger.warning("dense_copy='on' keeps no copies here: they are bf16 matmuls, kept only for a bfloat16 "
                        "model on a CPU with AMX or AVX512-BF16 (this model: %s)", str(dtype).removeprefix("torch."))
