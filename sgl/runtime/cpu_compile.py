@@ -65,7 +65,8 @@ class CompiledDecode:
         seconds: dict[str, float] = {}
         errors: dict[str, str] = {}
         wrappers: dict[str, str] = {}
-        logger.info("compiling the decode graphs (batch 1, batch 2+) with torch.compile")
+        logger.info("compiling the decode graphs (batch 1, batch 2+) with torch.compile: minutes the first time "
+                    "on a small CPU, seconds once inductor's disk cache holds them")
         self.forward = self._compile("batch 1", self._batch1, make_batch(1), attn_backend, seconds, errors, wrappers)
         self.batched = self._compile("batch 2+", self._batched, make_batch(2), attn_backend, seconds, errors, wrappers)
         self.info = {"enabled": self.forward is not None or self.batched is not None,
@@ -94,6 +95,7 @@ class CompiledDecode:
         """The graph compiled (and run once) with the first wrapper that works, else None (eager)."""
         t = time.perf_counter()
         for wrapper in WRAPPERS:
+            logger.info("compiling the %s decode forward (%s wrapper)", name, wrapper)
             try:
                 forward = make(wrapper)
                 attn_backend.init_forward_metadata(batch)
