@@ -44,7 +44,7 @@ demo: setup
 	$(PY) examples/engine_quickstart.py
 
 serve: setup
-	$(PY) -m sgl.launch_server --model-path default --host 127.0.0.1 --port 30000 --torch-compile
+	$(PY) -m sgl.launch_server --model-path default --host 127.0.0.1 --port 30000 --enable-torch-compile
 
 bench: setup
 	$(PY) benchmarks/bench_throughput.py

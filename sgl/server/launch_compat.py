@@ -37,7 +37,7 @@ def add_compat_flags(p: argparse.ArgumentParser) -> None:
 def config_argv(parser: argparse.ArgumentParser, path: str) -> list[str]:
     """The flags of a --config file as command-line tokens (put before the real ones, which
     then win); ValueError naming an unknown key or an unreadable file."""
-    import yaml  # a dependency of transformers (sgl[runtime]); JSON is YAML too
+    import yaml  # the server extra's pyyaml; JSON is YAML too
 
     try:
         with open(path, encoding="utf-8") as f:
