@@ -64,7 +64,7 @@ import numpy as np
 from sgl.constrained.ebnf_automaton import build_network
 from sgl.constrained.ebnf_completion import Completions, TokenCover
 from sgl.constrained.ebnf_parse import parse_grammar
-from sgl.constrained.ebnf_runtime import DEAD, TablesBase, byte_classes, make_tables, vocab_trie
+from sgl.constrained.ebnf_runtime import DEAD, PerVocabulary, TablesBase, byte_classes, make_tables, vocab_trie
 from sgl.constrained.errors import GrammarError
 
 if TYPE_CHECKING:
@@ -310,24 +310,13 @@ class EbnfMatcher:
 COMPLETIONS_MAX_STATES = 100_000
 
 
-_COVERS: dict[int, tuple[object, TokenCover]] = {}
-_COVERS_LOCK = threading.Lock()
-
-
-def _token_cover(vocab: "TokenVocabulary") -> TokenCover:
-    """The vocabulary's :class:`TokenCover` (special and EOS tokens excluded), built once per
-    vocabulary object (~0.1 s for 49k tokens; a few are kept)."""
-    with _COVERS_LOCK:
-        hit = _COVERS.get(id(vocab))
-        if hit is not None and hit[0] is vocab:
-            return hit[1]
+def _build_token_cover(vocab: "TokenVocabulary") -> TokenCover:
+    """The vocabulary's :class:`TokenCover`, special and EOS tokens excluded (~0.1 s for 49k tokens)."""
     eos = set(vocab.eos_token_ids)
-    cover = TokenCover(frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos))
-    with _COVERS_LOCK:
-        if len(_COVERS) >= 4:
-            _COVERS.pop(next(iter(_COVERS)))
-        _COVERS[id(vocab)] = (vocab, cover)
-    return cover
+    return TokenCover(frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos))
+
+
+_token_cover = PerVocabulary(_build_token_cover)
 
 
 def compile_ebnf(spec: str, vocab: "TokenVocabulary") -> EbnfGrammar:

@@ -33,7 +33,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -143,23 +143,31 @@ def native_walk():
         return _native[0]
 
 
-_TRIES: "OrderedDict[int, tuple[object, VocabTrie]]" = OrderedDict()
-_TRIES_LOCK = threading.Lock()
+class PerVocabulary:
+    """A value built once per vocabulary object, the last few kept (vocabularies are keyed by
+    identity; the object is held beside its value so a reused id never hits)."""
+
+    def __init__(self, build: Callable[[Any], Any], keep: int = 4) -> None:
+        self._build, self._keep = build, keep
+        self._values: OrderedDict[int, tuple[object, Any]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, vocab: Any) -> Any:
+        with self._lock:
+            hit = self._values.get(id(vocab))
+            if hit is not None and hit[0] is vocab:
+                self._values.move_to_end(id(vocab))
+                return hit[1]
+        value = self._build(vocab)  # outside the lock: builds take a while
+        with self._lock:
+            self._values[id(vocab)] = (vocab, value)
+            while len(self._values) > self._keep:
+                self._values.popitem(last=False)
+        return value
 
 
-def vocab_trie(vocab) -> VocabTrie:
-    """The trie of `vocab`, built once per vocabulary object (a few are kept)."""
-    with _TRIES_LOCK:
-        hit = _TRIES.get(id(vocab))
-        if hit is not None and hit[0] is vocab:
-            _TRIES.move_to_end(id(vocab))
-            return hit[1]
-    trie = VocabTrie(vocab.token_bytes, vocab.eos_token_ids, vocab.vocab_size)
-    with _TRIES_LOCK:
-        _TRIES[id(vocab)] = (vocab, trie)
-        while len(_TRIES) > 4:
-            _TRIES.popitem(last=False)
-    return trie
+# The trie of a vocabulary, built once per vocabulary object.
+vocab_trie = PerVocabulary(lambda vocab: VocabTrie(vocab.token_bytes, vocab.eos_token_ids, vocab.vocab_size))
 
 
 # ---------------------------------------------------------------------------
