@@ -36,13 +36,18 @@ def parsed_calls(text: str, tool_format: str) -> list[dict[str, Any]]:
     return [{"name": c.name, "arguments": json.loads(c.arguments)} for c in get_parser(tool_format).parse(text)[1]]
 
 
-# dtype= of gen: the regex that constrains the output (bounded, so it always terminates).
+# dtype= of gen: the regex that constrains the output (bounded, so it always terminates). Numbers
+# and strings are spelled as JSON spells them (no leading zeros, no "+", no control characters),
+# so a program can write them into JSON; they are also Python literals.
 DTYPE_REGEX = {
-    "int": r"[-+]?[0-9]{1,18}",
-    "float": r"[-+]?[0-9]{1,15}(\.[0-9]{1,15})?",
+    "int": r"-?(0|[1-9][0-9]{0,17})[ \n]?",
+    "float": r"-?(0|[1-9][0-9]{0,14})(\.[0-9]{1,15})?[ \n]?",
     "bool": r"(True|False)",
-    "str": r'"[^"\\\n]{0,256}"',
+    "str": r'"[^"\\\x00-\x1f]{0,256}"',
 }
+# As SGLang does, a number may end at a space or newline: stop strings, so the value holds neither.
+# A small model ends a number where it would write a separator far more readily than with EOS.
+DTYPE_STOP = {"int": [" ", "\n"], "float": [" ", "\n"]}
 
 logger = logging.getLogger(__name__)
 
@@ -309,6 +314,9 @@ class StreamExecutor:
             if any(sampling.get(k) is not None for k in CONSTRAINTS):
                 raise ValueError(f"gen {gen.name!r}: dtype cannot be combined with regex, json_schema or ebnf")
             sampling["regex"] = DTYPE_REGEX[gen.dtype]
+            if gen.dtype in DTYPE_STOP:
+                stop = sampling.get("stop") or []
+                sampling["stop"] = [*([stop] if isinstance(stop, str) else stop), *DTYPE_STOP[gen.dtype]]
         if sum(sampling.get(k) is not None for k in CONSTRAINTS) > 1:
             raise ValueError(f"gen {gen.name!r}: give at most one of regex, json_schema, ebnf and tools")
         if logprobs.get("return_logprob") and "logprob_start_len" not in logprobs:

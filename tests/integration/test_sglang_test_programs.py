@@ -46,6 +46,11 @@ ANSWER_DEPENDENT = {
 KNOWN_FAILURES = {
     "test_stream_logprobs": "assert len(chunk_output_token_logprobs) == (",
 }
+# SGLang's dtype patterns are wider than JSON (REGEX_STR's `\s` admits a newline inside a string,
+# REGEX_INT admits "+1" and "007"), so whether test_decode_json's object parses through SGLang's
+# frontend is the sampled model's choice (about 1 run in 60 here). sgl's dtype patterns are JSON's
+# own, so through sgl's frontend it must always parse.
+ANSWER_DEPENDENT_BY_FRONTEND = {("sglang", "test_decode_json"): "error: JSONDecodeError: "}
 
 
 def _programs() -> list[str]:
@@ -102,5 +107,6 @@ def test_sglang_programs_complete(frontend, outcomes):
     assert set(outcome) == set(_programs())
     failed = {name: result for name, result in outcome.items()
               if result != "ok" and not (name in ANSWER_DEPENDENT and result.startswith("assertion"))
-              and result != f"assertion: {KNOWN_FAILURES.get(name)}"}
+              and result != f"assertion: {KNOWN_FAILURES.get(name)}"
+              and not result.startswith(ANSWER_DEPENDENT_BY_FRONTEND.get((frontend, name), "\0"))}
     assert not failed, failed

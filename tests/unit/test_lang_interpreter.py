@@ -3,7 +3,10 @@ variables, errors, binding and the default backend. No model, no torch."""
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -178,7 +181,47 @@ def test_dtype_becomes_regex(dtype, name, value):
     fake = FakeBackend()
     state = prog.run(backend=fake)
     assert fake.gen_calls[0].sampling["regex"] == DTYPE_REGEX[name]
+    assert fake.gen_calls[0].sampling.get("stop") == ([" ", "\n"] if name in ("int", "float") else None)
     assert state["x"] == value
+
+
+def test_number_dtypes_keep_the_callers_stop_strings():
+    @sgl.function
+    def prog(s):
+        s += sgl.gen("a", dtype=int, stop=";") + sgl.gen("b", dtype=float, stop=["x", "y"])
+
+    fake = FakeBackend()
+    prog.run(backend=fake)
+    assert [c.sampling["stop"] for c in fake.gen_calls] == [[";", " ", "\n"], ["x", "y", " ", "\n"]]
+
+
+def _strings(alphabet: str, longest: int):
+    return ("".join(p) for n in range(longest + 1) for p in itertools.product(alphabet, repeat=n))
+
+
+def _json_value(text: str):
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+@pytest.mark.parametrize("name, alphabet, is_json", [
+    ("int", "-+0159.e \n", lambda v, t: type(v) is int),
+    ("float", "-+019.e \n", lambda v, t: type(v) in (int, float) and "e" not in t),
+    ("str", '"a\\\n\t\x1f\x7fé ', lambda v, t: type(v) is str and "\\" not in t),
+])
+def test_dtype_values_are_exactly_json_literals(name, alphabet, is_json):
+    """Brute force over short strings: a value the dtype regex gives (its trailing space or newline
+    is a stop string, cut off) is a JSON literal of that type, and every such literal (no exponent,
+    no escapes: the regexes spell neither) is one it can give. So a program can write it into JSON."""
+    for text in _strings(alphabet, 5):
+        value = text[:-1] if name != "str" and text[-1:] in (" ", "\n") else text
+        full = re.fullmatch(DTYPE_REGEX[name], text) is not None
+        if full:
+            assert value.strip() == value and is_json(_json_value(value), value), (name, text)
+        elif text == value and value.strip() == value:
+            assert not is_json(_json_value(value), value), (name, text)
 
 
 @within(10)

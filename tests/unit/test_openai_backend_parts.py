@@ -3,9 +3,13 @@ constraint fields, and retry waits. No server, no model."""
 
 from __future__ import annotations
 
+import itertools
+import re
+
 import pytest
 
 from sgl.lang.backends.openai_dialects import (
+    DTYPE_GBNF,
     UnsupportedParameterError,
     choice_fields,
     constraint_fields,
@@ -83,13 +87,30 @@ def test_earliest_stop_is_the_smallest_start_then_the_shortest():
      {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}}),
     ("sglang", {"json_schema": {"type": "object"}}, False, {"json_schema": '{"type": "object"}'}),
     ("vllm", {"regex": r"\d+"}, False, {"structured_outputs": {"regex": r"\d+"}}),
-    ("llama.cpp", {"regex": DTYPE_REGEX["int"]}, False, {"grammar": "root ::= [-+]? [0-9]{1,18}"}),
+    ("llama.cpp", {"regex": DTYPE_REGEX["int"]}, False, {"grammar": DTYPE_GBNF["int"]}),
     ("llama.cpp", {"json_schema": {"type": "object"}}, True, {"json_schema": {"type": "object"}}),
     ("openai", {"json_schema": {"type": "object"}}, True,
      {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": {"type": "object"}}}}),
 ])
 def test_constraint_fields_per_server_kind(kind, sampling, chat, want):
     assert constraint_fields(kind, sampling, chat) == want
+
+
+@pytest.mark.parametrize("name, alphabet", [("int", "-019. \n"), ("float", "-09.e \n"), ("bool", "TrFalse"),
+                                            ("str", '"a\\\n\x1f\x7fé')])
+def test_dtype_grammars_for_llama_cpp_are_the_dtype_regexes(name, alphabet):
+    """Each GBNF, compiled by sgl's own EBNF compiler (llama.cpp's grammar syntax), accepts exactly
+    the strings its regex fullmatches: brute force over short strings, fed byte by byte."""
+    from sgl.constrained import TokenVocabulary
+    from sgl.constrained.ebnf import compile_ebnf
+
+    vocab = TokenVocabulary(token_bytes=(None, *(bytes([b]) for b in range(256))), eos_token_ids=(0,),
+                            vocab_size=257)
+    grammar = compile_ebnf(DTYPE_GBNF[name], vocab)
+    for text in ("".join(p) for n in range(6) for p in itertools.product(alphabet, repeat=n)):
+        m = grammar.matcher()
+        fed = all(m.accept(b + 1) for b in text.encode())
+        assert (fed and m.is_accepting()) == (re.fullmatch(DTYPE_REGEX[name], text) is not None), (name, text)
 
 
 def test_old_vllm_gets_guided_fields_and_refusals_name_the_parameter():

@@ -30,10 +30,10 @@ VLLM_STRUCTURED_OUTPUTS_SINCE = (0, 10, 2)
 
 # The dtype regexes as llama.cpp grammars (GBNF), so gen_int & co. work there too.
 DTYPE_GBNF = {
-    "int": 'root ::= [-+]? [0-9]{1,18}',
-    "float": 'root ::= [-+]? [0-9]{1,15} ("." [0-9]{1,15})?',
+    "int": 'root ::= "-"? ("0" | [1-9] [0-9]{0,17}) [ \\n]?',
+    "float": 'root ::= "-"? ("0" | [1-9] [0-9]{0,14}) ("." [0-9]{1,15})? [ \\n]?',
     "bool": 'root ::= "True" | "False"',
-    "str": 'root ::= "\\"" [^"\\\\\\n]{0,256} "\\""',
+    "str": 'root ::= "\\"" [^"\\\\\\x00-\\x1f]{0,256} "\\""',
 }
 _DTYPE_OF_REGEX = {rx: name for name, rx in DTYPE_REGEX.items()}
 
