@@ -12,7 +12,8 @@ from sgl.constrained.compiler import KINDS, GrammarCompiler
 from sgl.constrained.errors import GrammarError
 from sgl.constrained.json_schema import json_schema_to_regex
 from sgl.constrained.matcher import Grammar, Matcher, allocate_bitmask, apply_bitmask_, bitmask_to_bool
-from sgl.constrained.regex import RegexGrammar, RegexMatcher, normalize_regex
+from sgl.constrained.regex.index import RegexGrammar, RegexMatcher
+from sgl.constrained.regex.normalize import normalize_regex
 from sgl.constrained.vocab import TokenVocabulary
 
 __all__ = [

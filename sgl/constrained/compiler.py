@@ -57,7 +57,7 @@ class GrammarCompiler:
         elif isolate:
             from sgl.constrained import isolation
             from sgl.constrained.ebnf_runtime import native_walk
-            from sgl.constrained.regex import index_vocab
+            from sgl.constrained.regex.index import index_vocab
 
             native_walk()  # the grammar route's mask walk: built (once per machine) at start, not mid-request
 
@@ -194,7 +194,8 @@ class GrammarCompiler:
             text = ebnf.JSON_GRAMMAR if kind == "json_object" else normalized
             grammar = ebnf.compile_ebnf(text, self.vocab)
             return grammar
-        from sgl.constrained.regex import RegexGrammar, check_size, normalize_regex
+        from sgl.constrained.regex.index import RegexGrammar, check_size
+        from sgl.constrained.regex.normalize import normalize_regex
 
         if kind == "regex":
             rx = normalize_regex(normalized, param="regex")
@@ -225,7 +226,7 @@ class GrammarCompiler:
         a big network, which the grammar's state limit caps). The grammar is built in this
         process, bounded by that limit, not in the capped child."""
         from sgl.constrained.json_schema import json_schema_to_rx
-        from sgl.constrained.regex import RegexGrammar, check_size
+        from sgl.constrained.regex.index import RegexGrammar, check_size
 
         schema = json.loads(normalized)
         try:

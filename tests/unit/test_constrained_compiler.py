@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_constrained_support import make_vocab
 
-import sgl.constrained.regex as regex_mod
+import sgl.constrained.regex.index as regex_mod
 from sgl.constrained import (
     Grammar,
     GrammarCompiler,
