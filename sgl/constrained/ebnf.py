@@ -64,7 +64,9 @@ import numpy as np
 from sgl.constrained.ebnf_automaton import build_network
 from sgl.constrained.ebnf_completion import Completions, TokenCover
 from sgl.constrained.ebnf_parse import parse_grammar
-from sgl.constrained.ebnf_runtime import DEAD, PerVocabulary, TablesBase, byte_classes, make_tables, vocab_trie
+from sgl.constrained.ebnf_runtime import DEAD, byte_classes, make_tables
+from sgl.constrained.ebnf_tables import TablesBase
+from sgl.constrained.ebnf_trie import PerVocabulary, vocab_trie
 from sgl.constrained.errors import GrammarError
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The EBNF recognizer on C++ tables (``csrc/ebnf_native.cpp``): what grammars run on
 wherever the native module builds.
 
-The algorithm is :class:`~sgl.constrained.ebnf_runtime.Tables`'s (the Python reference,
+The algorithm is :class:`~sgl.constrained.ebnf_python.Tables`'s (the Python reference,
 which the tests hold this one to); here the GLR step, stacks, parse states, the table and
 the mask walks all live in C++, so a transition costs ~1 us, not the 20-40 us of Python
 set building and hashing, and a cold mask (a parse state met for the first time: most
@@ -18,6 +18,8 @@ import numpy as np
 
 from sgl.constrained import ebnf_runtime as rt
 from sgl.constrained.ebnf_automaton import Network
+from sgl.constrained.ebnf_tables import TablesBase
+from sgl.constrained.ebnf_trie import VocabTrie
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +56,7 @@ def native_network(net: Network, byte_class: np.ndarray, class_rep: list[int]) -
     return made
 
 
-def trie_shape(trie: rt.VocabTrie) -> Any:
+def trie_shape(trie: VocabTrie) -> Any:
     """The trie in preorder (C++), made once per vocabulary: each grammar's view adds only
     its byte classes (~3 ms, not ~10)."""
     hit = getattr(trie, "_native_shape", None)
@@ -64,7 +66,7 @@ def trie_shape(trie: rt.VocabTrie) -> Any:
     return hit
 
 
-class NativeTables(rt.TablesBase):
+class NativeTables(TablesBase):
     """One grammar's parse states in C++ (``core``), behind the Tables interface."""
 
     def __init__(self, net: Network, byte_class: np.ndarray, class_rep: list[int]) -> None:
@@ -125,22 +127,22 @@ class NativeTables(rt.TablesBase):
 
     # -- masks -----------------------------------------------------------------------
 
-    def _view(self, trie: rt.VocabTrie, node_class: np.ndarray) -> Any:
+    def _view(self, trie: VocabTrie, node_class: np.ndarray) -> Any:
         """The C++ view of the trie with this grammar's node classes (made once)."""
         if self._trie is None or self._trie[0] is not trie or self._trie[1] is not node_class:
             view = rt.native_walk().Trie(trie_shape(trie), node_class)
             self._trie = (trie, node_class, view)
         return self._trie[2]
 
-    def _compute_mask(self, did: int, trie: rt.VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
+    def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
         return self.native_mask(did, trie, node_class, kernel_route)
 
-    def warm(self, kernels: np.ndarray, trie: rt.VocabTrie, node_class: np.ndarray, budget_s: float) -> int:
+    def warm(self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float) -> int:
         if not rt.KERNEL_ROUTE:
             return 0
         return self.core.warm(self._view(trie, node_class), kernels, int(budget_s * 1e6))
 
-    def native_mask(self, did: int, trie: rt.VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
+    def native_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
         """The mask of ``did`` (not cached).
 
         A parse state is a set of configurations and a token is allowed iff it is from one
@@ -163,5 +165,5 @@ class NativeTables(rt.TablesBase):
         self._check_overflow()
         return words
 
-    def _walk(self, did: int, trie: rt.VocabTrie, node_class: np.ndarray) -> np.ndarray:
+    def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
         return self.core.node_states(self._view(trie, node_class), did)

@@ -30,6 +30,7 @@ from hypothesis import strategies as st
 
 from sgl.constrained import ebnf_runtime
 from sgl.constrained.ebnf import JSON_GRAMMAR, EbnfMatcher, compile_ebnf
+from sgl.constrained.ebnf_python import Tables
 from sgl.constrained.errors import GrammarError
 from sgl.constrained.vocab import TokenVocabulary
 
@@ -632,7 +633,7 @@ WIDE_VOCAB = alphabet_vocab("abc", max_len=5, n_long=10, long_len=(6, 6), junk=F
 def python_reference(g, tables, did):
     """The Python recognizer on the same grammar, at the same parse state as the C++ one's
     ``did`` (moved over as configurations): the reference its masks are held to."""
-    ref = ebnf_runtime.Tables(g._net, g._byte_class, g._class_rep)
+    ref = Tables(g._net, g._byte_class, g._class_rep)
     return ref, ref.import_(tables.export(did))
 
 

@@ -1,7 +1,7 @@
 // The EBNF recognizer in C++: the GLR step, its interned stacks and parse states, the lazy
 // DFA table, and the token-mask walks over the vocabulary's byte trie.
 //
-// The same algorithm as ebnf_runtime.Tables (Python, the reference and the numpy route's
+// The same algorithm as ebnf_python.Tables (Python, the reference and the numpy route's
 // tables; see its docstrings for the model): a configuration is a network state that
 // reads bytes plus a stack of return states, packed as stack * M + state; a parse state
 // ("dstate") is a sorted set of configurations, interned; table[dstate, byte_class] is
@@ -199,7 +199,7 @@ struct Net {
   }
 };
 
-// The vocabulary trie (ebnf_runtime.VocabTrie, numbered level by level) laid out in
+// The vocabulary trie (ebnf_trie.VocabTrie, numbered level by level) laid out in
 // preorder for the walks: a subtree is the range [p, end[p]), so a dead subtree is skipped
 // in one step and a walk reads the arrays front to back (~10 bytes a node: a full walk of a
 // 100k-node trie stays in L2; the level-by-level walk read 3x the bytes, from scattered
