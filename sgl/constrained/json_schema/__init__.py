@@ -90,11 +90,11 @@ from typing import Any
 
 from sgl.constrained.errors import ConstraintTooLarge, GrammarError
 from sgl.constrained.regex import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_ref, rx_rep, rx_set, translate_regex
-from sgl.constrained.schema_conditions import (
+from sgl.constrained.json_schema.conditions import (
     CONDITIONAL_KEYWORDS, Negation, NotNegatable, condition_options, conditional, conjoin, split_conditions,
 )
-from sgl.constrained.schema_refs import RefIndex, UnresolvedRef
-from sgl.constrained.schema_values import ValueFilter
+from sgl.constrained.json_schema.refs import RefIndex, UnresolvedRef
+from sgl.constrained.json_schema.value_filter import ValueFilter
 
 __all__ = ["WS", "FREE_DEPTH", "json_schema_to_regex", "json_schema_to_rules", "json_schema_to_rx", "load_schema"]
 
