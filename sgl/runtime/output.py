@@ -16,7 +16,7 @@ import torch
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
-from sgl.runtime.sampling import make_generator
+from sgl.runtime.sampling.sampler import make_generator
 from sgl.runtime.stop_regex import StopRegexMatcher
 from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
 
