@@ -70,8 +70,9 @@ class Param:
         return f"{'>=' if low[0] == '[' else '>'} {low[1]:g}"
 
 
-def _all(kinds: str) -> dict[str, str]:
-    return {k: k for k in kinds.split()}
+def _same_field(name: str, kinds: str) -> dict[str, str]:
+    """`name` is the field on each of these server kinds."""
+    return {k: name for k in kinds.split()}
 
 
 _SERVERS = "sgl sglang vllm"
@@ -83,23 +84,24 @@ PARAMS: tuple[Param, ...] = (
     Param("stop", "stop", None, "A string or a list of strings that end the output.", nullable=True,
           dsl="gen", v1="stop", openai=True),
     Param("stop_token_ids", "token_ids", None, "Token ids below the vocabulary size.", nullable=True,
-          dsl="gen", v1="stop_token_ids", dialects=_all(_SERVERS)),
+          dsl="gen", v1="stop_token_ids", dialects=_same_field("stop_token_ids", _SERVERS)),
     Param("temperature", "number", 1.0, "0: greedy.", ge=0, range_text=">= 0 (0 = greedy)", dsl="gen",
           v1="temperature", openai=True),
     Param("top_p", "number", 1.0, "Nucleus sampling: the smallest set of tokens with this mass.", gt=0, le=1,
           dsl="gen", v1="top_p", openai=True),
     Param("top_k", "int", -1, "-1 or 0: off.", ge=-1, range_text="-1 (disabled) or >= 1", dsl="gen", v1="top_k",
-          dialects=_all(_SERVERS + " llama.cpp")),
+          dialects=_same_field("top_k", _SERVERS + " llama.cpp")),
     Param("min_p", "number", 0.0, "Drop tokens below min_p times the top token's probability.", ge=0, le=1,
-          dsl="gen", v1="min_p", dialects=_all(_SERVERS + " llama.cpp")),
+          dsl="gen", v1="min_p", dialects=_same_field("min_p", _SERVERS + " llama.cpp")),
     Param("frequency_penalty", "number", 0.0, "OpenAI's: minus this times each output token's count.", ge=-2,
           le=2, dsl="gen", v1="frequency_penalty", openai=True),
     Param("presence_penalty", "number", 0.0, "OpenAI's: minus this for each token already in the output.",
           ge=-2, le=2, dsl="gen", v1="presence_penalty", openai=True),
     Param("repetition_penalty", "number", 1.0, "1: off.", gt=0, range_text="> 0 (1 = off)", dsl="gen",
-          v1="repetition_penalty", dialects=_all(_SERVERS) | {"llama.cpp": "repeat_penalty"}),
+          v1="repetition_penalty",
+          dialects=_same_field("repetition_penalty", _SERVERS) | {"llama.cpp": "repeat_penalty"}),
     Param("ignore_eos", "bool", False, "Keep generating past the end-of-sequence token.", dsl="gen",
-          v1="ignore_eos", dialects=_all(_SERVERS + " llama.cpp")),
+          v1="ignore_eos", dialects=_same_field("ignore_eos", _SERVERS + " llama.cpp")),
     Param("skip_special_tokens", "bool", True, "Leave special tokens out of the text.", dsl="program",
           v1="skip_special_tokens"),
     Param("spaces_between_special_tokens", "bool", True, "Spaces between special tokens in the text.",
