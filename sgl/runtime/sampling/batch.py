@@ -39,7 +39,9 @@ class SamplingBatch:
     greedy_rows: torch.Tensor  # [g] int64
     all_greedy: bool
     groups: list[_RowGroup]  # sampled rows: unsorted path first, then sorted path
-    # logit_bias as flat (row * V + id) keys, so one index_add applies all of it
+    # logit_bias as flat (row * V + id) keys, so one index_add applies all of it; with -inf for
+    # every id a row's allowed_token_ids leaves out
+
     bias_keys: torch.Tensor | None
     bias_values: torch.Tensor | None
     # min_new_tokens: per row, the ids to ban until enough tokens exist
@@ -74,6 +76,7 @@ class SamplingBatch:
         temps, top_ks, top_ps, min_ps = [], [], [], []
         bias_keys: list[int] = []
         bias_vals: list[float] = []
+        banned: list[torch.Tensor] = []
         min_new, ban_ids, min_new_rows = [], [], []
         rep, freq, pres = [], [], []
         rep_rows, pen_rows = [], []
@@ -94,6 +97,8 @@ class SamplingBatch:
                 if 0 <= tid < V:
                     bias_keys.append(row * V + tid)
                     bias_vals.append(float(b))
+            if p.allowed_token_ids is not None:
+                banned.append(_banned_keys(row, p.allowed_token_ids, V))
             min_new.append(int(p.min_new_tokens))
             stops = [t for t in (p.stop_token_ids or ()) if 0 <= t < V]
             ban_ids.append(sorted(set(eos).union(stops)))
@@ -136,8 +141,7 @@ class SamplingBatch:
             greedy_rows=torch.tensor(greedy, **i64),
             all_greedy=len(greedy) == len(params),
             groups=groups,
-            bias_keys=torch.tensor(bias_keys, **i64) if bias_keys else None,
-            bias_values=torch.tensor(bias_vals, **f32) if bias_keys else None,
+            **_bias_tensors(bias_keys, bias_vals, banned, device),
             min_new_tokens=min_new,
             min_new_ban_ids=ban_ids,
             min_new_rows=min_new_rows,
@@ -147,3 +151,21 @@ class SamplingBatch:
             presence_penalties=torch.tensor(pres, **f32),
             penalty_rows=pen_rows,
         )
+
+
+def _banned_keys(row: int, allowed: Sequence[int], V: int) -> torch.Tensor:
+    """Flat keys (row * V + id) of every id outside `allowed` (ids outside the vocabulary ignored)."""
+    keep = torch.zeros(V, dtype=torch.bool)
+    keep[torch.tensor([t for t in allowed if 0 <= t < V], dtype=torch.int64)] = True
+    return (~keep).nonzero().squeeze(1) + row * V
+
+
+def _bias_tensors(keys: list[int], values: list[float], banned: list[torch.Tensor],
+                  device: torch.device) -> dict[str, torch.Tensor | None]:
+    """bias_keys / bias_values: logit_bias's, then -inf for the `banned` keys (a -inf logit
+    stays -inf whatever is added to it, so the sampler needs no stage of its own)."""
+    if not keys and not banned:
+        return {"bias_keys": None, "bias_values": None}
+    k = torch.cat([torch.tensor(keys, dtype=torch.int64), *banned])
+    v = torch.cat([torch.tensor(values, dtype=torch.float32), torch.full((k.numel() - len(keys),), float("-inf"))])
+    return {"bias_keys": k.to(device), "bias_values": v.to(device)}

@@ -110,6 +110,9 @@ PARAMS: tuple[Param, ...] = (
           v1="no_stop_trim"),
     Param("logit_bias", "logit_bias", None, "Token id (below the vocabulary size) -> a bias added to its logit.",
           nullable=True, v1="logit_bias", openai=True),
+    Param("allowed_token_ids", "token_ids", None, "Only these token ids may be sampled (vLLM's); with a "
+          "constraint, only the ids both allow.", nullable=True, dsl="gen", v1="allowed_token_ids",
+          dialects=_same_field("allowed_token_ids", "sgl vllm")),
     Param("seed", "int_or_null", None, "Seeds the request's own generator.", nullable=True, dsl="gen", v1="seed",
           openai=True),
     Param("n", "int", 1, "Samples per prompt.", ge=1, v1="n", openai=True),
