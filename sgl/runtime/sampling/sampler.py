@@ -3,7 +3,8 @@
 `sample()` turns one decode step's logits [B, V] into one token per row. Processing order
 (each step is skipped entirely when no row in the batch uses it):
 
-1. logit_bias            logits[row, id] += bias
+1. logit_bias            logits[row, id] += bias; allowed_token_ids: every other id -> -inf
+                         (batch.py adds it to the bias keys)
 2. allowed_mask          bool [B, V], True = allowed; disallowed -> -inf (grammar constraints)
 3. min_new_tokens        while len(output) < min_new_tokens: eos ids and the row's
                          stop_token_ids -> -inf (regardless of ignore_eos)
