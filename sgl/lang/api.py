@@ -48,6 +48,7 @@ def gen(
     seed: int | None = None,
     max_new_tokens: int | None = None,
     min_new_tokens: int | None = None,
+    allowed_token_ids: list[int] | None = None,
     tools: list[Any] | None = None,
     tool_choice: str = "auto",
     parallel_tool_calls: bool = False,
@@ -85,6 +86,7 @@ def gen(
         "json_schema": json_schema,
         "ebnf": ebnf,
         "seed": seed,
+        "allowed_token_ids": allowed_token_ids,
         "structural_tag": _tools_constraint(tools, tool_choice, parallel_tool_calls) if tools else None,
     }
     logprobs = {

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sgl.runtime.sampling.params import PARAMS
+
 # SGLang's patterns for gens of a type (`sglang.lang.ir`), for programs that import them.
 REGEX_INT = r"[-+]?[0-9]+[ \n]*"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+[ \n]*"
@@ -17,29 +19,8 @@ REGEX_BOOL = r"(True|False)"
 REGEX_STR = r"\"[\w\d\s]*\""
 
 # Sampling parameters a program (run defaults) or a gen() call can set; names follow SGLang.
-SAMPLING_KEYS = (
-    "max_new_tokens",
-    "min_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "stop_regex",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "seed",
-    "regex",
-    "json_schema",
-    "ebnf",
-    "structural_tag",
-)
+# (From the runtime's parameter table: the rows the DSL exposes.)
+SAMPLING_KEYS = tuple(p.name for p in PARAMS if p.dsl is not None)
 # Logprob options of a generation call (passed beside the sampling parameters).
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 

@@ -18,7 +18,8 @@ from sgl.runtime.cpu_compile import CompiledDecode
 from sgl.runtime.cuda_graph import CudaGraphRunner, DecodeInputs
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.request import Req
-from sgl.runtime.sampling import SamplingBatch, sample
+from sgl.runtime.sampling.batch import SamplingBatch
+from sgl.runtime.sampling.sampler import sample
 
 
 @dataclass

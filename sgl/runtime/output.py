@@ -16,7 +16,7 @@ import torch
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
-from sgl.runtime.sampling import make_generator
+from sgl.runtime.sampling.sampler import make_generator
 from sgl.runtime.stop_regex import StopRegexMatcher
 from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
 
@@ -68,7 +68,9 @@ class OutputProcessor:
                                       spaces_between_special_tokens=sp.spaces_between_special_tokens)
 
     def _jump_forward_allowed(self, req: Req) -> bool:
-        return req.matcher is not None and not req.logprobs.enabled and self._jump_forward_enabled()
+        # (forced text bypasses the sampler, so it would bypass allowed_token_ids too)
+        return (req.matcher is not None and not req.logprobs.enabled and req.sampling_params.allowed_token_ids is None
+                and self._jump_forward_enabled())
 
     # ------------------------------------------------------------------ prompt logprobs
 

@@ -42,6 +42,7 @@ from sgl.server.protocol import (
     error_responses,
     sse_responses,
 )
+from sgl.server.protocol.sampling import V1_TO_ENGINE
 from sgl.server.openai_tools import (
     ChoiceOutput,
     ToolRequest,
@@ -80,27 +81,8 @@ _RENAME_COMMON = {
 _RENAME_CHAT = {**_RENAME_COMMON, "prompt": "messages", "input_ids": "messages", "top_logprobs_num": "top_logprobs"}
 _RENAME_COMPLETION = {**_RENAME_COMMON, "input_ids": "prompt", "top_logprobs_num": "logprobs"}
 
-# OpenAI name -> engine name, for the values passed through as they are
-_PASSTHROUGH = {
-    "budget_aware": "budget_aware",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "stop": "stop",
-    "seed": "seed",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "logit_bias": "logit_bias",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "repetition_penalty": "repetition_penalty",
-    "min_tokens": "min_new_tokens",
-    "ignore_eos": "ignore_eos",
-    "stop_token_ids": "stop_token_ids",
-    "skip_special_tokens": "skip_special_tokens",
-    "no_stop_trim": "no_stop_trim",
-    "regex": "regex",
-    "ebnf": "ebnf",
-}
+# /v1 field -> engine name (from the parameter table); max_tokens and n are read by hand.
+_PASSTHROUGH = {v1: name for v1, name in V1_TO_ENGINE.items() if v1 not in ("max_tokens", "n")}
 
 
 # ---------------------------------------------------------------------------- shared helpers

@@ -1,4 +1,4 @@
-"""Tests for sgl.runtime.sampling.
+"""Tests for sgl.runtime.sampling (params, validation, batch, sampler).
 
 The sampler is checked against a deliberately naive per-row reference written here (one
 row at a time, Python loops over the few touched tokens), never against recorded outputs.
@@ -15,14 +15,9 @@ import pytest
 import torch
 
 from sgl.runtime.errors import InvalidRequestError
-from sgl.runtime.sampling import (
-    SampleOutput,
-    _inverse_cdf,
-    SamplingBatch,
-    SamplingParams,
-    make_generator,
-    sample,
-)
+from sgl.runtime.sampling import SamplingParams
+from sgl.runtime.sampling.batch import SamplingBatch
+from sgl.runtime.sampling.sampler import SampleOutput, _inverse_cdf, make_generator, sample
 
 NEG_INF = float("-inf")
 

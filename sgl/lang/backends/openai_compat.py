@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from sgl.lang.backends.base import Backend, TokenUsage
 from sgl.lang.backends.openai_dialects import (
+    CONSTRAINT_PARAMS,
     SERVER_KINDS,
     UnsupportedParameterError,
     choice_fields,
@@ -36,12 +37,11 @@ from sgl.lang.backends.openai_http import Http
 from sgl.lang.backends.openai_select import choice_token_bound, match_choice, score_by_echo
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import ChoicesDecision, ChoicesMethod, decide
+from sgl.runtime.sampling.params import PARAMS
 
 OPENAI_URL = "https://api.openai.com/v1"
 # Sampling keys sent in OpenAI's own fields, or by openai_dialects; any other one set is refused.
-_HANDLED = {"max_new_tokens", "stop", "temperature", "top_p", "seed", "frequency_penalty", "presence_penalty",
-            "top_k", "min_p", "repetition_penalty", "min_new_tokens", "ignore_eos", "stop_token_ids",
-            "regex", "json_schema", "ebnf"}
+_HANDLED = {p.name for p in PARAMS if p.dsl is not None and (p.openai or p.dialects)} | set(CONSTRAINT_PARAMS)
 
 
 class OpenAI(Backend):

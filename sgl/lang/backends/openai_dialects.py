@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.runtime.sampling.params import PARAMS
 
 SERVER_KINDS = ("openai", "sgl", "sglang", "vllm", "llama.cpp")
 
@@ -37,17 +38,11 @@ DTYPE_GBNF = {
 }
 _DTYPE_OF_REGEX = {rx: name for name, rx in DTYPE_REGEX.items()}
 
-# Sampling parameters beyond OpenAI's: (engine name, program default, {kind: request field}).
-_EXTRAS = (
-    ("top_k", -1, {"sgl": "top_k", "sglang": "top_k", "vllm": "top_k", "llama.cpp": "top_k"}),
-    ("min_p", 0.0, {"sgl": "min_p", "sglang": "min_p", "vllm": "min_p", "llama.cpp": "min_p"}),
-    ("repetition_penalty", 1.0, {"sgl": "repetition_penalty", "sglang": "repetition_penalty",
-                                 "vllm": "repetition_penalty", "llama.cpp": "repeat_penalty"}),
-    ("min_new_tokens", 0, {"sgl": "min_tokens", "sglang": "min_tokens", "vllm": "min_tokens"}),
-    ("ignore_eos", False, {"sgl": "ignore_eos", "sglang": "ignore_eos", "vllm": "ignore_eos",
-                           "llama.cpp": "ignore_eos"}),
-    ("stop_token_ids", None, {"sgl": "stop_token_ids", "sglang": "stop_token_ids", "vllm": "stop_token_ids"}),
-)
+# Sampling parameters beyond OpenAI's: (engine name, program default, {kind: request field}),
+# from the runtime's parameter table.
+_EXTRAS = tuple((p.name, p.default, dict(p.dialects)) for p in PARAMS if p.dialects)
+# The constraints sent by `constraint_fields` (the server's own names for them differ per kind).
+CONSTRAINT_PARAMS = ("regex", "json_schema", "ebnf")
 
 
 class UnsupportedParameterError(ValueError):
@@ -83,7 +78,7 @@ def extra_sampling_fields(kind: str, sampling: dict[str, Any]) -> dict[str, Any]
 
 def _constraint(sampling: dict[str, Any]) -> tuple[str, str, Any] | None:
     """(kind, the parameter the program used, spec): dtype shows up as its regex."""
-    for key in ("regex", "json_schema", "ebnf"):
+    for key in CONSTRAINT_PARAMS:
         spec = sampling.get(key)
         if spec is None:
             continue
