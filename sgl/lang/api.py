@@ -13,7 +13,10 @@ from sgl.lang import ir
 from sgl.lang.backends.base import Backend, ProgramsNotServed
 from sgl.lang.choices import ChoicesMethod
 from sgl.lang.global_config import global_config
-from sgl.lang.interpreter import DTYPE_REGEX, ProgramError, ProgramState, run_program, run_program_batch
+from sgl.lang.errors import ProgramError
+from sgl.lang.generation import DTYPE_REGEX
+from sgl.lang.interpreter import run_program, run_program_batch
+from sgl.lang.program_state import ProgramState
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 
 import sgl
 from oracle_helpers import hf_greedy, kv_all_returned, wait_until
-from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.lang.generation import DTYPE_REGEX
 
 FEW_SHOT = (
     "Q: What is the capital of Italy?\nA: Rome\n\n"

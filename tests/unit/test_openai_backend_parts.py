@@ -18,7 +18,7 @@ from sgl.lang.backends.openai_dialects import (
 )
 from sgl.lang.backends.base import TokenUsage
 from sgl.lang.backends.openai_http import Http, retry_after_seconds
-from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.lang.generation import DTYPE_REGEX
 from sgl.lang.speculative import Speculation, earliest_stop, sampling_key
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0}
