@@ -199,7 +199,7 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
     results = []
     with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=2048, chunked_prefill_size=16,
                     attention_backend="auto" if backend_factory else "torch_native") as engine:
-        assert isinstance(engine.scheduler.runner.attn_backend, TritonBackend) == (backend_factory is not None)
+        assert (engine.get_server_info()["attention_backend"] == TritonBackend.name) == (backend_factory is not None)
         for batch in prompts_in_order:
             for out in engine.generate(input_ids=batch, sampling_params=params):
                 results.append((out["output_ids"], out["meta_info"]["cached_tokens"]))
