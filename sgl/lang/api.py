@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend, ProgramsNotServed
@@ -249,6 +250,20 @@ def get_default_backend() -> Backend:
 
             _default_backend = EngineBackend(Engine(model_path="default"))
         return _default_backend
+
+
+@contextlib.contextmanager
+def swapped_default_backend(backend: Any = None) -> Iterator[None]:
+    """Test hook: inside the block the default backend is `backend` (None: none is set, so the
+    first program without a backend builds the embedded model); after it, the one before."""
+    global _default_backend
+    with _backend_lock:
+        saved, _default_backend = _default_backend, None if backend is None else as_backend(backend)
+    try:
+        yield
+    finally:
+        with _backend_lock:
+            _default_backend = saved
 
 
 def _resolve(backend: Any) -> Backend:
