@@ -59,7 +59,8 @@ _WORKERS = _WorkerPool()
 
 
 class StreamExecutor(GenerationMixin):
-    """Executes one state's expressions on its own thread and holds the state's results."""
+    """Executes one state's expressions on its own thread and holds the state's results; its
+    gen and select (the calls to the backend) are `GenerationMixin`'s."""
 
     def __init__(
         self,
