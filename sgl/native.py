@@ -58,7 +58,7 @@ def build_directory(name: str) -> Path:
     return Path(root) / "sgl" / name
 
 
-def _wait_for_lock(directory: Path) -> None:
+def wait_for_lock(directory: Path) -> None:
     """Wait while another process builds here (its lock exists), but not forever: torch's
     loader waits on a lock with no end, and a build that was killed leaves one behind. A
     lock older than STALE_LOCK_SECONDS is removed."""
@@ -111,7 +111,7 @@ def build(prefix: str, source: Path, cflags: list[str], *, ldflags: Sequence[str
     name = build_name(prefix, source, cflags)
     directory = build_directory(name)
     directory.mkdir(parents=True, exist_ok=True)
-    _wait_for_lock(directory)
+    wait_for_lock(directory)
     start = time.perf_counter()
     library = directory / f"{name}.so"
     if library.is_file():

@@ -31,7 +31,8 @@ from sgl.lang.backends.base import Backend
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.global_config import global_config
 from sgl.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
-from sgl.lang.interpreter import ProgramError, ProgramState, ProgramStateGroup
+from sgl.lang.errors import ProgramError
+from sgl.lang.program_state import ProgramState, ProgramStateGroup
 
 __all__ = [
     "Backend",

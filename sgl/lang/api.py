@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import sys
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend, ProgramsNotServed
 from sgl.lang.choices import ChoicesMethod
 from sgl.lang.global_config import global_config
-from sgl.lang.interpreter import DTYPE_REGEX, ProgramError, ProgramState, run_program, run_program_batch
+from sgl.lang.errors import ProgramError
+from sgl.lang.generation import DTYPE_REGEX
+from sgl.lang.interpreter import run_program, run_program_batch
+from sgl.lang.program_state import ProgramState
 
 logger = logging.getLogger(__name__)
 
@@ -248,6 +252,20 @@ def get_default_backend() -> Backend:
 
             _default_backend = EngineBackend(Engine(model_path="default"))
         return _default_backend
+
+
+@contextlib.contextmanager
+def swapped_default_backend(backend: Any = None) -> Iterator[None]:
+    """Test hook: inside the block the default backend is `backend` (None: none is set, so the
+    first program without a backend builds the embedded model); after it, the one before."""
+    global _default_backend
+    with _backend_lock:
+        saved, _default_backend = _default_backend, None if backend is None else as_backend(backend)
+    try:
+        yield
+    finally:
+        with _backend_lock:
+            _default_backend = saved
 
 
 def _resolve(backend: Any) -> Backend:

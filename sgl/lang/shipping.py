@@ -27,7 +27,8 @@ from types import SimpleNamespace
 from typing import Any, Iterator
 
 from sgl.lang import ir
-from sgl.lang.interpreter import ProgramError, iterate_in_thread
+from sgl.lang.errors import ProgramError
+from sgl.lang.program_state import iterate_in_thread
 
 
 def replay(s: Any, nodes: list[ir.Expr], arguments: dict[str, str] | None = None,

@@ -76,10 +76,13 @@ class CpuShare:
 
     def __init__(self, max_threads: int, set_threads: Callable[[int], None],
                  read: Callable[[], tuple[int, int, int]] | None = None, clock: Callable[[], float] = time.monotonic,
-                 interval: float = INTERVAL_S) -> None:
+                 interval: float = INTERVAL_S, cpus: set[int] | None = None) -> None:
+        """`cpus`: the CPUs this process may use (default its affinity); `read` and `clock`
+        replace the counters and the time (tests)."""
         self.max_threads, self.threads = max_threads, max_threads
-        self._set_threads, self._clock, self._interval = set_threads, clock, interval
-        cpus = os.sched_getaffinity(0)
+        self.set_threads = set_threads  # resizes the calling thread's OpenMP team
+        self._clock, self._interval = clock, interval
+        cpus = os.sched_getaffinity(0) if cpus is None else cpus
         self._cpus = len(cpus)
         self._read = read or (lambda: cpu_ticks(cpus))
         self._next = 0.0
@@ -125,4 +128,4 @@ class CpuShare:
             logger.info("other processes use %.1f of %d CPUs: %d compute threads (was %d)", others, self._cpus,
                         want, self.threads)
             self.threads = want
-            self._set_threads(want)
+            self.set_threads(want)

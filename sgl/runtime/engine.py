@@ -17,7 +17,6 @@ import atexit
 import dataclasses
 import logging
 import threading
-import uuid
 import weakref
 from typing import Any, AsyncIterator, Iterator
 
@@ -25,24 +24,12 @@ import torch
 
 from sgl.runtime.chat import render_messages, validate_messages
 from sgl.runtime.config import EngineConfig
-from sgl.runtime.errors import (EngineDeadError, EngineFault, EngineOverloadedError, EngineUnavailableError,
-                                InvalidRequestError)
-from sgl.runtime.messages import (
-    AbortRequest,
-    CloseSession,
-    EngineFaulted,
-    FlushCache,
-    GenerateRequest,
-    GetInfo,
-    Profile,
-    OpenSession,
-    ReqEvent,
-    SchedulerMessage,
-    SubmitRequest,
-    UpdateOptions,
-)
-from sgl.runtime.results import AsyncSink, QueueSink, ResultRouter, event_to_dict
-from sgl.runtime.request_builder import constraint_of
+from sgl.runtime.engine_control import EngineControl
+from sgl.runtime.engine_debug import EngineDebugHooks
+from sgl.runtime.errors import EngineFault, EngineOverloadedError, EngineUnavailableError, InvalidRequestError
+from sgl.runtime.generate_call import GenerateCall
+from sgl.runtime.messages import EngineFaulted, GenerateRequest, SchedulerMessage
+from sgl.runtime.results import AsyncSink, QueueSink, ResultRouter
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.session import SessionParams
 from sgl.runtime.transport import ProcessTransport, ThreadTransport
@@ -65,65 +52,7 @@ def _shutdown_live_engines() -> None:
             pass
 
 
-QUERY_TIMEOUT_S = 60.0
-
-
-class _Call:
-    """One generate call on its way: its requests' rids, what has come back, and what to
-    abort if the caller stops waiting. Sync and async callers drive the same object."""
-
-    def __init__(self, engine: "Engine", reqs: list[GenerateRequest], is_batch: bool) -> None:
-        self.engine = engine
-        self.reqs = reqs
-        self.is_batch = is_batch
-        self.index = {r.rid: i for i, r in enumerate(reqs)}
-        self.results: list[dict | None] = [None] * len(reqs)
-        self.pending = set(self.index)
-        self.multi = len(reqs) > 1
-
-    def submit(self, sink: Any) -> None:
-        self.engine._router.register(list(self.index), sink, self.engine.config.max_in_flight)
-        for r in self.reqs:
-            self.engine._send(SubmitRequest(r))
-
-    def take(self, event: ReqEvent) -> dict:
-        """The event as a result dict; raises the request's error."""
-        if event.finished:
-            self.pending.discard(event.rid)
-        if event.error is not None:
-            self.abort_rest()
-            if isinstance(event.error, InvalidRequestError):
-                raise event.error
-            raise RuntimeError(f"request {event.rid} failed: {event.error}") from event.error
-        i = self.index[event.rid]
-        out = event_to_dict(event, i if self.multi and self.reqs[i].stream else None)
-        if event.finished:
-            self.results[i] = out
-        return out
-
-    @property
-    def done(self) -> bool:
-        return not self.pending
-
-    @property
-    def errors_come_late(self) -> bool:
-        """Whether the scheduler may refuse the call (a session turn checked with its history, a
-        constraint that does not compile): a stream then waits for its first event, so the
-        error is raised before the stream starts."""
-        return any(r.session is not None or constraint_of(r.sampling_params) is not None for r in self.reqs)
-
-    def output(self) -> dict | list[dict]:
-        return self.results if self.is_batch else self.results[0]  # type: ignore[return-value]
-
-    def abort_rest(self) -> None:
-        """The caller stopped waiting (error, cancellation, an abandoned stream): free the rest."""
-        rest, self.pending = list(self.pending), set()
-        self.engine._router.unregister(rest)
-        for rid in rest:
-            self.engine.abort(rid)
-
-
-class Engine:
+class Engine(EngineControl, EngineDebugHooks):
     """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens": 8})`.
 
     `tokenizer` is the callers' copy (the scheduler has its own); the engine's uses of its
@@ -133,7 +62,11 @@ class Engine:
     `scheduler_process=True` runs the scheduler and the model in a child process (HTTP work
     and model steps no longer share a GIL); `tp_size=N` shards the model over N such processes
     (tensor parallelism). The default runs the scheduler on a thread of this process, where
-    `engine.model` and `engine.scheduler` can also be inspected (tests, benchmarks).
+    `engine.model` and `engine.scheduler` can also be inspected (benchmarks); tests use the
+    documented hooks, `debug_state` and `debug_wrap` (engine_debug.py).
+
+    The control queries (sessions, profiling, cache flush, server info, live options) are
+    `EngineControl` (engine_control.py); one generate call in flight is a `GenerateCall`.
     """
 
     def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
@@ -229,7 +162,7 @@ class Engine:
 
     def _build_requests(self, prompt: Any, messages: Any, input_ids: Any, sampling_params: Any,
                         return_logprob: bool, logprob_start_len: int, top_logprobs_num: Any, stream: bool, rid: Any,
-                        return_text_in_logprobs: bool, session_params: Any) -> _Call:
+                        return_text_in_logprobs: bool, session_params: Any) -> GenerateCall:
         """Normalize the inputs, check each fits, compile its constraint, expand n."""
         self._check_admission()
         if messages is not None:
@@ -249,7 +182,7 @@ class Engine:
                 rb.check_fit(ids, p, logprobs, self.context_len, capacity, self.config.max_new_tokens_limit)
             reqs.extend(rb.expand_n(r, ids, p, logprobs, stream, inputs.session))
         rb.check_unique(reqs, inputs.rids)
-        return _Call(self, reqs, inputs.is_batch or len(reqs) > 1)
+        return GenerateCall(self, reqs, inputs.is_batch or len(reqs) > 1)
 
     # ------------------------------------------------------------------ generate
 
@@ -299,7 +232,7 @@ class Engine:
             raise
         return call.output()
 
-    def _stream(self, call: _Call, sink: QueueSink, first: dict | None) -> Iterator[dict]:
+    def _stream(self, call: GenerateCall, sink: QueueSink, first: dict | None) -> Iterator[dict]:
         try:
             if first is not None:
                 yield first
@@ -347,7 +280,7 @@ class Engine:
         return call.output()
 
     @staticmethod
-    async def _first_event(call: _Call, sink: AsyncSink) -> dict:
+    async def _first_event(call: GenerateCall, sink: AsyncSink) -> dict:
         try:
             return call.take(await sink.get())
         except BaseException:
@@ -355,7 +288,7 @@ class Engine:
             raise
 
     @staticmethod
-    async def _astream(call: _Call, sink: AsyncSink, first: dict | None) -> AsyncIterator[dict]:
+    async def _astream(call: GenerateCall, sink: AsyncSink, first: dict | None) -> AsyncIterator[dict]:
         try:
             if first is not None:
                 yield first
@@ -369,116 +302,12 @@ class Engine:
         (on the transport's delivery thread: keep it short and thread-safe). The server's
         metrics use it."""
         self._router.add_finish_listener(fn)
-
-    # ------------------------------------------------------------------ sessions and queries
+    # ------------------------------------------------------------------ the scheduler
 
     def _send(self, msg: SchedulerMessage) -> None:
         self._transport.send(msg)
 
-    def _query(self, make: Any) -> Any:
-        self._check_open()
-        reply_id = uuid.uuid4().hex
-        fut = self._router.expect_reply(reply_id)
-        self._send(make(reply_id))
-        return fut
-
-    def open_session(self, capacity_tokens: int | None = None, session_id: str | None = None,
-                     timeout: float | None = None) -> str:
-        """Open a session and return its id. Requests with `session_params={"id": ...}` are
-        its turns: each finished turn's KV stays pinned in the radix cache (safe from
-        eviction) until `close_session` or `timeout` seconds without use (default 600).
-        `capacity_tokens` caps one turn's history + input + max_new_tokens (default: the
-        context length). Sessions pin at most half the KV pool together: past that, and when
-        running requests would otherwise stall, the least recently used are unpinned (they
-        stay open; their next turn recomputes what was evicted)."""
-        session_id = uuid.uuid4().hex if session_id is None else session_id  # the same on every rank
-        return self._query(lambda rid: OpenSession(rid, capacity_tokens, session_id, timeout)).result(QUERY_TIMEOUT_S)
-
-    def close_session(self, session_id: str) -> bool:
-        """Close a session: its unfinished turns are aborted and its KV unpinned. False if it
-        was not open (closed or timed out)."""
-        return self._query(lambda rid: CloseSession(rid, session_id)).result(QUERY_TIMEOUT_S)
-
-    async def async_open_session(self, capacity_tokens: int | None = None, session_id: str | None = None,
-                                 timeout: float | None = None) -> str:
-        session_id = uuid.uuid4().hex if session_id is None else session_id
-        return await asyncio.wrap_future(self._query(lambda rid: OpenSession(rid, capacity_tokens, session_id,
-                                                                             timeout)))
-
-    async def async_close_session(self, session_id: str) -> bool:
-        return await asyncio.wrap_future(self._query(lambda rid: CloseSession(rid, session_id)))
-
-    def abort(self, rid: str) -> None:
-        """Abort a request by id (with n > 1, all its samples); it finishes with finish_reason
-        type 'abort' and frees its KV. On a dead scheduler process there is nothing to abort."""
-        try:
-            self._send(AbortRequest(rid))
-        except EngineDeadError:
-            pass
-
-    def start_profile(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
-                      record_shapes: bool = False, with_stack: bool = False) -> str:
-        """Record the scheduler's forward steps with the torch profiler until `stop_profile`
-        (or `num_steps` steps); `activities` from "CPU", "GPU". The trace goes to `output_dir`."""
-        options = dict(output_dir=output_dir, num_steps=num_steps, activities=activities,
-                       record_shapes=record_shapes, with_stack=with_stack)
-        return self._query(lambda rid: Profile(rid, options)).result(QUERY_TIMEOUT_S)
-
-    def stop_profile(self) -> str:
-        """End the running profile; returns the Chrome trace file it wrote."""
-        return self._query(lambda rid: Profile(rid, None)).result(QUERY_TIMEOUT_S)
-
-    def flush_cache(self) -> bool:
-        """Drop the radix cache. Refused (False) while requests are in flight."""
-        return self._query(FlushCache).result(QUERY_TIMEOUT_S)
-
-    def get_server_info(self) -> dict[str, Any]:
-        info = self._query(GetInfo).result(QUERY_TIMEOUT_S)
-        mc, cfg = self.model_config, self.config
-        info.update({
-            "model_path": self.config.model_path,  # as given (clients pick chat templates by it)
-            "resolved_model_path": str(self.model_path),
-            "architecture": mc.arch,
-            "attention_features": sorted(mc.attention_features),
-            "num_experts": mc.num_experts,
-            "device": str(self.device),
-            "dtype": str(self.dtype).replace("torch.", ""),
-            "dtype_reason": self.dtype_reason,
-            "quantization": cfg.quantization,
-            "weight_layouts": self.model_info.weight_layouts,
-            "dense_copy": cfg.dense_copy,
-            "dense_copy_bytes": self.model_info.dense_copy_bytes,
-            "scheduler_process": cfg.in_processes,
-            "tp_size": cfg.tp_size,
-            "scheduler_pids": self.scheduler_pids,
-            "context_length": self.context_len,
-            "vocab_size": mc.vocab_size,
-            "num_layers": mc.num_hidden_layers,
-            "num_kv_heads": mc.num_key_value_heads,
-            "head_dim": mc.head_dim,
-            "schedule_policy": cfg.schedule_policy,
-            "chunked_prefill_size": cfg.chunked_prefill_size,
-            "disable_radix_cache": cfg.disable_radix_cache,
-            "max_running_requests": cfg.max_running_requests,
-            "load_format": cfg.load_format,
-            "grammar_backend": cfg.grammar_backend,
-            "memory_plan": dict(self.memory_plan),
-            "rank_memory": [{"rank": rank, "weight_bytes": r.weight_bytes,
-                             "kv_pool_bytes": r.memory_plan["kv_bytes_per_token"] * r.memory_plan["max_total_tokens"]}
-                            for rank, r in enumerate(getattr(self._transport, "rank_infos", None) or [self.model_info])],
-        })
-        return info
-
     # ------------------------------------------------------------------ lifecycle
-
-    def update_options(self, **values: Any) -> dict[str, Any]:
-        """Change options the scheduler allows to change while running (`messages.LIVE_OPTIONS`,
-        e.g. `disable_jump_forward`); returns their values now. `engine.config` is the caller's
-        record and follows."""
-        result = self._query(lambda rid: UpdateOptions(rid, dict(values))).result(QUERY_TIMEOUT_S)
-        for name, value in result.items():
-            setattr(self.config, name, value)
-        return result
 
     @property
     def fault(self) -> BaseException | None:

@@ -34,6 +34,11 @@ class GrammarQueue:
     def __len__(self) -> int:
         return len(self.pending)
 
+    @property
+    def compiler(self) -> Any:
+        """The constraint compiler, None until the first constraint builds it (for test hooks)."""
+        return self._compiler
+
     def submit(self, req: Req) -> None:
         """Start compiling `req`'s constraint; `ready` (or `take`) yields the request when it is
         compiled: in the same loop turn when there is none, it is cached, or the spec is bad."""

@@ -18,7 +18,7 @@ import torch
 
 import sgl
 from oracle_helpers import hf_greedy, kv_all_returned, wait_until
-from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.lang.generation import DTYPE_REGEX
 
 FEW_SHOT = (
     "Q: What is the capital of Italy?\nA: Rome\n\n"
@@ -311,10 +311,9 @@ def test_run_batch_of_32_with_threads_and_progress_bar(backend, engine, capsys):
     assert isinstance(err.value.__cause__, TypeError)
 
 
-def test_default_backend_is_the_embedded_engine(monkeypatch):
+def test_default_backend_is_the_embedded_engine():
     from sgl.lang import api
 
-    monkeypatch.setattr(api, "_default_backend", None)
     done = threading.Event()
     result = {}
 
@@ -322,10 +321,12 @@ def test_default_backend_is_the_embedded_engine(monkeypatch):
         result["state"] = few_shot_qa.run(question="What is the capital of Spain?", temperature=0, max_new_tokens=4)
         done.set()
 
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert done.wait(300)
-    assert isinstance(api._default_backend, sgl.EngineBackend)
-    assert result["state"]["answer"]
-    assert sgl.get_server_info()["finished_requests"] >= 1
-    api._default_backend.shutdown()
+    with api.swapped_default_backend(None):  # none set: the program builds the embedded model
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        assert done.wait(300)
+        backend = sgl.get_default_backend()
+        assert isinstance(backend, sgl.EngineBackend)
+        assert result["state"]["answer"]
+        assert sgl.get_server_info()["finished_requests"] >= 1  # the engine the program built, not a fresh one
+        backend.shutdown()

@@ -42,20 +42,19 @@ def limited():
 @contextmanager
 def held(engine):
     """Every forward step waits until the block ends: requests stay in flight meanwhile."""
-    runner = engine.scheduler.runner
     release = threading.Event()
-    forward = runner.forward
 
-    def waiting_forward(*args, **kwargs):
-        release.wait()
-        return forward(*args, **kwargs)
+    def hold(forward):
+        def waiting_forward(*args, **kwargs):
+            release.wait()
+            return forward(*args, **kwargs)
+        return waiting_forward
 
-    runner.forward = waiting_forward
     try:
-        yield
+        with engine.debug_wrap("forward", hold):
+            yield
     finally:
         release.set()
-        del runner.forward
 
 
 @pytest.mark.parametrize("path,body,param", [
@@ -103,7 +102,7 @@ def test_a_full_queue_is_a_429_with_retry_after_and_queues_nothing(limited):
                                                                                 timeout=120))) for _ in range(2)]
         for t in threads:
             t.start()
-        assert wait_until(lambda: engine._router.in_flight() == 2, timeout=60, interval=0.02)
+        assert wait_until(lambda: engine.debug_state()["in_flight"] == 2, timeout=60, interval=0.02)
         for path, extra in (("/generate", body), ("/v1/completions", {"prompt": "a", "max_tokens": 2}),
                             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 2,
                                                       "stream": True})):
@@ -111,7 +110,7 @@ def test_a_full_queue_is_a_429_with_retry_after_and_queues_nothing(limited):
             err = assert_error(r, 429)
             assert err["type"] == "rate_limit_error" and "capacity" in err["message"]
             assert int(r.headers["Retry-After"]) >= 1
-        assert engine._router.in_flight() == 2  # the refused ones were never queued
+        assert engine.debug_state()["in_flight"] == 2  # the refused ones were never queued
     for t in threads:
         t.join(timeout=120)
     assert [r.status_code for r in results] == [200, 200]
@@ -133,16 +132,15 @@ def test_a_turn_of_an_unknown_session_is_a_404(limited):
 def faulty():
     """A server whose engine raises inside its forward step for the request with rid 'boom'."""
     engine = _engine()
-    runner = engine.scheduler.runner
-    forward = runner.forward
 
-    def forward_or_fail(step, *args, **kwargs):
-        if any(r.rid == "boom" for r in step.reqs):
-            raise RuntimeError(f"cannot read {SECRET}")
-        return forward(step, *args, **kwargs)
+    def fail_boom(forward):
+        def forward_or_fail(step, *args, **kwargs):
+            if any(r.rid == "boom" for r in step.reqs):
+                raise RuntimeError(f"cannot read {SECRET}")
+            return forward(step, *args, **kwargs)
+        return forward_or_fail
 
-    runner.forward = forward_or_fail
-    with ServerThread(create_app(engine, "m")) as url:
+    with engine.debug_wrap("forward", fail_boom), ServerThread(create_app(engine, "m")) as url:
         yield engine, url
     engine.shutdown()
 

@@ -103,25 +103,33 @@ def test_shipped_equals_client_side(remote, program, args):
         assert shipped.get_meta_info("call")["tool_calls"] == [call]
 
 
+def _sent(remote, monkeypatch) -> list[tuple[str, object]]:
+    """(path, JSON body) of each HTTP request the backend sends from now on, seen where every
+    request leaves the process: `requests.Session.request` (the backend's sessions are of it)."""
+    sent, request = [], requests.Session.request
+
+    def recording_request(session, method, url, *args, **kwargs):
+        if url.startswith(remote.base_url):
+            sent.append((url[len(remote.base_url):], kwargs.get("json")))
+        return request(session, method, url, *args, **kwargs)
+
+    monkeypatch.setattr(requests.Session, "request", recording_request)
+    return sent
+
+
 def test_run_batch_ships_in_one_request(remote, monkeypatch):
     items = [{"question": q} for q in ("Name a fruit.", "Name a river.", "Name a color.")]
     local = chat_then_reuse.run_batch(items, backend=remote, temperature=0, ship=False)
-    paths = []
-    request = remote._request
-    monkeypatch.setattr(remote, "_request", lambda method, path, *a, **k: paths.append(path) or request(method, path,
-                                                                                                        *a, **k))
+    sent = _sent(remote, monkeypatch)
     shipped = chat_then_reuse.run_batch(items, backend=remote, temperature=0)
-    assert paths == ["/run_program"] and all(isinstance(s, ShippedState) for s in shipped)
+    assert [path for path, _ in sent] == ["/run_program"] and all(isinstance(s, ShippedState) for s in shipped)
     for a, b in zip(shipped, local):
         same_state(a, b)
 
 
-def _bodies(remote, monkeypatch) -> list:
-    """The /run_program bodies the backend sends from now on."""
-    sent, request = [], remote._request
-    monkeypatch.setattr(remote, "_request", lambda method, path, body=None, *a, **k: (
-        sent.append(body) if path == "/run_program" else None) or request(method, path, body, *a, **k))
-    return sent
+def _bodies(sent) -> list:
+    """The /run_program bodies among the requests sent."""
+    return [body for path, body in sent if path == "/run_program"]
 
 
 @sgl.function
@@ -141,17 +149,19 @@ def greets_by_language(s, lang, name):
 def test_run_batch_ships_one_program_with_argument_sets(remote, monkeypatch):
     items = [{"question": q, "n": n} for n, q in enumerate(("Name a fruit.", "Name a river.", "Name a color."))]
     local = numbered_question.run_batch(items, backend=remote, temperature=0, ship=False)
-    sent = _bodies(remote, monkeypatch)
+    sent = _sent(remote, monkeypatch)
     shipped = numbered_question.run_batch(items, backend=remote, temperature=0)
-    assert len(sent) == 1 and "programs" not in sent[0]
-    assert sent[0]["arguments"] == [{"n": i["n"], "question": i["question"]} for i in items]
+    bodies = _bodies(sent)
+    assert len(bodies) == 1 and "programs" not in bodies[0]
+    assert bodies[0]["arguments"] == [{"n": i["n"], "question": i["question"]} for i in items]
     for a, b in zip(shipped, local):
         same_state(a, b)
     # a program whose text depends on an argument's value is shipped one program per item
     items = [{"lang": "fr", "name": "Ada"}, {"lang": "en", "name": "Bob"}]
     local = greets_by_language.run_batch(items, backend=remote, temperature=0, ship=False)
     shipped = greets_by_language.run_batch(items, backend=remote, temperature=0)
-    assert len(sent) == 2 and len(sent[1]["programs"]) == 2 and "Bonjour" in shipped[0].text()
+    bodies = _bodies(sent)
+    assert len(bodies) == 2 and len(bodies[1]["programs"]) == 2 and "Bonjour" in shipped[0].text()
     for a, b in zip(shipped, local):
         same_state(a, b)
 

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 
 from sgl.lang import Backend, ChatTemplate
 from sgl.lang.choices import ChoicesDecision, ChoicesMethod, ChoiceScores, decide
-from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.lang.generation import DTYPE_REGEX
 
 CHATML = ChatTemplate(
     prefix={

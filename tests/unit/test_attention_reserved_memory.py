@@ -103,7 +103,7 @@ def test_small_pool_bound_holds(counting):
     d = Driver(backend, capacity)
     (a,) = d.step([], [30])
     d.step([a], [1] * 8)
-    assert backend._mirror is not None and backend._mirror.row_capacity == 16
+    assert backend.mirror is not None and backend.mirror.row_capacity == 16
     assert 0 < counting.peak <= bound
 
 
@@ -121,12 +121,12 @@ def test_size_cap_bound_holds(counting, monkeypatch):
     rows = d.step([], [64] * 8)  # 8 rows x (64 + headroom) = 1024
     rows = d.step(rows, [64] * 16)  # 24 x 128
     rows = d.step(rows, [64] * 8)  # 32 x 128 = 4096: at the cap
-    m = backend._mirror
+    m = backend.mirror
     assert m is not None and m.row_capacity * m.len_capacity * d.pool.bytes_per_token * 2 == cap
     assert cap // 2 < counting.peak <= bound
     del m
     d.step(rows, [64] * 8)  # 40 rows: over the cap, the mirror is dropped
-    assert backend._mirror is None and counting.live == 0
+    assert backend.mirror is None and counting.live == 0
     assert counting.peak <= bound
 
 

@@ -53,8 +53,8 @@ class Counters:
 
 def governor(counters: Counters, max_threads: int) -> tuple[CpuShare, list[int]]:
     calls: list[int] = []
-    share = CpuShare(max_threads, calls.append, read=lambda: counters.reading, clock=lambda: counters.now)
-    share._cpus = counters.cpus
+    share = CpuShare(max_threads, calls.append, read=lambda: counters.reading, clock=lambda: counters.now,
+                     cpus=set(range(counters.cpus)))
     share.tick()  # the first reading
     return share, calls
 
@@ -106,7 +106,7 @@ def test_for_this_thread_sizes_only_its_own_team(monkeypatch):
         torch.set_num_threads(2)  # what an engine's scheduler thread starts with on two cores
         share = CpuShare.for_this_thread()
         assert share is not None and share.max_threads == 2
-        share._set_threads(1)
+        share.set_threads(1)
         seen["governed"] = torch.get_num_threads()
 
     before = torch.get_num_threads()

@@ -99,7 +99,7 @@ def test_decode_through_the_runner_matches_eager(dummy_dir, monkeypatch):
         got = _greedy(graphed, prompts, new_tokens)
         info = graphed.get_server_info()
         # the padding row is reserved on top of the running limit
-        assert graphed.scheduler.kv.req_to_token.size == graphed.config.max_running_requests + 1
+        assert graphed.debug_state()["req_to_token_rows"] == graphed.config.max_running_requests + 1
     assert got == expected
     assert info["cuda_graph_batch_sizes"] == [1, 2, 4, 8]
     assert info["cuda_graph_steps"] > 0

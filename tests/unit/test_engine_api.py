@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import threading
 
 import pytest
 
@@ -116,6 +117,49 @@ def test_abandoned_multi_stream_frees_everything(engine):
     assert engine.flush_cache()
     info = engine.get_server_info()
     assert info["available_kv_tokens"] == info["max_total_tokens"] and info["num_running_reqs"] == 0
+
+
+def test_debug_wrap_sees_each_message_and_restores_the_engine(engine):
+    """The test hook wraps the chosen point only while its block runs."""
+    sent: list = []
+
+    def record(send):
+        def recording_send(msg):
+            sent.append(msg)
+            send(msg)
+        return recording_send
+
+    with engine.debug_wrap("send", record):
+        out = engine.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 2}, rid="wrapped")
+    engine.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 2}, rid="after")
+    # only the call inside the block was seen: the wrap is gone after it
+    assert [type(m).__name__ for m in sent] == ["SubmitRequest"] and sent[0].request.rid == "wrapped"
+    assert out["meta_info"]["completion_tokens"] == 2
+    with pytest.raises(ValueError, match=r"unknown debug_wrap point 'nowhere'; the points are \[.*'send'"):
+        with engine.debug_wrap("nowhere", record):
+            pass
+
+
+def test_debug_state_counts_a_held_request_until_it_finishes(engine):
+    gate, entered = threading.Event(), threading.Event()
+
+    def held(step):
+        def held_step():
+            if engine.debug_state()["waiting"]:
+                entered.set()
+                assert gate.wait(60)
+            return step()
+        return held_step
+
+    with engine.debug_wrap("step", held):
+        chunks = engine.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 2}, stream=True)
+        assert entered.wait(60)
+        state = engine.debug_state()
+        assert state["in_flight"] == 1 and state["waiting"] == 1 and state["running"] == 0
+        gate.set()
+        assert list(chunks)[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    state = engine.debug_state()
+    assert state["in_flight"] == 0 and state["waiting"] == 0 and state["running"] == 0
 
 
 def test_finish_listeners_see_every_request_aborts_included(engine):

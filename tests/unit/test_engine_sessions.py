@@ -168,7 +168,7 @@ def test_session_errors_name_the_field(tiny_dir):
         assert info(engine)["session_locked_tokens"] == 0
 
 
-def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir, monkeypatch):
+def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir):
     import threading
 
     path, _ = tiny_dir
@@ -178,36 +178,36 @@ def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir, monkeypatch):
         # Hold the scheduler in its next step, so the close arrives while both turns are unfinished:
         # it is drained right after that one step (one token each, of 100).
         gate, entered = threading.Event(), threading.Event()
-        real_step = engine.scheduler.step
 
-        def gated_step() -> bool:
-            if engine.scheduler.batches.waiting and not gate.is_set():
-                entered.set()
-                gate.wait(60)
-            return real_step()
-
-        monkeypatch.setattr(engine.scheduler, "step", gated_step)
+        def gated(real_step):
+            def gated_step() -> bool:
+                if engine.debug_state()["waiting"] and not gate.is_set():
+                    entered.set()
+                    gate.wait(60)
+                return real_step()
+            return gated_step
 
         def run(name: str, session: str) -> None:
             results[name] = gen(engine, ids(10, 60), 100, id=session)
 
         threads = [threading.Thread(target=run, args=("closed", sid)), threading.Thread(target=run, args=("kept", other))]
-        for t in threads:
-            t.start()
-        assert entered.wait(60)
-        deadline = time.monotonic() + 60  # both turns reached the scheduler (queued or still in its inbox)
-        while len(engine.scheduler.batches.waiting) + engine.scheduler.inbox.qsize() < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        queued = engine.scheduler.inbox.qsize()
-        closer = threading.Thread(target=lambda: results.__setitem__("close", engine.close_session(sid)))
-        closer.start()
-        while engine.scheduler.inbox.qsize() == queued:  # the close is in the inbox, behind the turns
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        gate.set()
-        for t in threads + [closer]:
-            t.join(timeout=60)
+        with engine.debug_wrap("step", gated):
+            for t in threads:
+                t.start()
+            assert entered.wait(60)
+            deadline = time.monotonic() + 60  # both turns reached the scheduler (queued or still in its inbox)
+            while engine.debug_state()["waiting"] + engine.debug_state()["inbox"] < 2:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            queued = engine.debug_state()["inbox"]
+            closer = threading.Thread(target=lambda: results.__setitem__("close", engine.close_session(sid)))
+            closer.start()
+            while engine.debug_state()["inbox"] == queued:  # the close is in the inbox, behind the turns
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            gate.set()
+            for t in threads + [closer]:
+                t.join(timeout=60)
         assert results["close"] is True
         assert results["closed"]["meta_info"]["finish_reason"]["type"] == "abort"
         assert results["kept"]["meta_info"]["finish_reason"]["type"] == "length"
@@ -215,7 +215,7 @@ def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir, monkeypatch):
         assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0
 
 
-def test_a_turn_submitted_after_its_session_closed_is_refused(tiny_dir, monkeypatch):
+def test_a_turn_submitted_after_its_session_closed_is_refused(tiny_dir):
     """The session closes between the caller building the turn and the scheduler receiving it:
     the turn never runs and fails like any request naming a closed session."""
     from sgl.runtime.messages import SubmitRequest
@@ -223,18 +223,17 @@ def test_a_turn_submitted_after_its_session_closed_is_refused(tiny_dir, monkeypa
     path, _ = tiny_dir
     with sgl.Engine(model_path=str(path), max_total_tokens=1024) as engine:
         sid = engine.open_session()
-        send = engine._send
 
-        def close_first(msg):
-            if isinstance(msg, SubmitRequest):
-                assert engine.close_session(sid)
-            send(msg)
+        def close_first(send):
+            def send_after_close(msg):
+                if isinstance(msg, SubmitRequest):
+                    assert engine.close_session(sid)
+                send(msg)
+            return send_after_close
 
-        monkeypatch.setattr(engine, "_send", close_first)
-        with pytest.raises(InvalidRequestError, match="no open session") as e:
+        with engine.debug_wrap("send", close_first), pytest.raises(InvalidRequestError, match="no open session") as e:
             gen(engine, ids(10, 70), 20, id=sid)
         assert e.value.param == "session_params.id"
-        monkeypatch.undo()
         assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0
 
 

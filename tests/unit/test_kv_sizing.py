@@ -53,7 +53,7 @@ def test_engine_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
     monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: 64 << 20)
     with sgl.Engine(model_path=str(tiny_dir), load_format="dummy", dtype="float32", mem_fraction_static=0.5) as engine:
         plan = engine.get_server_info()["memory_plan"]
-        capacity = engine.scheduler.kv.pool.capacity
+        capacity = engine.get_server_info()["max_total_tokens"]  # the pool the scheduler built
     per_token = 2 * 2 * 2 * 16 * 4  # K/V x 2 layers x 2 KV heads x 16 dims x float32
     assert plan["kv_bytes_per_token"] == per_token
     assert plan["free_bytes_after_weights"] == 64 << 20 and plan["mem_fraction_static"] == 0.5
@@ -64,10 +64,10 @@ def test_engine_sizes_the_pool_from_free_memory(tiny_dir, monkeypatch):
 def test_engine_cpu_pool_is_capped(tiny_dir, monkeypatch):
     monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: 1 << 40)
     with sgl.Engine(model_path=str(tiny_dir), load_format="dummy") as engine:
-        assert engine.scheduler.kv.pool.capacity == 1 << 17
+        assert engine.get_server_info()["max_total_tokens"] == 1 << 17
 
 
 def test_explicit_max_total_tokens_wins(tiny_dir, monkeypatch):
     monkeypatch.setattr(engine_mod, "available_memory_bytes", lambda device: pytest.fail("free memory was read"))
     with sgl.Engine(model_path=str(tiny_dir), load_format="dummy", max_total_tokens=3000) as engine:
-        assert engine.scheduler.kv.pool.capacity == 3000
+        assert engine.get_server_info()["max_total_tokens"] == 3000

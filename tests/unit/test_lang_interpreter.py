@@ -16,7 +16,7 @@ import sgl
 import sgl.lang.api
 from sgl.lang import ir
 from sgl.lang.choices import ChoiceScores, decide
-from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.lang.generation import DTYPE_REGEX
 from lang_fakes import CHATML, FakeBackend, FakeBackendError, within
 
 TYPE_HINT = "add a str, a number, or an sgl expression"
@@ -714,9 +714,8 @@ def test_function_decorator_forms():
 
 @pytest.fixture
 def restore_default_backend():
-    saved = sgl.lang.api._default_backend
-    yield
-    sgl.lang.api._default_backend = saved
+    with sgl.lang.api.swapped_default_backend(None):
+        yield
 
 
 @within(10)
@@ -741,6 +740,15 @@ def test_default_backend_is_used(restore_default_backend):
     assert sgl.flush_cache(other) is True and other.flushes == 1 and fake.flushes == 1
     assert sgl.get_server_info(other) == {"model_path": "other"}
     assert len(fake.gen_calls) == 2
+
+
+def test_swapped_default_backend_restores_the_one_before(restore_default_backend):
+    outer, inner = FakeBackend(default="O"), FakeBackend(default="I")
+    sgl.set_default_backend(outer)
+    with sgl.lang.api.swapped_default_backend(inner):
+        assert sgl.get_default_backend() is inner
+        sgl.set_default_backend(FakeBackend())  # replaced inside the block: still restored after it
+    assert sgl.get_default_backend() is outer
 
 
 def test_set_default_backend_rejects_non_backends(restore_default_backend):

@@ -14,14 +14,14 @@ def test_an_old_lock_is_removed_and_a_live_one_waited_for(tmp_path):
     lock.write_text("")
     old = time.time() - native.STALE_LOCK_SECONDS - 5
     os.utime(lock, (old, old))
-    native._wait_for_lock(tmp_path)  # a killed build's: removed at once
+    native.wait_for_lock(tmp_path)  # a killed build's: removed at once
     assert not lock.exists()
 
     lock.write_text("")  # a build in progress: waited for until it ends
-    waiting = threading.Thread(target=native._wait_for_lock, args=(tmp_path,))
+    waiting = threading.Thread(target=native.wait_for_lock, args=(tmp_path,))
     waiting.start()
     assert waiting.is_alive()  # the lock is there: it cannot have returned
     lock.unlink()  # the other build finishes
     waiting.join(timeout=60)
     assert not waiting.is_alive()
-    native._wait_for_lock(tmp_path)  # no lock: returns at once
+    native.wait_for_lock(tmp_path)  # no lock: returns at once

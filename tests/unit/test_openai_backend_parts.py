@@ -18,7 +18,7 @@ from sgl.lang.backends.openai_dialects import (
 )
 from sgl.lang.backends.base import TokenUsage
 from sgl.lang.backends.openai_http import Http, retry_after_seconds
-from sgl.lang.interpreter import DTYPE_REGEX
+from sgl.lang.generation import DTYPE_REGEX
 from sgl.lang.speculative import Speculation, earliest_stop, sampling_key
 
 GREEDY = {"temperature": 0.0, "top_p": 1.0}
@@ -140,8 +140,8 @@ class _Resp:
 
 def test_retry_wait_honours_retry_after_within_the_cap():
     http = Http("http://127.0.0.1:1/v1", None, 5.0, 3, retry_backoff=0.5, max_retry_wait=10.0, usage=TokenUsage())
-    assert http._wait(0, _Resp("7")) == 7.0
-    assert http._wait(0, _Resp("120")) == 10.0
-    assert 0.25 <= http._wait(0, _Resp(None)) <= 0.5 and 1.0 <= http._wait(2, _Resp(None)) <= 2.0
+    assert http.retry_wait(0, _Resp("7")) == 7.0
+    assert http.retry_wait(0, _Resp("120")) == 10.0
+    assert 0.25 <= http.retry_wait(0, _Resp(None)) <= 0.5 and 1.0 <= http.retry_wait(2, _Resp(None)) <= 2.0
     assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
     assert retry_after_seconds("soon") is None

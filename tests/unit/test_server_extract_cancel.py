@@ -4,12 +4,13 @@ before it runs: nothing a cancelled request submitted ever finishes with 'stop' 
 
 Deterministic: the build (tokenizing) or the compile is made to block on an event, the
 cancellation happens while it blocks, and only then is it released. Observed through the
-engine's own boundary: the messages sent to the scheduler (`engine._send`) and its finish
-events."""
+engine's own boundary: the messages sent to the scheduler (the test hook
+`engine.debug_wrap("send", ...)`) and its finish events."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from concurrent.futures import Future
 
@@ -38,17 +39,25 @@ def engine(tmp_path_factory):
 
 
 @pytest.fixture
-def watch(engine, monkeypatch):
+def hooks():
+    """Test hooks (`engine.debug_wrap`) entered on this stack stay until the test ends."""
+    with contextlib.ExitStack() as stack:
+        yield stack
+
+
+@pytest.fixture
+def watch(engine, hooks):
     """(submitted requests, finish events) from here on."""
     submitted: list = []
-    real_send = engine._send
 
-    def send(msg):
-        if isinstance(msg, SubmitRequest):
-            submitted.append(msg.request)
-        real_send(msg)
+    def record(real_send):
+        def send(msg):
+            if isinstance(msg, SubmitRequest):
+                submitted.append(msg.request)
+            real_send(msg)
+        return send
 
-    monkeypatch.setattr(engine, "_send", send)
+    hooks.enter_context(engine.debug_wrap("send", record))
     engine.test_finished.clear()
     return submitted, engine.test_finished
 
@@ -113,31 +122,35 @@ def idle(engine) -> bool:
     return info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_open_sessions"] == 0
 
 
-def gate_scheduler_compiles(engine, monkeypatch) -> Gate:
-    """Make the scheduler's next constraint compile block on a gate (thread mode: the test
-    reaches into the scheduler's grammar queue, whose compiler is built by a first compile)."""
+def gate_scheduler_compiles(engine, hooks) -> Gate:
+    """Make the scheduler's next constraint compile block on a gate (thread mode: the test hook
+    wraps the scheduler's constraint compiler, which a first constrained request builds)."""
     engine.generate("x", {"max_new_tokens": 1, "regex": "a"})
-    compiler = engine.scheduler.grammars._compiler
-    gate = Gate(lambda kind, spec: compiler.compile(kind, spec))
+    gate = None
 
-    def compile_async(kind, spec):
-        fut: Future = Future()
+    def gated(real_compile_async):
+        nonlocal gate
+        gate = Gate(lambda kind, spec: real_compile_async(kind, spec).result())
 
-        def run() -> None:
-            try:
-                fut.set_result(gate(kind, spec))
-            except BaseException as e:
-                fut.set_exception(e)
+        def compile_async(kind, spec):
+            fut: Future = Future()
 
-        threading.Thread(target=run, daemon=True).start()
-        return fut
+            def run() -> None:
+                try:
+                    fut.set_result(gate(kind, spec))
+                except BaseException as e:
+                    fut.set_exception(e)
 
-    monkeypatch.setattr(compiler, "compile_async", compile_async)
+            threading.Thread(target=run, daemon=True).start()
+            return fut
+        return compile_async
+
+    hooks.enter_context(engine.debug_wrap("compile_async", gated))
     return gate
 
 
-def test_extraction_cancelled_while_its_schema_compiles_never_runs(engine, watch, monkeypatch):
-    gate = gate_scheduler_compiles(engine, monkeypatch)
+def test_extraction_cancelled_while_its_schema_compiles_never_runs(engine, watch, hooks):
+    gate = gate_scheduler_compiles(engine, hooks)
     submitted, finished = watch
     submitted.clear()
     assert wait_for(lambda: len(finished) == 1)  # the warm-up compile's request
@@ -186,7 +199,7 @@ class _GoneClient:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_async_generate_cancelled_while_building_submits_nothing(engine, watch, monkeypatch, stream):
+def test_async_generate_cancelled_while_building_submits_nothing(engine, watch, hooks, monkeypatch, stream):
     """What /generate and /v1/* do when their client leaves: `until_disconnected` cancels the
     engine call; if that happens while the request is built (in a worker thread), nothing is
     ever submitted, also once the build has finished."""
@@ -194,15 +207,16 @@ def test_async_generate_cancelled_while_building_submits_nothing(engine, watch, 
     gate = Gate(engine.encode)
     monkeypatch.setattr(engine, "encode", gate)
     built = threading.Event()
-    real_build = engine._build_requests
 
-    def build(*args, **kwargs):
-        try:
-            return real_build(*args, **kwargs)
-        finally:
-            built.set()
+    def signal_built(real_build):
+        def build(*args, **kwargs):
+            try:
+                return real_build(*args, **kwargs)
+            finally:
+                built.set()
+        return build
 
-    monkeypatch.setattr(engine, "_build_requests", build)
+    hooks.enter_context(engine.debug_wrap("build_requests", signal_built))
 
     async def main() -> None:
         call = engine.async_generate("Hi", {"max_new_tokens": 8, "regex": f"[a-z]{{{3 + stream}}}"}, stream=stream)

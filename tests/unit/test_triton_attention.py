@@ -129,7 +129,7 @@ def test_cuda_graph_hooks_replay_fresh_metadata():
         case.batch.attn_backend, case.batch.metadata = backend, captured
         got = backend.forward(case.q, case.k, case.v, 0, case.scale, case.batch)
         assert torch.equal(got, want)
-    scratch = backend._graph.part_out.data_ptr()
+    scratch = backend.graph_state.part_out.data_ptr()
 
     # A smaller real batch padded to the captured size: padding rows are row 0, length 1.
     specs = [(40, 1), (9, 1), (70, 1)]
@@ -146,7 +146,7 @@ def test_cuda_graph_hooks_replay_fresh_metadata():
     case.batch.metadata = captured
     got = backend.forward(q, k, v, 0, case.scale, case.batch)
     torch.testing.assert_close(got[: len(specs)].double(), want, rtol=1e-5, atol=1e-5)
-    assert backend._graph.part_out.data_ptr() == scratch  # captured launches keep their buffers
+    assert backend.graph_state.part_out.data_ptr() == scratch  # captured launches keep their buffers
 
     with pytest.raises(ValueError, match="max_bs"):
         backend.init_forward_metadata_capture(9)
@@ -199,7 +199,7 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
     results = []
     with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=2048, chunked_prefill_size=16,
                     attention_backend="auto" if backend_factory else "torch_native") as engine:
-        assert isinstance(engine.scheduler.runner.attn_backend, TritonBackend) == (backend_factory is not None)
+        assert (engine.get_server_info()["attention_backend"] == TritonBackend.name) == (backend_factory is not None)
         for batch in prompts_in_order:
             for out in engine.generate(input_ids=batch, sampling_params=params):
                 results.append((out["output_ids"], out["meta_info"]["cached_tokens"]))

@@ -60,7 +60,9 @@ class Http:
                 s.headers["Authorization"] = f"Bearer {self.api_key}"
         return s
 
-    def _wait(self, attempt: int, resp: requests.Response | None) -> float:
+    def retry_wait(self, attempt: int, resp: requests.Response | None) -> float:
+        """Seconds before retry `attempt` (0-based): the server's Retry-After, else jittered
+        exponential backoff; at most `max_retry_wait`. Public so that tests check the policy."""
         hinted = retry_after_seconds(resp.headers.get("Retry-After")) if resp is not None else None
         if hinted is None:
             hinted = self.retry_backoff * (2 ** attempt) * (0.5 + random.random() / 2)
@@ -77,10 +79,10 @@ class Http:
                 if attempt == retries:
                     raise
                 self.usage.retried()
-                time.sleep(self._wait(attempt, None))
+                time.sleep(self.retry_wait(attempt, None))
                 continue
             if r.status_code in RETRY_STATUS and attempt < retries:
-                delay = self._wait(attempt, r)
+                delay = self.retry_wait(attempt, r)
                 r.close()
                 self.usage.retried()
                 time.sleep(delay)

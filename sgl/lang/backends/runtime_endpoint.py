@@ -316,7 +316,7 @@ def sse_events(r: requests.Response, what: str) -> Iterator[dict[str, Any]]:
 
 
 def _failed(err: dict[str, Any]) -> Any:
-    from sgl.lang.interpreter import ProgramError
+    from sgl.lang.errors import ProgramError
     from sgl.lang.shipping import ShippedState
 
     state = ShippedState(result={})

@@ -230,6 +230,12 @@ class TorchNativeBackend(AttentionBackend):
         self.use_mirror = use_mirror
         self._mirror: _Mirror | None = None
 
+    @property
+    def mirror(self) -> "_Mirror | None":
+        """The dense K/V mirror held now, or None (test hook: its size is what
+        `reserved_memory_bytes` bounds)."""
+        return self._mirror
+
     def reserved_memory_bytes(
         self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
     ) -> int:

@@ -126,6 +126,12 @@ class TritonBackend(AttentionBackend):
     def bind(self, kv_pool, req_to_token, num_qo_heads: int) -> None:
         self._device = kv_pool.device  # where the CUDA-graph buffers go
 
+    @property
+    def graph_state(self) -> "_GraphState | None":
+        """The static CUDA-graph buffers, None before `init_cuda_graph_state` (test hook:
+        captured launches must keep using the same buffers)."""
+        return self._graph
+
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int, device: torch.device | str | None = None) -> None:
         """Allocate the static decode metadata for graphs of up to `max_bs` requests.
 
