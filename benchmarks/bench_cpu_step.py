@@ -128,7 +128,7 @@ def main() -> None:
     from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
     from sgl.runtime.model.loader import load_model
     from sgl.runtime.model.dense_copy import add_dense_copies
-    from sgl.runtime.model.quant import prepare_for_compile
+    from sgl.runtime.model.quant_route import prepare_for_compile
     from sgl.runtime.worker import dense_copy_budget
 
     model, _ = load_model("default", getattr(torch, args.dtype), torch.device("cpu"), args.quantization)

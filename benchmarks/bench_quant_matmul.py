@@ -44,7 +44,8 @@ def main() -> None:
     ap.add_argument("--name", default="quant_matmul")
     args = ap.parse_args()
     from sgl.runtime.model import quant_vnni
-    from sgl.runtime.model.quant import Int4Linear, Int8Linear, quantize_int4, quantize_int8
+    from sgl.runtime.model.quant import Int4Linear, Int8Linear
+    from sgl.runtime.model.quant_tensor import quantize_int4, quantize_int8
 
     if not quant_vnni.vnni_available():
         sys.exit("this CPU has no AVX-512 VNNI (or no compiler): nothing to compare")

@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from sgl.runtime.attention.base import ForwardBatch
-from sgl.runtime.model.quant import prepare_for_compile
+from sgl.runtime.model.quant_route import prepare_for_compile
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,9 @@ from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
 from sgl.runtime.sampling.sampler import make_generator
+from sgl.runtime.detokenizer import IncrementalDetokenizer
 from sgl.runtime.stop_regex import StopRegexMatcher
-from sgl.runtime.tokenizer import IncrementalDetokenizer, StopStringMatcher
+from sgl.runtime.stop_strings import StopStringMatcher
 
 # Jump-forward re-tokenizes this many trailing output tokens together with the forced text.
 JUMP_FORWARD_RETOKENIZE = 4

@@ -21,9 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from transformers import AutoTokenizer  # noqa: E402
 
 from sgl.runtime import tokenizer as tk  # noqa: E402
+from sgl.runtime.detokenizer import IncrementalDetokenizer  # noqa: E402
+from sgl.runtime.stop_strings import StopStringMatcher  # noqa: E402
 from sgl.runtime.tokenizer import (  # noqa: E402
-    IncrementalDetokenizer,
-    StopStringMatcher,
     encode,
     gguf_tokenizer_cache_dir,
     load_gguf_tokenizer,

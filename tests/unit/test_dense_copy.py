@@ -12,8 +12,8 @@ import torch
 
 from sgl.runtime.model import dense_copy
 from sgl.runtime.model.cpu_packed import packing_applies
-from sgl.runtime.model.quant import (Int4Linear, Int8Linear, per_row_int8, quantize_int4, quantize_int8,
-                                     quantized_linear)
+from sgl.runtime.model.quant import Int4Linear, Int8Linear, quantized_linear
+from sgl.runtime.model.quant_tensor import per_row_int8, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.skipif(not packing_applies(torch.bfloat16, torch.device("cpu")),
                                 reason="dense copies are kept only where bf16 matmuls are native (AMX / AVX512-BF16)")
@@ -85,12 +85,13 @@ def test_compiled_graph_takes_the_copy_from_its_row_count(torch_kernels):
     holds twice the weight, so which route ran shows in the result."""
     from torch._dynamo.utils import counters
 
-    from sgl.runtime.model import quant
+    from sgl.runtime.model import quant_route
     from sgl.runtime.model.cpu_packed import pack_bf16
+    from sgl.runtime.model.linear_ops import compiled_ops_ready
 
     model = TwoLayers(torch_kernels)
-    quant.prepare_for_compile(model)
-    if not quant.compiled_ops_ready():
+    quant_route.prepare_for_compile(model)
+    if not compiled_ops_ready():
         pytest.skip("no C++ compiler: compiled graphs trace the torch-ops route")
     dense_copy.add_dense_copies(model, lambda: 1 << 30)
     for layer in (model.a, model.b):

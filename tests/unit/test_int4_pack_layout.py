@@ -126,8 +126,9 @@ def test_the_cpp_dequantize_reads_every_layout(name):
 
 _UNDER_CAPABILITY = textwrap.dedent("""
     import torch
-    from sgl.runtime.model import quant
-    from sgl.runtime.model.quant import Int4Linear, int4_pack_layout, quantize_int4, unpack_int4
+    from sgl.runtime.model import quant, quant_route
+    from sgl.runtime.model.quant import Int4Linear, int4_pack_layout, unpack_int4
+    from sgl.runtime.model.quant_tensor import quantize_int4
 
     print(int4_pack_layout().name)
     gen = torch.Generator().manual_seed(3)
@@ -137,7 +138,7 @@ _UNDER_CAPABILITY = textwrap.dedent("""
     layer = Int4Linear(q, None)
     assert torch.equal(layer.held_weight(), q.rounded_scales().dequantize())
     held_t = torch.cat([layer.held_weight(), layer.held_weight()[:1].expand(layer.padded_out - 97, -1)]).t()
-    assert torch.equal(layer.dequantized_t(), held_t.to(quant.dense_dtype()))
+    assert torch.equal(layer.dequantized_t(), held_t.to(quant_route.dense_dtype()))
     x = torch.randn(3, 128, generator=gen).bfloat16()
     ref = x.double() @ layer.held_weight().double().t()
     assert (layer.packed_mm(x)[:, :97].double() - ref).abs().max() <= 1e-2 * ref.abs().max()

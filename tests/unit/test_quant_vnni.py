@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sgl.runtime.model import quant, quant_vnni
-from sgl.runtime.model.quant import QuantizedTensor, quantize_int4, quantize_int8
+from sgl.runtime.model import quant, quant_route, quant_vnni
+from sgl.runtime.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
 pytestmark = pytest.mark.skipif(not quant_vnni.vnni_available(), reason="no AVX-512 VNNI (or no compiler) here")
 
@@ -96,8 +96,8 @@ def test_dequantized_weight_is_the_held_weight_in_bf16(kind, group):
 @pytest.mark.parametrize("route", ["kernel", "dequantized"])
 def test_layer_routes_match_the_held_weight(kind, route, monkeypatch):
     layer, _ = _layer(kind, 32, 97, 256, seed=4, bias=True)
-    monkeypatch.setattr(quant, "crossover_rows", lambda _: 10**9 if route == "kernel" else 0)
-    x = torch.randn(quant.DEQUANT_MIN_TOKENS + 3, 256, generator=torch.Generator().manual_seed(4))
+    monkeypatch.setattr(quant_route, "crossover_rows", lambda _: 10**9 if route == "kernel" else 0)
+    x = torch.randn(quant_route.DEQUANT_MIN_TOKENS + 3, 256, generator=torch.Generator().manual_seed(4))
     y = layer(x)
     ref = x.bfloat16().double() @ layer.held_weight().double().t() + layer.bias.double()
     assert y.shape == ref.shape and y.dtype == torch.float32
@@ -126,7 +126,7 @@ def test_dynamic_batch_compile_routes_at_run_time():
     from torch._dynamo.utils import counters
 
     layer, _ = _layer("int4", 32, 192, 256, seed=6)
-    quant.prepare_for_compile(layer)
+    quant_route.prepare_for_compile(layer)
     layer.crossover = 20
     torch._dynamo.reset()
     graphs = counters["stats"]["unique_graphs"]

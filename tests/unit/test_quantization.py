@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from sgl.runtime.model import quant
-from sgl.runtime.model.quant import (DEQUANT_MIN_TOKENS, Int4Linear, Int8Linear, pack_int4, quantize_int4,
-                                     quantize_int8, unpack_int4)
+from sgl.runtime.model import quant, quant_route, quant_tensor
+from sgl.runtime.model.quant import Int4Linear, Int8Linear, pack_int4, unpack_int4
+from sgl.runtime.model.quant_route import DEQUANT_MIN_TOKENS
+from sgl.runtime.model.quant_tensor import quantize_int4, quantize_int8
 from tiny_models import TinyRunner, hf_tiny
 
 gguf = pytest.importorskip("gguf")
@@ -85,11 +86,11 @@ def test_chunked_packing_and_requantization_equal_whole():
     assert torch.equal(pack_int4(codes, chunk_elems=64 * 128), pack_int4(codes))
     w = torch.randn(300, 128, generator=gen)
     for kind in ("int8", "int4"):
-        whole, chunked = quant.quantize(w, kind, 32), quant.quantize(w, kind, 32, chunk_elems=7 * 128)
+        whole, chunked = quant_tensor.quantize(w, kind, 32), quant_tensor.quantize(w, kind, 32, chunk_elems=7 * 128)
         assert torch.equal(whole.codes, chunked.codes) and torch.equal(whole.scales, chunked.scales)
-    q8 = quant.QuantizedTensor("int8", torch.randint(-127, 128, (300, 128), dtype=torch.int8, generator=gen),
+    q8 = quant_tensor.QuantizedTensor("int8", torch.randint(-127, 128, (300, 128), dtype=torch.int8, generator=gen),
                                torch.rand(300, 4, generator=gen), None, 32)  # Q8_0-like groups of 32
-    per_row = quant.quantize(q8, "int8", 128, chunk_elems=5 * 128)
+    per_row = quant_tensor.quantize(q8, "int8", 128, chunk_elems=5 * 128)
     assert torch.equal(per_row.codes, quantize_int8(q8.dequantize()).codes)
 
 
@@ -123,7 +124,7 @@ def test_quantized_linear_matches_its_held_weights(kind, group, rows, out_featur
     torch.testing.assert_close(module.held_weight(), q.rounded_scales().dequantize(), rtol=0, atol=1e-6)
     x = torch.randn(rows, 256, generator=gen)
     crossover = 10**9 if route == "packed" else 0  # past DEQUANT_MIN_TOKENS rows: the route forced
-    monkeypatch.setattr(quant, "crossover_rows", lambda layer: crossover)
+    monkeypatch.setattr(quant_route, "crossover_rows", lambda layer: crossover)
     y = module(x)
     assert y.shape == (rows, out_features) and y.dtype == torch.float32
     ref = _held_reference(module, x)
@@ -143,7 +144,7 @@ def test_dynamic_batch_compile_chooses_the_route_at_run_time(kind):
     module = Int8Linear(quantize_int8(w), None) if kind == "int8" else Int4Linear(quantize_int4(w, 32), None)
     if not quant.linear_ops_built():
         pytest.skip("no C++ compiler: compiled graphs trace the torch-ops route")
-    quant.prepare_for_compile(module)
+    quant_route.prepare_for_compile(module)
     module.crossover = 20
     torch._dynamo.reset()
     graphs = counters["stats"]["unique_graphs"]
@@ -173,7 +174,7 @@ def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
     for n, k, g in ((192, 256, 32), (97, 128, 64), (640, 512, 128)):
         layer = Int4Linear(quantize_int4(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), g), None)
         got = layer.dequantized_t()
-        assert got.shape == (k, layer.padded_out) and got.dtype == quant.dense_dtype()
+        assert got.shape == (k, layer.padded_out) and got.dtype == quant_route.dense_dtype()
         held = layer.held_weight().t()
         if kernel == "C++":
             assert torch.equal(got[:, :n], held.to(got.dtype))  # at most one rounding, to nearest even
@@ -191,10 +192,10 @@ def test_the_dense_route_multiplies_in_bf16_only_where_the_cpu_has_it(flags, wan
 
     monkeypatch.setenv("SGL_CPU_FLAGS_OVERRIDE", flags)
     cpu_features.cpu_flags.cache_clear()
-    quant.dense_dtype.cache_clear()
-    monkeypatch.setattr(quant, "crossover_rows", lambda layer: 0)  # the dense route for > 16 rows
+    quant_route.dense_dtype.cache_clear()
+    monkeypatch.setattr(quant_route, "crossover_rows", lambda layer: 0)  # the dense route for > 16 rows
     try:
-        assert quant.dense_dtype() == want
+        assert quant_route.dense_dtype() == want
         gen = torch.Generator().manual_seed(5)
         w = torch.randn(97, 256, generator=gen) * 0.05
         for module in (Int8Linear(quantize_int8(w), None), Int4Linear(quantize_int4(w, 32), None)):
@@ -205,7 +206,7 @@ def test_the_dense_route_multiplies_in_bf16_only_where_the_cpu_has_it(flags, wan
             assert (module(x).double() - ref).abs().max() <= 1e-2 * ref.abs().max()
     finally:
         cpu_features.cpu_flags.cache_clear()
-        quant.dense_dtype.cache_clear()
+        quant_route.dense_dtype.cache_clear()
 
 
 def test_crossover_is_measured_once_per_shape_and_kept_on_disk(tmp_path, monkeypatch):
@@ -220,13 +221,13 @@ def test_crossover_is_measured_once_per_shape_and_kept_on_disk(tmp_path, monkeyp
     calls = []
     measure = a.packed_mm
     monkeypatch.setattr(a, "packed_mm", lambda x: calls.append(1) or measure(x))
-    rows = quant.crossover_rows(a)
-    assert rows >= DEQUANT_MIN_TOKENS and quant.crossover_rows(b) == rows and calls  # b: not measured again
+    rows = quant_route.crossover_rows(a)
+    assert rows >= DEQUANT_MIN_TOKENS and quant_route.crossover_rows(b) == rows and calls  # b: not measured again
     measured_calls = len(calls)
     path = crossovers.crossover_file()
     assert path.is_relative_to(tmp_path) and list(json.loads(path.read_text()).values()) == [rows]
     monkeypatch.setattr(crossovers, "_table", None)  # a new process
-    assert quant.crossover_rows(a) == rows and len(calls) == measured_calls
+    assert quant_route.crossover_rows(a) == rows and len(calls) == measured_calls
 
 
 def _hf_with(hf, state: dict[str, torch.Tensor]):

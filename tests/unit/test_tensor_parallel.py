@@ -95,11 +95,11 @@ def _logits(model: LlamaForCausalLM, seqs: dict[int, list[int]], backend: str) -
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     torch.set_num_threads(1)
-    from sgl.runtime.model import quant
+    from sgl.runtime.model import quant_route
 
     # Quantized layers on their packed kernels at every row count, at both sizes: the route
     # (packed or dequantized) is chosen per layer shape, and shards have other shapes.
-    quant.crossover_rows = lambda layer: 1 << 30
+    quant_route.crossover_rows = lambda layer: 1 << 30
     tp = init_tp_group(rank, TP, f"file://{init_file}")
     results = {}
     try:

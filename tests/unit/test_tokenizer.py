@@ -1,4 +1,5 @@
-"""Unit tests for sgl.runtime.tokenizer, on tokenizers trained in memory (no model files).
+"""Unit tests for sgl.runtime.tokenizer, detokenizer and stop_strings, on tokenizers trained in
+memory (no model files).
 
 The oracles are HF's own behaviour: streaming detokenization must add up to
 ``tokenizer.decode(ids)``, and stop matching must agree with a brute-force
@@ -23,9 +24,9 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from sgl.runtime import tokenizer as tk  # noqa: E402
+from sgl.runtime.detokenizer import IncrementalDetokenizer, _CleanupStream, _tokenizer_info  # noqa: E402
+from sgl.runtime.stop_strings import StopStringMatcher  # noqa: E402
 from sgl.runtime.tokenizer import (  # noqa: E402
-    IncrementalDetokenizer,
-    StopStringMatcher,
     encode,
     gguf_tokenizer_cache_dir,
     load_gguf_tokenizer,
@@ -141,11 +142,11 @@ def test_tokenizer_families_behave_as_intended() -> None:
         ids = sp("x 🦀 é", add_special_tokens=False).input_ids
         assert any(t.startswith("<0x") for t in sp.convert_ids_to_tokens(ids)), "byte fallback unused"
         assert sp.decode(ids) == "x 🦀 é"
-        assert tk._tokenizer_info(sp).byte_ids  # detected
-    assert tk._tokenizer_info(make_tokenizer("wordpiece_cleanup")).cleanup
-    assert tk._tokenizer_info(make_tokenizer("byte_level_cleanup")).cleanup
-    assert not tk._tokenizer_info(bl).cleanup
-    assert not tk._tokenizer_info(bl).byte_ids
+        assert _tokenizer_info(sp).byte_ids  # detected
+    assert _tokenizer_info(make_tokenizer("wordpiece_cleanup")).cleanup
+    assert _tokenizer_info(make_tokenizer("byte_level_cleanup")).cleanup
+    assert not _tokenizer_info(bl).cleanup
+    assert not _tokenizer_info(bl).byte_ids
 
 
 def test_encode_matches_hf_default() -> None:
@@ -362,7 +363,7 @@ def test_detok_feed_after_flush_raises() -> None:
 @given(pieces=st.lists(st.text(alphabet=" .,!?'nstmrvea", max_size=8), max_size=12))
 def test_cleanup_stream_equals_cleaning_whole(pieces: list[str]) -> None:
     clean = make_tokenizer("wordpiece_cleanup").clean_up_tokenization
-    stream = tk._CleanupStream(clean)
+    stream = _CleanupStream(clean)
     out = "".join(stream.feed(p) for p in pieces) + stream.flush()
     assert out == clean("".join(pieces))
 

@@ -18,6 +18,8 @@ it packed itself. Row counts go through `row_grid` (a bounded set of shapes for 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import nn
 
@@ -64,29 +66,33 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
             and bf16_matmul_support() is not None)
 
 
-def pack_dense_layers(model: nn.Module) -> int:
-    """Replace the model's dense bf16 linear layers (and the LM head, tied or not) by
-    `PackedLinear`, and pack bf16 MoE experts (one PackedLinear pair each); returns how many
-    layers were packed. Quantized layers are left alone."""
-    from sgl.runtime.model.llama import Linear
-    from sgl.runtime.model.moe import StackedExperts
+class CpuPackable(Protocol):
+    """A module that knows how to pack its own dense bf16 weights for oneDNN: llama.py's
+    `Linear` (replaced by a PackedLinear), moe.py's `StackedExperts` (one PackedLinear pair per
+    expert) and `LlamaForCausalLM` (its LM head). A new layer kind packs itself by having this
+    method; `pack_dense_layers` needs no change."""
 
+    def pack_for_cpu(self) -> tuple[nn.Module, int]:
+        """(the module to hold in this one's place, itself if it packed in place; how many
+        linear layers it packed, 0 where it has nothing to pack: not bf16, quantized, packed)."""
+        ...
+
+
+def pack_dense_layers(model: nn.Module) -> int:
+    """Have every module of `model` that is `CpuPackable` pack itself (dense bf16 linear
+    layers, bf16 MoE experts, the LM head, tied or not); returns how many layers were packed.
+    Quantized layers are left alone."""
     count = 0
     for qual, module in list(model.named_modules()):
-        if isinstance(module, Linear) and module.weight_t.dtype == torch.bfloat16:
+        pack_for_cpu = getattr(module, "pack_for_cpu", None)
+        if pack_for_cpu is None:
+            continue
+        packed, layers = pack_for_cpu()
+        if packed is not module:
+            if not qual:
+                raise ValueError(f"{type(module).__name__}.pack_for_cpu returned another module: the model "
+                                 "itself can only pack in place")
             owner, _, attr = qual.rpartition(".")
-            setattr(model.get_submodule(owner), attr, PackedLinear(module.weight_t.t(), module.bias))
-            count += 1
-        elif isinstance(module, StackedExperts) and module.per_expert is None and \
-                module.gate_up_proj.dtype == torch.bfloat16:
-            module.pack_for_cpu()
-            count += 2 * module.num_experts
-    head = getattr(model, "lm_head", None)
-    if isinstance(head, nn.Linear) and head.weight.dtype == torch.bfloat16:
-        model.lm_head = PackedLinear(head.weight, head.bias)
-        count += 1
-    elif head is None and isinstance(getattr(model, "embed_tokens", None), nn.Embedding) and \
-            model.embed_tokens.weight.dtype == torch.bfloat16:
-        model.lm_head = PackedLinear(model.embed_tokens.weight, None)  # a packed copy of the tied table
-        count += 1
+            setattr(model.get_submodule(owner), attr, packed)
+        count += layers
     return count

@@ -21,7 +21,7 @@ import torch
 
 from sgl.runtime.model.gguf_weights import GgufTensors
 from sgl.runtime.model.paths import cache_root
-from sgl.runtime.model.quant import QuantizedTensor, dense_weight
+from sgl.runtime.model.quant_tensor import QuantizedTensor, dense_weight
 
 logger = logging.getLogger(__name__)
 

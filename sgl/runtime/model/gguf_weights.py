@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sgl.runtime.model.quant import QuantizedTensor
+from sgl.runtime.model.quant_tensor import QuantizedTensor
 
 # The kernel layout each GGUF type is kept in under quantization="auto" (None: dense).
 FAMILY = {

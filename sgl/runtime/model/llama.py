@@ -24,6 +24,7 @@ from torch import nn
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.distributed import TPGroup
 from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.cpu_packed import PackedLinear
 from sgl.runtime.model.layer_ops import fused_ops_for
 from sgl.runtime.model.moe import SparseMoE
 from sgl.runtime.model.parallel import TPShards
@@ -46,6 +47,12 @@ class Linear(nn.Module):
     def held_weight(self) -> torch.Tensor:
         """The float32 [out, in] weight the layer computes with."""
         return self.weight_t.t().float()
+
+    def pack_for_cpu(self) -> tuple[nn.Module, int]:
+        """A bf16 layer as a `PackedLinear` to hold in its place (cpu_packed.CpuPackable)."""
+        if self.weight_t.dtype != torch.bfloat16:
+            return self, 0
+        return PackedLinear(self.weight_t.t(), self.bias), 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is None:
@@ -227,6 +234,19 @@ class LlamaForCausalLM(nn.Module):
         outside = (local < 0) | (local >= self.shards.vocab_per_rank)
         x = self.embed_tokens(local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0)
         return self.tp.all_reduce(x)
+
+    def pack_for_cpu(self) -> tuple[nn.Module, int]:
+        """Pack the bf16 LM head for oneDNN, a tied one as its own packed copy of the embedding
+        table (the lookup needs plain rows); the layers pack themselves (cpu_packed.CpuPackable)."""
+        head = getattr(self, "lm_head", None)
+        if isinstance(head, nn.Linear) and head.weight.dtype == torch.bfloat16:
+            self.lm_head = PackedLinear(head.weight, head.bias)
+            return self, 1
+        if head is None and isinstance(self.embed_tokens, nn.Embedding) and \
+                self.embed_tokens.weight.dtype == torch.bfloat16:
+            self.lm_head = PackedLinear(self.embed_tokens.weight, None)  # a packed copy of the tied table
+            return self, 1
+        return self, 0
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the selected hidden rows (soft-capped where the model is)."""

@@ -22,8 +22,9 @@ from sgl.runtime.model.gguf_model import gguf_to_hf_dir, open_gguf
 from sgl.runtime.model.llama import LlamaForCausalLM
 from sgl.runtime.model.parallel import rule_for
 from sgl.runtime.model.paths import resolve_model_path
-from sgl.runtime.model.quant import QuantizedTensor, cat_rows, dense_weight, int8_embedding, per_row_int8, quantized_linear
+from sgl.runtime.model.quant import int8_embedding, quantized_linear
 from sgl.runtime.model.quant_policy import QuantPolicy, expert_layer
+from sgl.runtime.model.quant_tensor import QuantizedTensor, cat_rows, dense_weight, per_row_int8
 from sgl.runtime.model.registry import build_model
 from sgl.runtime.model.weight_sources import DictSource, RecordedSource, SafetensorsSource, ShardedSource
 

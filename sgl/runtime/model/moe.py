@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from sgl.runtime.model.config import ModelConfig
+from sgl.runtime.model.cpu_packed import PackedLinear
 from sgl.runtime.model.parallel import TPShards
 from sgl.runtime.model.row_grid import on_row_grid
 
@@ -61,13 +62,15 @@ class StackedExperts(nn.Module):
         for name in ("gate_up_proj", "down_proj"):
             self._parameters.pop(name, None)
 
-    def pack_for_cpu(self) -> None:
+    def pack_for_cpu(self) -> tuple[nn.Module, int]:
         """Pack each expert's two bf16 weights for oneDNN, dropping the stacked ones (peak
-        memory: one more copy of this block's experts, while it packs)."""
-        from sgl.runtime.model.cpu_packed import PackedLinear
-
+        memory: one more copy of this block's experts, while it packs); in place
+        (cpu_packed.CpuPackable). Experts already split (quantized or packed) stay as they are."""
+        if self.per_expert is not None or self.gate_up_proj.dtype != torch.bfloat16:
+            return self, 0
         self.use_per_expert_layers([(PackedLinear(self.gate_up_proj[e], None), PackedLinear(self.down_proj[e], None))
                                     for e in range(self.num_experts)])
+        return self, 2 * self.num_experts
 
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up [E, 2I, H], down [E, H, I]) as float32: exactly the weights computed with."""

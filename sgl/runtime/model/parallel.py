@@ -28,7 +28,7 @@ import torch
 
 from sgl.runtime.distributed import TPGroup
 from sgl.runtime.model.config import ModelConfig
-from sgl.runtime.model.quant import QuantizedTensor, cat_rows
+from sgl.runtime.model.quant_tensor import QuantizedTensor, cat_rows
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,14 @@
-"""Weight-only quantization on CPU: int8 per output channel and int4 in groups, on torch's
-packed matmuls (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`). Where the CPU has
-AVX-512 VNNI, `quantized_linear` / `int8_embedding` build the layers of quant_vnni.py (our
-kernels, ~2x faster at decode shapes) instead; the layers here serve every other CPU.
+"""Weight-only quantized layers on torch's CPU kernels: int8 per output channel and int4 in
+groups, on torch's packed matmuls (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`).
+Where the CPU has AVX-512 VNNI, `quantized_linear` / `int8_embedding` build the layers of
+quant_vnni.py (our kernels, ~2x faster at decode shapes) instead; the layers here serve every
+other CPU. The weights come in as `QuantizedTensor`s (quant_tensor.py); each call goes to the
+packed kernel or to a dequantized dense matmul past the layer's measured crossover (quant_route.py).
 
 Why these layouts: they are what torch's CPU kernels take, and on both AMX and AVX-512-only
 CPUs they move 2x / 4x fewer weight bytes than bf16 for the skinny activations of decoding,
-where a step is bound by weight bandwidth. The packed kernels cost in proportion to the rows
-(no reuse of a weight across rows), so for many tokens at once (prefill) a layer dequantizes
-its weight for the call and uses the dense matmul instead (int4 in one C++ pass,
-csrc/linear_ops_cpu.cpp), in `dense_dtype()`: bf16 where the CPU multiplies it natively (AMX /
-AVX512-BF16), else float32 (oneDNN emulates bf16 there: 25x slower than float32 on an AVX2
-EPYC). Where that pays depends on the shape and the CPU, so it is measured, once per layer
-shape, on the first call above `DEQUANT_MIN_TOKENS` rows (`crossover_rows`).
-
-A `QuantizedTensor` is the unpacked, row-editable form used while loading: codes, scales,
-zeros per row. Rows can be permuted (the GGUF Q/K head order) and concatenated (fused
-QKV / gate-up) before `pack_*` turns it into a module's buffers. Values are
-    int8:  w[n, k] = codes[n, k] * scales[n, 0]
-    int4:  w[n, k] = (codes[n, k] - 8) * scales[n, k // g] + zeros[n, k // g]
-(torch's int4 convention, so Q4_0 / Q4_1 / Q4_K blocks of 32 map onto it exactly).
-The kernels take bf16 scales: packing rounds them to bf16, the one error a repacked GGUF
-block gets (relative <= 2^-8 of a group's scale; `packing_error` measures it).
+where a step is bound by weight bandwidth. For many rows (prefill) an int4 layer dequantizes
+in one C++ pass (csrc/linear_ops_cpu.cpp).
 
 Where torch's int4 pack puts each code depends on the CPU kernel torch runs (AVX-512, AVX2
 or neither: `Int4PackLayout`), so the layout is read off torch once per process
@@ -38,122 +26,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sgl.runtime.model import crossovers, dense_copy
-from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
+from sgl.runtime.model import dense_copy, quant_vnni
+from sgl.runtime.model.linear_ops import linear_ops_built
+from sgl.runtime.model.quant_route import crossover_for, dense_dtype, in_compiled_graph, prepared_crossover
+from sgl.runtime.model.quant_tensor import INT4_GROUP_SIZES as INT4_GROUP_SIZES  # beside QUANTIZATIONS (config.py)
+from sgl.runtime.model.quant_tensor import QuantizedTensor, cat_rows, per_row_int8
 from sgl.runtime.model.row_grid import on_row_grid
 
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-INT4_GROUP_SIZES = (32, 64, 128)
-# Calls of up to this many rows always take the packed kernel; above it, a layer takes the
-# dequantize-then-dense-matmul route past its measured crossover (`crossover_rows`).
-DEQUANT_MIN_TOKENS = 16
-# Rows at which the dense matmul's cost per row is measured (`crossover_rows`).
-DENSE_PROBE_ROWS = 64
-# The crossover of a layer that never dequantizes (its packed kernel is as cheap per row).
-NEVER_DEQUANTIZE = 1 << 30
 # Int4Linear pads its rows to a multiple of this: whole blocks in every Int4PackLayout, so a
 # layer's buffers have the same shapes on every CPU.
 INT4_PAD_ROWS = 64
-
-
-@dataclass
-class QuantizedTensor:
-    """A [N, K] weight as integer codes with per-row (int8) or per-group (int4) scales."""
-
-    kind: str  # "int8" | "int4"
-    codes: torch.Tensor  # int8 [N, K] (int8) or uint8 [N, K] in 0..15 (int4)
-    scales: torch.Tensor  # float32 [N, K // group] (int8: group = K)
-    zeros: torch.Tensor | None  # float32 [N, K // group] (int4 only)
-    group: int
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return tuple(self.codes.shape)  # type: ignore[return-value]
-
-    def dequantize(self) -> torch.Tensor:
-        """The float32 [N, K] weight these codes stand for."""
-        scales = self.scales.repeat_interleave(self.group, dim=1)
-        if self.kind == "int8":
-            return self.codes.float() * scales
-        return (self.codes.float() - 8) * scales + self.zeros.repeat_interleave(self.group, dim=1)
-
-    def rows(self, index: torch.Tensor) -> "QuantizedTensor":
-        """The rows `index` (a permutation or a selection), codes and scales together."""
-        zeros = None if self.zeros is None else self.zeros[index]
-        return QuantizedTensor(self.kind, self.codes[index], self.scales[index], zeros, self.group)
-
-    def columns(self, start: int, stop: int, name: str = "a weight") -> "QuantizedTensor":
-        """Inputs start:stop (a row-parallel shard): exact on group boundaries, and anywhere
-        for one scale per row (int8), which then covers the slice alone."""
-        n, k = self.shape
-        per_row = self.scales.shape[1] == 1
-        if not per_row and (start % self.group or stop % self.group):
-            raise ValueError(f"tensor parallelism: {name} of shape {[n, k]} cannot give inputs {start}:{stop} to a "
-                             f"rank: its quantization groups of {self.group} would be split; choose a tp_size "
-                             f"with in_features / tp_size a multiple of {self.group}")
-        g0, g1 = (0, 1) if per_row else (start // self.group, stop // self.group)
-        zeros = None if self.zeros is None else self.zeros[:, g0:g1].contiguous()
-        return QuantizedTensor(self.kind, self.codes[:, start:stop].contiguous(), self.scales[:, g0:g1].contiguous(),
-                               zeros, stop - start if per_row else self.group)
-
-    def rounded_scales(self) -> "QuantizedTensor":
-        """The same codes with scales and zeros rounded to bf16, as the packed kernels hold them."""
-        zeros = None if self.zeros is None else self.zeros.bfloat16().float()
-        return QuantizedTensor(self.kind, self.codes, self.scales.bfloat16().float(), zeros, self.group)
-
-
-def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
-    """Stack weights along the output dim (fused QKV, gate-up); all must share kind and group."""
-    kinds = {(p.kind, p.group, p.codes.shape[1]) for p in parts}
-    if len(kinds) != 1:
-        raise ValueError(f"cannot fuse quantized weights of different layouts: {sorted(kinds)}")
-    zeros = None if parts[0].zeros is None else torch.cat([p.zeros for p in parts])
-    return QuantizedTensor(parts[0].kind, torch.cat([p.codes for p in parts]),
-                           torch.cat([p.scales for p in parts]), zeros, parts[0].group)
-
-
-# ----------------------------------------------------------------------------- quantizers
-
-
-def quantize_int8(w: torch.Tensor) -> QuantizedTensor:
-    """Symmetric int8 per output row: scale = max|w| / 127."""
-    w = w.float()
-    scale = (w.abs().amax(dim=1, keepdim=True) / 127).clamp_min(1e-12)
-    codes = torch.round(w / scale).clamp_(-127, 127).to(torch.int8)
-    return QuantizedTensor("int8", codes, scale, None, w.shape[1])
-
-
-def int4_group_for(k: int, group: int) -> int | None:
-    """The largest supported group <= `group` that divides K (None: K is not a multiple of 32)."""
-    for g in sorted(INT4_GROUP_SIZES, reverse=True):
-        if g <= group and k % g == 0:
-            return g
-    return None
-
-
-def quantize_int4(w: torch.Tensor, group: int) -> QuantizedTensor:
-    """Asymmetric int4 per group of `group` inputs: the group's [min, max] on 16 levels."""
-    w = w.float()
-    n, k = w.shape
-    wg = w.reshape(n, k // group, group)
-    lo, hi = wg.amin(dim=2), wg.amax(dim=2)
-    scale = ((hi - lo) / 15).clamp_min(1e-12)
-    codes = torch.round((wg - lo.unsqueeze(2)) / scale.unsqueeze(2)).clamp_(0, 15).to(torch.uint8)
-    return QuantizedTensor("int4", codes.reshape(n, k), scale, lo + 8 * scale, group)
-
-
-def quantize(w: torch.Tensor | QuantizedTensor, kind: str, group: int,
-             chunk_elems: int = 1 << 22) -> QuantizedTensor:
-    """`w` (dense, or codes in another layout) in `kind`'s layout. Rows are independent, so
-    it goes a few million weights at a time: the float32 temporaries stay small (a 128k x 4k
-    embedding would otherwise need several 2 GB copies at once)."""
-    rows = max(1, chunk_elems // w.shape[1])
-    parts = []
-    for start in range(0, w.shape[0], rows):
-        index = torch.arange(start, min(start + rows, w.shape[0]))
-        chunk = w.rows(index).dequantize() if isinstance(w, QuantizedTensor) else w[start : start + rows].float()
-        parts.append(quantize_int8(chunk) if kind == "int8" else quantize_int4(chunk, group))
-    return cat_rows(parts)
 
 
 # ----------------------------------------------------------------------------- packing
@@ -255,70 +138,6 @@ def int4_dequant_op() -> Callable | None:
     return torch.ops.sgl_linear.int4_dequant_t if linear_ops_built() else None
 
 
-@functools.cache
-def dense_dtype() -> torch.dtype:
-    """The dtype of a quantized layer's dequantized route: bf16 where this CPU multiplies it
-    natively, else float32 (emulated bf16 matmuls are ~25x slower than float32 on AVX2).
-    The packed kernels take bf16 activations on every CPU (they are fast on all of them)."""
-    from sgl.runtime.cpu_features import bf16_matmul_support
-
-    return torch.bfloat16 if bf16_matmul_support() else torch.float32
-
-
-def crossover_rows(layer: nn.Module) -> int:
-    """Rows above which dequantize + dense matmul beats the packed kernel for this layer's
-    shape. Costs per call: packed = a * rows, dense = D + b * rows (D: one dequantization, b:
-    the dense matmul per row), equal at D / (a - b); where the dense matmul is no cheaper per
-    row (a <= b) the layer never dequantizes. Measured once per (layout, shape, dense dtype)
-    on this machine (a few ms; at most ~0.5 s for a 1B layer) and kept on disk
-    (`crossovers.py`), so compiled graphs stay the same from one start to the next."""
-    dtype = dense_dtype()
-    key = (f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)} "
-           f"{str(dtype).removeprefix('torch.')}")
-
-    def measure() -> int:
-        x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
-        packed_per_row = crossovers.best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
-        dequantize = layer.dequantized_t if hasattr(layer, "dequantized_t") else (lambda: layer.dequantized().t())
-        dequant = crossovers.best_seconds(dequantize, 2)
-        weight_t, rows = dequantize(), torch.zeros(DENSE_PROBE_ROWS, layer.in_features, dtype=dtype)
-        dense_per_row = crossovers.best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
-        if packed_per_row <= dense_per_row:
-            return NEVER_DEQUANTIZE
-        return min(NEVER_DEQUANTIZE, max(DEQUANT_MIN_TOKENS, int(dequant / (packed_per_row - dense_per_row))))
-
-    return crossovers.measured(key, measure)
-
-
-def _crossover(layer: nn.Module, rows: int) -> int:
-    """The row count above which `layer` dequantizes: measured only when a call is above
-    DEQUANT_MIN_TOKENS (small calls never pay the measurement)."""
-    return crossover_rows(layer) if rows > DEQUANT_MIN_TOKENS else DEQUANT_MIN_TOKENS
-
-
-def _in_compiled_graph() -> bool:
-    """Whether a layer is being traced by torch.compile with the C++ ops at hand (cpu_compile):
-    it then calls one op that makes the packed-or-dequantize choice on each call's real row
-    count, so a graph compiled with a symbolic row count neither guards on it nor traces the
-    crossover's measurement."""
-    return torch.compiler.is_compiling() and compiled_ops_ready()
-
-
-def _prepared_crossover(layer: nn.Module) -> int:
-    if layer.crossover is None:
-        raise RuntimeError("compiling a quantized layer needs prepare_for_compile(model) first")
-    return layer.crossover
-
-
-def prepare_for_compile(model: nn.Module) -> None:
-    """Build the C++ ops and measure every quantized layer's crossover now, before a compiled
-    graph reads them."""
-    linear_ops_built()
-    for module in model.modules():
-        if hasattr(module, "crossover"):
-            module.crossover = crossover_rows(module)
-
-
 def int8_mm(xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int) -> torch.Tensor:
     """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows (bf16
     out), else dequantized (a oneDNN matmul in `dense_dtype()`, on the row grid)."""
@@ -396,11 +215,11 @@ class Int8Linear(nn.Module):
         if dense is not None:
             return dense
         xb = x.to(torch.bfloat16)
-        if _in_compiled_graph():
-            y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, _prepared_crossover(self),
+        if in_compiled_graph():
+            y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, prepared_crossover(self),
                                                  self.dense_dtype, self.dense_packed, self.dense_from)
         else:
-            y = int8_mm(xb, self.qweight, self.scales, _crossover(self, xb.shape[0]))
+            y = int8_mm(xb, self.qweight, self.scales, crossover_for(self, xb.shape[0]))
         if self.bias is not None:
             y = y + self.bias
         return y.to(x.dtype)
@@ -452,14 +271,14 @@ class Int4Linear(nn.Module):
         if dense is not None:
             return dense
         xb = x.to(torch.bfloat16)
-        if _in_compiled_graph():
+        if in_compiled_graph():
             y = torch.ops.sgl_linear.int4_linear(xb, self.qweight, self.scales_zeros, self.group,
                                                  self.pack_layout.block_n, self.pack_layout.pairs,
-                                                 _prepared_crossover(self), self.dense_dtype, self.dense_packed,
+                                                 prepared_crossover(self), self.dense_dtype, self.dense_packed,
                                                  self.dense_from)
         else:
             y = int4_mm(xb, self.qweight, self.scales_zeros, self.group, self.padded_out,
-                        _crossover(self, xb.shape[0]), self.pack_layout)
+                        crossover_for(self, xb.shape[0]), self.pack_layout)
         if self.padded_out != self.out_features:
             y = y[:, : self.out_features]
         if self.bias is not None:
@@ -495,14 +314,13 @@ class Int8Embedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] = hidden @ E^T (the LM head)."""
-        return int8_mm(hidden.to(torch.bfloat16).contiguous(), self.qweight, self.scales, _crossover(self, hidden.shape[0])).float()
+        return int8_mm(hidden.to(torch.bfloat16).contiguous(), self.qweight, self.scales,
+                       crossover_for(self, hidden.shape[0])).float()
 
 
 def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module:
     """The layer for `q`: on our VNNI kernels where the CPU has them (quant_vnni), else on torch's
     (an int8 weight in groups then goes to one scale per row, the only layout torch's kernel takes)."""
-    from sgl.runtime.model import quant_vnni
-
     if quant_vnni.vnni_available() and quant_vnni.fits(q):
         return quant_vnni.VnniInt8Linear(q, bias) if q.kind == "int8" else quant_vnni.VnniInt4Linear(q, bias)
     if q.kind == "int8":
@@ -513,24 +331,9 @@ def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module
 def int8_embedding(q: QuantizedTensor, dtype: torch.dtype, consume: bool = False) -> nn.Module:
     """Token embeddings (and tied LM head) of int8 codes, on the VNNI kernels where they are had.
     consume: `q`'s codes may be reused in place (the loader's: it drops `q`)."""
-    from sgl.runtime.model import quant_vnni
-
     if quant_vnni.vnni_available() and quant_vnni.fits(q):
         return quant_vnni.VnniInt8Embedding(q, dtype, consume)
     return Int8Embedding(per_row_int8(q), dtype)
-
-
-def per_row_int8(q: QuantizedTensor) -> QuantizedTensor:
-    """`q` with one scale per row (requantized if it is in groups)."""
-    return q if q.group == q.shape[1] else quantize(q, "int8", q.shape[1])
-
-
-def packing_error(q: QuantizedTensor) -> float:
-    """Largest |w - w'| / max|w| between the codes' exact weight and what the kernel holds
-    (bf16 scales): the error a GGUF block gets from being repacked."""
-    exact = q.dequantize()
-    held = q.rounded_scales().dequantize()
-    return float((exact - held).abs().max() / exact.abs().max().clamp_min(1e-30))
 
 
 def quantization_summary(model: nn.Module) -> dict[str, int]:
@@ -547,8 +350,3 @@ def quantization_summary(model: nn.Module) -> dict[str, int]:
             continue
         counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def dense_weight(value: torch.Tensor | QuantizedTensor) -> torch.Tensor:
-    """A checkpoint weight as a dense tensor (quantized codes dequantized to float32)."""
-    return value.dequantize() if isinstance(value, QuantizedTensor) else value

@@ -24,7 +24,8 @@ import torch
 from torch import nn
 
 from sgl.runtime.model import dense_copy
-from sgl.runtime.model.quant import QuantizedTensor, _crossover, _in_compiled_graph, _prepared_crossover, dense_dtype
+from sgl.runtime.model.quant_route import crossover_for, dense_dtype, in_compiled_graph, prepared_crossover
+from sgl.runtime.model.quant_tensor import QuantizedTensor
 from sgl.runtime.model.row_grid import on_row_grid
 
 logger = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def _expand(groups: torch.Tensor, k: int) -> torch.Tensor:
 
 class _TiledLinear(nn.Module):
     """y = x W^T (+ b): the VNNI kernel up to `crossover` rows, else dequantize + a dense
-    matmul (in `quant.dense_dtype()`)."""
+    matmul (in `quant_route.dense_dtype()`)."""
 
     kind = ""
 
@@ -172,11 +173,11 @@ class _TiledLinear(nn.Module):
         dense = dense_copy.dense_route(self, x)
         if dense is not None:
             return dense
-        if _in_compiled_graph():
-            y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, _prepared_crossover(self),
+        if in_compiled_graph():
+            y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, prepared_crossover(self),
                            self.dense_dtype, self.dense_packed, self.dense_from)
         else:
-            y = self._dispatch(x, _crossover(self, x.shape[0]))
+            y = self._dispatch(x, crossover_for(self, x.shape[0]))
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _dispatch(self, x: torch.Tensor, crossover: int) -> torch.Tensor:
@@ -237,4 +238,4 @@ class VnniInt8Embedding(VnniInt8Linear):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] = hidden @ E^T (the LM head)."""
-        return self._dispatch(hidden.float().contiguous(), _crossover(self, hidden.shape[0]))
+        return self._dispatch(hidden.float().contiguous(), crossover_for(self, hidden.shape[0]))

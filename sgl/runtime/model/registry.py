@@ -6,7 +6,8 @@ Today one class, the Llama-style decoder of llama.py, serves every family throug
 needs modules of its own registers its class here; the loader, the dummy loader and the
 tensor-parallel shards then build it (`build_model`). A class takes `(config, tp)` and has
 `config`, `tp`, `shards`, `local_num_heads`, `local_num_kv_heads`, `build_rotary`,
-`compute_logits` and the HF-named parameters the loader fills (llama.py's is the reference).
+`compute_logits` and the HF-named parameters the loader fills (llama.py's is the reference);
+its modules that hold dense weights pack themselves for the CPU (cpu_packed.CpuPackable).
 """
 
 from __future__ import annotations
