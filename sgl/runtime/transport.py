@@ -37,7 +37,7 @@ from typing import Any, Callable
 
 from sgl.runtime.config import EngineConfig
 from sgl.runtime.errors import EngineDeadError, new_incident_id
-from sgl.runtime.messages import SchedulerMessage, Shutdown
+from sgl.runtime.messages import EngineFaulted, SchedulerMessage, Shutdown
 from sgl.runtime.worker import ModelInfo
 
 logger = logging.getLogger(__name__)
@@ -225,13 +225,167 @@ class ProcessTransport:
                 logger.exception("dropped a scheduler output that could not be read")
                 continue
             if rank == 0:
+                outputs, dead_peer = split_at_dead_peer(outputs, self.procs)
                 self._deliver(outputs)
+                if dead_peer is not None:
+                    rank = dead_peer
+                    break
         with self._dead_lock:
             if self._closing or self._dead is not None:
                 return
             self._dead = self._exit_error(self.procs[rank], "unexpectedly")
         self._on_dead(self._dead)
         self._kill()  # the other ranks cannot go on without this one
+
+    def send(self, msg: SchedulerMessage) -> None:
+        self.scheduler.inbox.put(msg)
+
+    def close(self) -> None:
+        self.scheduler.inbox.put(Shutdown())
+        self.scheduler.join(timeout=SHUTDOWN_TIMEOUT_S)
+        self._outbox.put(None)  # after the scheduler's last outputs
+        if self._delivery is not None and self._delivery is not threading.current_thread():
+            self._delivery.join(timeout=SHUTDOWN_TIMEOUT_S)
+
+
+# ---------------------------------------------------------------------------- process mode
+
+
+class ProcessTransport:
+    """The scheduler in child processes, one per rank; see the module docstring."""
+
+    def __init__(self, deliver: Deliver, on_dead: Callable[[EngineDeadError], None]) -> None:
+        self._deliver = deliver
+        self._on_dead = on_dead
+        self._send_lock = threading.Lock()
+        self._dead_lock = threading.Lock()
+        self._closing = False
+        self._dead: EngineDeadError | None = None
+        self.procs: list[subprocess.Popen] = []
+        self._conns: list[Connection] = []
+        self._readers: list[threading.Thread] = []
+        self.rank_infos: list[ModelInfo] = []
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    def start(self, config: EngineConfig) -> ModelInfo:
+        """Start the ranks, send each the options, wait until every scheduler is built. A
+        start-up error in a rank is raised here as itself; a rank that dies is an
+        EngineDeadError. Returns rank 0's ModelInfo."""
+        try:
+            self._spawn(config.tp_size)
+            dist_init = f"tcp://127.0.0.1:{_free_port()}" if config.tp_size > 1 else None
+            level = logging.getLogger().getEffectiveLevel()
+            for rank, conn in enumerate(self._conns):
+                conn.send(StartScheduler(config, level, rank, dist_init))
+            replies = [self._recv_during_start(rank) for rank in range(len(self._conns))]
+        except BaseException:
+            self._kill()
+            raise
+        failed = [r for r in replies if isinstance(r, SchedulerStartFailed)]
+        if failed:
+            self._kill()
+            raise failed[0].error
+        self.rank_infos = [reply.info for reply in replies]
+        for rank, conn in enumerate(self._conns):
+            reader = threading.Thread(target=self._read_loop, args=(rank, conn), daemon=True,
+                                      name="sgl-results" if rank == 0 else f"sgl-rank{rank}-watch")
+            reader.start()
+            self._readers.append(reader)
+        return replies[0].info
+
+    def _spawn(self, n: int) -> None:
+        """Start n children and accept their connections (each first sends its rank)."""
+        authkey = secrets.token_bytes(32)
+        sock_dir = tempfile.mkdtemp(prefix="sgl-sched-")
+        address = os.path.join(sock_dir, "sock")
+        try:
+            with Listener(address, family="AF_UNIX", authkey=authkey, backlog=max(1, n)) as listener:
+                env = {**os.environ, AUTHKEY_ENV: authkey.hex()}
+                for rank in range(n):
+                    self.procs.append(subprocess.Popen(
+                        [sys.executable, "-m", "sgl.runtime.scheduler_process", address, str(rank)], env=env,
+                        stdin=subprocess.DEVNULL))
+                conns = {}
+                for _ in range(n):
+                    conn = self._accept(listener)
+                    conns[conn.recv()] = conn
+                self._conns = [conns[rank] for rank in range(n)]
+        finally:
+            shutil.rmtree(sock_dir, ignore_errors=True)
+
+    def _accept(self, listener: Listener) -> Connection:
+        """Accept a child's connection, or fail if a child exits first (accept alone would block)."""
+        accepted: list[Connection] = []
+        waiter = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
+        waiter.start()
+        while waiter.is_alive():
+            waiter.join(STARTUP_POLL_S)
+            exited = [p for p in self.procs if p.poll() is not None]
+            if waiter.is_alive() and exited:
+                listener.close()  # ends the blocked accept
+                raise self._exit_error(exited[0], "during start-up")
+        if not accepted:
+            raise self._exit_error(self.procs[0], "during start-up")
+        return accepted[0]
+
+    def _recv_during_start(self, rank: int) -> Any:
+        conn = self._conns[rank]
+        while not conn.poll(STARTUP_POLL_S):
+            exited = [p for p in self.procs if p.poll() is not None]
+            if exited:
+                raise self._exit_error(exited[0], "while loading the model")
+        try:
+            return conn.recv()
+        except (EOFError, OSError):
+            raise self._exit_error(self.procs[rank], "while loading the model") from None
+
+    def _exit_error(self, proc: subprocess.Popen, when: str) -> EngineDeadError:
+        try:
+            code = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            code = None
+        incident = new_incident_id()
+        rank = self.procs.index(proc)
+        logger.error("incident %s: the scheduler process (pid %d, rank %d) exited %s with code %s", incident, proc.pid,
+                     rank, when, code)
+        return EngineDeadError(f"the scheduler process of rank {rank} exited {when} with code {code}; its log says "
+                               "why", incident)
+
+    def _read_loop(self, rank: int, conn: Connection) -> None:
+        while True:
+            try:
+                outputs = conn.recv()
+            except (EOFError, OSError):
+                break
+            except Exception:  # an output that cannot be unpickled: a bug, but not a reason to stop reading
+                logger.exception("dropped a scheduler output that could not be read")
+                continue
+            if rank == 0:
+                outputs, dead_peer = split_at_dead_peer(outputs, self.procs)
+                self._deliver(outputs)
+                if dead_peer is not None:
+                    rank = dead_peer
+                    break
+        with self._dead_lock:
+            if self._closing or self._dead is not None:
+                return
+            self._dead = self._exit_error(self.procs[rank], "unexpectedly")
+        self._on_dead(self._dead)
+        self._kill()  # the other ranks cannot go on without this one
+
+    def _root_cause(self, outputs: list) -> tuple[list, int | None]:
+        """Rank 0's step fails when another rank dies inside a collective (its socket resets
+        before this process sees the exit). Then the dead rank is the cause every caller must
+        see, not rank 0's fault: the outputs from the fault on are dropped, and the dead rank
+        returned. (A killed process has exited by the time its peer reads the reset.)"""
+        at = next((i for i, o in enumerate(outputs) if isinstance(o, EngineFaulted)), None)
+        if at is None or len(self.procs) == 1:
+            return outputs, None
+        dead = next((r for r, p in enumerate(self.procs) if r > 0 and p.poll() is not None), None)
+        return (outputs, None) if dead is None else (outputs[:at], dead)
 
     def send(self, msg: SchedulerMessage) -> None:
         with self._send_lock:
@@ -276,6 +430,18 @@ class ProcessTransport:
                 proc.wait(timeout=SHUTDOWN_TIMEOUT_S)
             except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
                 logger.error("the scheduler process (pid %d) survived SIGKILL", proc.pid)
+
+
+def split_at_dead_peer(outputs: list, procs: list) -> tuple[list, int | None]:
+    """Rank 0's step fails when another rank dies inside a collective (its socket resets before
+    the parent sees the exit). Then the dead rank is the cause every caller must see, not rank 0's
+    fault: returns the outputs before the fault and the dead rank; else (outputs, None). A killed
+    process has exited by the time its peer has read the reset and sent the fault."""
+    at = next((i for i, o in enumerate(outputs) if isinstance(o, EngineFaulted)), None)
+    if at is None:
+        return outputs, None
+    dead = next((r for r, p in enumerate(procs) if r > 0 and p.poll() is not None), None)
+    return (outputs, None) if dead is None else (outputs[:at], dead)
 
 
 def _free_port() -> int:

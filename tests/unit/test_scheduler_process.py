@@ -178,3 +178,26 @@ def test_no_orphan_when_the_parent_is_killed(model_dir):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_rank_zeros_fault_from_a_dead_peer_is_reported_as_the_peers_exit():
+    """At --tp-size 2, a rank killed inside a collective resets rank 0's socket first: rank 0's
+    step fails. The transport must report the dead rank (the cause), not rank 0's fault: the
+    outputs from the fault on are dropped and the dead rank named. With every peer alive, rank 0's
+    fault is delivered as it is."""
+    from sgl.runtime.messages import EngineFaulted
+    from sgl.runtime.transport import split_at_dead_peer
+
+    class Proc:
+        def __init__(self, code):
+            self.code = code
+
+        def poll(self):
+            return self.code
+
+    before, fault, after = object(), EngineFaulted("abc"), object()
+    assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(-9)]) == ([before], 1)
+    assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(None)]) == ([before, fault, after], None)
+    assert split_at_dead_peer([before, fault], [Proc(None)]) == ([before, fault], None)  # tp 1: its own fault
+    # no fault: nothing to attribute
+    assert split_at_dead_peer([before, after], [Proc(None), Proc(-9)]) == ([before, after], None)
