@@ -9,6 +9,7 @@ import torch
 
 SCHEDULE_POLICIES = ("lpm", "fcfs", "dfs-weight")
 LOAD_FORMATS = ("auto", "dummy")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -55,7 +56,7 @@ class EngineConfig:
     # (15-45 s the first time, cached on disk by inductor); other steps run eagerly.
     torch_compile: bool = False
     # Run the scheduler and the model in a child process (`Engine`'s default: a thread of the
-    # caller's process; the server's: a process, see `sgl.server.launch`).
+    # caller's process; the server's: a process, see `sgl.server.engine_flags`).
     scheduler_process: bool = False
     # Tensor parallelism: the model sharded over this many scheduler processes (one per rank;
     # implies scheduler_process). On CPU each rank gets cores // tp_size threads.
@@ -70,7 +71,7 @@ class EngineConfig:
             raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+        if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
         from sgl.runtime.model.quant import INT4_GROUP_SIZES, QUANTIZATIONS
 

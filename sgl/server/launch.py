@@ -1,10 +1,10 @@
 """`python -m sgl.launch_server`: load an engine and serve it with uvicorn.
 
-Engine options are the `EngineConfig` fields as `--kebab-case` flags. SIGTERM (or Ctrl-C)
-starts a drain: `/health` and new requests get 503, in-flight requests finish for up to
-`--graceful-shutdown-timeout` seconds (streams still open then are cancelled, which aborts
-their requests), then uvicorn stops, the engine shuts down and the process exits 0. A
-second signal stops at once. An engine fault (an exception in the scheduler loop) drains
+Engine options are the `EngineConfig` fields as `--kebab-case` flags (`engine_flags`).
+SIGTERM (or Ctrl-C) starts a drain: `/health` and new requests get 503, in-flight requests
+finish for up to `--graceful-shutdown-timeout` seconds (streams still open then are
+cancelled, which aborts their requests), then uvicorn stops, the engine shuts down and the
+process exits 0. A second signal stops at once. An engine fault (an exception in the scheduler loop) drains
 the same way and exits 1, so a supervisor restarts a fresh process instead of a dead
 engine being served.
 """
@@ -25,92 +25,19 @@ import uvicorn
 
 from sgl.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from sgl.server.data_parallel import ROUTER_POLICIES
-from sgl.server.launch_compat import (DTYPE_ALIASES, REASONING_PARSERS, TOOL_CALL_PARSERS, add_compat_flags,
-                                     check_kv_cache_dtype, config_argv, read_chat_template, use_chat_template)
+from sgl.server.engine_flags import add_engine_flags, engine_kwargs
+from sgl.server.launch_compat import (add_compat_flags, check_kv_cache_dtype, config_argv, read_chat_template,
+                                     use_chat_template)
 from sgl.server.lifecycle import Lifecycle
+from sgl.tool_calls.reasoning import reasoning_parser_names
+from sgl.tool_calls.registry import parser_names as tool_call_parser_names
 
 logger = logging.getLogger("sgl.server")
-
-# flag -> (EngineConfig field, argparse kwargs)
-ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--model-path --model": ("model_path", dict(default="default",
-                     help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file")),
-    "--tokenizer-path": ("tokenizer_path", dict(default=None, help="tokenizer directory (default: the model's)")),
-    "--dtype": ("dtype", dict(default="auto", type=lambda v: DTYPE_ALIASES.get(v, v),
-                choices=["auto", "float32", "bfloat16", "float16"],
-                help="auto: bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, else float32 "
-                     "(SGLang's and vLLM's half = float16, float = float32)")),
-    "--quantization": ("quantization", dict(
-        default="auto", choices=["auto", "none", "int8", "int4"],
-        help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, Q8_0/Q6_K/Q5_* -> int8), none "
-             "(dense in --dtype), int8 (per output channel) or int4 (groups of --int4-group-size)")),
-    "--int4-group-size": ("int4_group_size", dict(type=int, default=32, choices=[32, 64, 128])),
-    "--dense-copy": ("dense_copy", dict(
-        default="auto", choices=["auto", "on", "off"],
-        help="a dense bf16 copy beside each quantized layer, taken from the row count where it is faster "
-             "(batched decode); auto: where bf16 matmuls are native and the copies fit 20%% of available "
-             "memory (at most 4 GiB)")),
-    "--device": ("device", dict(default="auto", help="auto, cpu, cuda or cuda:N")),
-    "--max-total-tokens": ("max_total_tokens", dict(type=int, default=None, help="KV pool capacity in tokens")),
-    "--mem-fraction-static": ("mem_fraction_static", dict(type=float, default=None,
-                              help="share of free memory for the KV pool")),
-    "--max-running-requests": ("max_running_requests", dict(type=int, default=256)),
-    "--chunked-prefill-size": ("chunked_prefill_size", dict(type=int, default=2048,
-                               help="max prompt tokens per step; -1 disables chunking")),
-    "--max-prefill-tokens": ("max_prefill_tokens", dict(type=int, default=16384)),
-    "--schedule-policy": ("schedule_policy", dict(default="lpm", choices=["lpm", "fcfs", "dfs-weight"])),
-    "--disable-radix-cache": ("disable_radix_cache", dict(action="store_true")),
-    "--disable-jump-forward": ("disable_jump_forward", dict(action="store_true")),
-    "--constraint-compile-timeout": ("constraint_compile_timeout", dict(
-        type=float, default=30.0, help="CPU seconds a regex/JSON-schema constraint may take to compile, 3x in wall time (a 400 past it)")),
-    "--constraint-compile-memory-gb": ("constraint_compile_memory_gb", dict(
-        type=float, default=4.0, help="memory cap of the process that compiles constraints")),
-    "--grammar-backend": ("grammar_backend", dict(
-        default="sgl", choices=["sgl", "llguidance", "xgrammar"],
-        help="who compiles regex/JSON-schema/EBNF constraints: sgl (exact, budget-aware), or llguidance / "
-             "xgrammar when installed")),
-    "--attention-backend": ("attention_backend", dict(
-        default="auto", choices=["auto", "cpu", "torch_native", "triton", "flashinfer"],
-        help="auto: flashinfer, else triton on CUDA when installed; on CPU our C++ kernel (cpu; "
-             "float32/bf16/fp16 KV), built on first use; torch_native otherwise")),
-    "--context-length": ("context_length", dict(type=int, default=None, help="cap on prompt + output tokens")),
-    "--random-seed": ("random_seed", dict(type=int, default=None)),
-    "--load-format": ("load_format", dict(
-        default="auto", choices=["auto", "dummy"],
-        help="dummy: random weights; --model-path is then a named shape (llama3-8b, smollm2-135m, tiny-llama), "
-             "a directory holding config.json, or a config .json file")),
-    "--cuda-graph-max-bs": ("cuda_graph_max_bs", dict(type=int, default=160,
-                            help="decode steps of up to this many requests replay CUDA graphs")),
-    "--disable-cuda-graph": ("disable_cuda_graph", dict(action="store_true")),
-    "--max-queued-requests": ("max_queued_requests", dict(
-        type=int, default=1024, help="requests that may wait beyond --max-running-requests; past it a 429 "
-                                     "with Retry-After")),
-    "--max-prompt-tokens": ("max_prompt_tokens", dict(type=int, default=None,
-                            help="longest prompt taken, in tokens (a 413 past it; default: the context length)")),
-    "--max-new-tokens-limit": ("max_new_tokens_limit", dict(
-        type=int, default=None, help="largest max_tokens / max_new_tokens taken (a 413 past it; default: the "
-                                     "context length)")),
-    "--max-n": ("max_n", dict(type=int, default=128, help="largest n (samples per prompt) taken")),
-    "--max-top-logprobs": ("max_top_logprobs", dict(type=int, default=20, help="largest top_logprobs taken")),
-    "--scheduler-process": ("scheduler_process", dict(
-        action=argparse.BooleanOptionalAction, default=True,
-        help="run the scheduler and the model in their own process (default), so HTTP work and model "
-             "steps do not share a GIL; --no-scheduler-process runs them on a thread of the server")),
-    "--tp-size --tensor-parallel-size --tp": ("tp_size", dict(
-        type=int, default=1, help="tensor parallelism: shard the model over this many scheduler processes "
-                                  "(gloo on CPU, NCCL on CUDA; on CPU each gets cores / N threads)")),
-    "--torch-compile --enable-torch-compile": ("torch_compile", dict(
-        action="store_true", help="CPU: compile the decode forwards (batch 1, batch 2+) with torch.compile at start-up "
-                                  "(SmolLM2-135M on a 2-core EPYC: ~210 s the first time, ~12 s once inductor's "
-                                  "disk cache holds them)")),
-}
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sgl.launch_server", description="Serve an sgl engine over HTTP.")
-    engine = p.add_argument_group("engine")
-    for flags, (_field, kwargs) in ENGINE_FLAGS.items():
-        engine.add_argument(*flags.split(), **kwargs)  # the first name is ours, the rest SGLang's / vLLM's
+    add_engine_flags(p)
     server = p.add_argument_group("server")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=30000)
@@ -134,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--profile-dir", default=os.environ.get("SGL_TORCH_PROFILER_DIR"),
                         help="enable /start_profile and /stop_profile; torch profiler traces are written "
                              "under this directory (default: $SGL_TORCH_PROFILER_DIR; unset: profiling off)")
-    server.add_argument("--tool-call-parser", default=None, type=parser_name("--tool-call-parser", TOOL_CALL_PARSERS),
-                        help="the format of tool calls in the model's output: " + _names(TOOL_CALL_PARSERS)
+    tool_call_parsers, reasoning_parsers = tool_call_parser_names(), reasoning_parser_names()
+    server.add_argument("--tool-call-parser", default=None, type=parser_name("--tool-call-parser", tool_call_parsers),
+                        help="the format of tool calls in the model's output: " + _names(tool_call_parsers)
                              + " (default: the one its chat template uses; hermes when it names none)")
     server.add_argument("--dp-size", "--data-parallel-size", type=int, default=1,
                         help="data parallelism: this many workers (each its share of the CPUs, or its own CUDA "
@@ -147,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --dp-size: requests in flight one worker may have beyond another before the "
                              "router balances by load instead of by prefix (the router's own default, 64, keeps "
                              "CPU workers idle while one queues)")
-    server.add_argument("--reasoning-parser", default=None, type=parser_name("--reasoning-parser", REASONING_PARSERS),
+    server.add_argument("--reasoning-parser", default=None, type=parser_name("--reasoning-parser", reasoning_parsers),
                         help="split the model's <think> reasoning into reasoning_content: "
-                             + _names(REASONING_PARSERS))
+                             + _names(reasoning_parsers))
     server.add_argument("--enable-metrics", action="store_true",
                         help="accepted for SGLang command lines: /metrics is always on here")
     server.add_argument("--metrics-require-api-key", action="store_true",
@@ -169,10 +97,6 @@ def parser_name(flag: str, table: dict[str, str]) -> Callable[[str], str]:
             raise argparse.ArgumentTypeError(f"{flag} {name!r}: no such format here; the ones we have: {_names(table)}")
         return table[name]
     return convert
-
-
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {field: getattr(args, field) for _flags, (field, _kw) in ENGINE_FLAGS.items()}
 
 
 def default_served_name(model_path: str) -> str:

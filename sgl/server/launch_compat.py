@@ -13,12 +13,6 @@ from typing import Any
 # SGLang's and vLLM's --dtype spellings
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
-# name -> our parser; SGLang's qwen25 / qwen write <tool_call>{json}</tool_call> as hermes does, its
-# llama3 is Llama 3.2's JSON call
-TOOL_CALL_PARSERS = {"hermes": "hermes", "llama3_json": "llama3_json", "mistral": "mistral", "pythonic": "pythonic",
-                     "qwen25": "hermes", "qwen": "hermes", "llama3": "llama3_json"}
-REASONING_PARSERS = {"qwen3": "qwen3", "deepseek-r1": "deepseek-r1"}
-
 KV_CACHE_DTYPES = ("auto", "bfloat16", "bf16", "float16", "fp16", "float32")
 
 

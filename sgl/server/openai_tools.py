@@ -22,7 +22,7 @@ from typing import Any
 import jsonschema
 
 from sgl.server.errors import APIError
-from sgl.tool_calls import ReasoningParser, call_text, get_parser, pythonic_constraint, structural_tag, tools_prompt
+from sgl.tool_calls import ReasoningParser, call_text, get_format, get_parser, tools_prompt
 from sgl.tool_calls.reasoning import THINK_CLOSE
 from sgl.tool_calls.syntax import object_schema
 
@@ -116,23 +116,19 @@ def _choice(tool_choice: Any, names: set[str]) -> tuple[str, str | None]:
 
 
 def tool_constraint(tools: ToolRequest, parser: str) -> tuple[dict[str, Any] | None, dict[str, str]]:
-    """(the structural tag for the engine, or None; engine field -> request field for its
-    errors). "none" leaves the output free."""
+    """(the structural tag for the engine in the format's syntax, or None; engine field ->
+    request field for its errors). "none" leaves the output free."""
     if tools.choice == "none":
         return None, {}
     allowed = tools.calls_allowed
     functions = [(f.name, f.parameters) for f in allowed]
     one_call = not tools.parallel or tools.choice == "function"
+    fmt = get_format(parser)
+    tag = fmt.constraint(functions, tools.choice == "auto", one_call)
     rename = {"structural_tag": "tools"}
-    if parser == "pythonic":
-        tag = pythonic_constraint(functions, tools.choice == "auto", one_call)
-        for k, f in enumerate(allowed):
-            rename[f"structural_tag.functions[{k}].name"] = f"tools[{f.index}].function.name"
-            rename[f"structural_tag.functions[{k}].parameters"] = f"tools[{f.index}].function.parameters"
-    else:
-        tag = structural_tag(functions, tools.choice == "auto", one_call, parser)
-        for k, f in enumerate(allowed):
-            rename[f"structural_tag.structures[{k}].schema"] = f"tools[{f.index}].function.parameters"
+    for k, f in enumerate(allowed):
+        for path, part in fmt.function_fields(k).items():
+            rename[f"structural_tag.{path}"] = f"tools[{f.index}].function.{part}"
     return tag, rename
 
 

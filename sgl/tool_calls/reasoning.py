@@ -14,7 +14,15 @@ whitespace and a possible partial tag until the next text decides them.
 from __future__ import annotations
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-REASONING_STYLES = ("qwen3", "deepseek-r1")
+# style -> whether an output with no tag at all is reasoning: the one table of styles, which
+# `--reasoning-parser` takes its choices from (`reasoning_parser_names`)
+ALWAYS_THINKS = {"qwen3": False, "deepseek-r1": True}
+REASONING_STYLES = tuple(ALWAYS_THINKS)
+
+
+def reasoning_parser_names() -> dict[str, str]:
+    """Every name `--reasoning-parser` takes -> the style (no aliases yet)."""
+    return {style: style for style in REASONING_STYLES}
 
 
 def _check_style(style: str) -> str:
@@ -43,7 +51,7 @@ class ReasoningParser:
         body = s[len(THINK_OPEN):] if opened else text
         c = body.find(THINK_CLOSE)
         if c < 0:
-            if self.style == "qwen3" and not opened:  # thinking was off
+            if not ALWAYS_THINKS[self.style] and not opened:  # thinking was off
                 return None, text
             return body.strip() or None, ""
         return body[:c].strip() or None, body[c + len(THINK_CLOSE):].lstrip("\n")
@@ -90,7 +98,7 @@ class ReasoningStreamer:
         if s.startswith(THINK_OPEN):
             self._buf, self._state = s[len(THINK_OPEN):], "reasoning"
         elif final or not THINK_OPEN.startswith(s):
-            self._state = "reasoning" if self.style == "deepseek-r1" else "undecided"
+            self._state = "reasoning" if ALWAYS_THINKS[self.style] else "undecided"
 
     def _step_undecided(self, final: bool) -> None:
         if self._buf.find(THINK_CLOSE, self._searched) >= 0:

@@ -331,8 +331,10 @@ def test_detect_parser(template: str | None, expected: str) -> None:
 
 def test_pure_stdlib() -> None:
     """The package imports nothing but the stdlib and itself (no torch, runtime or constrained)."""
-    pkg = Path(__file__).resolve().parents[2] / "sgl" / "server" / "tool_calls"
-    for path in pkg.glob("*.py"):
+    pkg = Path(__file__).resolve().parents[2] / "sgl" / "tool_calls"
+    paths = sorted(pkg.rglob("*.py"))
+    assert {"registry.py", "hermes.py", "pythonic.py"} <= {p.name for p in paths}  # the package was found
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
