@@ -193,7 +193,7 @@ def run_llama(binary: str, gguf: Path, wl: dict, port: int = 30177) -> dict:
         for name, w in wl.items():
             t = time.perf_counter()
             with ThreadPoolExecutor(len(w["prompts"])) as pool:
-                got = sum(pool.map(lambda p: complete(p, w["new"]), w["prompts"]))
+                got = sum(pool.map(lambda p, w=w: complete(p, w["new"]), w["prompts"]))
             out[name] = summarize(name, time.perf_counter() - t, got)
         out["peak_rss_mb"] = round(peak_rss_mb(proc.pid), 0)
         return out
@@ -340,7 +340,7 @@ def main() -> None:
         for engine, r in res.items():
             if engine == "workloads":
                 continue
-            cell = lambda w, key: r.get(w, {}).get(key, "-") if isinstance(r.get(w), dict) else "-"  # noqa: E731
+            cell = lambda w, key, r=r: r.get(w, {}).get(key, "-") if isinstance(r.get(w), dict) else "-"  # noqa: E731
             rows.append((engine, cell("decode", "tok_per_s"), cell("prefix", "seconds"), cell("batch1", "tok_per_s"),
                          r.get("llama_bench_tg128", "-"), r.get("peak_rss_mb", "-"), r.get("skipped", "")[:40]))
         print_table(f"{model}", rows, ("engine", "decode tok/s", "prefix s", "batch-1 tok/s", "llama-bench tg128",

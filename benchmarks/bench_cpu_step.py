@@ -126,8 +126,8 @@ def main() -> None:
     args = ap.parse_args()
     from sgl.runtime.cpu_compile import _register_attention_fake
     from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
-    from sgl.runtime.model.loader import load_model
     from sgl.runtime.model.dense_copy import add_dense_copies
+    from sgl.runtime.model.loader import load_model
     from sgl.runtime.model.quant_route import prepare_for_compile
     from sgl.runtime.worker import dense_copy_budget
 

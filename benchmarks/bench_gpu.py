@@ -33,9 +33,10 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -175,8 +176,8 @@ def bench_sgl(w: Workload, args: argparse.Namespace, budget: Budget) -> dict[str
                 continue
             batch = prompts(bs, w.input_len, vocab, seed=bs)
             engine.flush_cache()
-            t_prefill, _ = timed(w.device, lambda: engine.generate(input_ids=batch, sampling_params={**sp, "max_new_tokens": 1}))
-            t, outs = timed(w.device, lambda: engine.generate(input_ids=batch, sampling_params={**sp, "max_new_tokens": w.output_len}))
+            t_prefill, _ = timed(w.device, lambda batch=batch: engine.generate(input_ids=batch, sampling_params={**sp, "max_new_tokens": 1}))
+            t, outs = timed(w.device, lambda batch=batch: engine.generate(input_ids=batch, sampling_params={**sp, "max_new_tokens": w.output_len}))
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             steps = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"]) / (o["meta_info"]["completion_tokens"] - 1)
                      for o in outs if o["meta_info"]["completion_tokens"] > 1]
@@ -241,8 +242,8 @@ def bench_hf(w: Workload, budget: Budget) -> dict[str, Any]:
         if not budget.allows(f"HF decode batch {bs}", 20, w.notes):
             continue
         ids = torch.tensor(prompts(bs, w.input_len, vocab, seed=bs), device=dev)
-        t1 = min(timed(dev, lambda: generate(ids, 1))[0] for _ in range(w.repeats))
-        runs = [timed(dev, lambda: generate(ids, 1 + k)) for _ in range(w.repeats)]
+        t1 = min(timed(dev, lambda ids=ids: generate(ids, 1))[0] for _ in range(w.repeats))
+        runs = [timed(dev, lambda ids=ids, k=k: generate(ids, 1 + k)) for _ in range(w.repeats)]
         tk, gen = min(runs, key=lambda r: r[0])
         assert gen.shape[1] == w.input_len + 1 + k
         if tk > t1:

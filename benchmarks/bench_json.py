@@ -70,9 +70,8 @@ def mask_latency(engine, kind: str, spec, steps: int = 200) -> dict:
     """Compile (first, cached) and fill_mask time along a greedy-free random walk of allowed tokens."""
     import random
 
-    from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
-
     from sgl.constrained.compiler import GrammarCompiler
+    from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
     from sgl.constrained.vocab import TokenVocabulary
 
     vocab = TokenVocabulary.from_tokenizer(engine.tokenizer, vocab_size=engine.model_config.vocab_size,

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from common import machine_info, print_table, write_result
+from common import print_table, write_result
 
 ENGINES = ("sgl", "llguidance", "xgrammar")
 
@@ -146,7 +146,7 @@ def worker(name: str, memory_gb: float, conn: Any) -> None:
             conn.send(run_schema(engine, tokenizer, path))
         except MemoryError:
             conn.send({"status": "crash", "error": "MemoryError", "mask_us": []})
-        except Exception as e:
+        except Exception:
             conn.send({"status": "crash", "error": traceback.format_exc(limit=3)[-400:], "mask_us": []})
 
 

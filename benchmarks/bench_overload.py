@@ -36,8 +36,18 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from soak_driver import (SUBJECTS, TEMPLATES, ServerProcess, _pct, flush, poll, proc_status, server_env, server_info,
-                         write_reliability)
+from soak_driver import (
+    SUBJECTS,
+    TEMPLATES,
+    ServerProcess,
+    _pct,
+    flush,
+    poll,
+    proc_status,
+    server_env,
+    server_info,
+    write_reliability,
+)
 
 MODEL = "default"
 
@@ -110,7 +120,7 @@ async def client(http: aiohttp.ClientSession, url: str, question: str, max_token
                 rec["ttft"] = rec["e2e"]
             rec["outcome"] = "completed"
             return rec
-    except asyncio.TimeoutError:
+    except TimeoutError:
         rec["detail"] = f"timed out after {time.perf_counter() - start:.1f}s"
     except (aiohttp.ClientError, ValueError) as e:
         rec["detail"] = f"{type(e).__name__}: {e}"

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from common import print_table, write_result
 
 import sgl
 from sgl.lang import Backend, ChatTemplate
-from sgl.lang.choices import decide, ChoiceScores
+from sgl.lang.choices import ChoiceScores, decide
 
 FEW_SHOT = "".join(
     f"Q: What is {a} plus {b}?\nA: {a + b}\n\n" for a, b in [(12, 7), (30, 12), (8, 8), (41, 9), (3, 75), (19, 23)]

@@ -61,8 +61,8 @@ def main() -> None:
                 pairs = {"int4": (Int4Linear(q4, None), quant_vnni.VnniInt4Linear(q4, None)),
                          "int8": (Int8Linear(q8, None), quant_vnni.VnniInt8Linear(q8, None))}
                 for kind, (theirs, ours) in pairs.items():
-                    t_torch = quarter_us(lambda: theirs.packed_mm(x), args.repeats)
-                    t_ours = quarter_us(lambda: ours.packed_mm(x), args.repeats)
+                    t_torch = quarter_us(lambda theirs=theirs, x=x: theirs.packed_mm(x), args.repeats)
+                    t_ours = quarter_us(lambda ours=ours, x=x: ours.packed_mm(x), args.repeats)
                     totals[kind][0] += t_torch
                     totals[kind][1] += t_ours
                     results.append({"model": model, "rows": m, "shape": [n, k], "kind": kind,

@@ -32,8 +32,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -166,7 +167,7 @@ def main() -> None:
             requests_per_run = {}
             for side, ship in (("client_side", False), ("shipped", True)):
                 before = counter.requests
-                timed(lambda: run(counting, {"ship": ship}))
+                timed(lambda run=run, counting=counting, ship=ship: run(counting, {"ship": ship}))
                 requests_per_run[side] = counter.requests - before
             times: dict[str, list[float]] = {m: [] for m in modes}
             for _ in range(args.runs):  # interleaved: the machine drifts

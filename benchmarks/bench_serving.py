@@ -160,7 +160,7 @@ async def chat_request(session: aiohttp.ClientSession, url: str, question: str, 
             if not done:
                 rec["error"] = "the stream ended without [DONE]"
                 return rec
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+    except (TimeoutError, aiohttp.ClientError, ValueError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"
         return rec
     if rec["ttft"] is None:  # no visible text at all (e.g. EOS first): the whole reply is the first token

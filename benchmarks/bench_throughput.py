@@ -11,8 +11,14 @@ import argparse
 import time
 
 import torch
-
-from common import hf_generate_static, load_hf_model, measure_copy_bandwidth, print_table, random_prompts, write_result
+from common import (
+    hf_generate_static,
+    load_hf_model,
+    measure_copy_bandwidth,
+    print_table,
+    random_prompts,
+    write_result,
+)
 
 
 def main() -> None:

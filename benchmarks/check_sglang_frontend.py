@@ -21,8 +21,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -119,8 +120,9 @@ def main() -> None:
         Path(args.out).write_text(json.dumps(run_all(sgl, args.url)))
         return
     site = ensure_sglang()
-    import sgl
     from common import print_table, write_result
+
+    import sgl
 
     # float32 dense weights: greedy tokens then do not depend on what the cache holds (in bf16
     # a prefix computed once and reused can round differently from one computed again)

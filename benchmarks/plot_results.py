@@ -137,7 +137,7 @@ def plot_remote_programs(results: Path, out_dir: Path) -> Path:
     d = load(results, "remote_programs.json")
     progs = field(d, "programs")
     lat = ["0ms", "10ms", "50ms"]
-    series = {f"{l} added": [field(d, "programs", p, "client_side_over_shipped", l) for p in progs] for l in lat}
+    series = {f"{ms} added": [field(d, "programs", p, "client_side_over_shipped", ms) for p in progs] for ms in lat}
     series["shipped / in process (0 ms)"] = [field(d, "programs", p, "shipped_vs_in_process_0ms") for p in progs]
     fig, ax = plt.subplots(figsize=(WIDTH_IN, 3.8))
     grouped_bars(ax, list(progs), series, "{:.2f}")

@@ -430,7 +430,7 @@ class Driver:
                         abort_task.result()  # a failed /abort_request is Broken
         except Broken as e:
             o.outcome, o.detail = "broken", str(e)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             o.outcome, o.detail = "broken", f"timed out after {time.perf_counter() - start:.1f}s"
         except aiohttp.ClientError as e:
             o.outcome, o.detail = "broken", f"{type(e).__name__}: {e}"

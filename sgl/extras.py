@@ -10,7 +10,7 @@ a bare ModuleNotFoundError from deep inside an import.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 
 class MissingExtraError(ImportError):

@@ -18,8 +18,8 @@ import os
 import platform
 import shutil
 import time
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)

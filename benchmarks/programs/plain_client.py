@@ -12,8 +12,9 @@ one request constrained to the choices (each server's own constraint field, from
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Iterator, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import requests
 

@@ -12,8 +12,9 @@ Sizes follow the paper's scripts where they say (5 shots per MMLU subject, 20 He
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import sgl
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 from sgl.constrained.compiler import KINDS, GrammarCompiler
 from sgl.constrained.errors import GrammarError
 from sgl.constrained.json_schema import json_schema_to_regex
-from sgl.constrained.matcher import Grammar, Matcher, allocate_bitmask, apply_bitmask_, bitmask_to_bool
+from sgl.constrained.matcher import (
+    Grammar,
+    Matcher,
+    allocate_bitmask,
+    apply_bitmask_,
+    bitmask_to_bool,
+)
 from sgl.constrained.regex.index import RegexGrammar, RegexMatcher
 from sgl.constrained.regex.normalize import normalize_regex
 from sgl.constrained.vocab import TokenVocabulary

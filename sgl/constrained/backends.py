@@ -162,7 +162,7 @@ class LlguidanceMatcher:
         if n:
             self.m.rollback(n)
 
-    def copy(self) -> "LlguidanceMatcher":
+    def copy(self) -> LlguidanceMatcher:
         return LlguidanceMatcher(self.backend, self.m.deep_copy())
 
 
@@ -227,5 +227,5 @@ class XgrammarMatcher:
         if n:
             self.m.rollback(n)
 
-    def copy(self) -> "XgrammarMatcher":
+    def copy(self) -> XgrammarMatcher:
         return XgrammarMatcher(self.m.fork())

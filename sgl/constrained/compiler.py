@@ -90,7 +90,7 @@ class GrammarCompiler:
             self._run(key, spec, fut)
         return fut.result()
 
-    def compile_async(self, kind: str, spec: str | dict) -> "Future[Grammar]":
+    def compile_async(self, kind: str, spec: str | dict) -> Future[Grammar]:
         """A future of the compiled grammar; a cached result is returned already done.
 
         A malformed ``kind`` or spec raises GrammarError here, synchronously; errors of
@@ -210,7 +210,11 @@ class GrammarCompiler:
         sgl's grammar engine whatever the backend: the external ones take other forms of it."""
         from sgl.constrained import ebnf
         from sgl.constrained.pythonic import pythonic_rules
-        from sgl.constrained.structural import load_structural_tag, parse_structural_tag, structural_tag_rules
+        from sgl.constrained.structural import (
+            load_structural_tag,
+            parse_structural_tag,
+            structural_tag_rules,
+        )
 
         spec = parse_structural_tag(normalized)
         if spec.get("type") == "pythonic_calls":

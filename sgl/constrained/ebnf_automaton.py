@@ -195,7 +195,7 @@ class _Builder:
         self.index = {name: i for i, name in enumerate(rules)}
         net = self.net
         net.rule_names = list(rules)
-        for i, name in enumerate(rules):
+        for i in range(len(rules)):
             net.rule_start.append(net.new_state(i))
             net.rule_final.append(net.new_state(i))
         net.root = self.index["root"]

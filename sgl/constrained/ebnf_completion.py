@@ -80,7 +80,7 @@ def _representative(lo: int, hi: int) -> int:
 class Completions:
     """Token costs of finishing, per network state and per parse state (memoized)."""
 
-    def __init__(self, net: Network, cover: "TokenCover") -> None:
+    def __init__(self, net: Network, cover: TokenCover) -> None:
         self.net = net
         self.cover = cover
         self.dist, self.move = shortest_tails(net)

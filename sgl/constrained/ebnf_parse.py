@@ -47,24 +47,24 @@ class Ref:
 
 @dataclass(frozen=True)
 class Seq:
-    items: tuple["Expr", ...]
+    items: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
 class Alt:
-    options: tuple["Expr", ...]
+    options: tuple[Expr, ...]
 
 
 @dataclass(frozen=True)
 class Repeat:
     """``item{min,max}``; ``max is None`` means unbounded (``*`` is {0,}, ``+`` is {1,})."""
 
-    item: "Expr"
+    item: Expr
     min: int
     max: int | None
 
 
-Expr = Union[Lit, CharSet, Ref, Seq, Alt, Repeat]
+Expr = Union[Lit, CharSet, Ref, Seq, Alt, Repeat]  # noqa: UP007 (runtime value)
 
 
 @dataclass(frozen=True)

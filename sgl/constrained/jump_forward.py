@@ -21,7 +21,7 @@ past it), so the result is never longer than what is truly forced.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 __all__ = ["ByteJumpForward", "single_byte_tokens", "split_complete_utf8"]
 

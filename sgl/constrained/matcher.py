@@ -56,7 +56,7 @@ class Matcher(Protocol):
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens."""
 
-    def copy(self) -> "Matcher":
+    def copy(self) -> Matcher:
         """An independent matcher at the same position."""
 
 

@@ -19,8 +19,9 @@ import logging
 import re
 import threading
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 __all__ = ["TokenVocabulary", "gpt2_byte_decoder"]
 
@@ -58,7 +59,7 @@ class TokenVocabulary:
     @classmethod
     def from_tokenizer(
         cls, tokenizer: Any, vocab_size: int | None = None, eos_token_ids: Sequence[int] = ()
-    ) -> "TokenVocabulary":
+    ) -> TokenVocabulary:
         """Read the byte string of every id from an HF (or raw ``tokenizers``) tokenizer.
 
         ``vocab_size`` defaults to the tokenizer's size; ids past the tokenizer are
@@ -95,8 +96,8 @@ class TokenVocabulary:
 # ---------------------------------------------------------------------------
 
 _CACHE_LOCK = threading.Lock()
-_BYTES_CACHE: "weakref.WeakKeyDictionary[Any, tuple[bytes | None, ...]]" = weakref.WeakKeyDictionary()
-_VOCAB_CACHE: "weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], TokenVocabulary]]" = (
+_BYTES_CACHE: weakref.WeakKeyDictionary[Any, tuple[bytes | None, ...]] = weakref.WeakKeyDictionary()
+_VOCAB_CACHE: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], TokenVocabulary]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -239,7 +240,7 @@ def _read_token_bytes(tokenizer: Any) -> list[bytes | None]:
         "by decoding each token on its own",
         sorted(k for k in kinds if k) or None,
     )
-    decode = getattr(tokenizer, "decode")
+    decode = tokenizer.decode
     for i, s in enumerate(strings):
         if s is None or i in added:
             continue

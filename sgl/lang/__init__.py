@@ -29,9 +29,13 @@ from sgl.lang.api import (
 )
 from sgl.lang.backends.base import Backend
 from sgl.lang.chat_template import ChatTemplate
-from sgl.lang.global_config import global_config
-from sgl.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
+from sgl.lang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from sgl.lang.errors import ProgramError
+from sgl.lang.global_config import global_config
 from sgl.lang.program_state import ProgramState, ProgramStateGroup
 
 __all__ = [

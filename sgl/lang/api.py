@@ -8,14 +8,15 @@ import inspect
 import logging
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend, ProgramsNotServed
 from sgl.lang.choices import ChoicesMethod
-from sgl.lang.global_config import global_config
 from sgl.lang.errors import ProgramError
 from sgl.lang.generation import DTYPE_REGEX
+from sgl.lang.global_config import global_config
 from sgl.lang.interpreter import run_program, run_program_batch
 from sgl.lang.program_state import ProgramState
 
@@ -317,7 +318,7 @@ class SglFunction:
         self.arg_names = [p.name for p in params[1:]]
         functools.update_wrapper(self, func)
 
-    def bind(self, **kwargs: Any) -> "SglFunction":
+    def bind(self, **kwargs: Any) -> SglFunction:
         unknown = [k for k in kwargs if k not in self.arg_names]
         if unknown:
             raise TypeError(f"{self.func.__name__} has no parameter(s) {', '.join(unknown)}")

@@ -39,12 +39,12 @@ class ChatTemplate:
             raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
 
     @classmethod
-    def plain(cls) -> "ChatTemplate":
+    def plain(cls) -> ChatTemplate:
         """For models without a chat template: `Role: content` lines."""
         return cls({r: f"{r.capitalize()}: " for r in ROLES}, {r: "\n" for r in ROLES}, "", "plain")
 
     @classmethod
-    def from_hf_tokenizer(cls, tokenizer: Any) -> "ChatTemplate":
+    def from_hf_tokenizer(cls, tokenizer: Any) -> ChatTemplate:
         """Per-role strings from a HF tokenizer's chat template; `plain()` if it has none or
         it is not a per-message template."""
         if not getattr(tokenizer, "chat_template", None):

@@ -12,7 +12,8 @@ import logging
 import queue
 import threading
 import uuid
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from sgl.lang import ir
 from sgl.lang.backends.base import Backend
@@ -67,7 +68,7 @@ class StreamExecutor(GenerationMixin):
         backend: Backend,
         defaults: dict[str, Any],
         stream: bool = False,
-        parent: "StreamExecutor | None" = None,
+        parent: StreamExecutor | None = None,
         spec_tokens: int | None = None,
     ) -> None:
         self.backend = backend
@@ -118,7 +119,7 @@ class StreamExecutor(GenerationMixin):
         # the parent's thread (`ForkPoint`): reading them here would race its generations.
         _WORKERS.run(self._loop)
 
-    def inherit(self, parent: "StreamExecutor") -> None:
+    def inherit(self, parent: StreamExecutor) -> None:
         """Continue from the parent's state as it is now (a fork branch's start)."""
         self.spec, self.loose_text, self._template = parent.spec, parent.loose_text, parent._template
         self.text_, self.messages_ = parent.text_, [dict(m) for m in parent.messages_]
@@ -280,7 +281,7 @@ class StreamExecutor(GenerationMixin):
         i = 0
         while True:
             with self._events_cond:
-                self._events_cond.wait_for(lambda: i < len(self._events) or self._events_done)
+                self._events_cond.wait_for(lambda i=i: i < len(self._events) or self._events_done)
                 if i >= len(self._events):  # done, and this reader has seen every event
                     break
                 ev = self._events[i]

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Any, Callable
+from typing import Any
 
 from sgl.lang.backends.base import Backend
 from sgl.lang.errors import ProgramError

@@ -31,10 +31,10 @@ class Expr:
     def __repr__(self) -> str:  # the fields, positionally: `RoleBegin('user')`, `SetVar('v', 1)`
         return f"{type(self).__name__}({', '.join(repr(getattr(self, f.name)) for f in fields(self))})"
 
-    def __add__(self, other: Any) -> "ExprList":
+    def __add__(self, other: Any) -> ExprList:
         return ExprList([self, to_expr(other)])
 
-    def __radd__(self, other: Any) -> "ExprList":
+    def __radd__(self, other: Any) -> ExprList:
         return ExprList([to_expr(other), self])
 
 
@@ -42,10 +42,10 @@ class Expr:
 class ExprList(Expr):
     items: list[Expr] = field(default_factory=list)
 
-    def __add__(self, other: Any) -> "ExprList":
+    def __add__(self, other: Any) -> ExprList:
         return ExprList([*self.items, to_expr(other)])
 
-    def __radd__(self, other: Any) -> "ExprList":
+    def __radd__(self, other: Any) -> ExprList:
         return ExprList([to_expr(other), *self.items])
 
     def __repr__(self) -> str:

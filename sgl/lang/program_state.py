@@ -5,7 +5,8 @@ over a `StreamExecutor` (executor.py) that runs them."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 from sgl.lang import ir
 from sgl.lang.building import BranchGroup, StateBuilder
@@ -45,7 +46,7 @@ class ProgramState(StateBuilder):
         ex.sync()
         ex.set_variable(name, value)
 
-    def fork(self, size: int = 1) -> "ProgramStateGroup":
+    def fork(self, size: int = 1) -> ProgramStateGroup:
         """Split into `size` branches that continue from the current text, concurrently."""
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be a positive integer, got {size!r}")
@@ -61,7 +62,7 @@ class ProgramState(StateBuilder):
 
     # -- reading -------------------------------------------------------------------
 
-    def sync(self) -> "ProgramState":
+    def sync(self) -> ProgramState:
         self.stream_executor.sync()
         return self
 

@@ -23,8 +23,9 @@ fork over a 220-token document), so the fork point issues none.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any
 
 from sgl.lang import ir
 from sgl.lang.errors import ProgramError
@@ -209,7 +210,7 @@ class ShippedState:
                 self._done.set()
                 self._cond.notify_all()
 
-    def sync(self) -> "ShippedState":
+    def sync(self) -> ShippedState:
         self._done.wait()
         if self.error is not None:
             raise self.error
@@ -256,7 +257,7 @@ class ShippedState:
         i = 0
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: i < len(self._pieces) or self._done.is_set())
+                self._cond.wait_for(lambda i=i: i < len(self._pieces) or self._done.is_set())
                 if i >= len(self._pieces):
                     break
                 var, piece = self._pieces[i]

@@ -68,7 +68,7 @@ class Speculation:
     pos: int = 0  # text[:pos] is already in the program state
 
     @classmethod
-    def from_result(cls, text: str, meta: dict[str, Any], sampling: dict[str, Any]) -> "Speculation | None":
+    def from_result(cls, text: str, meta: dict[str, Any], sampling: dict[str, Any]) -> Speculation | None:
         """From a call made with return_logprob (for the tokens); None without usable tokens."""
         pieces = [entry[2] for entry in meta.get("output_token_logprobs") or []]
         if not pieces or any(p is None for p in pieces) or "".join(pieces) != text:
@@ -81,7 +81,7 @@ class Speculation:
         eos = finish.get("type") == "stop" and finish.get("matched") is None
         return cls(text, tuple(ends), eos, sampling_key(sampling))
 
-    def after(self, appended: str) -> "Speculation | None":
+    def after(self, appended: str) -> Speculation | None:
         """The speculation once the program appends `appended`; None if the model wrote otherwise."""
         if self.text.startswith(appended, self.pos):
             return replace(self, pos=self.pos + len(appended))

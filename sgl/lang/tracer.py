@@ -26,7 +26,7 @@ _PLACEHOLDER = re.compile(r"\x00(arg|var):([^\x00]*)\x00")
 class _Placeholder(str):
     """An argument (or variable) value during tracing: marked text."""
 
-    def __new__(cls, kind: str, name: str) -> "_Placeholder":
+    def __new__(cls, kind: str, name: str) -> _Placeholder:
         return super().__new__(cls, f"{_MARK}{kind}:{name}{_MARK}")
 
 
@@ -71,7 +71,7 @@ class TracingState(StateBuilder):
     that refuses every use but being added to the program text, and reading the state's text,
     messages or meta info is refused: the program's structure must not depend on them."""
 
-    def __init__(self, nodes: list[ir.Expr], strict: "StaticCheck | None" = None,
+    def __init__(self, nodes: list[ir.Expr], strict: StaticCheck | None = None,
                  path: tuple[tuple[int, int], ...] = ()) -> None:
         self.nodes = nodes
         self.strict = strict
@@ -92,7 +92,7 @@ class TracingState(StateBuilder):
         return [self.strict.resolve(e.name).added_to(self.path) if isinstance(e, ir.Variable) else e
                 for e in _split_text(text)]
 
-    def fork(self, size: int = 1) -> "TracingGroup":
+    def fork(self, size: int = 1) -> TracingGroup:
         fork_id = self.strict.new_fork_id() if self.strict is not None else 0
         fork = ir.Fork([[] for _ in range(size)], fork_id)
         self.nodes.append(fork)
@@ -127,7 +127,7 @@ class TracingState(StateBuilder):
         self._refuse("the state's messages")
         return []
 
-    def sync(self) -> "TracingState":
+    def sync(self) -> TracingState:
         return self
 
 

@@ -16,7 +16,7 @@ import ctypes
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class CpuShare:
         self._last: tuple[int, int, int] | None = None
 
     @classmethod
-    def for_this_thread(cls) -> "CpuShare | None":
+    def for_this_thread(cls) -> CpuShare | None:
         """A governor of this thread's OpenMP team, or None where it cannot read the counters or
         reach the OpenMP runtime (or is off)."""
         import torch

@@ -63,7 +63,7 @@ class DecodeInputs:
     req_rows: list[int]
     seq_lens: list[int]
 
-    def padded(self, size: int, padding_row: int) -> "DecodeInputs":
+    def padded(self, size: int, padding_row: int) -> DecodeInputs:
         """The rows padded to `size`: token 0 at position 0 into slot 0, over `padding_row`, length 1."""
         n = size - len(self.input_ids)
         if n < 0:

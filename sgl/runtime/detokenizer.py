@@ -13,8 +13,9 @@ import logging
 import operator
 import os
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # transformers is heavy; import it only where it is used.
     from transformers import PreTrainedTokenizerBase
@@ -45,7 +46,7 @@ class _TokenizerInfo:
     cleanup: bool
 
 
-_INFO_CACHE: "weakref.WeakKeyDictionary[object, _TokenizerInfo]" = weakref.WeakKeyDictionary()
+_INFO_CACHE: weakref.WeakKeyDictionary[object, _TokenizerInfo] = weakref.WeakKeyDictionary()
 
 
 def _tokenizer_info(tokenizer: PreTrainedTokenizerBase) -> _TokenizerInfo:

@@ -29,7 +29,7 @@ class TPGroup:
     _sum_in_float32: bool = field(default=False, repr=False)
 
     @classmethod
-    def single(cls) -> "TPGroup":
+    def single(cls) -> TPGroup:
         """The group of one process (no tensor parallelism)."""
         return cls()
 

@@ -18,29 +18,41 @@ import dataclasses
 import logging
 import threading
 import weakref
-from typing import Any, AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import torch
 
+from sgl.runtime import request_builder as rb
 from sgl.runtime.chat import render_messages, validate_messages
 from sgl.runtime.config import EngineConfig
 from sgl.runtime.engine_control import EngineControl
 from sgl.runtime.engine_debug import EngineDebugHooks
-from sgl.runtime.errors import EngineFault, EngineOverloadedError, EngineUnavailableError, InvalidRequestError
+from sgl.runtime.errors import (
+    EngineFault,
+    EngineOverloadedError,
+    EngineUnavailableError,
+    InvalidRequestError,
+)
 from sgl.runtime.generate_call import GenerateCall
 from sgl.runtime.messages import EngineFaulted, GenerateRequest, SchedulerMessage
 from sgl.runtime.results import AsyncSink, QueueSink, ResultRouter
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.session import SessionParams
 from sgl.runtime.transport import ProcessTransport, ThreadTransport
-from sgl.runtime.worker import ModelInfo, build_scheduler, load_engine_tokenizer, on_fresh_thread, private_config
-from sgl.runtime import request_builder as rb
+from sgl.runtime.worker import (
+    ModelInfo,
+    build_scheduler,
+    load_engine_tokenizer,
+    on_fresh_thread,
+    private_config,
+)
 
 logger = logging.getLogger(__name__)
 
 # Engines still open when the interpreter exits are shut down first: a scheduler thread
 # caught inside torch code while the process tears down aborts it ("terminate called ...").
-_live_engines: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+_live_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 @atexit.register
@@ -336,7 +348,7 @@ class Engine(EngineControl, EngineDebugHooks):
             self._transport.close()
             self._router.fail_waiters(RuntimeError("the engine is shut down"))
 
-    def __enter__(self) -> "Engine":
+    def __enter__(self) -> Engine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

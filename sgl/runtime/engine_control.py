@@ -9,7 +9,15 @@ import uuid
 from typing import Any
 
 from sgl.runtime.errors import EngineDeadError
-from sgl.runtime.messages import AbortRequest, CloseSession, FlushCache, GetInfo, OpenSession, Profile, UpdateOptions
+from sgl.runtime.messages import (
+    AbortRequest,
+    CloseSession,
+    FlushCache,
+    GetInfo,
+    OpenSession,
+    Profile,
+    UpdateOptions,
+)
 
 QUERY_TIMEOUT_S = 60.0
 

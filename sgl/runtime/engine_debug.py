@@ -8,7 +8,8 @@ method of a live object, and the scheduler's counts are read from another thread
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
 def _compiler(engine: Any) -> Any:

@@ -19,7 +19,7 @@ class GenerateCall:
     """One generate call on its way: its requests' rids, what has come back, and what to
     abort if the caller stops waiting. Sync and async callers drive the same object."""
 
-    def __init__(self, engine: "Engine", reqs: list[GenerateRequest], is_batch: bool) -> None:
+    def __init__(self, engine: Engine, reqs: list[GenerateRequest], is_batch: bool) -> None:
         self.engine = engine
         self.reqs = reqs
         self.is_batch = is_batch

@@ -12,8 +12,9 @@ once per scheduler.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.request import Req

@@ -54,15 +54,15 @@ class FinishReason:
     incomplete: bool = False  # length: a constrained output cut short of a complete member
 
     @classmethod
-    def stop(cls, matched: int | str | None) -> "FinishReason":
+    def stop(cls, matched: int | str | None) -> FinishReason:
         return cls("stop", matched=matched)
 
     @classmethod
-    def of_length(cls, length: int, incomplete: bool = False) -> "FinishReason":
+    def of_length(cls, length: int, incomplete: bool = False) -> FinishReason:
         return cls("length", length=length, incomplete=incomplete)
 
     @classmethod
-    def abort(cls, message: str) -> "FinishReason":
+    def abort(cls, message: str) -> FinishReason:
         return cls("abort", message=message)
 
     @property
@@ -175,7 +175,7 @@ class Shutdown:
     pass
 
 
-SchedulerMessage = Union[SubmitRequest, AbortRequest, OpenSession, CloseSession, FlushCache, GetInfo, Profile,
+SchedulerMessage = Union[SubmitRequest, AbortRequest, OpenSession, CloseSession, FlushCache, GetInfo, Profile,  # noqa: UP007 (runtime value)
                          UpdateOptions, Shutdown]
 
 
@@ -195,4 +195,4 @@ class EngineFaulted:
     incident: str
 
 
-SchedulerOutput = Union[ReqEvent, Reply, EngineFaulted]
+SchedulerOutput = Union[ReqEvent, Reply, EngineFaulted]  # noqa: UP007 (runtime value)

@@ -7,8 +7,8 @@ nothing above it knows how the hidden states were computed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -8,16 +8,17 @@ callers), so detokenizing and jump-forward re-tokenizing need no lock.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
+from sgl.runtime.detokenizer import IncrementalDetokenizer
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
 from sgl.runtime.sampling.sampler import make_generator
-from sgl.runtime.detokenizer import IncrementalDetokenizer
 from sgl.runtime.stop_regex import StopRegexMatcher
 from sgl.runtime.stop_strings import StopStringMatcher
 

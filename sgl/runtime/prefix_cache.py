@@ -11,7 +11,8 @@ which one it has.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sgl.runtime.errors import InvalidRequestError, RequestTooLargeError
 from sgl.runtime.messages import GenerateRequest, LogprobOptions

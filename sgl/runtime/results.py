@@ -12,11 +12,12 @@ import asyncio
 import logging
 import queue
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 from sgl.runtime.errors import EngineOverloadedError
-from sgl.runtime.messages import FinishReason, ReqEvent, Reply, RequestStats, SchedulerOutput
+from sgl.runtime.messages import FinishReason, Reply, ReqEvent, RequestStats, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

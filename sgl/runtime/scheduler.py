@@ -23,7 +23,8 @@ import logging
 import queue
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,6 +32,7 @@ from sgl.runtime.batch import BatchBuilder, BatchItem
 from sgl.runtime.config import SchedulerConfig
 from sgl.runtime.cpu_share import CpuShare
 from sgl.runtime.errors import EngineFault, InvalidRequestError, new_incident_id
+from sgl.runtime.grammar_queue import GrammarQueue
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.messages import (
@@ -39,9 +41,9 @@ from sgl.runtime.messages import (
     EngineFaulted,
     FinishReason,
     FlushCache,
-    Profile,
     GetInfo,
     OpenSession,
+    Profile,
     Reply,
     SchedulerMessage,
     SchedulerOutput,
@@ -49,7 +51,6 @@ from sgl.runtime.messages import (
     SubmitRequest,
     UpdateOptions,
 )
-from sgl.runtime.grammar_queue import GrammarQueue
 from sgl.runtime.model_runner import ModelRunner, Sampled, StepInput
 from sgl.runtime.output import OutputProcessor, TokenOutput
 from sgl.runtime.profiler import StepProfiler

@@ -6,12 +6,22 @@ because none of it runs a batch: each handler reads or changes state and emits o
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl.runtime.attention import backend_name
 from sgl.runtime.errors import InvalidRequestError
-from sgl.runtime.messages import (LIVE_OPTIONS, CloseSession, FlushCache, GetInfo, OpenSession, Profile, Reply,
-                                  Shutdown, UpdateOptions)
+from sgl.runtime.messages import (
+    LIVE_OPTIONS,
+    CloseSession,
+    FlushCache,
+    GetInfo,
+    OpenSession,
+    Profile,
+    Reply,
+    Shutdown,
+    UpdateOptions,
+)
 from sgl.runtime.request import Req
 
 SESSION_EXPIRY_CHECK_S = 1.0

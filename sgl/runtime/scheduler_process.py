@@ -23,7 +23,7 @@ import time
 from multiprocessing.connection import Client, Connection
 from typing import Any
 
-from sgl.runtime.messages import ReqEvent, Reply, Shutdown
+from sgl.runtime.messages import Reply, ReqEvent, Shutdown
 from sgl.runtime.transport import AUTHKEY_ENV, SchedulerReady, SchedulerStartFailed, StartScheduler
 from sgl.runtime.worker import build_scheduler, on_fresh_thread
 

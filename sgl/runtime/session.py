@@ -43,7 +43,7 @@ class SessionParams:
     drop_previous_output: bool = False
 
     @classmethod
-    def from_any(cls, value: Any) -> "SessionParams":
+    def from_any(cls, value: Any) -> SessionParams:
         if isinstance(value, SessionParams):
             return value
         if not isinstance(value, dict):

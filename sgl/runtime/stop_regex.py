@@ -24,7 +24,7 @@ from sgl.runtime.errors import InvalidRequestError
 MAX_POSITIONS = 256  # character positions (bounded repeats unrolled) of one pattern
 
 
-def _compile(pattern: str) -> "_Nfa":
+def _compile(pattern: str) -> _Nfa:
     from sgl.constrained import ebnf_parse as ast
     from sgl.constrained.errors import GrammarError
     from sgl.constrained.regex import translate_regex

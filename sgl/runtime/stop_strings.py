@@ -6,7 +6,7 @@ substring search over a bounded tail, and they are applied first (output.py).
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["StopStringMatcher"]
 

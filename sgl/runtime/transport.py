@@ -31,9 +31,10 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
-from typing import Any, Callable
+from typing import Any
 
 from sgl.runtime.config import EngineConfig
 from sgl.runtime.errors import EngineDeadError, new_incident_id

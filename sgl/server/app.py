@@ -18,7 +18,6 @@ from fastapi.middleware.cors import CORSMiddleware
 from sgl.lang.backends.engine import EngineBackend
 from sgl.lang.chat_template import ChatTemplate
 from sgl.runtime.tokenizer import tokenizer_directory
-from sgl.tool_calls import ReasoningParser, detect_parser, get_parser
 from sgl.server import admin, extract, native, openai_api, programs, sessions
 from sgl.server.auth import OPEN_PATHS, APIKeyMiddleware
 from sgl.server.errors import install_error_handlers
@@ -26,6 +25,7 @@ from sgl.server.lifecycle import BodySizeLimitMiddleware, Lifecycle, LifecycleMi
 from sgl.server.metrics import Metrics
 from sgl.server.request_log import RequestLogMiddleware
 from sgl.server.state import ServerState
+from sgl.tool_calls import ReasoningParser, detect_parser, get_parser
 
 DESCRIPTION = """Serves an sgl engine: the native `/generate` (the engine's result dicts, as JSON or
 server-sent events), OpenAI-compatible `/v1/chat/completions`, `/v1/completions` and `/v1/models`,

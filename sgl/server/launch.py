@@ -18,16 +18,22 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Callable
+from typing import Any
 
 import uvicorn
 
 from sgl.server.app import DEFAULT_MAX_REQUEST_BYTES, create_app
 from sgl.server.data_parallel import ROUTER_POLICIES
 from sgl.server.engine_flags import add_engine_flags, engine_kwargs
-from sgl.server.launch_compat import (add_compat_flags, check_kv_cache_dtype, config_argv, read_chat_template,
-                                     use_chat_template)
+from sgl.server.launch_compat import (
+    add_compat_flags,
+    check_kv_cache_dtype,
+    config_argv,
+    read_chat_template,
+    use_chat_template,
+)
 from sgl.server.lifecycle import Lifecycle
 from sgl.tool_calls.reasoning import reasoning_parser_names
 from sgl.tool_calls.registry import parser_names as tool_call_parser_names

@@ -13,7 +13,8 @@ from __future__ import annotations
 import bisect
 import math
 import threading
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.messages import ReqEvent

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any, AsyncIterator, Union
+from collections.abc import AsyncIterator
+from typing import Any, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -39,7 +40,7 @@ GENERATE_RESPONSES = {
 }
 
 
-@router.post("/generate", response_model=Union[GenerateOutput, list[GenerateOutput]], responses=GENERATE_RESPONSES)
+@router.post("/generate", response_model=Union[GenerateOutput, list[GenerateOutput]], responses=GENERATE_RESPONSES)  # noqa: UP007 (runtime value)
 async def generate(req: GenerateReqInput, request: Request) -> Response:
     """Generate for one prompt (a result dict) or a batch / n > 1 (a list of them).
 

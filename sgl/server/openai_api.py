@@ -15,9 +15,10 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -26,6 +27,16 @@ from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.results import LOGPROB_KEYS, merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
+from sgl.server.openai_tools import (
+    ChoiceOutput,
+    ToolRequest,
+    constrain_after_reasoning,
+    history_as_text,
+    history_for_template,
+    parse_tools,
+    template_takes_tools,
+    tool_constraint,
+)
 from sgl.server.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -43,16 +54,6 @@ from sgl.server.protocol import (
     sse_responses,
 )
 from sgl.server.protocol.sampling import V1_TO_ENGINE
-from sgl.server.openai_tools import (
-    ChoiceOutput,
-    ToolRequest,
-    constrain_after_reasoning,
-    history_as_text,
-    history_for_template,
-    parse_tools,
-    template_takes_tools,
-    tool_constraint,
-)
 from sgl.server.state import ServerState, get_state
 from sgl.server.streaming import client_gone, sse, sse_response, until_disconnected
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, AsyncIterator, Union
+from typing import Any, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -204,7 +205,7 @@ def _error(e: BaseException) -> dict[str, Any]:
     return internal_error_body(e, "/run_program")
 
 
-@router.post("/run_program", response_model=Union[ProgramResult, list[Union[ProgramResult, ErrorResponse]]],
+@router.post("/run_program", response_model=Union[ProgramResult, list[ProgramResult | ErrorResponse]],  # noqa: UP007 (runtime value)
              responses=RESPONSES)
 async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Response:
     """Run a shipped program (or a batch of them) on the server's engine; see the module doc."""

@@ -11,7 +11,12 @@ from fastapi import APIRouter, Request
 
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError
-from sgl.server.protocol import CloseSessionReqInput, OpenSessionReqInput, SuccessResponse, error_responses
+from sgl.server.protocol import (
+    CloseSessionReqInput,
+    OpenSessionReqInput,
+    SuccessResponse,
+    error_responses,
+)
 from sgl.server.state import get_state
 
 router = APIRouter(tags=["sessions"])

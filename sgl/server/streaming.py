@@ -12,7 +12,8 @@ which cancels it (the engine aborts a cancelled `async_generate`) if the client 
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse

@@ -7,7 +7,8 @@ from __future__ import annotations
 import inspect
 import types
 import typing
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _SCALARS = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
             bool: {"type": "boolean"}}

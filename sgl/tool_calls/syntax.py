@@ -6,8 +6,9 @@ between a begin and an end text; `object_schema` is the parameters check all for
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sgl.tool_calls.base import Functions, ToolFormat, ToolParser
 

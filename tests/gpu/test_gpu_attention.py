@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from graph_test_backend import DenseDecodeBackend
 
 import sgl.runtime.attention as attn
-from graph_test_backend import DenseDecodeBackend
 from sgl.runtime.attention import ForwardBatch, create_attention_backend, supports_cuda_graph
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts, sharpen
+from graph_test_backend import DenseDecodeBackend
 
 import sgl
 import sgl.runtime.attention as attn
 import sgl.runtime.model_runner as runner_mod
-from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts, sharpen
-from graph_test_backend import DenseDecodeBackend
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -7,9 +7,9 @@ import importlib.util
 
 import pytest
 import torch
+from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts, sharpen
 
 import sgl
-from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts, sharpen
 from sgl.runtime.memory_plan import kv_pool_tokens
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts
 
 import sgl
-from gpu_helpers import assert_same_greedy, free_cuda, greedy_top2, random_prompts
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -10,8 +10,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
-from oracle_helpers import ORACLE_EXACT, GREEDY_MAX_NEW, TINY_POOL, greedy_prompts, hf_greedy, load_hf_model
+from oracle_helpers import (
+    GREEDY_MAX_NEW,
+    ORACLE_EXACT,
+    TINY_POOL,
+    greedy_prompts,
+    hf_greedy,
+    load_hf_model,
+)
 
 
 @pytest.fixture(scope="session")

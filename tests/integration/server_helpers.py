@@ -7,7 +7,8 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import requests
 import uvicorn

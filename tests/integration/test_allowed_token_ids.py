@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import requests
+from server_helpers import ServerThread, assert_error
 
 import sgl
-from server_helpers import ServerThread, assert_error
 from sgl.lang.backends.engine import EngineBackend
 from sgl.server import create_app
 

@@ -17,7 +17,6 @@ import copy
 
 import pytest
 import torch
-
 from oracle_helpers import hf_greedy, hf_logits
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,6 @@ worker fails its requests with an error, the other serves, and the supervisor re
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -17,10 +16,10 @@ import threading
 
 import pytest
 import requests
-
-import sgl
 from process_helpers import gone
 from server_helpers import wait_until
+
+import sgl
 
 pytestmark = pytest.mark.integration
 sglang_router = pytest.importorskip("sglang_router", reason="the router extra: pip install 'sgl[router]'")

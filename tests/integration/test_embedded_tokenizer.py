@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import multiprocessing
 import os
 import random
-import multiprocessing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -91,7 +91,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["SGL_CACHE_DIR"] = old
 
 
-def _load_in_child(path: str, cache: str, queue: "multiprocessing.Queue") -> None:
+def _load_in_child(path: str, cache: str, queue: multiprocessing.Queue) -> None:
     os.environ["SGL_CACHE_DIR"] = cache
     tok, hit = load_gguf_tokenizer(path)
     queue.put({"hit": hit, "ids": [encode(tok, t) for t in TEXTS]})
@@ -200,7 +200,7 @@ def test_detok_random_ids(cached: object, skip: bool) -> None:
     specials = list(cached.all_special_ids)
     # Ids of text that splits multi-byte characters across tokens, to mix in.
     byteish = [i for t in TEXTS[5:10] for i in encode(cached, t)]
-    for trial in range(300):
+    for _ in range(300):
         ids = []
         for _ in range(rng.randint(0, 50)):
             r = rng.random()

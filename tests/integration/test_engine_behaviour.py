@@ -14,8 +14,6 @@ import threading
 
 import pytest
 import torch
-
-import sgl
 from oracle_helpers import (
     EOS,
     GREEDY_MAX_NEW,
@@ -29,6 +27,8 @@ from oracle_helpers import (
     truncate_at_eos,
     wait_until,
 )
+
+import sgl
 
 pytestmark = pytest.mark.integration
 
@@ -317,7 +317,7 @@ def test_stop_string_completed_by_the_last_allowed_token(engine, greedy_refs):
     """The final token (max_new_tokens) completes stop Y while a longer stop X that starts
     earlier is still a possible match: the text must be cut at Y and the reason be Y."""
     tok = engine.tokenizer
-    for i, ref in enumerate(greedy_refs.hf_outputs):
+    for i, ref in enumerate(greedy_refs.hf_outputs):  # noqa: B007 (i is read after the break)
         full = tok.decode(ref, skip_special_tokens=True)
         if len(ref) == GREEDY_MAX_NEW and EOS not in ref and full[-3:].isascii() and full.find(full[-2:]) == len(full) - 2:
             break
@@ -422,7 +422,7 @@ def test_stream_break_aborts_request(engine):
     stream = engine.generate("Write a very long essay about the sea.", {"max_new_tokens": 1000, "ignore_eos": True},
                              stream=True)
     n = 0
-    for chunk in stream:
+    for _chunk in stream:
         n += 1
         if n == 3:
             break

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from oracle_helpers import (
-    ORACLE_EXACT,
     EOS,
     GREEDY_MAX_NEW,
-    TINY_POOL,
     LOGPROB_ATOL,
     NEAR_TIE,
+    ORACLE_EXACT,
+    TINY_POOL,
     assert_pool_whole_after_flush,
     assert_same_greedy,
     hf_logits,

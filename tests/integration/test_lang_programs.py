@@ -15,9 +15,9 @@ import jsonschema
 import pytest
 import regex
 import torch
+from oracle_helpers import hf_greedy, kv_all_returned, wait_until
 
 import sgl
-from oracle_helpers import hf_greedy, kv_all_returned, wait_until
 from sgl.lang.generation import DTYPE_REGEX
 
 FEW_SHOT = (

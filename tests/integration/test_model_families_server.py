@@ -15,10 +15,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))  # tiny_models
 
-import sgl  # noqa: E402
 from server_helpers import ServerThread  # noqa: E402
-from sgl.server import create_app  # noqa: E402
 from tiny_models import save_tiny_engine_dir  # noqa: E402
+
+import sgl  # noqa: E402
+from sgl.server import create_app  # noqa: E402
 
 # Gemma-style turns for the Gemma families, ChatML for the Qwen ones, Phi-3's tags, a plain one else.
 TEMPLATES = {

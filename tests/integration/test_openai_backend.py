@@ -20,12 +20,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jsonschema
 import pytest
+from process_helpers import BLOCK_RUNTIME
+from server_helpers import PERSON, ServerThread
 
 import sgl
 from sgl.lang.backends.openai_dialects import UnsupportedParameterError
 from sgl.lang.backends.runtime_endpoint import RemoteError
-from process_helpers import BLOCK_RUNTIME
-from server_helpers import PERSON, ServerThread
 
 
 @pytest.fixture(scope="module")
@@ -247,7 +247,7 @@ def test_unenforceable_constraints_are_refused_naming_the_parameter(server_url):
     ]
     for api, expr, param in cases:
         @sgl.function
-        def program(s):
+        def program(s, expr=expr):
             s += "Q: " + expr
 
         with pytest.raises(sgl.ProgramError) as info:
@@ -328,7 +328,7 @@ class _Stub:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
-    def __enter__(self) -> "_Stub":
+    def __enter__(self) -> _Stub:
         self.thread.start()
         return self
 

@@ -7,10 +7,10 @@ variables and choices; the server process from `sgl.Runtime` serves programs too
 from __future__ import annotations
 
 import pytest
-
-import sgl
 from oracle_helpers import kv_all_returned, wait_until
 from server_helpers import ServerThread
+
+import sgl
 
 
 @pytest.fixture(scope="module")

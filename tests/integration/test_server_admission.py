@@ -16,9 +16,9 @@ from contextlib import contextmanager
 
 import pytest
 import requests
+from server_helpers import ServerThread, assert_error, sse_lines, wait_until
 
 import sgl
-from server_helpers import ServerThread, assert_error, sse_lines, wait_until
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

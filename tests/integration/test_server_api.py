@@ -10,8 +10,17 @@ import threading
 import jsonschema
 import pytest
 import requests
+from server_helpers import (
+    PERSON,
+    ServerThread,
+    assert_error,
+    kv_whole,
+    metric,
+    parse_metrics,
+    sse_events,
+    wait_until,
+)
 
-from server_helpers import PERSON, ServerThread, assert_error, kv_whole, metric, parse_metrics, sse_events, wait_until
 from sgl.lang.chat_template import ChatTemplate
 from sgl.server import create_app
 from sgl.server.protocol import ChatCompletionResponse, CompletionResponse, ModelInfo

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import requests
-
 from server_helpers import ServerThread
+
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,16 @@ from urllib.parse import urlsplit
 
 import pytest
 import requests
+from server_helpers import (
+    ServerThread,
+    assert_error,
+    kv_whole,
+    metric,
+    parse_metrics,
+    sse_events,
+    wait_until,
+)
 
-from server_helpers import ServerThread, assert_error, kv_whole, metric, parse_metrics, sse_events, wait_until
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

@@ -27,7 +27,6 @@ import hypothesis
 import jsonschema
 import pytest
 import requests
-
 import schemathesis
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -38,8 +37,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
 from server_helpers import ServerThread, assert_error, sse_events
+
 from sgl.server import create_app
 from sgl.server.lifecycle import ALWAYS_OPEN
 

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 import requests
-
 from server_helpers import ServerThread, sse_events
+
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

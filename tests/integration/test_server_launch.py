@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import requests
-
 from process_helpers import fault_env, gone
 from server_helpers import assert_error, sse_lines, wait_until
 

@@ -13,8 +13,8 @@ import json
 import jsonschema
 import openai
 import pytest
-
 from server_helpers import PERSON, ServerThread, kv_whole, wait_until
+
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import requests
-
-import sgl
 from oracle_helpers import kv_all_returned, wait_until
 from server_helpers import ServerThread, assert_error, metric, parse_metrics
+
+import sgl
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

@@ -15,9 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from server_helpers import ServerThread
 
 import sgl
-from server_helpers import ServerThread
 from sgl.server import create_app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -17,8 +17,8 @@ import jsonschema
 import openai
 import pytest
 import requests
-
 from server_helpers import ServerThread, assert_error, kv_whole, wait_until
+
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

@@ -13,9 +13,9 @@ import re
 import jsonschema
 import pytest
 import requests
+from server_helpers import ServerThread, assert_error, sse_events
 
 import sgl
-from server_helpers import ServerThread, assert_error, sse_events
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

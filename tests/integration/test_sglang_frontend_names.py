@@ -8,9 +8,9 @@ import asyncio
 import re
 
 import pytest
+from server_helpers import ServerThread
 
 import sgl
-from server_helpers import ServerThread
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration

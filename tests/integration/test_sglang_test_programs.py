@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from server_helpers import ServerThread
 
 FRONTEND_DIR = Path(os.environ.get("SGL_SGLANG_FRONTEND", Path(sys.prefix) / "sglang-frontend"))

@@ -8,12 +8,12 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+from server_helpers import ServerThread
+from state_compare import same_state
 
 import sgl
-from server_helpers import ServerThread
 from sgl.lang.shipping import ShippedState
 from sgl.server import create_app
-from state_compare import same_state
 
 pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

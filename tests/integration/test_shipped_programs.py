@@ -11,10 +11,10 @@ import json
 import jsonschema
 import pytest
 import requests
-
-import sgl
 from server_helpers import ServerThread, assert_error, kv_whole, sse_events, wait_until
 from state_compare import same_state
+
+import sgl
 from sgl.lang.ir_json import program_to_json
 from sgl.lang.shipping import ShippedState
 from sgl.lang.tracer import DynamicProgramError, trace_static

@@ -15,12 +15,12 @@ import signal
 import jsonschema
 import pytest
 import requests
+from process_helpers import call_in_background, gone
+from server_helpers import ServerThread, wait_until
 
 import sgl
 from sgl.runtime.errors import EngineDeadError, EngineUnavailableError
 from sgl.server.app import create_app
-from process_helpers import call_in_background, gone
-from server_helpers import ServerThread, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -22,11 +22,12 @@ from __future__ import annotations
 import functools
 import random
 import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from sgl.lang import Backend, ChatTemplate
-from sgl.lang.choices import ChoicesDecision, ChoicesMethod, ChoiceScores, decide
+from sgl.lang.choices import ChoiceScores, ChoicesDecision, ChoicesMethod, decide
 from sgl.lang.generation import DTYPE_REGEX
 
 CHATML = ChatTemplate(

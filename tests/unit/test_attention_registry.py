@@ -9,9 +9,9 @@ import sys
 
 import pytest
 import torch
+from attention_cases import make_case, run
 
 import sgl.runtime.attention as attn
-from attention_cases import make_case, run
 from sgl.runtime.attention import ATTENTION_BACKENDS, REGISTRY, auto_order, backend_name
 from sgl.runtime.attention.cpu_backend import CpuBackend
 from sgl.runtime.attention.torch_native import TorchNativeBackend

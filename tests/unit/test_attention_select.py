@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 import torch
+from graph_test_backend import DenseDecodeBackend
 
 import sgl.runtime.attention as attn
-from graph_test_backend import DenseDecodeBackend
 from sgl.runtime.attention import create_attention_backend, supports_cuda_graph
 from sgl.runtime.attention.torch_native import TorchNativeBackend
 from sgl.runtime.config import EngineConfig, cuda_graph_max_bs

@@ -203,7 +203,7 @@ def _pref(expr, env: dict, penv: dict, good: set[str], n: int) -> set[bytes]:
     if kind == "seq":
         out, left = set(), {b""}
         items = expr[1]
-        for i, item in enumerate(items):
+        for item in items:
             out |= _concat(left, _pref(item, env, penv, good, n), n)  # the rest is productive
             left = _concat(left, _lang(item, env, n), n)
         return out
@@ -911,7 +911,7 @@ def test_json_grammar_walks_produce_json_objects():
     grammar = compile_ebnf(JSON_GRAMMAR, vocab)
     rng = random.Random(7)
     kinds = set()
-    for i in range(25):
+    for _ in range(25):
         text = guided_walk(grammar, vocab, rng, steps=rng.randint(5, 60))
         value = json.loads(text.decode("utf-8"))
         assert isinstance(value, dict)

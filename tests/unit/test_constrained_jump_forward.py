@@ -13,7 +13,14 @@ import random
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_constrained_support import TOKENIZER_KINDS, Oracle, make_compiler, make_vocab, regexes, walk_random
+from test_constrained_support import (
+    TOKENIZER_KINDS,
+    Oracle,
+    make_compiler,
+    make_vocab,
+    regexes,
+    walk_random,
+)
 
 from sgl.constrained.jump_forward import split_complete_utf8
 

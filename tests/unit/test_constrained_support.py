@@ -15,7 +15,7 @@ import json
 import os
 import random
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -48,7 +48,7 @@ def _corpus() -> Iterable[str]:
         yield from CORPUS
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
     """A byte-level BPE (GPT-2 style) or a SentencePiece-style BPE with <0xNN> byte fallback."""
     if kind == "byte_level":
@@ -89,14 +89,14 @@ def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
 TOKENIZER_KINDS = ["byte_level", "sentencepiece"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_vocab(kind: str) -> TokenVocabulary:
     tok = make_tokenizer(kind)
     # A model vocabulary larger than the tokenizer's, as real checkpoints have.
     return TokenVocabulary.from_tokenizer(tok, vocab_size=len(tok) + 5)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_compiler(kind: str):
     from sgl.constrained import GrammarCompiler
 
@@ -234,7 +234,7 @@ def _emit(items) -> str:
             out.append("(?:" + _emit(av[-1]) + ")")
         elif name in ("MAX_REPEAT", "MIN_REPEAT"):
             lo, hi, sub = av
-            out.append("(?:" + _emit(sub) + ")" + "{%d,%s}" % (lo, "" if hi == _sre_p.MAXREPEAT else hi))
+            out.append("(?:" + _emit(sub) + ")" + f"{{{lo},{'' if hi == _sre_p.MAXREPEAT else hi}}}")
         elif name == "AT":
             out.append({"AT_BEGINNING": "^", "AT_BEGINNING_STRING": "\\A", "AT_END": "$", "AT_END_STRING": "\\Z"}[str(av)])
         else:

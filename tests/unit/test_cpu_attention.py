@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 import torch
-
 from attention_cases import make_case, reference, run
+
 from sgl.runtime.attention.torch_native import TorchNativeBackend
 
 if not (shutil.which("c++") or shutil.which("g++")):
@@ -99,7 +99,7 @@ def test_random_batches_match_reference():
         case = make_case(specs, 3, 64, torch.float32, seed=seed, heads=9, max_context=256, capacity=3000)
         expected = reference(case)
         got = run(bound(CpuBackend(paged_attention), case), case)
-        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"{specs}: {m}")
+        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m, specs=specs: f"{specs}: {m}")
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
@@ -139,7 +139,7 @@ def test_kernel_checks_its_inputs():
         "more queries than keys": [[0, 0, 3, 2]],
         "past the queries": [[0, len(q), 1, 1]],
     }
-    for what, rows in bad_rows.items():
+    for rows in bad_rows.values():
         with pytest.raises(RuntimeError, match="out of range"):
             paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], table, torch.tensor(rows), 0.125)
     table[case.batch.req_rows[0], 0] = pool.k_buffers[0].shape[0]  # a slot past the pool

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import TinyRunner, hf_tiny
 
 from sgl.runtime import cpu_features
 from sgl.runtime.model.cpu_packed import PackedLinear, pack_dense_layers, packing_applies
-from sgl.runtime.model.row_grid import EXACT_ROWS, padded_rows
 from sgl.runtime.model.linear_ops import linear_ops_built
-from tiny_models import TinyRunner, hf_tiny
+from sgl.runtime.model.row_grid import EXACT_ROWS, padded_rows
 
 needs_packing = pytest.mark.skipif(not packing_applies(torch.bfloat16, torch.device("cpu")),
                                    reason="this CPU has no native bf16 matmul (oneDNN packing is not used here)")

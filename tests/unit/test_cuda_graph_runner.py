@@ -11,10 +11,10 @@ import json
 import random
 
 import pytest
+from graph_test_backend import DenseDecodeBackend
 
 import sgl
 import sgl.runtime.model_runner as runner_mod
-from graph_test_backend import DenseDecodeBackend
 from sgl.runtime.cuda_graph import DecodeInputs, capture_batch_sizes, padded_batch_size
 from sgl.runtime.model.dummy import byte_level_tokenizer
 

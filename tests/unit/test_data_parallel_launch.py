@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-import pytest
-
 import subprocess
 import sys
 
-from sgl.server.data_parallel import (SUPERVISOR_OPTIONS, Stopped, Worker, cpu_slices, router_command,
-                                      wait_healthy, worker_argv)
+import pytest
+
+from sgl.server.data_parallel import (
+    SUPERVISOR_OPTIONS,
+    Stopped,
+    Worker,
+    cpu_slices,
+    router_command,
+    wait_healthy,
+    worker_argv,
+)
 from sgl.server.launch import build_parser
 
 

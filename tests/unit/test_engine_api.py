@@ -8,6 +8,7 @@ import pickle
 import threading
 
 import pytest
+from tiny_models import save_tiny_engine_dir
 
 import sgl
 from sgl.lang.chat_template import ChatTemplate
@@ -29,7 +30,6 @@ from sgl.runtime.messages import (
 )
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.session import SessionParams
-from tiny_models import save_tiny_engine_dir
 
 VOCAB = 320
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}"
@@ -193,7 +193,12 @@ def test_messages_and_results_are_plain_picklable_data():
 def test_messages_and_errors_cross_a_process_boundary_as_plain_data():
     """A request travels with its constraint as a spec (the JSON schema and EBNF grammars
     that did not pickle compiled); errors come back whole: same type, message and fields."""
-    from sgl.runtime.errors import EngineDeadError, EngineFault, EngineOverloadedError, NotFoundError
+    from sgl.runtime.errors import (
+        EngineDeadError,
+        EngineFault,
+        EngineOverloadedError,
+        NotFoundError,
+    )
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
     for params in (SamplingParams(json_schema=schema), SamplingParams(ebnf='root ::= "a"+'),

@@ -8,10 +8,10 @@ import time
 
 import pytest
 import torch
+from tiny_models import save_tiny_engine_dir
 
 import sgl
 from sgl.runtime.errors import InvalidRequestError
-from tiny_models import save_tiny_engine_dir
 
 VOCAB = 320
 GREEDY = {"temperature": 0, "ignore_eos": True}

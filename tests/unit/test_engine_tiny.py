@@ -7,9 +7,9 @@ import random
 
 import pytest
 import torch
+from tiny_models import save_tiny_engine_dir
 
 import sgl
-from tiny_models import save_tiny_engine_dir
 
 VOCAB = 320
 NEW = 24

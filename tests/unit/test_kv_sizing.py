@@ -10,8 +10,12 @@ import torch
 
 import sgl
 import sgl.runtime.memory_plan as engine_mod
-from sgl.runtime.memory_plan import CUDA_FIXED_HEADROOM_BYTES, activation_headroom_bytes, kv_pool_tokens
 from sgl.runtime.memory import TokenToKVPool
+from sgl.runtime.memory_plan import (
+    CUDA_FIXED_HEADROOM_BYTES,
+    activation_headroom_bytes,
+    kv_pool_tokens,
+)
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.dummy import NAMED_SHAPES, byte_level_tokenizer
 

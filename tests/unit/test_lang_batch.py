@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from lang_fakes import CHATML, FakeBackend, FakeBackendError, within
 
 import sgl
 from sgl.lang import ir
 from sgl.lang.tracer import constant_prefix
-from lang_fakes import CHATML, FakeBackend, FakeBackendError, within
 
 SYSTEM_PROMPT = "You answer in one word."
 
@@ -245,7 +245,7 @@ def test_program_failing_under_placeholders_has_no_prefix():
         s += "Items: " + ", ".join(data.split(";")[5])  # index error on a placeholder
 
     assert constant_prefix(parses, FakeBackend()) == ""
-    with pytest.raises(Exception):
+    with pytest.raises(IndexError):
         parses.trace()
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 
 import pytest
+from lang_fakes import FakeBackend, FakeBackendError, within
 
 import sgl
-from lang_fakes import FakeBackend, FakeBackendError, within
 
 BRANCH_REPLIES = {"Branch 0:": " zero", "Branch 1:": " one", "Branch 2:": " two"}
 
@@ -216,7 +216,7 @@ def test_nested_forks_gather_through_both_joins():
         outer = s.fork(2)
         for i, branch in enumerate(outer):
             inner = branch.fork(2)
-            inner += lambda j: f"{i}{j}:" + sgl.gen("v")
+            inner += lambda j, i=i: f"{i}{j}:" + sgl.gen("v")
             inner.join()
         outer.join()
 

@@ -11,13 +11,13 @@ import subprocess
 import sys
 
 import pytest
+from lang_fakes import CHATML, FakeBackend, FakeBackendError, within
 
 import sgl
 import sgl.lang.api
 from sgl.lang import ir
 from sgl.lang.choices import ChoiceScores, decide
 from sgl.lang.generation import DTYPE_REGEX
-from lang_fakes import CHATML, FakeBackend, FakeBackendError, within
 
 TYPE_HINT = "add a str, a number, or an sgl expression"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import time
 
 import pytest
+from lang_fakes import FakeBackend, FakeBackendError, within
 
 import sgl
-from lang_fakes import FakeBackend, FakeBackendError, within
 
 
 def wait_for(cond, seconds: float = 5.0) -> bool:

@@ -6,9 +6,9 @@ import asyncio
 import threading
 
 import pytest
+from lang_fakes import FakeBackend, FakeBackendError, split_pieces, within
 
 import sgl
-from lang_fakes import FakeBackend, FakeBackendError, split_pieces, within
 
 REPLY = "The quick brown fox"  # streamed by the fake in 3 pieces
 
@@ -196,8 +196,9 @@ def test_text_iter_without_stream_yields_the_final_text_once():
 
 
 def test_run_batch_precaches_only_when_global_config_says_so():
-    import sgl
     from lang_fakes import FakeBackend
+
+    import sgl
 
     @sgl.function
     def prog(s, q):

@@ -6,7 +6,6 @@ import random
 
 import pytest
 import torch
-
 from tiny_models import TinyRunner, hf_tiny, ours_from_hf, prefill_in_chunks_then_decode
 
 ATOL = 2e-4

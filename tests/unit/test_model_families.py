@@ -14,9 +14,15 @@ import random
 
 import pytest
 import torch
+from tiny_models import (
+    FAMILY_CONFIGS,
+    TinyRunner,
+    hf_tiny,
+    ours_from_hf,
+    prefill_in_chunks_then_decode,
+)
 
 from sgl.runtime.model.config import ModelConfig, UnsupportedConfigError
-from tiny_models import FAMILY_CONFIGS, TinyRunner, hf_tiny, ours_from_hf, prefill_in_chunks_then_decode
 
 ATOL = 2e-4
 FAMILIES = sorted(FAMILY_CONFIGS)
@@ -133,8 +139,9 @@ ENGINE_FAMILIES = ["qwen3-sliding", "mistral-sliding", "gemma2", "gemma3", "phi3
 
 @pytest.fixture(scope="module", params=ENGINE_FAMILIES)
 def family_engine(request, tmp_path_factory):
-    import sgl
     from tiny_models import save_tiny_engine_dir
+
+    import sgl
 
     path, hf = save_tiny_engine_dir(tmp_path_factory.mktemp(request.param), 320, arch=request.param,
                                     chat_template=CHAT_TEMPLATE)
@@ -197,9 +204,9 @@ def test_qwen3_gguf_roundtrip_matches_hf(tmp_path, models):
     equal to HF run on the weights our kernels hold (tolerance as for the Llama GGUF test:
     3e-2 of the logits' range, activations enter the int kernels rounded to bf16)."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.gguf_model import read_gguf
     from sgl.runtime.model.held_weights import held_hf_state_dict
+    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.loader import load_hf_state_dict, load_model
 
     hf = models("qwen3")
@@ -427,8 +434,8 @@ def test_gemma_gguf_roundtrip_matches_hf(tmp_path, arch):
     norm names, window and caps as keys, no query_pre_attn_scalar: the head size, as
     llama.cpp assumes), read back: logits equal HF's on prompts longer than the window."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.loader import load_hf_state_dict
 
     hf = hf_tiny(arch=arch, tie=True, seed=6, query_pre_attn_scalar=16)
@@ -448,8 +455,8 @@ def test_phi3_gguf_roundtrip_matches_hf(tmp_path, arch):
     rotary dims, the window, LongRoPE's factors as two tensors and its context / attention
     factor as keys; read back, logits equal HF's."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.loader import load_hf_state_dict
 
     hf = hf_tiny(arch=arch, seed=8)
@@ -470,8 +477,8 @@ def test_moe_gguf_roundtrip_matches_hf(tmp_path, arch, file_arch):
     ffn_down_exps, router ffn_gate_inp, Qwen2-MoE's shared expert and its gate vector; Mixtral
     as `llama` with an expert count): read back, logits equal HF's."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
-    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.gguf_model import read_gguf
+    from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.loader import load_hf_state_dict
 
     hf = hf_tiny(arch=arch, seed=9)

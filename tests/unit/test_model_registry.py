@@ -3,7 +3,6 @@ class registered for a config's family, and a family without one is refused by n
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 

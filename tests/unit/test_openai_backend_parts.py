@@ -8,6 +8,7 @@ import re
 
 import pytest
 
+from sgl.lang.backends.base import TokenUsage
 from sgl.lang.backends.openai_dialects import (
     DTYPE_GBNF,
     UnsupportedParameterError,
@@ -16,7 +17,6 @@ from sgl.lang.backends.openai_dialects import (
     extra_sampling_fields,
     version_tuple,
 )
-from sgl.lang.backends.base import TokenUsage
 from sgl.lang.backends.openai_http import Http, retry_after_seconds
 from sgl.lang.generation import DTYPE_REGEX
 from sgl.lang.speculative import Speculation, earliest_stop, sampling_key

@@ -11,8 +11,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-import sgl
 from process_helpers import BLOCK_RUNTIME, RUNTIME_PACKAGES
+
+import sgl
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

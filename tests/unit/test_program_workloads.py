@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from programs.plain_client import Recorder, RecordingBackend  # noqa: E402
 from programs.workloads import WORKLOADS  # noqa: E402
+
 from sgl.lang import ChatTemplate  # noqa: E402
 
 CHATML = ChatTemplate(prefix={r: f"<|im_start|>{r}\n" for r in ("system", "user", "assistant")},

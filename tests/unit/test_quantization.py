@@ -13,12 +13,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from tiny_models import TinyRunner, hf_tiny
 
 from sgl.runtime.model import quant, quant_route, quant_tensor
 from sgl.runtime.model.quant import Int4Linear, Int8Linear, pack_int4, unpack_int4
 from sgl.runtime.model.quant_route import DEQUANT_MIN_TOKENS
 from sgl.runtime.model.quant_tensor import quantize_int4, quantize_int8
-from tiny_models import TinyRunner, hf_tiny
 
 gguf = pytest.importorskip("gguf")
 

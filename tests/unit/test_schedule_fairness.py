@@ -43,7 +43,7 @@ def test_a_request_sharing_nothing_is_admitted_after_at_most_max_overtakes():
     builder = _builder()
     lonely = _req(0)
     builder.waiting.append(lonely)
-    for step in range(10 * MAX_OVERTAKES):
+    for _ in range(10 * MAX_OVERTAKES):
         builder.waiting += [_req(10), _req(10)]
         admitted = _admit_first(builder, 2)
         if lonely in admitted:

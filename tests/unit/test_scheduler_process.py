@@ -14,11 +14,16 @@ import time
 
 import jsonschema
 import pytest
-
-import sgl
-from sgl.runtime.errors import EngineDeadError, EngineFault, EngineUnavailableError, InvalidRequestError
 from process_helpers import call_in_background, fault_env, gone
 from tiny_models import save_tiny_engine_dir
+
+import sgl
+from sgl.runtime.errors import (
+    EngineDeadError,
+    EngineFault,
+    EngineUnavailableError,
+    InvalidRequestError,
+)
 
 VOCAB = 320
 TIMEOUT = 120.0

@@ -15,6 +15,7 @@ import threading
 from concurrent.futures import Future
 
 import pytest
+from tiny_models import save_tiny_engine_dir
 
 import sgl
 from sgl.lang.backends.engine import EngineBackend
@@ -23,7 +24,6 @@ from sgl.runtime.messages import ReqEvent, SubmitRequest
 from sgl.server.extract import _CancellableBackend, _Cancelled, _run
 from sgl.server.protocol import ExtractRequest
 from sgl.server.streaming import until_disconnected
-from tiny_models import save_tiny_engine_dir
 
 TIMEOUT = 60
 

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 import tqdm.auto
+from lang_fakes import FakeBackend
 
 import sgl
-from lang_fakes import FakeBackend
 
 
 @sgl.function
@@ -18,7 +18,7 @@ def qa(s, question):
 
 
 class _RecordingBar(tqdm.auto.tqdm):
-    instances: list["_RecordingBar"] = []
+    instances: list[_RecordingBar] = []
 
     def __init__(self, *a, **k):
         super().__init__(*a, disable=True, **k)

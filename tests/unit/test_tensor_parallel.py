@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import FAMILY_CONFIGS, TinyRunner, hf_tiny, prefill_in_chunks_then_decode
 
 from sgl.runtime.distributed import TPGroup, init_tp_group
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.cpu_packed import pack_dense_layers, packing_applies
 from sgl.runtime.model.llama import LlamaForCausalLM
 from sgl.runtime.model.loader import load_hf_state_dict, load_model
-from tiny_models import FAMILY_CONFIGS, TinyRunner, hf_tiny, prefill_in_chunks_then_decode
 
 TP = 2
 SPAWN_TIMEOUT_S = 240

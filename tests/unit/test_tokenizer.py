@@ -68,7 +68,7 @@ def _with_byte_fallback(tok: Tokenizer) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(data))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
     """Tiny tokenizers of the families the runtime meets in practice."""
     if kind in ("byte_level", "byte_level_cleanup"):

@@ -4,7 +4,7 @@ not; and `gen(tools=...)`'s constraint choices."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Literal
 
 import jsonschema
 import pytest
@@ -15,7 +15,7 @@ from sgl.tool_calls import function_tool
 
 def book(city: str, nights: int, budget: float = 100.0, pets: bool = False,
          room: Literal["single", "double"] = "double", guests: list[str] | None = None,
-         extras: Optional[dict] = None) -> str:
+         extras: dict | None = None) -> str:
     """Book a hotel.
 
     Longer notes that stay out of the description."""

@@ -23,11 +23,9 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra pins it on Linux)")
 
-from sgl.runtime.attention import ForwardBatch  # noqa: E402
+from sgl.runtime.attention import ForwardBatch, triton_kernels  # noqa: E402
 from sgl.runtime.attention.torch_native import TorchNativeBackend  # noqa: E402
 from sgl.runtime.attention.triton_backend import TritonBackend, TritonMetadata  # noqa: E402
-
-from sgl.runtime.attention import triton_kernels  # noqa: E402
 
 if type(triton_kernels._extend_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter (e.g. by another test): decorate the kernels again.

@@ -20,9 +20,10 @@ import torch.nn.functional as F  # noqa: E402
 
 pytest.importorskip("triton", reason="triton is not installed (the `test` extra pins it on Linux)")
 
+from triton_compile import assert_compiles_for_sm90  # noqa: E402
+
 from sgl.runtime.model import moe_triton  # noqa: E402
 from sgl.runtime.model.moe import StackedExperts  # noqa: E402
-from triton_compile import assert_compiles_for_sm90  # noqa: E402
 
 if type(moe_triton._gate_up_kernel).__name__ != "InterpretedFunction":
     importlib.reload(moe_triton)  # imported earlier without the interpreter: decorate the kernels again

@@ -12,7 +12,6 @@ from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.llama import LlamaForCausalLM
 from sgl.runtime.model.loader import load_hf_state_dict
 
-
 # Tiny configs of each family, with the features that make it differ switched on (windows
 # shorter than the test prompts, caps small enough that tanh bends random-weight scores).
 FAMILY_CONFIGS = {
@@ -153,7 +152,7 @@ class TinyRunner:
         del self.lens[req]
 
 
-def prefill_in_chunks_then_decode(runner: "TinyRunner", seqs: dict[int, list[int]], rng,
+def prefill_in_chunks_then_decode(runner: TinyRunner, seqs: dict[int, list[int]], rng,
                                   decode_steps: int) -> dict[int, torch.Tensor]:
     """Each sequence but its last `decode_steps` tokens prefilled in uneven chunks (1-17
     tokens, several requests a step), then those tokens decoded by everyone together; the

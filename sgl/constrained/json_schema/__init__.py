@@ -91,14 +91,27 @@ from __future__ import annotations
 
 from sgl.constrained.json_schema.combinators import MAX_EXCLUDED_NUMBERS
 from sgl.constrained.json_schema.containers import FREE_DEPTH
-from sgl.constrained.json_schema.converter import MAX_CONVERT_CALLS, MAX_DECIDED_VALUES, MAX_TRANSLATION_CHARS
+from sgl.constrained.json_schema.converter import (
+    MAX_CONVERT_CALLS,
+    MAX_DECIDED_VALUES,
+    MAX_TRANSLATION_CHARS,
+)
 from sgl.constrained.json_schema.keywords import PARAM, load_schema, validation_keywords
 from sgl.constrained.json_schema.lexical import WS, json_char
 from sgl.constrained.json_schema.members import MAX_DEPENDENT_NAMES
 from sgl.constrained.json_schema.merging import MAX_CONDITION_CASES
-from sgl.constrained.json_schema.numbers import MAX_LISTED_MULTIPLES, integer_multiples, integer_range, number_range
+from sgl.constrained.json_schema.numbers import (
+    MAX_LISTED_MULTIPLES,
+    integer_multiples,
+    integer_range,
+    number_range,
+)
 from sgl.constrained.json_schema.objects import names_declared
-from sgl.constrained.json_schema.translate import json_schema_to_regex, json_schema_to_rules, json_schema_to_rx
+from sgl.constrained.json_schema.translate import (
+    json_schema_to_regex,
+    json_schema_to_rules,
+    json_schema_to_rx,
+)
 
 __all__ = [
     "FREE_DEPTH",

@@ -19,7 +19,14 @@ from sgl.constrained.json_schema.combinators import CombinatorsMixin
 from sgl.constrained.json_schema.conditions import Negation, conditional
 from sgl.constrained.json_schema.containers import FREE_DEPTH
 from sgl.constrained.json_schema.keywords import (
-    _ARRAY_KW, _NUMBER_KW, _OBJECT_KW, _STRING_KW, _TYPES, _UNSUPPORTED, PARAM, validation_keywords,
+    _ARRAY_KW,
+    _NUMBER_KW,
+    _OBJECT_KW,
+    _STRING_KW,
+    _TYPES,
+    _UNSUPPORTED,
+    PARAM,
+    validation_keywords,
 )
 from sgl.constrained.json_schema.lexical import _BOOLEAN, _NULL
 from sgl.constrained.json_schema.merging import MergingMixin

@@ -13,9 +13,18 @@ import math
 from typing import Any
 
 from sgl.constrained.json_schema.conditions import (
-    NotNegatable, condition_options, conditional, conjoin, split_conditions,
+    NotNegatable,
+    condition_options,
+    conditional,
+    conjoin,
+    split_conditions,
 )
-from sgl.constrained.json_schema.keywords import _COUPLED, _MEMBER_KW, _UNSUPPORTED, validation_keywords
+from sgl.constrained.json_schema.keywords import (
+    _COUPLED,
+    _MEMBER_KW,
+    _UNSUPPORTED,
+    validation_keywords,
+)
 from sgl.constrained.json_schema.values import _json_equal, _listed, _type_list
 from sgl.constrained.regex import Rx
 

@@ -12,8 +12,20 @@ from typing import Any
 
 from sgl.constrained.json_schema.formats import _FORMATS
 from sgl.constrained.json_schema.keywords import PARAM
-from sgl.constrained.json_schema.lexical import _ESCAPES_UP_TO, _QUOTE, _RAW_CHAR, _STR_CHAR, _STRING, json_char
-from sgl.constrained.json_schema.numbers import _FRAC_ZERO, integer_multiples, integer_range, number_range
+from sgl.constrained.json_schema.lexical import (
+    _ESCAPES_UP_TO,
+    _QUOTE,
+    _RAW_CHAR,
+    _STR_CHAR,
+    _STRING,
+    json_char,
+)
+from sgl.constrained.json_schema.numbers import (
+    _FRAC_ZERO,
+    integer_multiples,
+    integer_range,
+    number_range,
+)
 from sgl.constrained.json_schema.values import _has_type, _json_equal, _value_literal
 from sgl.constrained.regex import Rx, rx_alt, rx_cat, rx_lit, rx_rep, translate_regex
 

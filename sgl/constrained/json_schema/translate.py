@@ -13,7 +13,14 @@ from sgl.constrained.errors import GrammarError
 from sgl.constrained.json_schema.containers import _array_of, _map_object
 from sgl.constrained.json_schema.converter import Converter
 from sgl.constrained.json_schema.keywords import PARAM, load_schema
-from sgl.constrained.json_schema.lexical import _BOOLEAN, _NULL, _NUMBER, _SHARED, _STRING, _VALUE_RULE
+from sgl.constrained.json_schema.lexical import (
+    _BOOLEAN,
+    _NULL,
+    _NUMBER,
+    _SHARED,
+    _STRING,
+    _VALUE_RULE,
+)
 from sgl.constrained.regex import Rx, rx_alt, rx_ref
 
 

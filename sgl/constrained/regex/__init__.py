@@ -6,8 +6,23 @@ with the ``rx_*`` functions), :mod:`.normalize` (Python regex syntax -> that tex
 The names other modules import are re-exported here.
 """
 
-from sgl.constrained.regex.algebra import CharSet, Rx, rx_alt, rx_cat, rx_lit, rx_ref, rx_rep, rx_set
-from sgl.constrained.regex.index import MAX_POSITIONS, RegexGrammar, RegexMatcher, check_size, index_vocab
+from sgl.constrained.regex.algebra import (
+    CharSet,
+    Rx,
+    rx_alt,
+    rx_cat,
+    rx_lit,
+    rx_ref,
+    rx_rep,
+    rx_set,
+)
+from sgl.constrained.regex.index import (
+    MAX_POSITIONS,
+    RegexGrammar,
+    RegexMatcher,
+    check_size,
+    index_vocab,
+)
 from sgl.constrained.regex.normalize import normalize_regex, translate_regex
 
 __all__ = [

@@ -11,8 +11,9 @@ its patterns in this algebra directly.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from sgl.constrained import ebnf_parse as _ast
 
@@ -52,11 +53,11 @@ class CharSet:
         self.ranges: tuple[tuple[int, int], ...] = tuple(out)
 
     @classmethod
-    def of(cls, chars: str) -> "CharSet":
+    def of(cls, chars: str) -> CharSet:
         return cls((ord(c), ord(c)) for c in chars)
 
     @classmethod
-    def full(cls) -> "CharSet":
+    def full(cls) -> CharSet:
         return cls([(0, MAX_CP)])
 
     def __bool__(self) -> bool:
@@ -72,10 +73,10 @@ class CharSet:
         cp = ord(ch) if isinstance(ch, str) else ch
         return any(lo <= cp <= hi for lo, hi in self.ranges)
 
-    def __or__(self, other: "CharSet") -> "CharSet":
+    def __or__(self, other: CharSet) -> CharSet:
         return CharSet(self.ranges + other.ranges)
 
-    def complement(self) -> "CharSet":
+    def complement(self) -> CharSet:
         out: list[tuple[int, int]] = []
         nxt = 0
         for lo, hi in self.ranges:
@@ -86,10 +87,10 @@ class CharSet:
             out.append((nxt, MAX_CP))
         return CharSet(out)
 
-    def __and__(self, other: "CharSet") -> "CharSet":
+    def __and__(self, other: CharSet) -> CharSet:
         return (self.complement() | other.complement()).complement()
 
-    def __sub__(self, other: "CharSet") -> "CharSet":
+    def __sub__(self, other: CharSet) -> CharSet:
         return self & other.complement()
 
     def single(self) -> str | None:
@@ -98,7 +99,7 @@ class CharSet:
             return chr(self.ranges[0][0])
         return None
 
-    def ascii_casefold(self) -> "CharSet":
+    def ascii_casefold(self) -> CharSet:
         """Add the other case of every ASCII letter (``re.ASCII | re.IGNORECASE``)."""
         extra: list[tuple[int, int]] = []
         for lo, hi in self.ranges:

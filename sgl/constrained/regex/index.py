@@ -86,11 +86,11 @@ class _IndexVocab:
         return max((len(b) for b in self.by_bytes), default=1)
 
 
-_IVOCAB_CACHE: "weakref.WeakKeyDictionary[TokenVocabulary, _IndexVocab]" = weakref.WeakKeyDictionary()
+_IVOCAB_CACHE: weakref.WeakKeyDictionary[TokenVocabulary, _IndexVocab] = weakref.WeakKeyDictionary()
 _IVOCAB_LOCK = threading.Lock()
 
 
-def index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
+def index_vocab(vocab: TokenVocabulary) -> _IndexVocab:
     """outlines-core's Vocabulary for ``vocab`` (built once per vocabulary)."""
     with _IVOCAB_LOCK:
         hit = _IVOCAB_CACHE.get(vocab)
@@ -115,8 +115,8 @@ def index_vocab(vocab: "TokenVocabulary") -> _IndexVocab:
 class RegexGrammar:
     """A regex compiled against one vocabulary: immutable, shared by all its requests."""
 
-    def __init__(self, kind: str, spec: str, regex: str, vocab: "TokenVocabulary", *, param: str = "regex",
-                 builder: "IndexBuilder | None" = None, build_timeout_s: float | None = None) -> None:
+    def __init__(self, kind: str, spec: str, regex: str, vocab: TokenVocabulary, *, param: str = "regex",
+                 builder: IndexBuilder | None = None, build_timeout_s: float | None = None) -> None:
         """``builder``: build the index in its capped child process (the engine's choice;
         ``build_timeout_s`` lowers its time limit); None builds it here, unbounded (tests,
         trusted constraints)."""
@@ -253,14 +253,14 @@ class RegexGrammar:
         for state in self._states:
             self._mask(state)
 
-    def matcher(self) -> "RegexMatcher":
+    def matcher(self) -> RegexMatcher:
         return RegexMatcher(self, [(self._start, b"")])
 
     def __repr__(self) -> str:
         return f"RegexGrammar(kind={self.kind!r}, regex={self.regex[:60]!r})"
 
 
-def _cover(data: bytes, tokens: "set[bytes] | frozenset[bytes]", longest: int) -> int:
+def _cover(data: bytes, tokens: set[bytes] | frozenset[bytes], longest: int) -> int:
     """Tokens in a greedy longest-match cover of ``data`` (bytes without any token: inf)."""
     i, n = 0, 0
     while i < len(data):
@@ -375,7 +375,7 @@ class RegexMatcher:
         if n:
             del self._hist[-n:]
 
-    def copy(self) -> "RegexMatcher":
+    def copy(self) -> RegexMatcher:
         """An independent matcher at the same position (n > 1 sampling, forks)."""
         return RegexMatcher(self._g, list(self._hist))
 

@@ -16,8 +16,9 @@ word boundaries, atomic groups and possessive repeats are rejected.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sgl.constrained.errors import GrammarError
 from sgl.constrained.regex.algebra import EMPTY, CharSet, Rx, rx_alt, rx_cat, rx_rep, rx_set

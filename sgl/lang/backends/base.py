@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from sgl.lang.chat_template import ChatTemplate
 from sgl.lang.choices import ChoicesDecision, ChoicesMethod
@@ -105,7 +106,7 @@ class Backend(ABC):
         a state's first generation and closes it when the state ends."""
         return None
 
-    def close_session(self, session: str) -> None:
+    def close_session(self, session: str) -> None:  # noqa: B027 (optional: no sessions, nothing to close)
         pass
 
     @property
@@ -132,5 +133,5 @@ class Backend(ABC):
     def get_server_info(self) -> dict[str, Any]:
         return {}
 
-    def shutdown(self) -> None:
+    def shutdown(self) -> None:  # noqa: B027 (optional: nothing to release)
         pass

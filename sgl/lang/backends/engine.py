@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from sgl.lang.backends.scoring import TokenScoringBackend, logprobs_of
 from sgl.lang.chat_template import ChatTemplate

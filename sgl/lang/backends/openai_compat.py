@@ -21,7 +21,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from sgl.lang.backends.base import Backend, TokenUsage
 from sgl.lang.backends.openai_dialects import (

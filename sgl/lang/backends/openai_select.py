@@ -50,7 +50,7 @@ def _prompt_tokens(choice: dict[str, Any], prompt: str) -> tuple[list[Token], li
     return [(offsets[i], tokens[i]) for i in keep], [lps[i] for i in keep]
 
 
-def _echo(backend: "OpenAI", prompts: list[str]) -> list[tuple[list[Token], list[float | None]]] | None:
+def _echo(backend: OpenAI, prompts: list[str]) -> list[tuple[list[Token], list[float | None]]] | None:
     """Prompt tokens and logprobs of each prompt (one call); None if the endpoint has none."""
     for max_tokens in (0, 1):  # vLLM and sgl echo with 0 new tokens; others may need 1
         body = {"model": backend.model, "prompt": prompts, "max_tokens": max_tokens, "echo": True,
@@ -76,7 +76,7 @@ def _common(a: list[Token], b: list[Token]) -> int:
     return n
 
 
-def score_by_echo(backend: "OpenAI", text: str, choices: list[str], unconditional: bool) -> ChoiceScores | None:
+def score_by_echo(backend: OpenAI, text: str, choices: list[str], unconditional: bool) -> ChoiceScores | None:
     """Each choice's token logprobs after `text` (and alone, if asked), or None if unavailable."""
     got = _echo(backend, [text, *(text + c for c in choices)])
     if got is None:

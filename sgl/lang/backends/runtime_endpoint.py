@@ -26,7 +26,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import requests
 
@@ -89,7 +90,7 @@ class RuntimeEndpoint(TokenScoringBackend):
         return True
 
     @property
-    def endpoint(self) -> "RuntimeEndpoint":
+    def endpoint(self) -> RuntimeEndpoint:
         """Itself: SGLang code reaches the server through `backend.endpoint` (on SGLang's
         `Runtime`, its RuntimeEndpoint), e.g. `global_config.default_backend.endpoint.get_model_name()`."""
         return self
@@ -290,7 +291,7 @@ class Runtime:
                 self.process.kill()
                 self.process.wait()
 
-    def __enter__(self) -> "Runtime":
+    def __enter__(self) -> Runtime:
         return self
 
     def __exit__(self, *exc: Any) -> None:

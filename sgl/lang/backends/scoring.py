@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import abstractmethod
 
 from sgl.lang.backends.base import Backend
-from sgl.lang.choices import ChoicesDecision, ChoicesMethod, ChoiceScores, decide
+from sgl.lang.choices import ChoiceScores, ChoicesDecision, ChoicesMethod, decide
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:

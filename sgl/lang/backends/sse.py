@@ -9,7 +9,7 @@ a multi-byte character, so each line is decoded whole afterwards.
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 
 def sse_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:

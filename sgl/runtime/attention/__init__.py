@@ -14,12 +14,18 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from sgl.runtime.attention.base import FEATURES, AttentionBackend, CudaGraphHooks, ForwardBatch, supports_cuda_graph
+from sgl.runtime.attention.base import (
+    FEATURES,
+    AttentionBackend,
+    CudaGraphHooks,
+    ForwardBatch,
+    supports_cuda_graph,
+)
 
 logger = logging.getLogger(__name__)
 

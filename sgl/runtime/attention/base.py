@@ -32,7 +32,7 @@ class ForwardBatch:
     extend_lens: list[int]
     kv_pool: TokenToKVPool
     req_to_token: ReqToTokenPool
-    attn_backend: "AttentionBackend"
+    attn_backend: AttentionBackend
     # Per request: its row's allocation count (ReqToTokenPool.epochs), so a backend that keeps
     # per-row state across steps can tell a new occupant of a reused row. None: no such state.
     row_epochs: list[int] | None = None
@@ -64,7 +64,9 @@ class AttentionBackend(ABC):
         Called before `bind`; the default holds nothing."""
         return 0
 
-    def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool, num_qo_heads: int) -> None:
+    def bind(  # noqa: B027 (optional: the default keeps nothing)
+        self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool, num_qo_heads: int
+    ) -> None:
         """Called once by the scheduler before any step, with the pools and the model's query
         head count. Backends that plan ahead of `forward` (flashinfer; CUDA-graph hooks, which
         see no ForwardBatch) keep what they need; the default keeps nothing."""

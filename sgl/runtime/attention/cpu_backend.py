@@ -18,15 +18,20 @@ TorchNativeBackend, which then runs every step exactly as `torch_native` would.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from sgl.runtime.attention.base import AttentionBackend, ForwardBatch
 from sgl.runtime.attention.cpu_kernel import PREFILL_HEAD_DIMS, SUPPORTED_HEAD_DIMS
-from sgl.runtime.attention.torch_native import (TorchNativeBackend, _ExtendRow, attend_extend_row,
-                                                 extend_row_context, pool_extend_row)
+from sgl.runtime.attention.torch_native import (
+    TorchNativeBackend,
+    _ExtendRow,
+    attend_extend_row,
+    extend_row_context,
+    pool_extend_row,
+)
 
 # Rows with more new tokens than this go to SDPA (the kernel's cost grows with queries x keys
 # without the blocking a matrix multiply gets).

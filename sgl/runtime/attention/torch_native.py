@@ -231,7 +231,7 @@ class TorchNativeBackend(AttentionBackend):
         self._mirror: _Mirror | None = None
 
     @property
-    def mirror(self) -> "_Mirror | None":
+    def mirror(self) -> _Mirror | None:
         """The dense K/V mirror held now, or None (test hook: its size is what
         `reserved_memory_bytes` bounds)."""
         return self._mirror

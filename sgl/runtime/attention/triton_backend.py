@@ -15,8 +15,8 @@ batch size, so a captured decode stays valid for any batch of that size.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -127,7 +127,7 @@ class TritonBackend(AttentionBackend):
         self._device = kv_pool.device  # where the CUDA-graph buffers go
 
     @property
-    def graph_state(self) -> "_GraphState | None":
+    def graph_state(self) -> _GraphState | None:
         """The static CUDA-graph buffers, None before `init_cuda_graph_state` (test hook:
         captured launches must keep using the same buffers)."""
         return self._graph

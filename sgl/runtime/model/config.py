@@ -95,7 +95,7 @@ class ModelConfig:
     sparse_layers: list[bool] = field(default_factory=list)  # per layer: MoE block (else dense MLP)
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         arch = architecture_of(d)
         _refuse_unsupported(d, arch)
         heads = d["num_attention_heads"]

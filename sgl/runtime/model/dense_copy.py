@@ -20,7 +20,7 @@ dequantized prefill route already is.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -94,8 +94,8 @@ def dense_rows(layer: nn.Module) -> int:
         wins = []
         for rows in PROBE_ROWS:
             x = torch.randn(rows, layer.in_features).to(torch.bfloat16)
-            wins.append(_seconds(lambda: packed_matmul(x, layer.dense_packed, None)) <
-                        _seconds(lambda: layer.packed_mm(x)))
+            wins.append(_seconds(lambda x=x: packed_matmul(x, layer.dense_packed, None)) <
+                        _seconds(lambda x=x: layer.packed_mm(x)))
         for i in range(len(PROBE_ROWS)):
             if all(wins[i:]):
                 return PROBE_ROWS[i]

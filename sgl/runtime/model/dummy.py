@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from sgl.runtime.distributed import TPGroup
 from sgl.runtime.model.config import ModelConfig
 from sgl.runtime.model.llama import LlamaForCausalLM
-from sgl.runtime.model.registry import build_model
 from sgl.runtime.model.parallel import cut_of, param_dims, rule_for
+from sgl.runtime.model.registry import build_model
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ llama.cpp needs one in the file.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import torch

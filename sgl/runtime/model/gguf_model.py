@@ -101,7 +101,7 @@ def _field(reader, key: str, default=None):
     return f.contents()
 
 
-def open_gguf(path: Path) -> tuple[dict, "GgufSource"]:
+def open_gguf(path: Path) -> tuple[dict, GgufSource]:
     """HF config dict and the file's weights by HF name (read one at a time, see gguf_weights)."""
     import gguf
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +27,12 @@ from sgl.runtime.model.quant import int8_embedding, quantized_linear
 from sgl.runtime.model.quant_policy import QuantPolicy, expert_layer
 from sgl.runtime.model.quant_tensor import QuantizedTensor, cat_rows, dense_weight, per_row_int8
 from sgl.runtime.model.registry import build_model
-from sgl.runtime.model.weight_sources import DictSource, RecordedSource, SafetensorsSource, ShardedSource
+from sgl.runtime.model.weight_sources import (
+    DictSource,
+    RecordedSource,
+    SafetensorsSource,
+    ShardedSource,
+)
 
 
 def load_model(model_path: str, dtype: torch.dtype, device: torch.device, quantization: str = "none",

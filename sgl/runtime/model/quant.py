@@ -19,8 +19,8 @@ is given it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,8 +28,15 @@ from torch import nn
 
 from sgl.runtime.model import dense_copy, quant_vnni
 from sgl.runtime.model.linear_ops import linear_ops_built
-from sgl.runtime.model.quant_route import crossover_for, dense_dtype, in_compiled_graph, prepared_crossover
-from sgl.runtime.model.quant_tensor import INT4_GROUP_SIZES as INT4_GROUP_SIZES  # beside QUANTIZATIONS (config.py)
+from sgl.runtime.model.quant_route import (
+    crossover_for,
+    dense_dtype,
+    in_compiled_graph,
+    prepared_crossover,
+)
+from sgl.runtime.model.quant_tensor import (
+    INT4_GROUP_SIZES as INT4_GROUP_SIZES,  # beside QUANTIZATIONS (config.py)
+)
 from sgl.runtime.model.quant_tensor import QuantizedTensor, cat_rows, per_row_int8
 from sgl.runtime.model.row_grid import on_row_grid
 

@@ -14,8 +14,15 @@ from sgl.runtime.model.llama import Linear, LlamaForCausalLM
 from sgl.runtime.model.moe import StackedExperts
 from sgl.runtime.model.parallel import rule_for
 from sgl.runtime.model.quant import int8_embedding, quantized_linear
-from sgl.runtime.model.quant_tensor import (QuantizedTensor, cat_rows, dense_weight, int4_group_for, per_row_int8,
-                                            quantize, quantize_int8)
+from sgl.runtime.model.quant_tensor import (
+    QuantizedTensor,
+    cat_rows,
+    dense_weight,
+    int4_group_for,
+    per_row_int8,
+    quantize,
+    quantize_int8,
+)
 
 logger = logging.getLogger(__name__)
 

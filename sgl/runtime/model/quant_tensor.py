@@ -43,12 +43,12 @@ class QuantizedTensor:
             return self.codes.float() * scales
         return (self.codes.float() - 8) * scales + self.zeros.repeat_interleave(self.group, dim=1)
 
-    def rows(self, index: torch.Tensor) -> "QuantizedTensor":
+    def rows(self, index: torch.Tensor) -> QuantizedTensor:
         """The rows `index` (a permutation or a selection), codes and scales together."""
         zeros = None if self.zeros is None else self.zeros[index]
         return QuantizedTensor(self.kind, self.codes[index], self.scales[index], zeros, self.group)
 
-    def columns(self, start: int, stop: int, name: str = "a weight") -> "QuantizedTensor":
+    def columns(self, start: int, stop: int, name: str = "a weight") -> QuantizedTensor:
         """Inputs start:stop (a row-parallel shard): exact on group boundaries, and anywhere
         for one scale per row (int8), which then covers the slice alone."""
         n, k = self.shape
@@ -62,7 +62,7 @@ class QuantizedTensor:
         return QuantizedTensor(self.kind, self.codes[:, start:stop].contiguous(), self.scales[:, g0:g1].contiguous(),
                                zeros, stop - start if per_row else self.group)
 
-    def rounded_scales(self) -> "QuantizedTensor":
+    def rounded_scales(self) -> QuantizedTensor:
         """The same codes with scales and zeros rounded to bf16, as the packed kernels hold them."""
         zeros = None if self.zeros is None else self.zeros.bfloat16().float()
         return QuantizedTensor(self.kind, self.codes, self.scales.bfloat16().float(), zeros, self.group)

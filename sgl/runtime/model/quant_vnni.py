@@ -24,7 +24,12 @@ import torch
 from torch import nn
 
 from sgl.runtime.model import dense_copy
-from sgl.runtime.model.quant_route import crossover_for, dense_dtype, in_compiled_graph, prepared_crossover
+from sgl.runtime.model.quant_route import (
+    crossover_for,
+    dense_dtype,
+    in_compiled_graph,
+    prepared_crossover,
+)
 from sgl.runtime.model.quant_tensor import QuantizedTensor
 from sgl.runtime.model.row_grid import on_row_grid
 

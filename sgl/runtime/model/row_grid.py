@@ -15,7 +15,7 @@ octave, so at most 1/16 of a call's rows are padding (zeros, sliced off the outp
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

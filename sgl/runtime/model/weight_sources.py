@@ -16,7 +16,16 @@ from typing import Any
 
 import torch
 
-from sgl.runtime.model.parallel import REPLICATED, SHARD_RULES, Cut, ShardRule, TPShards, cut_of, pad_rows, param_dims
+from sgl.runtime.model.parallel import (
+    REPLICATED,
+    SHARD_RULES,
+    Cut,
+    ShardRule,
+    TPShards,
+    cut_of,
+    pad_rows,
+    param_dims,
+)
 
 
 class SafetensorsSource:

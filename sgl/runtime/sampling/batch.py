@@ -7,8 +7,8 @@ per-step inputs that change as tokens arrive (tokens so far, generators) are pas
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -62,7 +62,7 @@ class SamplingBatch:
         device: torch.device | str,
         vocab_size: int,
         eos_token_ids: Sequence[int],
-    ) -> "SamplingBatch":
+    ) -> SamplingBatch:
         """Gather the batch's params into tensors; ids outside [0, vocab_size) are ignored.
         (Long but flat: one pass over the rows, then one tensor per parameter, so every
         per-row tensor the sampler reads is built in this one place.)"""

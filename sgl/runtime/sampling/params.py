@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from sgl.runtime.errors import InvalidRequestError
 
@@ -152,7 +153,7 @@ class _SamplingParamsMethods:
         return [p.name for p in PARAMS]
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any] | None) -> "SamplingParams":
+    def from_dict(cls, d: dict[str, Any] | None) -> SamplingParams:
         """Build from a JSON-like dict, rejecting unknown keys and bad types/ranges.
 
         The result is normalized and passes `validate()` without a vocab size; callers
@@ -182,7 +183,7 @@ class _SamplingParamsMethods:
         """True when sampling reduces to argmax (temperature 0, or only one candidate)."""
         return self.temperature == 0 or self.top_k == 1
 
-    def validate(self, vocab_size: int | None = None) -> "SamplingParams":
+    def validate(self, vocab_size: int | None = None) -> SamplingParams:
         """Check types and ranges, normalizing in place (stop -> list, top_k 0 -> -1,
         logit_bias keys -> int). Raises InvalidRequestError naming the bad field. Idempotent."""
         from sgl.runtime.sampling.validation import validate

@@ -36,8 +36,8 @@ is masked gets token id -1 (logprob -inf); the scheduler finishes it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

@@ -8,7 +8,8 @@ Separate from params.py so that the table reads as a table.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.sampling.params import CONSTRAINTS, PARAMS, Param, _type_name

@@ -8,19 +8,28 @@ from sgl.server.protocol.common import (  # noqa: F401
     PERSON_SCHEMA_EXAMPLE,
     exactly_one_of,
 )
-from sgl.server.protocol.responses import (  # noqa: F401
-    COMMON_ERROR_STATUSES,
-    ErrorDetail,
-    ErrorResponse,
-    SuccessResponse,
-    error_responses,
-    event_data_schema,
-    sse_responses,
+from sgl.server.protocol.info import (  # noqa: F401
+    ChatRoles,
+    HealthResponse,
+    LoadReport,
+    ModelInfo,
+    ServerInfo,
 )
-from sgl.server.protocol.sampling import (  # noqa: F401
-    SAMPLING_PARAMS_SCHEMA,
-    SamplingParamsSpec,
-    v1_extension_fields,
+from sgl.server.protocol.native import (  # noqa: F401
+    GENERATE_EXAMPLES,
+    AbortRequest,
+    CloseSessionReqInput,
+    ConcateAndAppendReqInput,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateChunk,
+    GenerateOutput,
+    GenerateReqInput,
+    OpenSessionReqInput,
+    ProfileReqInput,
+    SessionParams,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from sgl.server.protocol.openai import (  # noqa: F401
     CHAT_EXAMPLES,
@@ -60,37 +69,28 @@ from sgl.server.protocol.openai import (  # noqa: F401
     TopLogprob,
     Usage,
 )
-from sgl.server.protocol.native import (  # noqa: F401
-    AbortRequest,
-    CloseSessionReqInput,
-    ConcateAndAppendReqInput,
-    DetokenizeRequest,
-    DetokenizeResponse,
-    GENERATE_EXAMPLES,
-    GenerateChunk,
-    GenerateOutput,
-    GenerateReqInput,
-    OpenSessionReqInput,
-    ProfileReqInput,
-    SessionParams,
-    TokenizeRequest,
-    TokenizeResponse,
-)
-from sgl.server.protocol.info import (  # noqa: F401
-    ChatRoles,
-    HealthResponse,
-    LoadReport,
-    ModelInfo,
-    ServerInfo,
-)
 from sgl.server.protocol.programs import (  # noqa: F401
     EXTRACT_EXAMPLES,
+    RUN_PROGRAM_EXAMPLES,
     ExtractRequest,
     ExtractResponse,
     ProgramResult,
     ProgramResultEvent,
     ProgramTextEvent,
     ProgramUsage,
-    RUN_PROGRAM_EXAMPLES,
     RunProgramRequest,
+)
+from sgl.server.protocol.responses import (  # noqa: F401
+    COMMON_ERROR_STATUSES,
+    ErrorDetail,
+    ErrorResponse,
+    SuccessResponse,
+    error_responses,
+    event_data_schema,
+    sse_responses,
+)
+from sgl.server.protocol.sampling import (  # noqa: F401
+    SAMPLING_PARAMS_SCHEMA,
+    SamplingParamsSpec,
+    v1_extension_fields,
 )

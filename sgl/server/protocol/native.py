@@ -6,14 +6,13 @@ of `sampling_params` comes from the parameter table (see `.sampling`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 
 from sgl.server.protocol.common import _Strict, _StrictLenient, exactly_one_of
 from sgl.server.protocol.openai import ChatMessage
 from sgl.server.protocol.sampling import SAMPLING_PARAMS_SCHEMA
-
 
 # Request examples (in /docs, and the first bodies a schema-driven fuzzer sends): short
 # generations, whole and streamed.
@@ -61,10 +60,10 @@ class GenerateReqInput(_Strict):
 
     model_config = ConfigDict(json_schema_extra={**exactly_one_of("text", "input_ids"), "examples": GENERATE_EXAMPLES})
 
-    text: Union[str, list[str], None] = Field(None, description="A prompt or a batch of prompts.")
-    input_ids: Union[list[int], list[list[int]], None] = Field(None, description="Token ids instead of text.")
+    text: str | list[str] | None = Field(None, description="A prompt or a batch of prompts.")
+    input_ids: list[int] | list[list[int]] | None = Field(None, description="Token ids instead of text.")
     # Checked by the engine (its errors name the field); the schema lists the keys.
-    sampling_params: Annotated[Union[dict[str, Any], list[dict[str, Any]], None],
+    sampling_params: Annotated[dict[str, Any] | list[dict[str, Any]] | None,
                                WithJsonSchema(SAMPLING_PARAMS_SCHEMA)] = None
     stream: bool = Field(False, description="Server-sent events with cumulative text; a batch or n > 1 "
                          "interleaves its requests' chunks, each with `index` (prompt k, sample i: k * n + i).")
@@ -72,7 +71,7 @@ class GenerateReqInput(_Strict):
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    rid: Union[str, list[str], None] = Field(None, description="Request id(s), usable with /abort_request.")
+    rid: str | list[str] | None = Field(None, description="Request id(s), usable with /abort_request.")
     session_params: SessionParams | None = Field(None, description="Run as a turn of an open session.")
     # SGLang's other fields: accepted with their "off" value (what its clients send); anything
     # else is refused by the handler, naming the field (sgl has no LoRA, multimodal input,
@@ -137,15 +136,15 @@ class TokenizeRequest(_Strict):
     """Ours: `text`. SGLang's and vLLM's: `prompt` or `messages` (a chat rendered with the model's
     template), with `model` and `add_special_tokens`."""
 
-    text: Union[str, list[str], None] = None
-    prompt: Union[str, list[str], None] = None
-    messages: Optional[list["ChatMessage"]] = None
-    model: Optional[str] = None
+    text: str | list[str] | None = None
+    prompt: str | list[str] | None = None
+    messages: list[ChatMessage] | None = None
+    model: str | None = None
     add_special_tokens: bool = True
-    add_generation_prompt: Optional[bool] = None
+    add_generation_prompt: bool | None = None
 
     @model_validator(mode="after")
-    def _one_input(self) -> "TokenizeRequest":
+    def _one_input(self) -> TokenizeRequest:
         given = [k for k in ("text", "prompt", "messages") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of text (ours), prompt or messages (SGLang's / vLLM's); "
@@ -154,23 +153,23 @@ class TokenizeRequest(_Strict):
 
 
 class TokenizeResponse(BaseModel):
-    input_ids: Union[list[int], list[list[int]], None] = None  # for `text`
-    tokens: Union[list[int], list[list[int]], None] = None  # for `prompt` / `messages`, with count and max_model_len
-    count: Union[int, list[int], None] = None
-    max_model_len: Optional[int] = None
+    input_ids: list[int] | list[list[int]] | None = None  # for `text`
+    tokens: list[int] | list[list[int]] | None = None  # for `prompt` / `messages`, with count and max_model_len
+    count: int | list[int] | None = None
+    max_model_len: int | None = None
 
 
 class DetokenizeRequest(_Strict):
     """SGLang's and vLLM's body."""
 
-    tokens: Union[list[int], list[list[int]]]
-    model: Optional[str] = None
+    tokens: list[int] | list[list[int]]
+    model: str | None = None
     skip_special_tokens: bool = True
 
 
 class DetokenizeResponse(BaseModel):
-    text: Union[str, list[str]]  # SGLang's name
-    prompt: Union[str, list[str]]  # vLLM's
+    text: str | list[str]  # SGLang's name
+    prompt: str | list[str]  # vLLM's
 
 
 class AbortRequest(_Strict):

@@ -6,13 +6,12 @@ The sampling fields beyond OpenAI's own come from the parameter table (see `.sam
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from sgl.server.protocol.common import PERSON_SCHEMA_EXAMPLE, _StrictLenient
 from sgl.server.protocol.sampling import v1_extension_fields
-
 
 CHAT_EXAMPLES = [
     {"model": "default", "messages": [{"role": "system", "content": "You answer in one word."},
@@ -40,7 +39,7 @@ class ContentPart(_StrictLenient):
 
 class FunctionCall(_StrictLenient):
     name: str
-    arguments: Union[str, dict[str, Any]] = Field(description="The arguments as JSON text (or an object).")
+    arguments: str | dict[str, Any] = Field(description="The arguments as JSON text (or an object).")
 
 
 class ToolCall(_StrictLenient):
@@ -51,7 +50,7 @@ class ToolCall(_StrictLenient):
 
 class ChatMessage(_StrictLenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[ContentPart], None] = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = Field(None, description="An assistant message's calls.")
     tool_call_id: str | None = Field(None, description="A tool message: the call it answers.")
@@ -103,7 +102,7 @@ class _OpenAIFields(_StrictLenient):
     temperature: float | None = None
     top_p: float | None = None
     n: int = Field(1, ge=1, le=128)
-    stop: Union[str, list[str], None] = None
+    stop: str | list[str] | None = None
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -132,7 +131,7 @@ class ChatCompletionRequest(OpenAISamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = Field(None, description="Functions the model may call (see tool_choice).")
-    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = Field(
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None, description="'auto' (the default with tools): text or calls; 'required': calls only; a named "
                           "function: one call to it; 'none': no calls parsed. Calls are constrained to the "
                           "format's syntax and each function's parameters.")
@@ -145,7 +144,7 @@ class ChatCompletionRequest(OpenAISamplingFields):
 class CompletionRequest(OpenAISamplingFields):
     model_config = ConfigDict(json_schema_extra={"examples": COMPLETION_EXAMPLES})
 
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
     response_format: ResponseFormat | None = None
@@ -188,7 +187,7 @@ class ChatChoice(BaseModel):
     message: ChatResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    matched_stop: Union[int, str, None] = None
+    matched_stop: int | str | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -213,7 +212,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    matched_stop: Union[int, str, None] = None
+    matched_stop: int | str | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -264,7 +263,7 @@ class ChatChunkChoice(BaseModel):
     delta: ChatDelta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
-    matched_stop: Union[int, str, None] = None
+    matched_stop: int | str | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -281,7 +280,7 @@ class CompletionChunkChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
-    matched_stop: Union[int, str, None] = None
+    matched_stop: int | str | None = None
 
 
 class CompletionChunk(BaseModel):

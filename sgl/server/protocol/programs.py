@@ -6,9 +6,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sgl.server.protocol.common import PERSON_SCHEMA_EXAMPLE, _Strict, _StrictLenient, exactly_one_of
+from sgl.server.protocol.common import (
+    PERSON_SCHEMA_EXAMPLE,
+    _Strict,
+    _StrictLenient,
+    exactly_one_of,
+)
 from sgl.server.protocol.openai import ChatMessage, Usage
-
 
 _PROGRAM = {"format_version": 1, "nodes": [
     {"type": "text", "text": "Q: What is 2 + 2?\nA:"},

@@ -83,7 +83,7 @@ def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
 
 def event_data_schema(*models: type[BaseModel]) -> dict[str, Any]:
     """The JSON schema of an SSE event's `data` (one of `models`), with no references."""
-    schema = TypeAdapter(Union[tuple(models)] if len(models) > 1 else models[0]).json_schema(mode="serialization")
+    schema = TypeAdapter(Union[tuple(models)] if len(models) > 1 else models[0]).json_schema(mode="serialization")  # noqa: UP007 (runtime value)
     return _inline_refs(schema, schema.get("$defs", {}))
 
 

@@ -23,12 +23,12 @@ _KIND_ANNOTATIONS: dict[str, Any] = {
     "number": float,
     "bool": bool,
     "str": str,
-    "stop": Union[str, list[str]],
-    "stop_regex": Union[str, list[str]],
+    "stop": Union[str, list[str]],  # noqa: UP007 (runtime value)
+    "stop_regex": Union[str, list[str]],  # noqa: UP007 (runtime value)
     "token_ids": list[Annotated[int, Field(ge=0)]],
     "logit_bias": dict[Annotated[str, Field(pattern=r"^[0-9]+$")], float],
-    "schema": Union[str, dict[str, Any]],
-    "tag": Union[str, dict[str, Any]],
+    "schema": Union[str, dict[str, Any]],  # noqa: UP007 (runtime value)
+    "tag": Union[str, dict[str, Any]],  # noqa: UP007 (runtime value)
     "object": dict[str, Any],
 }
 # Looser on /v1 as before: OpenAI's own clients send logit_bias keys and ids as they are.
@@ -37,7 +37,7 @@ _V1_ANNOTATIONS: dict[str, Any] = {**_KIND_ANNOTATIONS, "token_ids": list[int], 
 
 def _annotation(p: Param, kinds: dict[str, Any]) -> Any:
     base = kinds[p.kind]
-    return Union[base, None] if p.nullable else base
+    return Union[base, None] if p.nullable else base  # noqa: UP007 (runtime value)
 
 
 def _spec_field(p: Param) -> tuple[Any, Any]:
@@ -71,6 +71,6 @@ V1_TO_ENGINE: dict[str, str] = {p.v1: p.name for p in PARAMS if p.v1 is not None
 def v1_extension_fields() -> dict[str, tuple[Any, Any]]:
     """The `/v1` request fields beyond OpenAI's (SGLang's / vLLM's extensions): each optional,
     null meaning the engine's default, for `create_model`."""
-    return {p.v1: (Union[_V1_ANNOTATIONS[p.kind], None],
+    return {p.v1: (Union[_V1_ANNOTATIONS[p.kind], None],  # noqa: UP007 (runtime value)
                    Field(None, description=f"{p.doc} Default: {json.dumps(p.default)}."))
             for p in PARAMS if p.v1 is not None and not p.openai}

@@ -3,7 +3,15 @@
 
 from __future__ import annotations
 
-from sgl.tool_calls.json_text import MORE, Memo, Need, bracket_end, call_from_object, not_final, skip_ws
+from sgl.tool_calls.json_text import (
+    MORE,
+    Memo,
+    Need,
+    bracket_end,
+    call_from_object,
+    not_final,
+    skip_ws,
+)
 from sgl.tool_calls.marker import Block, MarkerParser
 from sgl.tool_calls.syntax import CallSyntax, JsonCallFormat
 

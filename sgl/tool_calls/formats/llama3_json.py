@@ -5,7 +5,15 @@ formats a call has no begin marker, so the whole output is held while it may sti
 from __future__ import annotations
 
 from sgl.tool_calls.base import ToolCall, ToolCallDelta, ToolParser, ToolStreamer, deltas
-from sgl.tool_calls.json_text import MORE, Memo, Need, bracket_end, call_from_object, partial_len, skip_ws
+from sgl.tool_calls.json_text import (
+    MORE,
+    Memo,
+    Need,
+    bracket_end,
+    call_from_object,
+    partial_len,
+    skip_ws,
+)
 from sgl.tool_calls.syntax import CallSyntax, JsonCallFormat
 
 PYTHON_TAG = "<|python_tag|>"

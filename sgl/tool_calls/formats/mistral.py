@@ -6,8 +6,16 @@ from __future__ import annotations
 import re
 
 from sgl.tool_calls.base import ToolCall
-from sgl.tool_calls.json_text import (MORE, Memo, Need, bracket_end, calls_from_array, not_final, object_members,
-                                      skip_ws)
+from sgl.tool_calls.json_text import (
+    MORE,
+    Memo,
+    Need,
+    bracket_end,
+    calls_from_array,
+    not_final,
+    object_members,
+    skip_ws,
+)
 from sgl.tool_calls.marker import Block, MarkerParser
 from sgl.tool_calls.syntax import CallSyntax, JsonCallFormat
 

@@ -9,7 +9,15 @@ import json
 import re
 from typing import Any
 
-from sgl.tool_calls.base import Functions, ToolCall, ToolCallDelta, ToolFormat, ToolParser, ToolStreamer, deltas
+from sgl.tool_calls.base import (
+    Functions,
+    ToolCall,
+    ToolCallDelta,
+    ToolFormat,
+    ToolParser,
+    ToolStreamer,
+    deltas,
+)
 from sgl.tool_calls.syntax import object_schema
 
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
