@@ -28,7 +28,10 @@ def decode_ms_per_step(engine, batch: list[list[int]], steps: int = 32) -> float
     def timed(n: int) -> float:
         engine.flush_cache()
         t = time.perf_counter()
-        engine.generate(input_ids=batch, sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True})
+        engine.generate(
+            input_ids=batch,
+            sampling_params={"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        )
         return time.perf_counter() - t
 
     return 1000 * (timed(steps + 1) - timed(1)) / steps
@@ -40,9 +43,13 @@ def measure(backend: str) -> dict[str, float]:
     engine = sgl.Engine(model_path="default", dtype="float32", attention_backend=backend)
     assert engine.get_server_info()["attention_backend"] == backend
     out: dict[str, float] = {}
-    engine.generate(input_ids=random_prompts(2, 10, 20, seed=9), sampling_params={"max_new_tokens": 4})  # warm-up
+    engine.generate(
+        input_ids=random_prompts(2, 10, 20, seed=9), sampling_params={"max_new_tokens": 4}
+    )  # warm-up
     for bs in (1, 8, 32):
-        out[f"decode ms/step, batch {bs}"] = decode_ms_per_step(engine, random_prompts(bs, 60, 120, seed=bs))
+        out[f"decode ms/step, batch {bs}"] = decode_ms_per_step(
+            engine, random_prompts(bs, 60, 120, seed=bs)
+        )
     prompts = random_prompts(32, 30, 90, seed=1)
     engine.flush_cache()
     t = time.perf_counter()
@@ -71,15 +78,19 @@ def main() -> None:
             runs[b].append(measure(b))
     best = {b: {k: min(r[k] for r in runs[b]) for k in runs[b][0]} for b in BACKENDS}
     for b in BACKENDS:
-        best[b]["JSON jump-forward speedup"] = (best[b]["JSON, jump-forward off, s"]
-                                                / best[b]["JSON, jump-forward on, s"])
+        best[b]["JSON jump-forward speedup"] = (
+            best[b]["JSON, jump-forward off, s"] / best[b]["JSON, jump-forward on, s"]
+        )
     rows = []
     for k in best["cpu"]:
         a, c = best["torch_native"][k], best["cpu"][k]
         ratio = c / a if k.endswith("speedup") else a / c
         rows.append((k, f"{a:.2f}", f"{c:.2f}", f"{ratio:.2f}x"))
-    print_table(f"CPU attention backends, embedded model, float32 (best of {args.rounds} rounds)", rows,
-                ("measure", "torch_native", "cpu", "cpu speed-up"))
+    print_table(
+        f"CPU attention backends, embedded model, float32 (best of {args.rounds} rounds)",
+        rows,
+        ("measure", "torch_native", "cpu", "cpu speed-up"),
+    )
     write_result("cpu_attention", {"config": vars(args), "best": best, "runs": runs})
 
 

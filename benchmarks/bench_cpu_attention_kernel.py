@@ -36,8 +36,13 @@ def worker(source: str) -> dict[str, float]:
 
     from sgl import native
 
-    native.build("sgl_cpu_attention_bench", Path(source), ["-O3", "-march=native", "-ffast-math", "-fopenmp"],
-                 ldflags=["-fopenmp"], python_module=False)
+    native.build(
+        "sgl_cpu_attention_bench",
+        Path(source),
+        ["-O3", "-march=native", "-ffast-math", "-fopenmp"],
+        ldflags=["-fopenmp"],
+        python_module=False,
+    )
     op = torch.ops.sgl_cpu.paged_attention
     out = {}
     for model, heads, kv_heads, rows, keys in CASES:
@@ -58,13 +63,20 @@ def worker(source: str) -> dict[str, float]:
         for _ in range(5):
             for i in range(LAYERS):
                 op(q, ks[i], vs[i], table, spec, 0.125)
-        out[f"{model} {rows} rows x {keys} keys"] = round((time.perf_counter() - t) / (5 * LAYERS) * 1e6, 1)
+        out[f"{model} {rows} rows x {keys} keys"] = round(
+            (time.perf_counter() - t) / (5 * LAYERS) * 1e6, 1
+        )
     return out
 
 
 def run(source: str) -> dict[str, float]:
-    res = subprocess.run([sys.executable, __file__, "--worker", source], capture_output=True, text=True,
-                         cwd=ROOT, timeout=1200)
+    res = subprocess.run(
+        [sys.executable, __file__, "--worker", source],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=1200,
+    )
     if res.returncode != 0:
         raise RuntimeError(res.stderr[-2000:])
     return json.loads(res.stdout.strip().splitlines()[-1])
@@ -81,8 +93,13 @@ def main() -> None:
         return
     versions = {"this checkout": str(ROOT / SOURCE)}
     if args.against:
-        old = subprocess.run(["git", "show", f"{args.against}:{SOURCE}"], capture_output=True, text=True, cwd=ROOT,
-                             check=True).stdout
+        old = subprocess.run(
+            ["git", "show", f"{args.against}:{SOURCE}"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        ).stdout
         path = Path(tempfile.mkdtemp()) / "paged_attention_cpu.cpp"
         path.write_text(old)
         versions[args.against] = str(path)
@@ -90,11 +107,18 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, source in versions.items():
             for case, us in run(source).items():
-                best.setdefault(name, {})[case] = min(us, best.get(name, {}).get(case, float("inf")))
+                best.setdefault(name, {})[case] = min(
+                    us, best.get(name, {}).get(case, float("inf"))
+                )
     cases = list(best["this checkout"])
-    print_table("us per kernel call (one layer), best of rounds", [(c, *(best[v][c] for v in best)) for c in cases],
-                ("case", *best))
-    write_result("cpu_attention_kernel", {"rounds": args.rounds, "layers": LAYERS, "us_per_call": best})
+    print_table(
+        "us per kernel call (one layer), best of rounds",
+        [(c, *(best[v][c] for v in best)) for c in cases],
+        ("case", *best),
+    )
+    write_result(
+        "cpu_attention_kernel", {"rounds": args.rounds, "layers": LAYERS, "us_per_call": best}
+    )
 
 
 if __name__ == "__main__":

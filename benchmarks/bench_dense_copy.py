@@ -25,8 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_info, print_table, python_child, write_result  # noqa: E402
 
 BATCHES = (1, 8, 16, 48)
-VARIANTS = {"int4": {"dense_copy": "off"}, "int4+copy": {"dense_copy": "auto"}, "dense": {"quantization": "none"}}
-CHILD = r'''
+VARIANTS = {
+    "int4": {"dense_copy": "off"},
+    "int4+copy": {"dense_copy": "auto"},
+    "dense": {"quantization": "none"},
+}
+CHILD = r"""
 import json, random, sys, time, sgl
 kwargs, batches = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 e = sgl.Engine(model_path="default", **kwargs)
@@ -47,13 +51,15 @@ info = e.get_server_info()
 out["weight_bytes"], out["dense_copy_bytes"] = info["rank_memory"][0]["weight_bytes"], info["dense_copy_bytes"]
 print(json.dumps(out))
 e.shutdown()
-'''
+"""
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--torch-compile", action="store_true", help="compile the decode steps in every variant")
+    ap.add_argument(
+        "--torch-compile", action="store_true", help="compile the decode steps in every variant"
+    )
     args = ap.parse_args()
     runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
@@ -62,9 +68,17 @@ def main() -> None:
             runs[name].append(python_child(CHILD, [json.dumps(kwargs), json.dumps(list(BATCHES))]))
             print(f"round {r} {name}: {runs[name][-1]}", flush=True)
     keys = list(runs["int4"][0])
-    summary = {v: {k: round(statistics.median(x[k] for x in rs), 3) for k in keys} for v, rs in runs.items()}
-    print_table("medians", [(v, *(s[k] for k in keys)) for v, s in summary.items()], ("variant", *keys))
-    write_result("dense_copy_compiled" if args.torch_compile else "dense_copy", {"machine": machine_info(), "config": vars(args), "runs": runs, "summary": summary})
+    summary = {
+        v: {k: round(statistics.median(x[k] for x in rs), 3) for k in keys}
+        for v, rs in runs.items()
+    }
+    print_table(
+        "medians", [(v, *(s[k] for k in keys)) for v, s in summary.items()], ("variant", *keys)
+    )
+    write_result(
+        "dense_copy_compiled" if args.torch_compile else "dense_copy",
+        {"machine": machine_info(), "config": vars(args), "runs": runs, "summary": summary},
+    )
 
 
 if __name__ == "__main__":

@@ -35,42 +35,73 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import free_port, print_table, stop_process, write_result  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-SETUPS = {"1 worker": None, "dp2 cache_aware": "cache_aware", "dp2 round_robin": "round_robin",
-          "dp2 power_of_two": "power_of_two"}
+SETUPS = {
+    "1 worker": None,
+    "dp2 cache_aware": "cache_aware",
+    "dp2 round_robin": "round_robin",
+    "dp2 power_of_two": "power_of_two",
+}
 
 
 def workload(tenants: int, n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
-    words = "river stone market ledger orbit candle harbor signal meadow copper lantern valley".split()
-    prompts = [f"System {t}: you assist tenant {t}. " + " ".join(rng.choice(words) for _ in range(700))
-               for t in range(tenants)]
-    return [f"{rng.choice(prompts)}\nUser: question {i} about {rng.choice(words)}?\nAssistant:" for i in range(n)]
+    words = (
+        "river stone market ledger orbit candle harbor signal meadow copper lantern valley".split()
+    )
+    prompts = [
+        f"System {t}: you assist tenant {t}. " + " ".join(rng.choice(words) for _ in range(700))
+        for t in range(tenants)
+    ]
+    return [
+        f"{rng.choice(prompts)}\nUser: question {i} about {rng.choice(words)}?\nAssistant:"
+        for i in range(n)
+    ]
 
 
 def start(policy: str | None, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--host", "127.0.0.1",
-           "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sgl.launch_server",
+        "--model-path",
+        "default",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     if policy:
         cmd += ["--dp-size", "2", "--router-policy", policy]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def worker_urls(policy: str | None, port: int) -> list[str]:
-    return [f"http://127.0.0.1:{port}"] if policy is None else [f"http://127.0.0.1:{port + 1 + i}" for i in range(2)]
+    return (
+        [f"http://127.0.0.1:{port}"]
+        if policy is None
+        else [f"http://127.0.0.1:{port + 1 + i}" for i in range(2)]
+    )
 
 
 def ready(url: str, workers: list[str], routed: bool) -> bool:
     try:
         if not all(requests.get(w + "/health", timeout=2).status_code == 200 for w in workers):
             return False
-        return not routed or requests.get(url + "/workers", timeout=2).text.count('"is_healthy":true') == len(workers)
+        return not routed or requests.get(url + "/workers", timeout=2).text.count(
+            '"is_healthy":true'
+        ) == len(workers)
     except requests.RequestException:
         return False
 
 
 def one(url: str, text: str, out: list) -> None:
-    body = {"text": text, "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
-            "stream": True}
+    body = {
+        "text": text,
+        "sampling_params": {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
     t0 = time.perf_counter()
     ttft = None
     tokens = 0
@@ -119,12 +150,19 @@ def run_setup(policy: str | None, texts: list[str], rate: float) -> dict:
         cached = sum(a["cached_tokens"] - b["cached_tokens"] for a, b in zip(after, before))
         computed = sum(a["prefill_tokens"] - b["prefill_tokens"] for a, b in zip(after, before))
         overhead = router_overhead(url, workers[0]) if policy else None
-        return {"requests": len(results), "cache_hit_rate": round(cached / max(1, cached + computed), 3),
-                "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
-                "ttft_p50": pct([r[0] for r in results], 0.5), "ttft_p99": pct([r[0] for r in results], 0.99),
-                "e2e_p50": pct([r[1] for r in results], 0.5), "e2e_p99": pct([r[1] for r in results], 0.99),
-                "per_worker": [a["finished_requests"] - b["finished_requests"] for a, b in zip(after, before)],
-                "router_overhead_ms": overhead}
+        return {
+            "requests": len(results),
+            "cache_hit_rate": round(cached / max(1, cached + computed), 3),
+            "output_tok_s": round(sum(r[2] for r in results) / wall, 1),
+            "ttft_p50": pct([r[0] for r in results], 0.5),
+            "ttft_p99": pct([r[0] for r in results], 0.99),
+            "e2e_p50": pct([r[1] for r in results], 0.5),
+            "e2e_p99": pct([r[1] for r in results], 0.99),
+            "per_worker": [
+                a["finished_requests"] - b["finished_requests"] for a, b in zip(after, before)
+            ],
+            "router_overhead_ms": overhead,
+        }
     finally:
         stop_process(proc)
 
@@ -157,10 +195,21 @@ def main() -> None:
         print(f"{name} ...", flush=True)
         results[name] = run_setup(SETUPS[name], texts, args.rate)
         print(f"  {results[name]}", flush=True)
-    keys = ("cache_hit_rate", "output_tok_s", "ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99", "per_worker",
-            "router_overhead_ms")
-    print_table(f"{args.requests} requests of {args.tenants} tenants at {args.rate}/s",
-                [(k, *(results[s][k] for s in results)) for k in keys], ("", *results))
+    keys = (
+        "cache_hit_rate",
+        "output_tok_s",
+        "ttft_p50",
+        "ttft_p99",
+        "e2e_p50",
+        "e2e_p99",
+        "per_worker",
+        "router_overhead_ms",
+    )
+    print_table(
+        f"{args.requests} requests of {args.tenants} tenants at {args.rate}/s",
+        [(k, *(results[s][k] for s in results)) for k in keys],
+        ("", *results),
+    )
     write_result(args.name, {"config": vars(args), "results": results})
 
 

@@ -40,7 +40,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(
+    0, str(Path(__file__).resolve().parents[1])
+)  # run from a checkout without installing
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 TARGET_BATCH1_VS_FLOOR = 1.4
@@ -64,8 +66,20 @@ class Workload:
 
 def workload(args: argparse.Namespace) -> Workload:
     if args.smoke:
-        return Workload("tiny-llama", "cpu", "float32", [1, 4], 32, 8, 256, {1: 4, 4: 3}, 32 << 20, repeats=1)
-    return Workload(args.shape, "cuda", "bfloat16", [1, 32, 128], 512, 128, 4096, {1: 63, 32: 31, 128: 15}, 2 << 30)
+        return Workload(
+            "tiny-llama", "cpu", "float32", [1, 4], 32, 8, 256, {1: 4, 4: 3}, 32 << 20, repeats=1
+        )
+    return Workload(
+        args.shape,
+        "cuda",
+        "bfloat16",
+        [1, 32, 128],
+        512,
+        128,
+        4096,
+        {1: 63, 32: 31, 128: 15},
+        2 << 30,
+    )
 
 
 # ----------------------------------------------------------------------------- timing
@@ -126,7 +140,9 @@ class Budget:
     def allows(self, what: str, need_s: float, notes: list[str]) -> bool:
         if self.left() >= need_s:
             return True
-        notes.append(f"skipped {what}: {self.left():.0f} s of the time budget left, needs ~{need_s:.0f} s")
+        notes.append(
+            f"skipped {what}: {self.left():.0f} s of the time budget left, needs ~{need_s:.0f} s"
+        )
         print(notes[-1], flush=True)
         return False
 
@@ -158,7 +174,9 @@ def bench_sgl(w: Workload, args: argparse.Namespace, budget: Budget) -> dict[str
     embed = model.embed_tokens.weight
     # A decode step gathers a few rows of the input embedding; every other weight is read whole
     # (with tied embeddings the table is the LM head, read whole).
-    step_bytes = weight_bytes - (0 if model.config.tie_word_embeddings else embed.numel() * embed.element_size())
+    step_bytes = weight_bytes - (
+        0 if model.config.tie_word_embeddings else embed.numel() * embed.element_size()
+    )
     vocab = model.config.vocab_size
     sp = {"temperature": 0, "ignore_eos": True}
     out: dict[str, Any] = {
@@ -170,17 +188,33 @@ def bench_sgl(w: Workload, args: argparse.Namespace, budget: Budget) -> dict[str
         "decode": {},
     }
     try:
-        engine.generate(input_ids=prompts(2, 16, vocab, 99), sampling_params={**sp, "max_new_tokens": 4})  # warm-up
+        engine.generate(
+            input_ids=prompts(2, 16, vocab, 99), sampling_params={**sp, "max_new_tokens": 4}
+        )  # warm-up
         for bs in w.batch_sizes:
             if not budget.allows(f"sgl decode batch {bs}", 10, w.notes):
                 continue
             batch = prompts(bs, w.input_len, vocab, seed=bs)
             engine.flush_cache()
-            t_prefill, _ = timed(w.device, lambda batch=batch: engine.generate(input_ids=batch, sampling_params={**sp, "max_new_tokens": 1}))
-            t, outs = timed(w.device, lambda batch=batch: engine.generate(input_ids=batch, sampling_params={**sp, "max_new_tokens": w.output_len}))
+            t_prefill, _ = timed(
+                w.device,
+                lambda batch=batch: engine.generate(
+                    input_ids=batch, sampling_params={**sp, "max_new_tokens": 1}
+                ),
+            )
+            t, outs = timed(
+                w.device,
+                lambda batch=batch: engine.generate(
+                    input_ids=batch, sampling_params={**sp, "max_new_tokens": w.output_len}
+                ),
+            )
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
-            steps = [(o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"]) / (o["meta_info"]["completion_tokens"] - 1)
-                     for o in outs if o["meta_info"]["completion_tokens"] > 1]
+            steps = [
+                (o["meta_info"]["e2e_latency"] - o["meta_info"]["ttft"])
+                / (o["meta_info"]["completion_tokens"] - 1)
+                for o in outs
+                if o["meta_info"]["completion_tokens"] > 1
+            ]
             out["decode"][bs] = {
                 "tokens": tokens,
                 "seconds": t,
@@ -190,7 +224,10 @@ def bench_sgl(w: Workload, args: argparse.Namespace, budget: Budget) -> dict[str
                 "cached_tokens": sum(o["meta_info"]["cached_tokens"] for o in outs),
                 "prefill_seconds": t_prefill,
             }
-            print(f"sgl decode batch {bs}: {tokens / t:.0f} tok/s, {1000 * t / w.output_len:.2f} ms/step", flush=True)
+            print(
+                f"sgl decode batch {bs}: {tokens / t:.0f} tok/s, {1000 * t / w.output_len:.2f} ms/step",
+                flush=True,
+            )
         if budget.allows("sgl prefill", 10, w.notes):
             long = prompts(1, w.prefill_len, vocab, seed=7)[0]
             ttfts = []
@@ -198,9 +235,19 @@ def bench_sgl(w: Workload, args: argparse.Namespace, budget: Budget) -> dict[str
                 engine.flush_cache()
                 o = engine.generate(input_ids=long, sampling_params={**sp, "max_new_tokens": 1})
                 ttfts.append(o["meta_info"]["ttft"])
-            out["prefill"] = {"tokens": w.prefill_len, "seconds": min(ttfts), "tokens_per_s": w.prefill_len / min(ttfts)}
-            print(f"sgl prefill {w.prefill_len}: {w.prefill_len / min(ttfts):.0f} tok/s", flush=True)
-        out["stats"] = {k: v for k, v in engine.get_server_info().items() if k in ("forward_steps", "cuda_graph_steps")}
+            out["prefill"] = {
+                "tokens": w.prefill_len,
+                "seconds": min(ttfts),
+                "tokens_per_s": w.prefill_len / min(ttfts),
+            }
+            print(
+                f"sgl prefill {w.prefill_len}: {w.prefill_len / min(ttfts):.0f} tok/s", flush=True
+            )
+        out["stats"] = {
+            k: v
+            for k, v in engine.get_server_info().items()
+            if k in ("forward_steps", "cuda_graph_steps")
+        }
     finally:
         engine.shutdown()
     return out  # the engine goes with this frame; main() then frees the memory it held
@@ -226,15 +273,25 @@ def hf_model(w: Workload) -> Any:
 def bench_hf(w: Workload, budget: Budget) -> dict[str, Any]:
     import transformers
 
-    out: dict[str, Any] = {"transformers": transformers.__version__, "attn_implementation": "sdpa", "decode": {}}
+    out: dict[str, Any] = {
+        "transformers": transformers.__version__,
+        "attn_implementation": "sdpa",
+        "decode": {},
+    }
     model = hf_model(w)
     vocab = model.config.vocab_size
     dev = w.device
 
     def generate(ids: torch.Tensor, n: int) -> torch.Tensor:
         with torch.inference_mode():
-            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                  min_new_tokens=n, do_sample=False, pad_token_id=0)
+            return model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+            )
 
     generate(torch.tensor(prompts(2, 16, vocab, 99), device=dev), 4)  # warm-up
     for bs in w.batch_sizes:
@@ -250,11 +307,20 @@ def bench_hf(w: Workload, budget: Budget) -> dict[str, Any]:
             step = (tk - t1) / k
         else:  # noise swamped the difference (tiny smoke shapes on a busy CPU): the whole run's mean
             step = tk / (1 + k)
-            w.notes.append(f"HF decode batch {bs}: the {k}-step run was not slower than the 1-step run; "
-                           "step time is that run's mean over all its tokens")
-        out["decode"][bs] = {"timed_steps": k, "step_ms": 1000 * step, "tokens_per_s": bs / step,
-                             "prefill_and_first_token_seconds": t1}
-        print(f"HF decode batch {bs}: {bs / step:.0f} tok/s, {1000 * step:.2f} ms/step ({k} steps)", flush=True)
+            w.notes.append(
+                f"HF decode batch {bs}: the {k}-step run was not slower than the 1-step run; "
+                "step time is that run's mean over all its tokens"
+            )
+        out["decode"][bs] = {
+            "timed_steps": k,
+            "step_ms": 1000 * step,
+            "tokens_per_s": bs / step,
+            "prefill_and_first_token_seconds": t1,
+        }
+        print(
+            f"HF decode batch {bs}: {bs / step:.0f} tok/s, {1000 * step:.2f} ms/step ({k} steps)",
+            flush=True,
+        )
     if budget.allows("HF prefill", 10, w.notes):
         ids = torch.tensor(prompts(1, w.prefill_len, vocab, seed=7), device=dev)
         best = float("inf")
@@ -262,7 +328,11 @@ def bench_hf(w: Workload, budget: Budget) -> dict[str, Any]:
             with torch.inference_mode():
                 t, _ = timed(dev, lambda: model(input_ids=ids, logits_to_keep=1, use_cache=False))
             best = min(best, t)
-        out["prefill"] = {"tokens": w.prefill_len, "seconds": best, "tokens_per_s": w.prefill_len / best}
+        out["prefill"] = {
+            "tokens": w.prefill_len,
+            "seconds": best,
+            "tokens_per_s": w.prefill_len / best,
+        }
         print(f"HF prefill {w.prefill_len}: {w.prefill_len / best:.0f} tok/s", flush=True)
     return out
 
@@ -287,7 +357,9 @@ def summarize(w: Workload, sgl_r: dict, hf_r: dict | None, bandwidth: float) -> 
         if f"batch{top}_vs_hf" in summary:
             summary["batch_max_target_met"] = summary[f"batch{top}_vs_hf"] >= TARGET_BATCH128_VS_HF
         if "prefill" in sgl_r and "prefill" in hf_r:
-            summary["prefill_vs_hf"] = sgl_r["prefill"]["tokens_per_s"] / hf_r["prefill"]["tokens_per_s"]
+            summary["prefill_vs_hf"] = (
+                sgl_r["prefill"]["tokens_per_s"] / hf_r["prefill"]["tokens_per_s"]
+            )
     return summary
 
 
@@ -310,15 +382,25 @@ def markdown(result: dict[str, Any]) -> str:
         hr = (h or {}).get("decode", {}).get(bs) if h else None
         ratio = m.get(f"batch{bs}_vs_hf")
         lines.append(
-            f"| {bs} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | " if r else f"| {bs} | - | - | "
+            f"| {bs} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | "
+            if r
+            else f"| {bs} | - | - | "
         )
-        lines[-1] += (f"{hr['tokens_per_s']:.0f} | {hr['step_ms']:.2f} ({hr['timed_steps']}) | " if hr else "- | - | ")
+        lines[-1] += (
+            f"{hr['tokens_per_s']:.0f} | {hr['step_ms']:.2f} ({hr['timed_steps']}) | "
+            if hr
+            else "- | - | "
+        )
         lines[-1] += f"{ratio:.2f}x |" if ratio is not None else "- |"
     lines += ["", f"## Prefill ({w['prefill_len']}-token prompt)", ""]
     if "prefill" in s:
-        lines.append(f"- sgl: {s['prefill']['tokens_per_s']:.0f} tok/s ({1000 * s['prefill']['seconds']:.1f} ms)")
+        lines.append(
+            f"- sgl: {s['prefill']['tokens_per_s']:.0f} tok/s ({1000 * s['prefill']['seconds']:.1f} ms)"
+        )
     if h and "prefill" in h:
-        lines.append(f"- HF: {h['prefill']['tokens_per_s']:.0f} tok/s ({1000 * h['prefill']['seconds']:.1f} ms)")
+        lines.append(
+            f"- HF: {h['prefill']['tokens_per_s']:.0f} tok/s ({1000 * h['prefill']['seconds']:.1f} ms)"
+        )
     lines += [
         "",
         "## Targets",
@@ -327,12 +409,16 @@ def markdown(result: dict[str, Any]) -> str:
         f"{s['step_weight_bytes'] / 1e9:.2f} GB of weights: floor {m['batch1_floor_ms']:.2f} ms",
     ]
     if "batch1_step_vs_floor" in m:
-        lines.append(f"- batch-1 decode step {m['batch1_step_ms']:.2f} ms = {m['batch1_step_vs_floor']:.2f}x the floor "
-                     f"(target <= {TARGET_BATCH1_VS_FLOOR}x): {'met' if m['batch1_target_met'] else 'NOT met'}")
+        lines.append(
+            f"- batch-1 decode step {m['batch1_step_ms']:.2f} ms = {m['batch1_step_vs_floor']:.2f}x the floor "
+            f"(target <= {TARGET_BATCH1_VS_FLOOR}x): {'met' if m['batch1_target_met'] else 'NOT met'}"
+        )
     top = max(w["batch_sizes"])
     if f"batch{top}_vs_hf" in m:
-        lines.append(f"- batch-{top} decode throughput {m[f'batch{top}_vs_hf']:.2f}x HF's (target >= "
-                     f"{TARGET_BATCH128_VS_HF}x): {'met' if m['batch_max_target_met'] else 'NOT met'}")
+        lines.append(
+            f"- batch-{top} decode throughput {m[f'batch{top}_vs_hf']:.2f}x HF's (target >= "
+            f"{TARGET_BATCH128_VS_HF}x): {'met' if m['batch_max_target_met'] else 'NOT met'}"
+        )
     if result["notes"]:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result["notes"]]
     return "\n".join(lines) + "\n"
@@ -340,12 +426,29 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--smoke", action="store_true", help="tiny model, few steps, on the CPU: checks the code runs")
-    ap.add_argument("--shape", default="llama3-8b", help="named model shape (sgl.runtime.model.dummy.NAMED_SHAPES)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="tiny model, few steps, on the CPU: checks the code runs",
+    )
+    ap.add_argument(
+        "--shape",
+        default="llama3-8b",
+        help="named model shape (sgl.runtime.model.dummy.NAMED_SHAPES)",
+    )
     ap.add_argument("--attention-backend", default=os.environ.get("SGL_ATTENTION_BACKEND", "auto"))
     ap.add_argument("--skip-hf", action="store_true")
-    ap.add_argument("--budget-s", type=float, default=300.0, help="wall-clock budget; later phases are skipped past it")
-    ap.add_argument("--out-dir", default=None, help="default: benchmarks/results (a temporary folder with --smoke)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help="wall-clock budget; later phases are skipped past it",
+    )
+    ap.add_argument(
+        "--out-dir",
+        default=None,
+        help="default: benchmarks/results (a temporary folder with --smoke)",
+    )
     args = ap.parse_args(argv)
     w = workload(args)
     if w.device == "cuda" and not torch.cuda.is_available():
@@ -371,7 +474,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "summary": summarize(w, sgl_r, hf_r, bandwidth),
         "notes": w.notes,
     }
-    out_dir = Path(args.out_dir) if args.out_dir else (Path(tempfile.mkdtemp(prefix="sgl-bench-gpu-")) if args.smoke else RESULTS_DIR)
+    out_dir = (
+        Path(args.out_dir)
+        if args.out_dir
+        else (Path(tempfile.mkdtemp(prefix="sgl-bench-gpu-")) if args.smoke else RESULTS_DIR)
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "gpu.json").write_text(json.dumps(result, indent=2, default=str))
     (out_dir / "gpu.md").write_text(markdown(result))

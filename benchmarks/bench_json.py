@@ -54,7 +54,9 @@ def prompt(tokenizer, text: str) -> str:
         "Extract the person as JSON with keys name, age, city, occupation, status "
         f"(employed, student or retired) and likes_sport (true/false).\nText: {text}"
     )
-    return tokenizer.apply_chat_template([{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": msg}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def run_engine(engine, prompts: list[str], params: dict) -> tuple[float, int, list[dict]]:
@@ -74,8 +76,11 @@ def mask_latency(engine, kind: str, spec, steps: int = 200) -> dict:
     from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
     from sgl.constrained.vocab import TokenVocabulary
 
-    vocab = TokenVocabulary.from_tokenizer(engine.tokenizer, vocab_size=engine.model_config.vocab_size,
-                                           eos_token_ids=engine.eos_token_ids)
+    vocab = TokenVocabulary.from_tokenizer(
+        engine.tokenizer,
+        vocab_size=engine.model_config.vocab_size,
+        eos_token_ids=engine.eos_token_ids,
+    )
     compiler = GrammarCompiler(vocab)  # empty cache: the first compile is real
     t = time.perf_counter()
     grammar = compiler.compile(kind, spec)
@@ -125,7 +130,9 @@ def run_outlines(prompts: list[str], max_new_tokens: int) -> tuple[float, list[s
     import transformers
 
     p = resolve_model_path("default")
-    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(p), gguf_file=os.path.basename(p))
+    tok = transformers.AutoTokenizer.from_pretrained(
+        os.path.dirname(p), gguf_file=os.path.basename(p)
+    )
     model = outlines.from_transformers(hf, tok)
     generator = outlines.Generator(model, JsonSchema(json.dumps(SCHEMA)))
     generator(prompts[0], max_new_tokens=8)  # warm-up (compiles the index)
@@ -138,8 +145,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--num-texts", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--num-sequential", type=int, default=8, help="texts for the one-at-a-time comparison")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of each timed run (best kept)")
+    ap.add_argument(
+        "--num-sequential", type=int, default=8, help="texts for the one-at-a-time comparison"
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved repetitions of each timed run (best kept)",
+    )
     ap.add_argument("--skip-outlines", action="store_true")
     args = ap.parse_args()
 
@@ -150,7 +164,11 @@ def main() -> None:
     results: dict = {"config": vars(args), "schema": SCHEMA}
     engine = sgl.Engine(model_path="default")
     prompts = [prompt(engine.tokenizer, t) for t in texts(args.num_texts)]
-    params = {"json_schema": json.dumps(SCHEMA), "temperature": 0, "max_new_tokens": args.max_new_tokens}
+    params = {
+        "json_schema": json.dumps(SCHEMA),
+        "temperature": 0,
+        "max_new_tokens": args.max_new_tokens,
+    }
     engine.generate(prompts[:2], params)  # warm-up, compiles the schema
 
     # 1. Jump-forward on vs off, all texts submitted together. Repetitions are interleaved and
@@ -181,8 +199,12 @@ def main() -> None:
                 else:
                     seconds, steps, outs = run_engine(engine, batch_prompts, params)
                 runs[name].append(seconds)
-                out[name] = {"forward_steps": steps, "valid": validate(outs), "texts": [o["text"] for o in outs],
-                             "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs)}
+                out[name] = {
+                    "forward_steps": steps,
+                    "valid": validate(outs),
+                    "texts": [o["text"] for o in outs],
+                    "completion_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+                }
         engine.update_options(disable_jump_forward=False)
         for name, times in runs.items():
             out[name].update(seconds=min(times), all_seconds=times)
@@ -194,25 +216,54 @@ def main() -> None:
             out[name].pop("texts")
         return out
 
-    table_cols = ("engine", "seconds (best)", "all runs", "forward steps", "completion tokens", "valid JSON")
+    table_cols = (
+        "engine",
+        "seconds (best)",
+        "all runs",
+        "forward steps",
+        "completion tokens",
+        "valid JSON",
+    )
 
     def jump_rows(r: dict, n: int) -> list:
-        return [(k, f"{r[k]['seconds']:.2f}", " ".join(f"{x:.2f}" for x in r[k]["all_seconds"]), r[k]["forward_steps"],
-                 r[k]["completion_tokens"], f"{r[k]['valid']}/{n}") for k in ("jump-forward on", "jump-forward off")]
+        return [
+            (
+                k,
+                f"{r[k]['seconds']:.2f}",
+                " ".join(f"{x:.2f}" for x in r[k]["all_seconds"]),
+                r[k]["forward_steps"],
+                r[k]["completion_tokens"],
+                f"{r[k]['valid']}/{n}",
+            )
+            for k in ("jump-forward on", "jump-forward off")
+        ]
 
     together = jump_forward_runs(prompts, one_at_a_time=False)
     results["jump_forward_batch"] = together
-    print_table(f"JSON extraction, {args.num_texts} texts submitted together, 6-key schema, greedy", jump_rows(together, len(prompts)),
-                table_cols)
-    print(f"jump-forward: {together['step_ratio']:.2f}x fewer forward steps (target >= 1.5x), "
-          f"{together['speedup']:.2f}x faster (target >= 1.3x); identical outputs: {together['identical_outputs']}")
-    results["jump_forward_step_ratio"], results["jump_forward_speedup"] = together["step_ratio"], together["speedup"]
+    print_table(
+        f"JSON extraction, {args.num_texts} texts submitted together, 6-key schema, greedy",
+        jump_rows(together, len(prompts)),
+        table_cols,
+    )
+    print(
+        f"jump-forward: {together['step_ratio']:.2f}x fewer forward steps (target >= 1.5x), "
+        f"{together['speedup']:.2f}x faster (target >= 1.3x); identical outputs: {together['identical_outputs']}"
+    )
+    results["jump_forward_step_ratio"], results["jump_forward_speedup"] = (
+        together["step_ratio"],
+        together["speedup"],
+    )
 
     alone = jump_forward_runs(prompts[: args.num_sequential], one_at_a_time=True)
     results["jump_forward_one_at_a_time"] = alone
-    print_table(f"Same, the first {args.num_sequential} texts one at a time (latency-bound steps)",
-                jump_rows(alone, args.num_sequential), table_cols)
-    print(f"jump-forward one at a time: {alone['step_ratio']:.2f}x fewer forward steps, {alone['speedup']:.2f}x faster")
+    print_table(
+        f"Same, the first {args.num_sequential} texts one at a time (latency-bound steps)",
+        jump_rows(alone, args.num_sequential),
+        table_cols,
+    )
+    print(
+        f"jump-forward one at a time: {alone['step_ratio']:.2f}x fewer forward steps, {alone['speedup']:.2f}x faster"
+    )
 
     # 2. Mask cost per decode step at batch 32: decode-only time (a 64-token run minus a
     # 1-token run, so prefill cancels out) with and without a constraint. The regex never
@@ -231,26 +282,49 @@ def main() -> None:
     for name, t in timings.items():
         s1, n1 = min(t[1])
         s64, n64 = min(t[64])
-        costs[name] = {"decode_seconds": s64 - s1, "decode_steps": n64 - n1, "ms_per_step": 1000 * (s64 - s1) / (n64 - n1)}
+        costs[name] = {
+            "decode_seconds": s64 - s1,
+            "decode_steps": n64 - n1,
+            "ms_per_step": 1000 * (s64 - s1) / (n64 - n1),
+        }
     overhead = costs["regex-constrained"]["ms_per_step"] / costs["unconstrained"]["ms_per_step"] - 1
-    print_table(f"Decode step cost at batch {len(prompts)} (64 decode steps, prefill excluded, best of {args.repeats})",
-                [(k, f"{v['decode_seconds']:.2f}", v["decode_steps"], f"{v['ms_per_step']:.1f}")
-                 for k, v in costs.items()],
-                ("decoding", "seconds", "decode steps", "ms/step"))
+    print_table(
+        f"Decode step cost at batch {len(prompts)} (64 decode steps, prefill excluded, best of {args.repeats})",
+        [
+            (k, f"{v['decode_seconds']:.2f}", v["decode_steps"], f"{v['ms_per_step']:.1f}")
+            for k, v in costs.items()
+        ],
+        ("decoding", "seconds", "decode steps", "ms/step"),
+    )
     print(f"mask overhead per step: {overhead:+.1%} (target <= +10%)")
     results["per_step"], results["mask_overhead"] = costs, overhead
 
     lat = {
         "regex": mask_latency(engine, "regex", r"(\+\d{1,3} )?\(?\d{3}\)?[ -]\d{3}-\d{4}"),
         "json_schema": mask_latency(engine, "json_schema", json.dumps(SCHEMA)),
-        "ebnf": mask_latency(engine, "ebnf", 'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
-                                              'term ::= factor (("*" | "/") factor)*\n'
-                                              'factor ::= [0-9]+ | "(" expr ")"\n'),
+        "ebnf": mask_latency(
+            engine,
+            "ebnf",
+            'root ::= expr\nexpr ::= term (("+" | "-") term)*\n'
+            'term ::= factor (("*" | "/") factor)*\n'
+            'factor ::= [0-9]+ | "(" expr ")"\n',
+        ),
     }
-    print_table(f"Mask latency per token at vocab {engine.model_config.vocab_size}",
-                [(k, f"{v['mask_us_mean']:.0f}", f"{v['mask_us_p50']:.0f}", f"{v['mask_us_p95']:.0f}",
-                  f"{v['compile_first_s'] * 1000:.0f}", f"{v['compile_cached_s'] * 1e6:.0f}") for k, v in lat.items()],
-                ("grammar", "mean us", "p50 us", "p95 us", "compile ms (first)", "compile us (cached)"))
+    print_table(
+        f"Mask latency per token at vocab {engine.model_config.vocab_size}",
+        [
+            (
+                k,
+                f"{v['mask_us_mean']:.0f}",
+                f"{v['mask_us_p50']:.0f}",
+                f"{v['mask_us_p95']:.0f}",
+                f"{v['compile_first_s'] * 1000:.0f}",
+                f"{v['compile_cached_s'] * 1e6:.0f}",
+            )
+            for k, v in lat.items()
+        ],
+        ("grammar", "mean us", "p50 us", "p95 us", "compile ms (first)", "compile us (cached)"),
+    )
     results["mask_latency"] = lat
     engine.shutdown()
 
@@ -267,10 +341,18 @@ def main() -> None:
         on = together["jump-forward on"]
         speedup = seconds / on["seconds"]
         results["speedup_vs_outlines"] = speedup
-        print_table("sgl vs outlines + HF transformers (same model, schema, texts; outlines one text at a time)",
-                    [("sgl (jump-forward on)", f"{on['seconds']:.2f}", f"{on['valid']}/{args.num_texts}"),
-                     ("outlines + HF", f"{seconds:.2f}", f"{valid}/{args.num_texts}")],
-                    ("system", "seconds", "valid JSON"))
+        print_table(
+            "sgl vs outlines + HF transformers (same model, schema, texts; outlines one text at a time)",
+            [
+                (
+                    "sgl (jump-forward on)",
+                    f"{on['seconds']:.2f}",
+                    f"{on['valid']}/{args.num_texts}",
+                ),
+                ("outlines + HF", f"{seconds:.2f}", f"{valid}/{args.num_texts}"),
+            ],
+            ("system", "seconds", "valid JSON"),
+        )
         print(f"sgl speedup over outlines + HF: {speedup:.1f}x (target >= 5x)")
     write_result("json", results)
 

@@ -38,7 +38,13 @@ SCHEMA = {
     "additionalProperties": False,
 }  # fmt: skip
 DOCS = [
-    {"name": "Ann Smith", "age": 42, "email": "ann@example.com", "tags": ["admin", "ops"], "address": {"city": "Oslo"}},
+    {
+        "name": "Ann Smith",
+        "age": 42,
+        "email": "ann@example.com",
+        "tags": ["admin", "ops"],
+        "address": {"city": "Oslo"},
+    },
     {"name": "Bo", "age": 7, "tags": [], "address": {"city": "Rome", "zip": "00184"}},
     {"name": "Chandra Q. Public", "age": 150, "email": "c.q@pub.org", "tags": ["a", "b", "c", "d"]},
 ]
@@ -52,9 +58,17 @@ def build_vocab(base: Any, size: int, seed: int = 0) -> Any:
 
     tokens = list(base.token_bytes[: base.vocab_size])
     seen = {t for t in tokens if t}
-    root = Path(__file__).resolve().parent.parent  # this project's own code (not .venv: the same text everywhere)
-    corpus = "".join(p.read_text(errors="ignore") for d in ("sgl", "tests", "benchmarks") for p in sorted((root / d).glob("**/*.py")))
-    counts = Counter(corpus[i : i + n] for n in (3, 4, 5, 6, 8) for i in range(0, len(corpus) - n, 3))
+    root = (
+        Path(__file__).resolve().parent.parent
+    )  # this project's own code (not .venv: the same text everywhere)
+    corpus = "".join(
+        p.read_text(errors="ignore")
+        for d in ("sgl", "tests", "benchmarks")
+        for p in sorted((root / d).glob("**/*.py"))
+    )
+    counts = Counter(
+        corpus[i : i + n] for n in (3, 4, 5, 6, 8) for i in range(0, len(corpus) - n, 3)
+    )
     rng = random.Random(seed)
     for text, _ in counts.most_common():
         if len(tokens) >= size:
@@ -64,11 +78,15 @@ def build_vocab(base: Any, size: int, seed: int = 0) -> Any:
             seen.add(tb)
             tokens.append(tb)
     while len(tokens) < size:
-        tb = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(rng.randint(3, 10))).encode()
+        tb = "".join(
+            rng.choice("abcdefghijklmnopqrstuvwxyz ") for _ in range(rng.randint(3, 10))
+        ).encode()
         if tb not in seen:
             seen.add(tb)
             tokens.append(tb)
-    return TokenVocabulary(token_bytes=tuple(tokens), eos_token_ids=base.eos_token_ids, vocab_size=size)
+    return TokenVocabulary(
+        token_bytes=tuple(tokens), eos_token_ids=base.eos_token_ids, vocab_size=size
+    )
 
 
 def tokenize(vocab: Any, text: str) -> list[int]:
@@ -82,7 +100,7 @@ def tokenize(vocab: Any, text: str) -> list[int]:
                 i += n
                 break
         else:
-            raise ValueError(f"no token for {data[i:i + 1]!r}")
+            raise ValueError(f"no token for {data[i : i + 1]!r}")
     return out
 
 
@@ -104,8 +122,13 @@ def measure(vocab: Any, make: Any, texts: list[str]) -> dict[str, Any]:
             if tok not in vocab.eos_token_ids:
                 assert m.accept(tok)
     arr = np.array(times)
-    return {"compile_ms": compile_s * 1e3, "masks": int(arr.size), "mask_us_p50": float(np.percentile(arr, 50)),
-            "mask_us_p99": float(np.percentile(arr, 99)), "mask_us_max": float(arr.max())}
+    return {
+        "compile_ms": compile_s * 1e3,
+        "masks": int(arr.size),
+        "mask_us_p50": float(np.percentile(arr, 50)),
+        "mask_us_p99": float(np.percentile(arr, 99)),
+        "mask_us_max": float(arr.max()),
+    }
 
 
 def main() -> None:
@@ -119,9 +142,16 @@ def main() -> None:
     base = TokenVocabulary.from_tokenizer(tok, vocab_size=len(tok))
     docs = [json.dumps(d) for d in DOCS]
     routes = {
-        "json_schema (regex route)": (lambda v: GrammarCompiler(v, cache_size=0).compile("json_schema", SCHEMA), docs),
+        "json_schema (regex route)": (
+            lambda v: GrammarCompiler(v, cache_size=0).compile("json_schema", SCHEMA),
+            docs,
+        ),
         "json_schema (grammar route)": (
-            lambda v: EbnfGrammar(json.dumps(SCHEMA), v, rules=json_schema_to_rules(SCHEMA), kind="json_schema"), docs),
+            lambda v: EbnfGrammar(
+                json.dumps(SCHEMA), v, rules=json_schema_to_rules(SCHEMA), kind="json_schema"
+            ),
+            docs,
+        ),
         "ebnf": (lambda v: compile_ebnf(ARRAY_GRAMMAR, v), ARRAY_DOCS),
     }
     results: dict[str, Any] = {}
@@ -131,10 +161,24 @@ def main() -> None:
         for name, (make, texts) in routes.items():
             r = measure(vocab, make, texts)
             results[f"{name} @ {size}"] = {"vocab_size": size, **r}
-            rows.append((name, size, f"{r['compile_ms']:.0f}", r["masks"], f"{r['mask_us_p50']:.0f}", f"{r['mask_us_p99']:.0f}"))
-    print_table("mask time against vocabulary size", rows,
-                ("constraint", "vocab", "compile ms", "masks", "mask p50 us", "mask p99 us"))
-    write_result("mask_vocab", {"benchmark": "mask_vocab", "machine": machine_info(), "results": results})
+            rows.append(
+                (
+                    name,
+                    size,
+                    f"{r['compile_ms']:.0f}",
+                    r["masks"],
+                    f"{r['mask_us_p50']:.0f}",
+                    f"{r['mask_us_p99']:.0f}",
+                )
+            )
+    print_table(
+        "mask time against vocabulary size",
+        rows,
+        ("constraint", "vocab", "compile ms", "masks", "mask p50 us", "mask p99 us"),
+    )
+    write_result(
+        "mask_vocab", {"benchmark": "mask_vocab", "machine": machine_info(), "results": results}
+    )
 
 
 if __name__ == "__main__":

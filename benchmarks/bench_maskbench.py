@@ -58,8 +58,9 @@ class BackendEngine:
         from sgl.constrained import GrammarCompiler, TokenVocabulary, allocate_bitmask
 
         self.vocab = TokenVocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size)
-        self.compiler = GrammarCompiler(self.vocab, cache_size=0, isolate=name == "sgl", backend=name,
-                                        tokenizer=tokenizer)
+        self.compiler = GrammarCompiler(
+            self.vocab, cache_size=0, isolate=name == "sgl", backend=name, tokenizer=tokenizer
+        )
         self.row = allocate_bitmask(1, vocab_size)[0]
         self.eos = self.vocab.eos_token_ids[0]
 
@@ -102,14 +103,22 @@ def walk(engine: Any, grammar: Any, tokens: list[int], mask_us: list[float]) -> 
 
 def run_schema(engine: Any, tokenizer: Any, path: str) -> dict[str, Any]:
     doc = json.loads(Path(path).read_text())
-    out: dict[str, Any] = {"status": "pass", "mask_us": [], "warm_mask_us": [], "valid_refused": 0,
-                           "invalid_accepted": 0}
+    out: dict[str, Any] = {
+        "status": "pass",
+        "mask_us": [],
+        "warm_mask_us": [],
+        "valid_refused": 0,
+        "invalid_accepted": 0,
+    }
     t0 = time.perf_counter()
     try:
         grammar = engine.compile(doc["schema"])
     except Exception as e:  # the engine refused the schema
-        out.update(status="compile_error", error=f"{type(e).__name__}: {str(e)[:300]}",
-                   compile_s=time.perf_counter() - t0)
+        out.update(
+            status="compile_error",
+            error=f"{type(e).__name__}: {str(e)[:300]}",
+            compile_s=time.perf_counter() - t0,
+        )
         return out
     out["compile_s"] = time.perf_counter() - t0
     tests = doc.get("tests", [])
@@ -118,7 +127,9 @@ def run_schema(engine: Any, tokenizer: Any, path: str) -> dict[str, Any]:
         timed: list[float] = []
         ok = walk(engine, grammar, tokens, timed)
         out["mask_us"] += timed
-        if i >= len(tests) // 2:  # the grammar has served half the instances: what a server sees later
+        if (
+            i >= len(tests) // 2
+        ):  # the grammar has served half the instances: what a server sees later
             out["warm_mask_us"] += timed
         if test["valid"] and not ok:
             out["valid_refused"] += 1
@@ -147,7 +158,9 @@ def worker(name: str, memory_gb: float, conn: Any) -> None:
         except MemoryError:
             conn.send({"status": "crash", "error": "MemoryError", "mask_us": []})
         except Exception:
-            conn.send({"status": "crash", "error": traceback.format_exc(limit=3)[-400:], "mask_us": []})
+            conn.send(
+                {"status": "crash", "error": traceback.format_exc(limit=3)[-400:], "mask_us": []}
+            )
 
 
 # ---------------------------------------------------------------------------- the driver
@@ -178,7 +191,11 @@ class Worker:
                 return self.conn.recv()
             result = {"status": "timeout", "error": f"over {timeout:.0f} s", "mask_us": []}
         except EOFError:  # the worker died (the kernel's OOM killer, a segfault)
-            result = {"status": "crash", "error": f"worker died after {time.perf_counter() - t0:.1f} s", "mask_us": []}
+            result = {
+                "status": "crash",
+                "error": f"worker died after {time.perf_counter() - t0:.1f} s",
+                "mask_us": [],
+            }
         self.stop(kill=True)
         return result
 
@@ -211,7 +228,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     statuses = [r["status"] for r in results]
     masks = np.array([t for r in results for t in r["mask_us"]] or [0.0])
     warm = np.array([t for r in results for t in r.get("warm_mask_us", [])] or [0.0])
-    compiles = np.array([r["compile_s"] for r in results if "compile_s" in r and r["status"] != "compile_error"] or [0.0])
+    compiles = np.array(
+        [r["compile_s"] for r in results if "compile_s" in r and r["status"] != "compile_error"]
+        or [0.0]
+    )
     return {
         "schemas": len(results),
         "passing": statuses.count("pass"),
@@ -233,18 +253,38 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, required=True, help="a jsonschemabench checkout's maskbench/data folder")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        required=True,
+        help="a jsonschemabench checkout's maskbench/data folder",
+    )
     ap.add_argument("--sample", type=int, default=300, help="schemas drawn at random (0: all)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--engines", default="sgl,llguidance,xgrammar", help="comma-separated; missing ones are skipped")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds per schema (compile and all tests)")
-    ap.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of each engine's worker")
-    ap.add_argument("--out", type=Path, default=None, help="write here instead of benchmarks/results/maskbench.json")
+    ap.add_argument(
+        "--engines",
+        default="sgl,llguidance,xgrammar",
+        help="comma-separated; missing ones are skipped",
+    )
+    ap.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds per schema (compile and all tests)"
+    )
+    ap.add_argument(
+        "--memory-gb", type=float, default=8.0, help="address-space cap of each engine's worker"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write here instead of benchmarks/results/maskbench.json",
+    )
     args = ap.parse_args()
 
     files = sorted(str(p) for p in args.data.glob("*.json"))
     if not files:
-        raise SystemExit(f"--data {args.data}: no *.json files (expected jsonschemabench's maskbench/data)")
+        raise SystemExit(
+            f"--data {args.data}: no *.json files (expected jsonschemabench's maskbench/data)"
+        )
     if args.sample and args.sample < len(files):
         files = random.Random(args.seed).sample(files, args.sample)
     engines = [e for e in args.engines.split(",") if e]
@@ -263,23 +303,62 @@ def main() -> None:
         for i, f in enumerate(files):
             r = w.run(f, args.timeout)
             results.append(r)
-            per_schema[Path(f).stem][name] = {k: v for k, v in r.items() if k not in ("mask_us", "warm_mask_us")}
+            per_schema[Path(f).stem][name] = {
+                k: v for k, v in r.items() if k not in ("mask_us", "warm_mask_us")
+            }
             if r["status"] != "pass":
-                print(f"[{name} {i + 1}/{len(files)}] {Path(f).stem}: {r['status']} {r.get('error', '')[:160]}", flush=True)
+                print(
+                    f"[{name} {i + 1}/{len(files)}] {Path(f).stem}: {r['status']} {r.get('error', '')[:160]}",
+                    flush=True,
+                )
         w.stop()
         summary[name] = summarize(results)
 
     print_table(
         f"MaskBench: {len(files)} schemas (seed {args.seed}), embedded model's tokenizer",
-        [(e, f"{s['passing']}/{s['schemas']} ({100 * s['passing'] / s['schemas']:.0f}%)", s["compile_errors"],
-          s["valid_refused"], s["invalid_accepted"], s["timeouts"] + s["crashes"], f"{s['mask_us_p50']:.0f}",
-          f"{s['mask_us_p99']:.0f}", f"{s['warm_mask_us_p99']:.0f}", f"{s['compile_ms_p50']:.1f}",
-          f"{s['compile_ms_p99']:.0f}")
-         for e, s in summary.items()],
-        ("engine", "passing", "compile err", "valid refused", "invalid accepted", "timeout/crash", "mask p50 us",
-         "mask p99 us", "warm p99 us", "compile p50 ms", "compile p99 ms"))
-    write_result("maskbench", {"config": {**vars(args), "data": str(args.data), "out": str(args.out) if args.out else None},
-                               "summary": summary, "schemas": per_schema}, path=args.out)
+        [
+            (
+                e,
+                f"{s['passing']}/{s['schemas']} ({100 * s['passing'] / s['schemas']:.0f}%)",
+                s["compile_errors"],
+                s["valid_refused"],
+                s["invalid_accepted"],
+                s["timeouts"] + s["crashes"],
+                f"{s['mask_us_p50']:.0f}",
+                f"{s['mask_us_p99']:.0f}",
+                f"{s['warm_mask_us_p99']:.0f}",
+                f"{s['compile_ms_p50']:.1f}",
+                f"{s['compile_ms_p99']:.0f}",
+            )
+            for e, s in summary.items()
+        ],
+        (
+            "engine",
+            "passing",
+            "compile err",
+            "valid refused",
+            "invalid accepted",
+            "timeout/crash",
+            "mask p50 us",
+            "mask p99 us",
+            "warm p99 us",
+            "compile p50 ms",
+            "compile p99 ms",
+        ),
+    )
+    write_result(
+        "maskbench",
+        {
+            "config": {
+                **vars(args),
+                "data": str(args.data),
+                "out": str(args.out) if args.out else None,
+            },
+            "summary": summary,
+            "schemas": per_schema,
+        },
+        path=args.out,
+    )
 
 
 if __name__ == "__main__":

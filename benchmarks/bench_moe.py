@@ -49,13 +49,28 @@ SHAPES = {  # name: (hidden, experts, expert intermediate, top_k)
     "qwen3-30b-a3b layer": (2048, 128, 768, 8),
     "mixtral-8x7b layer / 4": (1024, 8, 3584, 2),
 }
-CUDA_SHAPES = {"qwen3-30b-a3b layer": (2048, 128, 768, 8), "mixtral-8x7b layer": (4096, 8, 14336, 2)}
+CUDA_SHAPES = {
+    "qwen3-30b-a3b layer": (2048, 128, 768, 8),
+    "mixtral-8x7b layer": (4096, 8, 14336, 2),
+}
 
 
-def layers(hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype) -> tuple[SparseMoE, MLP]:
-    config = ModelConfig(vocab_size=1, hidden_size=hidden, intermediate_size=size, num_hidden_layers=1,
-                         num_attention_heads=1, num_key_value_heads=1, head_dim=hidden, num_experts=experts,
-                         experts_per_token=top_k, moe_intermediate_size=size, sparse_layers=[True])
+def layers(
+    hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype
+) -> tuple[SparseMoE, MLP]:
+    config = ModelConfig(
+        vocab_size=1,
+        hidden_size=hidden,
+        intermediate_size=size,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=hidden,
+        num_experts=experts,
+        experts_per_token=top_k,
+        moe_intermediate_size=size,
+        sparse_layers=[True],
+    )
     moe, dense = SparseMoE(config, MLP), MLP(config, top_k * size)
     with torch.no_grad():
         for p in [*moe.parameters(), *dense.parameters()]:
@@ -63,9 +78,12 @@ def layers(hidden: int, experts: int, size: int, top_k: int, dtype: torch.dtype)
     return moe.to(dtype).eval(), dense.to(dtype).eval()
 
 
-def interleaved_ms(fns: dict[str, object], repeats: int, device: str, warmup: int = 3) -> dict[str, float]:
+def interleaved_ms(
+    fns: dict[str, object], repeats: int, device: str, warmup: int = 3
+) -> dict[str, float]:
     """Median ms of each fn, their calls interleaved (one of each in turn), so a noisy machine's
     drift falls on all of them alike."""
+
     def call(fn):
         fn()
         if device == "cuda":
@@ -115,22 +133,43 @@ def main() -> None:
                 if packed:
                     fns["plain"] = lambda: plain_moe(x)  # noqa: B023
                 ms = interleaved_ms(fns, args.repeats, args.device)
-                t_moe, t_dense, t_torch, t_plain = ms["moe"], ms["dense"], ms.get("torch"), ms.get("plain")
-            per_rows[n] = {"moe_ms": round(t_moe, 3), "dense_ms": round(t_dense, 3),
-                           "ratio": round(t_moe / t_dense, 2), "experts_hit": experts_hit}
+                t_moe, t_dense, t_torch, t_plain = (
+                    ms["moe"],
+                    ms["dense"],
+                    ms.get("torch"),
+                    ms.get("plain"),
+                )
+            per_rows[n] = {
+                "moe_ms": round(t_moe, 3),
+                "dense_ms": round(t_dense, 3),
+                "ratio": round(t_moe / t_dense, 2),
+                "experts_hit": experts_hit,
+            }
             row = (name, n, experts_hit, f"{t_moe:.2f}", f"{t_dense:.2f}", f"{t_moe / t_dense:.2f}")
             if cuda:
                 per_rows[n]["torch_grouped_experts_ms"] = round(t_torch, 3)
                 row += (f"{t_torch:.2f}",)
             if packed:
-                per_rows[n].update(moe_plain_ms=round(t_plain, 3), packing_speedup=round(t_plain / t_moe, 2))
+                per_rows[n].update(
+                    moe_plain_ms=round(t_plain, 3), packing_speedup=round(t_plain / t_moe, 2)
+                )
                 row += (f"{t_plain:.2f}", f"{t_plain / t_moe:.2f}")
             rows_out.append(row)
         moe = dense = plain_moe = None  # freed before the next shape is built
     columns = ("shape", "rows", "experts hit", "moe ms", "dense ms", "moe / dense")
-    extra = ("torch grouped experts ms",) if cuda else ("moe plain-weights ms", "plain / packed") if packed else ()
-    print_table(f"MoE block vs dense MLP with the same active parameters ({args.dtype}, {where}"
-                f"{', packed for oneDNN' if packed else ''})", rows_out, columns + extra)
+    extra = (
+        ("torch grouped experts ms",)
+        if cuda
+        else ("moe plain-weights ms", "plain / packed")
+        if packed
+        else ()
+    )
+    print_table(
+        f"MoE block vs dense MLP with the same active parameters ({args.dtype}, {where}"
+        f"{', packed for oneDNN' if packed else ''})",
+        rows_out,
+        columns + extra,
+    )
     write_result("moe_layer_cuda" if cuda else "moe_layer", results)
 
 

@@ -35,9 +35,15 @@ from common import start_server, stop_process  # noqa: E402
 import sgl  # noqa: E402
 from sgl.lang.backends.openai_dialects import UnsupportedParameterError  # noqa: E402
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 24},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 # ----------------------------------------------------------------------------- programs
@@ -84,14 +90,20 @@ def branches(s):
 
 def _people(s):
     s += "Name: Alice\nAge: 30\nCity: Paris\n\nName: Bob\nAge: 25\nCity: London\n\nName:"
-    s += sgl.gen("name", max_tokens=8, stop="\n") + "\nAge:" + sgl.gen("age", max_tokens=4, stop="\n")
+    s += (
+        sgl.gen("name", max_tokens=8, stop="\n")
+        + "\nAge:"
+        + sgl.gen("age", max_tokens=4, stop="\n")
+    )
     s += "\nCity:" + sgl.gen("city", max_tokens=8, stop="\n")
 
 
 people = sgl.function(_people)
 people_spec = sgl.function(num_api_spec_tokens=48)(_people)
 
-QUESTIONS = [{"question": q} for q in ("Name a fruit.", "Name a color.", "Name a river.", "Name a planet.")]
+QUESTIONS = [
+    {"question": q} for q in ("Name a fruit.", "Name a color.", "Name a river.", "Name a planet.")
+]
 
 # name -> (chat mode?, run(backend) -> states)
 PROGRAMS: dict[str, tuple[bool, Callable[[Any], list]]] = {
@@ -100,7 +112,10 @@ PROGRAMS: dict[str, tuple[bool, Callable[[Any], list]]] = {
     "chat_run_batch": (True, lambda b: chat.run_batch(QUESTIONS, temperature=0, backend=b)),
     "chat_json_schema": (True, lambda b: [chat_json.run(temperature=0, backend=b)]),
     "chat_select": (True, lambda b: [chat_choice.run(temperature=0, backend=b)]),
-    "select_and_int": (False, lambda b: [classify.run(text="Great food, lovely staff.", temperature=0, backend=b)]),
+    "select_and_int": (
+        False,
+        lambda b: [classify.run(text="Great food, lovely staff.", temperature=0, backend=b)],
+    ),
     "regex": (False, lambda b: [phone.run(temperature=0, backend=b)]),
     "fork": (False, lambda b: [branches.run(temperature=0, backend=b)]),
     "three_gens": (False, lambda b: [people.run(temperature=0, backend=b)]),
@@ -127,12 +142,24 @@ def run_program(name: str, backend: Any) -> dict[str, Any]:
     except sgl.ProgramError as e:
         cause = e.__cause__
         refused = isinstance(cause, UnsupportedParameterError)
-        return {"ok": False, "refused" if refused else "error": str(cause or e),
-                **({"param": cause.param} if refused else {}), **backend.token_usage.snapshot()}
-    out: dict[str, Any] = {"ok": True, "wall_s": round(time.perf_counter() - t, 3), **backend.token_usage.snapshot()}
+        return {
+            "ok": False,
+            "refused" if refused else "error": str(cause or e),
+            **({"param": cause.param} if refused else {}),
+            **backend.token_usage.snapshot(),
+        }
+    out: dict[str, Any] = {
+        "ok": True,
+        "wall_s": round(time.perf_counter() - t, 3),
+        **backend.token_usage.snapshot(),
+    }
     out["results"] = [dict(st.stream_executor.variables) for st in states]
-    methods = {k: m.get("select_method") for st in states for k, m in st.stream_executor.meta_info.items()
-               if isinstance(m, dict) and m.get("select_method")}
+    methods = {
+        k: m.get("select_method")
+        for st in states
+        for k, m in st.stream_executor.meta_info.items()
+        if isinstance(m, dict) and m.get("select_method")
+    }
     if methods:
         out["select_method"] = methods
     return out
@@ -154,16 +181,23 @@ def run_engine(base_url: str) -> dict[str, Any]:
     res["refusals"] = refusals(text_api, chat_api)
     p, s = res["programs"]["three_gens"], res["programs"]["three_gens_speculative"]
     if p["ok"] and s["ok"]:
-        res["speculation"] = {"same_results": p["results"] == s["results"], "calls": [p["calls"], s["calls"]],
-                              "prompt_tokens": [p["prompt_tokens"], s["prompt_tokens"]]}
+        res["speculation"] = {
+            "same_results": p["results"] == s["results"],
+            "calls": [p["calls"], s["calls"]],
+            "prompt_tokens": [p["prompt_tokens"], s["prompt_tokens"]],
+        }
     return res
 
 
 def refusals(text_api: Any, chat_api: Any) -> dict[str, str]:
     """What this kind refuses among the constraints (each is a one-gen program)."""
-    probes = {"regex": sgl.gen("x", regex=r"\d+", max_tokens=4), "dtype_int": sgl.gen_int("x", max_tokens=4),
-              "json_schema_completion": sgl.gen("x", json_schema=PERSON, max_tokens=4),
-              "ebnf": sgl.gen("x", ebnf='root ::= "a"', max_tokens=4), "top_k": sgl.gen("x", top_k=5, max_tokens=4)}
+    probes = {
+        "regex": sgl.gen("x", regex=r"\d+", max_tokens=4),
+        "dtype_int": sgl.gen_int("x", max_tokens=4),
+        "json_schema_completion": sgl.gen("x", json_schema=PERSON, max_tokens=4),
+        "ebnf": sgl.gen("x", ebnf='root ::= "a"', max_tokens=4),
+        "top_k": sgl.gen("x", top_k=5, max_tokens=4),
+    }
     out = {}
     for name, expr in probes.items():
         prog = sgl.function(lambda s, e=expr: s.__iadd__("Q: " + e))
@@ -189,7 +223,9 @@ def main() -> None:
     args = ap.parse_args()
     from common import write_result
 
-    results: dict[str, Any] = {"programs": {k: "chat" if v[0] else "completion" for k, v in PROGRAMS.items()}}
+    results: dict[str, Any] = {
+        "programs": {k: "chat" if v[0] else "completion" for k, v in PROGRAMS.items()}
+    }
     for engine in args.engines.split(","):
         print(f"{engine} ...", flush=True)
         t = time.perf_counter()

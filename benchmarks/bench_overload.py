@@ -57,24 +57,46 @@ def questions(n: int) -> list[str]:
     return [f"{pool[i % len(pool)]} (#{i})" for i in range(n)]
 
 
-async def client(http: aiohttp.ClientSession, url: str, question: str, max_tokens: int, go: asyncio.Event,
-                 timeout: float) -> dict[str, Any]:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": question}], "max_tokens": max_tokens,
-            "temperature": 0, "stream": True}
-    rec: dict[str, Any] = {"outcome": "other", "status": None, "ttft": None, "e2e": None, "detail": ""}
+async def client(
+    http: aiohttp.ClientSession,
+    url: str,
+    question: str,
+    max_tokens: int,
+    go: asyncio.Event,
+    timeout: float,
+) -> dict[str, Any]:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    rec: dict[str, Any] = {
+        "outcome": "other",
+        "status": None,
+        "ttft": None,
+        "e2e": None,
+        "detail": "",
+    }
     await go.wait()  # every client starts at the same moment
     start = time.perf_counter()
     try:
-        async with http.post(url + "/v1/chat/completions", json=body,
-                             timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+        async with http.post(
+            url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=timeout)
+        ) as r:
             rec["status"] = r.status
             if r.status == 429:
                 raw = await r.read()
                 retry = r.headers.get("Retry-After")
                 try:
                     err = json.loads(raw)["error"]
-                    body_ok = (set(err) == {"message", "type", "param", "code"} and err["code"] == 429
-                               and isinstance(err["message"], str) and bool(err["message"]))
+                    body_ok = (
+                        set(err) == {"message", "type", "param", "code"}
+                        and err["code"] == 429
+                        and isinstance(err["message"], str)
+                        and bool(err["message"])
+                    )
                 except (ValueError, KeyError, TypeError):
                     body_ok = False
                 try:
@@ -99,7 +121,7 @@ async def client(http: aiohttp.ClientSession, url: str, question: str, max_token
                 if not line.startswith("data: "):
                     rec["detail"] = f"not an SSE data line: {line[:200]!r}"
                     return rec
-                data = line[len("data: "):]
+                data = line[len("data: ") :]
                 if data == "[DONE]":
                     done = True
                     continue
@@ -127,12 +149,16 @@ async def client(http: aiohttp.ClientSession, url: str, question: str, max_token
     return rec
 
 
-async def wave(url: str, n: int, max_tokens: int, timeout: float, offset: int = 0) -> tuple[list[dict], float]:
+async def wave(
+    url: str, n: int, max_tokens: int, timeout: float, offset: int = 0
+) -> tuple[list[dict], float]:
     go = asyncio.Event()
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as http:
-        tasks = [asyncio.ensure_future(client(http, url, q, max_tokens, go, timeout))
-                 for q in questions(n + offset)[offset:]]
+        tasks = [
+            asyncio.ensure_future(client(http, url, q, max_tokens, go, timeout))
+            for q in questions(n + offset)[offset:]
+        ]
         await asyncio.sleep(0)  # let every client reach go.wait()
         t0 = time.perf_counter()
         go.set()
@@ -142,16 +168,24 @@ async def wave(url: str, n: int, max_tokens: int, timeout: float, offset: int = 
 
 async def settle(url: str, timeout: float) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http:
+
         async def idle():
             info = await server_info(http, url)
             return info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0, info
+
         idle_ok, idle_s, _ = await poll("idle", idle, timeout)
         flushed = await flush(http, url, timeout)
         info = await server_info(http, url)
-    return {"idle": idle_ok, "idle_wait_s": round(idle_s, 2), "flush_ok": flushed,
-            "kv_free_after_flush": info["available_kv_tokens"], "max_total_tokens": info["max_total_tokens"],
-            "kv_pool_full_after_flush": flushed and info["available_kv_tokens"] == info["max_total_tokens"],
-            "retractions": info["retractions"]}
+    return {
+        "idle": idle_ok,
+        "idle_wait_s": round(idle_s, 2),
+        "flush_ok": flushed,
+        "kv_free_after_flush": info["available_kv_tokens"],
+        "max_total_tokens": info["max_total_tokens"],
+        "kv_pool_full_after_flush": flushed
+        and info["available_kv_tokens"] == info["max_total_tokens"],
+        "retractions": info["retractions"],
+    }
 
 
 def main() -> int:
@@ -160,24 +194,49 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-running-requests", type=int, default=32)
     ap.add_argument("--max-total-tokens", type=int, default=4096)
-    ap.add_argument("--max-queued-requests", type=int, default=64,
-                    help="passed to the server when its launch_server knows the flag; <0: never pass it")
+    ap.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=64,
+        help="passed to the server when its launch_server knows the flag; <0: never pass it",
+    )
     ap.add_argument("--timeout", type=float, default=1800.0, help="per-client limit in seconds")
     ap.add_argument("--model-path", default="default")
-    ap.add_argument("--server-arg", action="append", default=[], help="an extra launch_server argument (repeatable)")
-    ap.add_argument("--log", type=Path, default=None, help="the server's log file (default: a temporary file)")
-    ap.add_argument("--out", type=Path, default=None,
-                    help="write the JSON here instead of merging into benchmarks/results/reliability.json")
+    ap.add_argument(
+        "--server-arg",
+        action="append",
+        default=[],
+        help="an extra launch_server argument (repeatable)",
+    )
+    ap.add_argument(
+        "--log", type=Path, default=None, help="the server's log file (default: a temporary file)"
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the JSON here instead of merging into benchmarks/results/reliability.json",
+    )
     args = ap.parse_args()
 
     flag_known = ServerProcess.supports("--max-queued-requests")
     use_flag = flag_known and args.max_queued_requests >= 0
     if not flag_known:
-        print("NOTE: this launch_server has no --max-queued-requests: running without it (no 429s expected)")
-    server_args = ["--model-path", args.model_path, "--max-running-requests", str(args.max_running_requests),
-                   "--max-total-tokens", str(args.max_total_tokens), "--log-level", "warning",
-                   *(["--max-queued-requests", str(args.max_queued_requests)] if use_flag else []),
-                   *[a for arg in args.server_arg for a in arg.split()]]
+        print(
+            "NOTE: this launch_server has no --max-queued-requests: running without it (no 429s expected)"
+        )
+    server_args = [
+        "--model-path",
+        args.model_path,
+        "--max-running-requests",
+        str(args.max_running_requests),
+        "--max-total-tokens",
+        str(args.max_total_tokens),
+        "--log-level",
+        "warning",
+        *(["--max-queued-requests", str(args.max_queued_requests)] if use_flag else []),
+        *[a for arg in args.server_arg for a in arg.split()],
+    ]
     log = args.log or Path(tempfile.mkdtemp(prefix="bench_overload_")) / "server.log"
     server = ServerProcess(server_args, log)
     t_start = time.monotonic()
@@ -186,7 +245,10 @@ def main() -> int:
     try:
         warm, _ = asyncio.run(wave(url, 8, args.max_tokens, args.timeout, offset=args.clients))
         if any(r["outcome"] != "completed" for r in warm):
-            print("warm-up problems: " + "; ".join(r["detail"] for r in warm if r["outcome"] != "completed"))
+            print(
+                "warm-up problems: "
+                + "; ".join(r["detail"] for r in warm if r["outcome"] != "completed")
+            )
         before = proc_status(server.pid)
         print(f"{args.clients} streaming chat clients at once (max_tokens {args.max_tokens})")
         recs, duration = asyncio.run(wave(url, args.clients, args.max_tokens, args.timeout))
@@ -210,18 +272,25 @@ def main() -> int:
         statuses[str(r["status"])] = statuses.get(str(r["status"]), 0) + 1
     checks = {
         "no_other_errors": not other,
-        "every_429_has_retry_after_and_body": all(r["outcome"] == "refused" for r in recs if r["status"] == 429),
+        "every_429_has_retry_after_and_body": all(
+            r["outcome"] == "refused" for r in recs if r["status"] == 429
+        ),
         "served_after_the_wave": all(r["outcome"] == "completed" for r in again),
         "idle_after": after_wave["idle"],
         "kv_pool_full_after_flush": after_wave["kv_pool_full_after_flush"],
         "server_exit_0_on_sigterm": exit_code == 0,
     }
     capacity = args.max_running_requests + args.max_queued_requests if use_flag else None
-    if capacity is not None and len(recs) > capacity:  # more at once than the server holds: some refused
+    if (
+        capacity is not None and len(recs) > capacity
+    ):  # more at once than the server holds: some refused
         checks["excess_refused"] = len(refused) > 0
     results = {
-        "config": {**{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-                   "server_args": server_args, "env": server_env()},
+        "config": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "server_args": server_args,
+            "env": server_env(),
+        },
         "max_queued_requests_flag": {"known_to_server": flag_known, "passed": use_flag},
         "capacity_running_plus_queued": capacity,
         "clients": len(recs),
@@ -232,12 +301,23 @@ def main() -> int:
         "retry_after_values": sorted({r.get("retry_after") for r in refused}),
         "other_error_samples": [r["detail"] for r in other][:20],
         "duration_s": round(duration, 2),
-        "ttft_ms": {"p50": ms(_pct(ttft, 50)), "p99": ms(_pct(ttft, 99)), "max": ms(max(ttft) if ttft else None)},
+        "ttft_ms": {
+            "p50": ms(_pct(ttft, 50)),
+            "p99": ms(_pct(ttft, 99)),
+            "max": ms(max(ttft) if ttft else None),
+        },
         "e2e_ms": {"p50": ms(_pct(e2e, 50)), "p99": ms(_pct(e2e, 99))},
         "refusal_latency_ms_p50": ms(_pct([r["e2e"] for r in refused], 50)),
-        "server_rss_mb": {"before": round(before["rss_kb"] / 1024, 1), "after_wave": round(mid["rss_kb"] / 1024, 1),
-                          "after_settle": round(after["rss_kb"] / 1024, 1)},
-        "server_threads": {"before": before["threads"], "after_wave": mid["threads"], "after_settle": after["threads"]},
+        "server_rss_mb": {
+            "before": round(before["rss_kb"] / 1024, 1),
+            "after_wave": round(mid["rss_kb"] / 1024, 1),
+            "after_settle": round(after["rss_kb"] / 1024, 1),
+        },
+        "server_threads": {
+            "before": before["threads"],
+            "after_wave": mid["threads"],
+            "after_settle": after["threads"],
+        },
         "after": after_wave,
         "server_exit_code": exit_code,
         "server_log_problem_lines": problems,
@@ -246,12 +326,18 @@ def main() -> int:
         "passed": all(checks.values()),
         "wall_s": round(time.monotonic() - t_start, 1),
     }
-    print(f"\n{len(recs)} clients in {duration:.1f}s: completed {len(done)}, refused 429 {len(refused)} "
-          f"(Retry-After {results['retry_after_values']}), other errors {len(other)}; statuses {statuses}")
-    print(f"admitted TTFT ms p50 {results['ttft_ms']['p50']} p99 {results['ttft_ms']['p99']}; "
-          f"e2e ms p50 {results['e2e_ms']['p50']} p99 {results['e2e_ms']['p99']}")
+    print(
+        f"\n{len(recs)} clients in {duration:.1f}s: completed {len(done)}, refused 429 {len(refused)} "
+        f"(Retry-After {results['retry_after_values']}), other errors {len(other)}; statuses {statuses}"
+    )
+    print(
+        f"admitted TTFT ms p50 {results['ttft_ms']['p50']} p99 {results['ttft_ms']['p99']}; "
+        f"e2e ms p50 {results['e2e_ms']['p50']} p99 {results['e2e_ms']['p99']}"
+    )
     print(f"server RSS MB {results['server_rss_mb']}, threads {results['server_threads']}")
-    print(f"after: {after_wave}; exit code on SIGTERM {exit_code}; log lines at ERROR / tracebacks {problems}")
+    print(
+        f"after: {after_wave}; exit code on SIGTERM {exit_code}; log lines at ERROR / tracebacks {problems}"
+    )
     for d in results["other_error_samples"][:5]:
         print("  " + d)
     print("checks: " + ", ".join(f"{k} {'OK' if v else 'FAILED'}" for k, v in checks.items()))

@@ -27,7 +27,9 @@ def few_shot_prefix(engine, target_tokens: int) -> str:
 def run(engine, prompts: list[str], new_tokens: int) -> tuple[float, list[dict]]:
     engine.flush_cache()
     t = time.perf_counter()
-    outs = engine.generate(prompts, {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True})
+    outs = engine.generate(
+        prompts, {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
+    )
     return time.perf_counter() - t, outs
 
 
@@ -44,8 +46,10 @@ def main() -> None:
     for name, disable in (("radix cache on", False), ("radix cache off", True)):
         engine = sgl.Engine(model_path="default", disable_radix_cache=disable)
         prefix = few_shot_prefix(engine, args.prefix_tokens)
-        prompts = [f"{prefix}Question: What is {i} plus {2 * i + 3}, and which country is Bern in?\nAnswer:"
-                   for i in range(args.num_requests)]
+        prompts = [
+            f"{prefix}Question: What is {i} plus {2 * i + 3}, and which country is Bern in?\nAnswer:"
+            for i in range(args.num_requests)
+        ]
         engine.generate(prompts[0][-200:], {"max_new_tokens": 2})  # warm-up
         seconds, outs = run(engine, prompts, args.new_tokens)
         prompt_tokens = sum(o["meta_info"]["prompt_tokens"] for o in outs)
@@ -64,17 +68,29 @@ def main() -> None:
     speedup = off["seconds"] / on["seconds"]
     same = on["texts"] == off["texts"]
     rows = [
-        (name, f"{r['seconds']:.2f}", f"{r['prompt_tokens']}", f"{r['cached_tokens']}", f"{r['cached_ratio']:.1%}")
+        (
+            name,
+            f"{r['seconds']:.2f}",
+            f"{r['prompt_tokens']}",
+            f"{r['cached_tokens']}",
+            f"{r['cached_ratio']:.1%}",
+        )
         for name, r in results.items()
     ]
     print_table(
         f"{args.num_requests} requests sharing a {on['prefix_tokens']}-token prefix, {args.new_tokens} new tokens",
-        rows, ("engine", "seconds", "prompt tokens", "cached tokens", "cached ratio"),
+        rows,
+        ("engine", "seconds", "prompt tokens", "cached tokens", "cached ratio"),
     )
-    print(f"speedup with radix cache: {speedup:.2f}x (target >= 4x); identical greedy outputs: {same}")
+    print(
+        f"speedup with radix cache: {speedup:.2f}x (target >= 4x); identical greedy outputs: {same}"
+    )
     for r in results.values():
         r.pop("texts")
-    write_result("prefix", {"config": vars(args), "results": results, "speedup": speedup, "identical_outputs": same})
+    write_result(
+        "prefix",
+        {"config": vars(args), "results": results, "speedup": speedup, "identical_outputs": same},
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,13 @@ import sgl  # noqa: E402
 from sgl.lang import ChatTemplate  # noqa: E402
 
 PEERS = ("vllm", "llama.cpp")
-IN_PROCESS = {"sgl-dsl": {}, "sgl-dsl-process": {"scheduler_process": True}, "sgl-dsl-no-radix": {"disable_radix_cache": True},
-              "sgl-dsl-no-jump-forward": {"disable_jump_forward": True}, "sgl-dsl-fcfs": {"schedule_policy": "fcfs"}}
+IN_PROCESS = {
+    "sgl-dsl": {},
+    "sgl-dsl-process": {"scheduler_process": True},
+    "sgl-dsl-no-radix": {"disable_radix_cache": True},
+    "sgl-dsl-no-jump-forward": {"disable_jump_forward": True},
+    "sgl-dsl-fcfs": {"schedule_policy": "fcfs"},
+}
 
 
 @dataclass
@@ -66,7 +71,9 @@ class Runner:
 
 def sgl_runner(backend: Any, ship: bool | str = "auto") -> Runner:
     def run(w: Workload, items: list[dict], concurrency: int) -> None:
-        states = w.program.run_batch(items, num_threads=concurrency, backend=backend, ship=ship, temperature=0)
+        states = w.program.run_batch(
+            items, num_threads=concurrency, backend=backend, ship=ship, temperature=0
+        )
         for st in states:
             st.sync()
             if st.error is not None:
@@ -114,7 +121,9 @@ def open_runner(engine: str, concurrency: int) -> Iterator[Runner]:
         kind, _, driver = engine.partition("-")  # "llama.cpp-plain" -> llama.cpp, plain
         url = stack.enter_context(server(kind, (), parallel=concurrency))
         if driver in ("endpoint", "endpoint-unshipped"):
-            yield sgl_runner(sgl.RuntimeEndpoint(url), ship=False if driver == "endpoint-unshipped" else "auto")
+            yield sgl_runner(
+                sgl.RuntimeEndpoint(url), ship=False if driver == "endpoint-unshipped" else "auto"
+            )
         elif driver == "plain":
             completions = HttpCompletions(url, "default", kind, chat_template())
             stack.callback(completions.close)
@@ -125,7 +134,9 @@ def open_runner(engine: str, concurrency: int) -> Iterator[Runner]:
             raise ValueError(f"unknown engine {engine!r}")
 
 
-def measure(runner: Runner, w: Workload, programs: int, concurrency: int, latency_runs: int) -> dict[str, Any]:
+def measure(
+    runner: Runner, w: Workload, programs: int, concurrency: int, latency_runs: int
+) -> dict[str, Any]:
     runner.run(w, w.items(2, seed=99), 2)  # warm-up: first requests, grammar compiles
     before = runner.stats()
     t = time.perf_counter()
@@ -137,9 +148,12 @@ def measure(runner: Runner, w: Workload, programs: int, concurrency: int, latenc
         t = time.perf_counter()
         runner.run(w, [item], 1)
         latencies.append(time.perf_counter() - t)
-    out: dict[str, Any] = {"programs": programs, "seconds": round(seconds, 3),
-                           "programs_per_s": round(programs / seconds, 3),
-                           "latency_s": round(statistics.median(latencies), 3)}
+    out: dict[str, Any] = {
+        "programs": programs,
+        "seconds": round(seconds, 3),
+        "programs_per_s": round(programs / seconds, 3),
+        "latency_s": round(statistics.median(latencies), 3),
+    }
     if before.get("prefill_tokens") is not None:
         computed = after["prefill_tokens"] - before["prefill_tokens"]
         cached = after["cached_tokens"] - before["cached_tokens"]
@@ -156,26 +170,41 @@ def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         peers = [r for e, r in ok.items() if e.partition("-")[0] in PEERS]
         if sgl_best and peers:
             out[name] = {
-                "throughput": round(max(r["programs_per_s"] for r in sgl_best) / max(r["programs_per_s"] for r in peers), 2),
-                "latency": round(min(r["latency_s"] for r in peers) / min(r["latency_s"] for r in sgl_best), 2)}
+                "throughput": round(
+                    max(r["programs_per_s"] for r in sgl_best)
+                    / max(r["programs_per_s"] for r in peers),
+                    2,
+                ),
+                "latency": round(
+                    min(r["latency_s"] for r in peers) / min(r["latency_s"] for r in sgl_best), 2
+                ),
+            }
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--engines", default="sgl-dsl,sgl-endpoint,sgl-plain,vllm-plain,llama.cpp-plain")
+    ap.add_argument(
+        "--engines", default="sgl-dsl,sgl-endpoint,sgl-plain,vllm-plain,llama.cpp-plain"
+    )
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--programs", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--latency-runs", type=int, default=3)
-    ap.add_argument("--busy", type=int, default=0, help="busy loops beside the engine (a shared machine)")
-    ap.add_argument("--merge", action="store_true", help="keep the other engines' results already in the file")
+    ap.add_argument(
+        "--busy", type=int, default=0, help="busy loops beside the engine (a shared machine)"
+    )
+    ap.add_argument(
+        "--merge", action="store_true", help="keep the other engines' results already in the file"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     name = "program_workloads" + ("_loaded" if args.busy else "")
     out = Path(args.out) if args.out else RESULTS_DIR / f"{name}.json"
     workloads = [WORKLOADS[name] for name in args.workloads.split(",")]
-    results: dict[str, dict[str, Any]] = json.loads(out.read_text())["results"] if args.merge and out.exists() else {}
+    results: dict[str, dict[str, Any]] = (
+        json.loads(out.read_text())["results"] if args.merge and out.exists() else {}
+    )
     for w in workloads:
         results.setdefault(w.name, {})
     for engine in args.engines.split(","):
@@ -184,8 +213,9 @@ def main() -> None:
             with open_runner(engine, args.concurrency) as runner, busy_loops(args.busy):
                 for w in workloads:
                     try:
-                        results[w.name][engine] = r = measure(runner, w, args.programs, args.concurrency,
-                                                              args.latency_runs)
+                        results[w.name][engine] = r = measure(
+                            runner, w, args.programs, args.concurrency, args.latency_runs
+                        )
                     except (RuntimeError, requests.RequestException) as e:
                         results[w.name][engine] = r = {"failed": str(e)[:300]}
                     print(f"  {w.name}: {r}", flush=True)
@@ -194,14 +224,33 @@ def main() -> None:
                 results[w.name][engine] = {"skipped": f"could not start: {e}"}
             print(f"  skipped: {e}", flush=True)
     engines = list(dict.fromkeys(e for by in results.values() for e in by))
-    print_table(f"programs/s ({args.programs} programs, {args.concurrency} in flight); latency of one program, s",
-                [(w, *(f"{by.get(e, {}).get('programs_per_s', '-')} / {by.get(e, {}).get('latency_s', '-')}"
-                       for e in engines)) for w, by in results.items()], ("workload", *engines))
+    print_table(
+        f"programs/s ({args.programs} programs, {args.concurrency} in flight); latency of one program, s",
+        [
+            (
+                w,
+                *(
+                    f"{by.get(e, {}).get('programs_per_s', '-')} / {by.get(e, {}).get('latency_s', '-')}"
+                    for e in engines
+                ),
+            )
+            for w, by in results.items()
+        ],
+        ("workload", *engines),
+    )
     summary = ratios(results)
     for name, r in summary.items():
         print(f"{name}: sgl / best peer: throughput {r['throughput']}x, latency {r['latency']}x")
-    write_result(name, {"machine": machine_info(), "config": vars(args), "results": results,
-                        "sgl_over_best_peer": summary}, out)
+    write_result(
+        name,
+        {
+            "machine": machine_info(),
+            "config": vars(args),
+            "results": results,
+            "sgl_over_best_peer": summary,
+        },
+        out,
+    )
 
 
 if __name__ == "__main__":

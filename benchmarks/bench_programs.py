@@ -24,7 +24,8 @@ from sgl.lang import Backend, ChatTemplate
 from sgl.lang.choices import ChoiceScores, decide
 
 FEW_SHOT = "".join(
-    f"Q: What is {a} plus {b}?\nA: {a + b}\n\n" for a, b in [(12, 7), (30, 12), (8, 8), (41, 9), (3, 75), (19, 23)]
+    f"Q: What is {a} plus {b}?\nA: {a + b}\n\n"
+    for a, b in [(12, 7), (30, 12), (8, 8), (41, 9), (3, 75), (19, 23)]
 )
 
 
@@ -45,8 +46,15 @@ DOC = (
 def four_questions(s, doc):
     s += "Read the text and answer the questions briefly.\n\n" + doc + "\n"
     forks = s.fork(4)
-    questions = ["What does the town keep?", "When is the market?", "Where is the library?", "Why do visitors come?"]
-    forks += lambda i: f"Question: {questions[i]}\nAnswer:" + sgl.gen("answer", max_tokens=16, stop="\n")
+    questions = [
+        "What does the town keep?",
+        "When is the market?",
+        "Where is the library?",
+        "Why do visitors come?",
+    ]
+    forks += lambda i: (
+        f"Question: {questions[i]}\nAnswer:" + sgl.gen("answer", max_tokens=16, stop="\n")
+    )
     forks.join()
 
 
@@ -87,8 +95,13 @@ def bench_run_batch(engine, n: int) -> dict:
     sequential = [few_shot.run(**it, temperature=0, backend=backend) for it in items]
     t_seq = time.perf_counter() - t
     same = sum(a["answer"] == b["answer"] for a, b in zip(batched, sequential))
-    return {"items": n, "run_batch_seconds": t_batch, "sequential_seconds": t_seq, "speedup": t_seq / t_batch,
-            "identical_answers": same}
+    return {
+        "items": n,
+        "run_batch_seconds": t_batch,
+        "sequential_seconds": t_seq,
+        "speedup": t_seq / t_batch,
+        "identical_answers": same,
+    }
 
 
 def bench_fork(engines: dict, runs: int) -> dict:
@@ -103,8 +116,11 @@ def bench_fork(engines: dict, runs: int) -> dict:
             four_questions.run(doc=d, temperature=0, backend=backend)
         seconds = time.perf_counter() - t
         after = engine.get_server_info()
-        out[name] = {"seconds": seconds, "prefill_tokens": after["prefill_tokens"] - info["prefill_tokens"],
-                     "cached_tokens": after["cached_tokens"] - info["cached_tokens"]}
+        out[name] = {
+            "seconds": seconds,
+            "prefill_tokens": after["prefill_tokens"] - info["prefill_tokens"],
+            "cached_tokens": after["cached_tokens"] - info["cached_tokens"],
+        }
     return out
 
 
@@ -148,30 +164,49 @@ def main() -> None:
 
     rb = bench_run_batch(engine, args.items)
     results["run_batch"] = rb
-    print_table(f"Few-shot program over {args.items} items (8 new tokens each, greedy)",
-                [("run_batch (threads)", f"{rb['run_batch_seconds']:.2f}"), ("one after another", f"{rb['sequential_seconds']:.2f}")],
-                ("how", "seconds"))
-    print(f"run_batch speedup: {rb['speedup']:.2f}x (target >= 4x); identical answers {rb['identical_answers']}/{args.items}")
+    print_table(
+        f"Few-shot program over {args.items} items (8 new tokens each, greedy)",
+        [
+            ("run_batch (threads)", f"{rb['run_batch_seconds']:.2f}"),
+            ("one after another", f"{rb['sequential_seconds']:.2f}"),
+        ],
+        ("how", "seconds"),
+    )
+    print(
+        f"run_batch speedup: {rb['speedup']:.2f}x (target >= 4x); identical answers {rb['identical_answers']}/{args.items}"
+    )
 
     no_radix = sgl.Engine(model_path="default", disable_radix_cache=True)
     fk = bench_fork({"radix cache on": engine, "radix cache off": no_radix}, args.fork_runs)
     no_radix.shutdown()
     results["fork"] = fk
     fk["speedup"] = fk["radix cache off"]["seconds"] / fk["radix cache on"]["seconds"]
-    print_table(f"4-way fork program ({args.fork_runs} runs, ~{len(engine.encode(DOC))}-token shared document)",
-                [(k, f"{v['seconds']:.2f}", v["prefill_tokens"], v["cached_tokens"]) for k, v in fk.items() if k != "speedup"],
-                ("engine", "seconds", "prompt tokens computed", "prompt tokens cached"))
+    print_table(
+        f"4-way fork program ({args.fork_runs} runs, ~{len(engine.encode(DOC))}-token shared document)",
+        [
+            (k, f"{v['seconds']:.2f}", v["prefill_tokens"], v["cached_tokens"])
+            for k, v in fk.items()
+            if k != "speedup"
+        ],
+        ("engine", "seconds", "prompt tokens computed", "prompt tokens cached"),
+    )
     print(f"radix cache speedup on the fork program: {fk['speedup']:.2f}x")
 
     ov = bench_overhead(engine, args.overhead_calls)
     results["overhead"] = ov
-    print_table(f"Interpreter overhead per gen call (median of {ov['calls']}, interleaved)",
-                [("program with one gen", f"{ov['program_ms_median']:.2f}"),
-                 ("direct Engine.generate", f"{ov['direct_ms_median']:.2f}"),
-                 ("interpreter alone (instant backend)", f"{ov['interpreter_alone_ms']:.3f}")],
-                ("call", "ms"))
-    print(f"overhead per gen: {ov['overhead_ms']:.2f} ms vs direct (target < 1 ms); "
-          f"interpreter alone {ov['interpreter_alone_ms']:.3f} ms")
+    print_table(
+        f"Interpreter overhead per gen call (median of {ov['calls']}, interleaved)",
+        [
+            ("program with one gen", f"{ov['program_ms_median']:.2f}"),
+            ("direct Engine.generate", f"{ov['direct_ms_median']:.2f}"),
+            ("interpreter alone (instant backend)", f"{ov['interpreter_alone_ms']:.3f}"),
+        ],
+        ("call", "ms"),
+    )
+    print(
+        f"overhead per gen: {ov['overhead_ms']:.2f} ms vs direct (target < 1 ms); "
+        f"interpreter alone {ov['interpreter_alone_ms']:.3f} ms"
+    )
     engine.shutdown()
     write_result("programs", results)
 

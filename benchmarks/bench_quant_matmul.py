@@ -58,22 +58,47 @@ def main() -> None:
                 w = torch.randn(n, k, generator=gen) * 0.02
                 x = torch.randn(m, k, generator=gen).bfloat16()
                 q4, q8 = quantize_int4(w, 32), quantize_int8(w)
-                pairs = {"int4": (Int4Linear(q4, None), quant_vnni.VnniInt4Linear(q4, None)),
-                         "int8": (Int8Linear(q8, None), quant_vnni.VnniInt8Linear(q8, None))}
+                pairs = {
+                    "int4": (Int4Linear(q4, None), quant_vnni.VnniInt4Linear(q4, None)),
+                    "int8": (Int8Linear(q8, None), quant_vnni.VnniInt8Linear(q8, None)),
+                }
                 for kind, (theirs, ours) in pairs.items():
-                    t_torch = quarter_us(lambda theirs=theirs, x=x: theirs.packed_mm(x), args.repeats)
+                    t_torch = quarter_us(
+                        lambda theirs=theirs, x=x: theirs.packed_mm(x), args.repeats
+                    )
                     t_ours = quarter_us(lambda ours=ours, x=x: ours.packed_mm(x), args.repeats)
                     totals[kind][0] += t_torch
                     totals[kind][1] += t_ours
-                    results.append({"model": model, "rows": m, "shape": [n, k], "kind": kind,
-                                    "torch_us": round(t_torch, 1), "vnni_us": round(t_ours, 1)})
+                    results.append(
+                        {
+                            "model": model,
+                            "rows": m,
+                            "shape": [n, k],
+                            "kind": kind,
+                            "torch_us": round(t_torch, 1),
+                            "vnni_us": round(t_ours, 1),
+                        }
+                    )
             for kind, (t_torch, t_ours) in totals.items():
-                rows_out.append((model, m, kind, round(t_torch), round(t_ours), f"{t_torch / t_ours:.2f}x"))
-    print_table("quantized matmuls, a model's layer shapes summed, us a call (25th percentile)", rows_out,
-                ("model", "rows", "kind", "torch", "vnni", "speed-up"))
-    write_result(args.name, {"repeats": args.repeats, "per_shape": results,
-                             "summed": [dict(zip(("model", "rows", "kind", "torch_us", "vnni_us", "speedup"), r))
-                                        for r in rows_out]})
+                rows_out.append(
+                    (model, m, kind, round(t_torch), round(t_ours), f"{t_torch / t_ours:.2f}x")
+                )
+    print_table(
+        "quantized matmuls, a model's layer shapes summed, us a call (25th percentile)",
+        rows_out,
+        ("model", "rows", "kind", "torch", "vnni", "speed-up"),
+    )
+    write_result(
+        args.name,
+        {
+            "repeats": args.repeats,
+            "per_shape": results,
+            "summed": [
+                dict(zip(("model", "rows", "kind", "torch_us", "vnni_us", "speedup"), r))
+                for r in rows_out
+            ],
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -56,10 +56,18 @@ def five_gens(s, name):
 
 ITEMS = [{"a": a, "b": b} for a, b in zip(range(11, 27), range(40, 56))]
 PROGRAMS: dict[str, Callable[[Any, Any], Any]] = {
-    "few_shot (1 gen)": lambda be, ship: few_shot.run(a=17, b=25, backend=be, temperature=0, **ship),
-    "four_questions (fork 4)": lambda be, ship: four_questions.run(doc=DOC, backend=be, temperature=0, **ship),
-    "five_gens (5 gens)": lambda be, ship: five_gens.run(name="Ada", backend=be, temperature=0, **ship),
-    "run_batch (16 x few_shot)": lambda be, ship: few_shot.run_batch(ITEMS, backend=be, temperature=0, **ship),
+    "few_shot (1 gen)": lambda be, ship: few_shot.run(
+        a=17, b=25, backend=be, temperature=0, **ship
+    ),
+    "four_questions (fork 4)": lambda be, ship: four_questions.run(
+        doc=DOC, backend=be, temperature=0, **ship
+    ),
+    "five_gens (5 gens)": lambda be, ship: five_gens.run(
+        name="Ada", backend=be, temperature=0, **ship
+    ),
+    "run_batch (16 x few_shot)": lambda be, ship: few_shot.run_batch(
+        ITEMS, backend=be, temperature=0, **ship
+    ),
 }
 
 
@@ -83,13 +91,28 @@ class DelayProxy:
             self.requests += 1
             await asyncio.sleep(self.delay_s)
             body = await request.read()
-            async with ClientSession() as client, client.request(
-                    request.method, self.target + request.path_qs, data=body,
-                    headers={k: v for k, v in request.headers.items() if k.lower() not in ("host", "content-length")}
-            ) as upstream:
-                response = web.StreamResponse(status=upstream.status, headers={
-                    k: v for k, v in upstream.headers.items()
-                    if k.lower() not in ("content-length", "transfer-encoding", "content-encoding")})
+            async with (
+                ClientSession() as client,
+                client.request(
+                    request.method,
+                    self.target + request.path_qs,
+                    data=body,
+                    headers={
+                        k: v
+                        for k, v in request.headers.items()
+                        if k.lower() not in ("host", "content-length")
+                    },
+                ) as upstream,
+            ):
+                response = web.StreamResponse(
+                    status=upstream.status,
+                    headers={
+                        k: v
+                        for k, v in upstream.headers.items()
+                        if k.lower()
+                        not in ("content-length", "transfer-encoding", "content-encoding")
+                    },
+                )
                 await response.prepare(request)
                 async for chunk in upstream.content.iter_any():
                     await response.write(chunk)
@@ -129,9 +152,22 @@ def serving(engine: Any, where: str) -> Iterator[str]:
             yield url
         return
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--host",
-                             "127.0.0.1", "--port", str(port)], env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sgl.launch_server",
+            "--model-path",
+            "default",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(url, proc, 300)
@@ -150,12 +186,20 @@ def main() -> None:
     engine = sgl.Engine(model_path="default")
     local = sgl.as_backend(engine)
     delays = [int(d) for d in args.delays.split(",")]
-    results: dict[str, Any] = {"engine": {"dtype": str(engine.dtype)}, "server": args.server, "runs": args.runs,
-                               "programs": {}}
+    results: dict[str, Any] = {
+        "engine": {"dtype": str(engine.dtype)},
+        "server": args.server,
+        "runs": args.runs,
+        "programs": {},
+    }
     rows = []
     with serving(engine, args.server) as url:
-        counter = DelayProxy(url, 0)  # counts one run's requests; timed runs at 0 ms go straight to the server
-        remotes = {d: sgl.RuntimeEndpoint(DelayProxy(url, d / 1000).url if d else url) for d in delays}
+        counter = DelayProxy(
+            url, 0
+        )  # counts one run's requests; timed runs at 0 ms go straight to the server
+        remotes = {
+            d: sgl.RuntimeEndpoint(DelayProxy(url, d / 1000).url if d else url) for d in delays
+        }
         for name, run in PROGRAMS.items():
             modes: dict[str, Callable[[], Any]] = {"in_process": lambda run=run: run(local, {})}
             for d in delays:
@@ -174,22 +218,50 @@ def main() -> None:
                 for m, fn in modes.items():
                     times[m].append(timed(fn))
             med = {m: statistics.median(t) for m, t in times.items()}
-            entry = {"median_s": {m: round(v, 4) for m, v in med.items()}, "requests_per_run": requests_per_run}
-            entry["shipped_vs_in_process_0ms"] = round(med["shipped_0ms"] / med["in_process"], 3) if 0 in delays else None
-            entry["client_side_over_shipped"] = {f"{d}ms": round(med[f"client_side_{d}ms"] / med[f"shipped_{d}ms"], 2)
-                                                 for d in delays}
+            entry = {
+                "median_s": {m: round(v, 4) for m, v in med.items()},
+                "requests_per_run": requests_per_run,
+            }
+            entry["shipped_vs_in_process_0ms"] = (
+                round(med["shipped_0ms"] / med["in_process"], 3) if 0 in delays else None
+            )
+            entry["client_side_over_shipped"] = {
+                f"{d}ms": round(med[f"client_side_{d}ms"] / med[f"shipped_{d}ms"], 2)
+                for d in delays
+            }
             results["programs"][name] = entry
             for d in delays:
-                rows.append((name, f"{requests_per_run['client_side']}/{requests_per_run['shipped']}", f"{d} ms",
-                             f"{med['in_process']:.3f}", f"{med[f'client_side_{d}ms']:.3f}",
-                             f"{med[f'shipped_{d}ms']:.3f}", entry["client_side_over_shipped"][f"{d}ms"],
-                             f"{med[f'shipped_{d}ms'] / med['in_process']:.2f}"))
+                rows.append(
+                    (
+                        name,
+                        f"{requests_per_run['client_side']}/{requests_per_run['shipped']}",
+                        f"{d} ms",
+                        f"{med['in_process']:.3f}",
+                        f"{med[f'client_side_{d}ms']:.3f}",
+                        f"{med[f'shipped_{d}ms']:.3f}",
+                        entry["client_side_over_shipped"][f"{d}ms"],
+                        f"{med[f'shipped_{d}ms'] / med['in_process']:.2f}",
+                    )
+                )
     engine.shutdown()
-    print_table(f"Programs in process vs remote (client-side interpreter vs shipped IR), {engine.dtype}, "
-                f"server in a {args.server}, median of {args.runs}", rows,
-                ("program", "requests client/shipped", "added delay", "in process s", "client-side s", "shipped s", "client/shipped",
-                 "shipped/in-process"))
-    write_result("remote_programs" if args.server == "process" else "remote_programs_thread", results)
+    print_table(
+        f"Programs in process vs remote (client-side interpreter vs shipped IR), {engine.dtype}, "
+        f"server in a {args.server}, median of {args.runs}",
+        rows,
+        (
+            "program",
+            "requests client/shipped",
+            "added delay",
+            "in process s",
+            "client-side s",
+            "shipped s",
+            "client/shipped",
+            "shipped/in-process",
+        ),
+    )
+    write_result(
+        "remote_programs" if args.server == "process" else "remote_programs_thread", results
+    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,21 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
-                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (n, ctypes.c_size_t)
+        for n in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def malloc_in_use_mb() -> float:
@@ -68,7 +81,9 @@ def one_round(mode: str, lengths: list[int]) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--lengths", type=int, default=120, help="distinct prompt lengths per pass")
     ap.add_argument("--max-len", type=int, default=1500)
@@ -84,25 +99,54 @@ def main() -> int:
 
     runs: list[dict] = []
     for r in range(args.rounds):
-        for mode in (("grid", "exact") if r % 2 == 0 else ("exact", "grid")):
-            cmd = [sys.executable, __file__, "--round", mode, "--lengths", str(args.lengths),
-                   "--max-len", str(args.max_len)]
+        for mode in ("grid", "exact") if r % 2 == 0 else ("exact", "grid"):
+            cmd = [
+                sys.executable,
+                __file__,
+                "--round",
+                mode,
+                "--lengths",
+                str(args.lengths),
+                "--max-len",
+                str(args.max_len),
+            ]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(runs[-1], flush=True)
     summary = {}
     for mode in ("grid", "exact"):
         mine = [x for x in runs if x["mode"] == mode]
-        summary[mode] = {k: round(statistics.median(x[k] for x in mine), 1) for k in mine[0] if k != "mode"}
-        summary[mode]["malloc_growth_mb"] = round(summary[mode]["malloc_mb_after_second_pass"]
-                                                  - summary[mode]["malloc_mb_start"], 1)
-    rows = [(m, s["first_pass_tok_s"], s["second_pass_tok_s"], s["malloc_mb_start"],
-             s["malloc_mb_after_second_pass"], s["malloc_growth_mb"]) for m, s in summary.items()]
-    print_table(f"prefill of {args.lengths} distinct lengths 65..{args.max_len} (medians of {args.rounds} rounds)",
-                rows, ("rows", "1st pass tok/s", "2nd pass tok/s", "malloc MB start", "after", "growth"))
-    ratios = {k: round(summary["grid"][k] / summary["exact"][k], 3) for k in ("first_pass_tok_s", "second_pass_tok_s")}
+        summary[mode] = {
+            k: round(statistics.median(x[k] for x in mine), 1) for k in mine[0] if k != "mode"
+        }
+        summary[mode]["malloc_growth_mb"] = round(
+            summary[mode]["malloc_mb_after_second_pass"] - summary[mode]["malloc_mb_start"], 1
+        )
+    rows = [
+        (
+            m,
+            s["first_pass_tok_s"],
+            s["second_pass_tok_s"],
+            s["malloc_mb_start"],
+            s["malloc_mb_after_second_pass"],
+            s["malloc_growth_mb"],
+        )
+        for m, s in summary.items()
+    ]
+    print_table(
+        f"prefill of {args.lengths} distinct lengths 65..{args.max_len} (medians of {args.rounds} rounds)",
+        rows,
+        ("rows", "1st pass tok/s", "2nd pass tok/s", "malloc MB start", "after", "growth"),
+    )
+    ratios = {
+        k: round(summary["grid"][k] / summary["exact"][k], 3)
+        for k in ("first_pass_tok_s", "second_pass_tok_s")
+    }
     print("grid / exact:", ratios)
-    write_result(args.name, {"config": vars(args), "runs": runs, "median": summary, "grid_over_exact": ratios})
+    write_result(
+        args.name,
+        {"config": vars(args), "runs": runs, "median": summary, "grid_over_exact": ratios},
+    )
     return 0
 
 

@@ -53,9 +53,22 @@ from sgl.server.app import create_app
 SERVED_NAME = "default"
 
 SUBJECTS = [
-    "photosynthesis", "the French Revolution", "black holes", "compound interest", "the water cycle",
-    "machine learning", "volcanoes", "the Roman Empire", "vaccines", "climate change", "jazz music",
-    "the stock market", "honeybees", "the internet", "plate tectonics", "the Olympic Games",
+    "photosynthesis",
+    "the French Revolution",
+    "black holes",
+    "compound interest",
+    "the water cycle",
+    "machine learning",
+    "volcanoes",
+    "the Roman Empire",
+    "vaccines",
+    "climate change",
+    "jazz music",
+    "the stock market",
+    "honeybees",
+    "the internet",
+    "plate tectonics",
+    "the Olympic Games",
 ]
 TEMPLATES = [
     "Explain {} in two sentences.",
@@ -85,10 +98,16 @@ class InProcessServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))  # bound here, so nothing else can take the port
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(engine, SERVED_NAME), log_level="warning", lifespan="off",
-                                timeout_graceful_shutdown=5)
+        config = uvicorn.Config(
+            create_app(engine, SERVED_NAME),
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def start(self, timeout: float = 60.0) -> str:
         self.thread.start()
@@ -121,7 +140,9 @@ def flush(engine: Any, timeout: float = 30.0) -> None:
 # ---------------------------------------------------------------------------- chat workload
 
 
-async def chat_request(session: aiohttp.ClientSession, url: str, question: str, max_tokens: int) -> dict:
+async def chat_request(
+    session: aiohttp.ClientSession, url: str, question: str, max_tokens: int
+) -> dict:
     body = {
         "model": SERVED_NAME,
         "messages": [{"role": "user", "content": question}],
@@ -143,7 +164,7 @@ async def chat_request(session: aiohttp.ClientSession, url: str, question: str, 
                 line = raw.decode("utf-8").strip()
                 if not line.startswith("data:"):
                     continue
-                data = line[len("data:"):].strip()
+                data = line[len("data:") :].strip()
                 if data == "[DONE]":
                     done = True
                     break
@@ -163,13 +184,17 @@ async def chat_request(session: aiohttp.ClientSession, url: str, question: str, 
     except (TimeoutError, aiohttp.ClientError, ValueError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"
         return rec
-    if rec["ttft"] is None:  # no visible text at all (e.g. EOS first): the whole reply is the first token
+    if (
+        rec["ttft"] is None
+    ):  # no visible text at all (e.g. EOS first): the whole reply is the first token
         rec["ttft"] = rec["e2e"]
     rec["ok"] = True
     return rec
 
 
-async def run_rate(url: str, prompts: list[str], rate: float, max_tokens: int, seed: int) -> tuple[list[dict], float]:
+async def run_rate(
+    url: str, prompts: list[str], rate: float, max_tokens: int, seed: int
+) -> tuple[list[dict], float]:
     """Send every prompt, arrivals a Poisson process of `rate` per second (inf: all at once)."""
     rng = random.Random(seed)
     offsets, t = [], 0.0
@@ -178,7 +203,9 @@ async def run_rate(url: str, prompts: list[str], rate: float, max_tokens: int, s
         if math.isfinite(rate):
             t += rng.expovariate(rate)
     connector = aiohttp.TCPConnector(limit=0)  # no client-side cap on concurrent connections
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+    ) as session:
         t0 = time.perf_counter()
 
         async def one(prompt: str, offset: float) -> dict:
@@ -213,13 +240,18 @@ def summarize(rate: float, recs: list[dict], duration: float) -> dict:
         "request_throughput": len(ok) / duration,
         "output_tokens": tokens,
         "output_throughput": tokens / duration,
-        "ttft_ms_p50": pct(ttft, 50), "ttft_ms_p99": pct(ttft, 99),
-        "tpot_ms_p50": pct(tpot, 50), "tpot_ms_p99": pct(tpot, 99),
-        "e2e_ms_p50": pct(e2e, 50), "e2e_ms_p99": pct(e2e, 99),
+        "ttft_ms_p50": pct(ttft, 50),
+        "ttft_ms_p99": pct(ttft, 99),
+        "tpot_ms_p50": pct(tpot, 50),
+        "tpot_ms_p99": pct(tpot, 99),
+        "e2e_ms_p50": pct(e2e, 50),
+        "e2e_ms_p99": pct(e2e, 99),
     }
 
 
-def bench_chat(engine: Any, url: str, n: int, rates: list[float], max_tokens: int, seed: int) -> list[dict]:
+def bench_chat(
+    engine: Any, url: str, n: int, rates: list[float], max_tokens: int, seed: int
+) -> list[dict]:
     prompts = chat_prompts(n, seed)
     asyncio.run(run_rate(url, chat_prompts(2, seed + 1), math.inf, max_tokens, seed))  # warm-up
     rows = []
@@ -248,8 +280,12 @@ def prog_fork(backend: Any, n: int) -> list:
 
 
 def prog_one_gen(backend: Any, n: int) -> list:
-    return [one_gen.run(prompt=f"Item {i}: the number after {i} is", temperature=0, backend=backend)["out"]
-            for i in range(n)]
+    return [
+        one_gen.run(prompt=f"Item {i}: the number after {i} is", temperature=0, backend=backend)[
+            "out"
+        ]
+        for i in range(n)
+    ]
 
 
 def bench_dsl(engine: Any, url: str, items: int, repeats: int) -> dict:
@@ -268,7 +304,9 @@ def bench_dsl(engine: Any, url: str, items: int, repeats: int) -> dict:
         times: dict[str, list[float]] = {k: [] for k in backends}
         answers: dict[str, list] = {}
         for rep in range(repeats):
-            order = list(backends) if rep % 2 == 0 else list(reversed(backends))  # alternate who goes first
+            order = (
+                list(backends) if rep % 2 == 0 else list(reversed(backends))
+            )  # alternate who goes first
             for key in order:
                 flush(engine)
                 t = time.perf_counter()
@@ -276,9 +314,15 @@ def bench_dsl(engine: Any, url: str, items: int, repeats: int) -> dict:
                 times[key].append(time.perf_counter() - t)
         local, remote = min(times["in process"]), min(times["remote"])
         same = sum(a == b for a, b in zip(answers["in process"], answers["remote"]))
-        out[name] = {"n": n, "in_process_seconds": local, "remote_seconds": remote,
-                     "remote_overhead": remote / local - 1, "all_seconds": times,
-                     "identical_results": same, "results": len(answers["remote"])}
+        out[name] = {
+            "n": n,
+            "in_process_seconds": local,
+            "remote_seconds": remote,
+            "remote_overhead": remote / local - 1,
+            "all_seconds": times,
+            "identical_results": same,
+            "results": len(answers["remote"]),
+        }
     return out
 
 
@@ -304,12 +348,16 @@ def compare_modes(args: argparse.Namespace) -> None:
     alternating (thread, process, process, thread, ...) so a noisy machine's drift falls on both."""
     runs: dict[str, list] = {"thread": [], "process": []}
     for rnd in range(args.rounds):
-        for mode in (("thread", "process") if rnd % 2 == 0 else ("process", "thread")):
+        for mode in ("thread", "process") if rnd % 2 == 0 else ("process", "thread"):
             engine = sgl.Engine(model_path="default", scheduler_process=mode == "process")
             server = InProcessServer(engine)
             url = server.start()
             try:
-                runs[mode].append(bench_chat(engine, url, args.num_requests, args.rates, args.max_tokens, args.seed))
+                runs[mode].append(
+                    bench_chat(
+                        engine, url, args.num_requests, args.rates, args.max_tokens, args.seed
+                    )
+                )
             finally:
                 server.stop()
                 engine.shutdown()
@@ -319,15 +367,46 @@ def compare_modes(args: argparse.Namespace) -> None:
         ttft = {m: min(r[i]["ttft_ms_p50"] or math.inf for r in rs) for m, rs in runs.items()}
         tpot = {m: min(r[i]["tpot_ms_p50"] or math.inf for r in rs) for m, rs in runs.items()}
         label = "inf" if math.isinf(rate) else rate
-        summary.append({"rate": label, "out_tok_s": best, "ttft_ms_p50": ttft, "tpot_ms_p50": tpot,
-                        "process_over_thread_throughput": best["process"] / best["thread"]})
-        rows.append((label, f"{best['thread']:.1f}", f"{best['process']:.1f}", f"{best['process'] / best['thread']:.2f}",
-                     fmt(ttft["thread"]), fmt(ttft["process"]), fmt(tpot["thread"]), fmt(tpot["process"])))
-    print_table(f"Chat workload, scheduler on a thread vs in its own process (best of {args.rounds}, interleaved)",
-                rows, ("req/s", "thread tok/s", "process tok/s", "process/thread", "TTFT p50 thr", "TTFT p50 proc",
-                       "TPOT p50 thr", "TPOT p50 proc"))
-    config = {**vars(args), "rates": ["inf" if math.isinf(r) else r for r in args.rates],
-              "out": str(args.out) if args.out else None}
+        summary.append(
+            {
+                "rate": label,
+                "out_tok_s": best,
+                "ttft_ms_p50": ttft,
+                "tpot_ms_p50": tpot,
+                "process_over_thread_throughput": best["process"] / best["thread"],
+            }
+        )
+        rows.append(
+            (
+                label,
+                f"{best['thread']:.1f}",
+                f"{best['process']:.1f}",
+                f"{best['process'] / best['thread']:.2f}",
+                fmt(ttft["thread"]),
+                fmt(ttft["process"]),
+                fmt(tpot["thread"]),
+                fmt(tpot["process"]),
+            )
+        )
+    print_table(
+        f"Chat workload, scheduler on a thread vs in its own process (best of {args.rounds}, interleaved)",
+        rows,
+        (
+            "req/s",
+            "thread tok/s",
+            "process tok/s",
+            "process/thread",
+            "TTFT p50 thr",
+            "TTFT p50 proc",
+            "TPOT p50 thr",
+            "TPOT p50 proc",
+        ),
+    )
+    config = {
+        **vars(args),
+        "rates": ["inf" if math.isinf(r) else r for r in args.rates],
+        "out": str(args.out) if args.out else None,
+    }
     result = {"config": config, "summary": summary, "runs": runs}
     write_result("serving_modes", result, args.out)
 
@@ -335,19 +414,42 @@ def compare_modes(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=48, help="chat requests per rate")
-    ap.add_argument("--rates", type=parse_rates, default=parse_rates("1,2,4,8,inf"),
-                    help="comma-separated request rates in req/s; 'inf' sends all at once")
+    ap.add_argument(
+        "--rates",
+        type=parse_rates,
+        default=parse_rates("1,2,4,8,inf"),
+        help="comma-separated request rates in req/s; 'inf' sends all at once",
+    )
     ap.add_argument("--max-tokens", type=int, default=32, help="max_tokens of each chat request")
-    ap.add_argument("--dsl-items", type=int, default=32,
-                    help="run_batch items and sequential one_gen calls; the fork program runs items // 8 documents")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of each DSL program (best counts)")
+    ap.add_argument(
+        "--dsl-items",
+        type=int,
+        default=32,
+        help="run_batch items and sequential one_gen calls; the fork program runs items // 8 documents",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved repetitions of each DSL program (best counts)",
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path, default=None,
-                    help="write the JSON here instead of benchmarks/results/serving.json (for smoke tests)")
-    ap.add_argument("--scheduler", choices=["thread", "process", "compare"], default="process",
-                    help="where the engine's scheduler runs (the server's default: its own process); compare: "
-                         "the chat sweep with each, --rounds times interleaved, into results/serving_modes.json")
-    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds of --scheduler compare")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="write the JSON here instead of benchmarks/results/serving.json (for smoke tests)",
+    )
+    ap.add_argument(
+        "--scheduler",
+        choices=["thread", "process", "compare"],
+        default="process",
+        help="where the engine's scheduler runs (the server's default: its own process); compare: "
+        "the chat sweep with each, --rounds times interleaved, into results/serving_modes.json",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="interleaved rounds of --scheduler compare"
+    )
     args = ap.parse_args()
     if args.scheduler == "compare":
         compare_modes(args)
@@ -356,9 +458,12 @@ def main() -> None:
     engine = sgl.Engine(model_path="default", scheduler_process=args.scheduler == "process")
     server = InProcessServer(engine)
     url = server.start()
-    config = {**vars(args), "rates": ["inf" if math.isinf(r) else r for r in args.rates],
-              "out": str(args.out) if args.out else None,
-              "server": f"uvicorn thread; scheduler in {'its own process' if args.scheduler == 'process' else 'a thread'}"}
+    config = {
+        **vars(args),
+        "rates": ["inf" if math.isinf(r) else r for r in args.rates],
+        "out": str(args.out) if args.out else None,
+        "server": f"uvicorn thread; scheduler in {'its own process' if args.scheduler == 'process' else 'a thread'}",
+    }
     results: dict[str, Any] = {"config": config}
     try:
         chat = bench_chat(engine, url, args.num_requests, args.rates, args.max_tokens, args.seed)
@@ -366,22 +471,56 @@ def main() -> None:
         print_table(
             f"Chat workload: {args.num_requests} streamed /v1/chat/completions requests per rate, "
             f"max_tokens {args.max_tokens}, greedy, Poisson arrivals (ms)",
-            [(r["rate"], f"{r['completed']}/{r['requests']}", f"{r['duration_s']:.2f}", f"{r['request_throughput']:.2f}",
-              f"{r['output_throughput']:.1f}", fmt(r["ttft_ms_p50"]), fmt(r["ttft_ms_p99"]), fmt(r["tpot_ms_p50"]),
-              fmt(r["tpot_ms_p99"]), fmt(r["e2e_ms_p50"]), fmt(r["e2e_ms_p99"])) for r in chat],
-            ("req/s", "done", "seconds", "req/s done", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99",
-             "e2e p50", "e2e p99"))
+            [
+                (
+                    r["rate"],
+                    f"{r['completed']}/{r['requests']}",
+                    f"{r['duration_s']:.2f}",
+                    f"{r['request_throughput']:.2f}",
+                    f"{r['output_throughput']:.1f}",
+                    fmt(r["ttft_ms_p50"]),
+                    fmt(r["ttft_ms_p99"]),
+                    fmt(r["tpot_ms_p50"]),
+                    fmt(r["tpot_ms_p99"]),
+                    fmt(r["e2e_ms_p50"]),
+                    fmt(r["e2e_ms_p99"]),
+                )
+                for r in chat
+            ],
+            (
+                "req/s",
+                "done",
+                "seconds",
+                "req/s done",
+                "out tok/s",
+                "TTFT p50",
+                "TTFT p99",
+                "TPOT p50",
+                "TPOT p99",
+                "e2e p50",
+                "e2e p99",
+            ),
+        )
         for r in chat:
             if r["failed"]:
                 print(f"rate {r['rate']}: {r['failed']} failed, e.g. {r['errors'][0]}")
 
         dsl = bench_dsl(engine, url, args.dsl_items, args.repeats)
         results["dsl"] = dsl
-        print_table(f"DSL programs in process vs through the server (best of {args.repeats}, interleaved)",
-                    [(k, f"{v['in_process_seconds']:.2f}", f"{v['remote_seconds']:.2f}",
-                      f"{100 * v['remote_overhead']:+.1f}%", f"{v['identical_results']}/{v['results']}")
-                     for k, v in dsl.items()],
-                    ("program", "in process s", "remote s", "remote overhead", "identical"))
+        print_table(
+            f"DSL programs in process vs through the server (best of {args.repeats}, interleaved)",
+            [
+                (
+                    k,
+                    f"{v['in_process_seconds']:.2f}",
+                    f"{v['remote_seconds']:.2f}",
+                    f"{100 * v['remote_overhead']:+.1f}%",
+                    f"{v['identical_results']}/{v['results']}",
+                )
+                for k, v in dsl.items()
+            ],
+            ("program", "in process s", "remote s", "remote overhead", "identical"),
+        )
         worst = max(v["remote_overhead"] for v in dsl.values())
         results["dsl_worst_overhead"] = worst
         print(f"worst remote overhead: {100 * worst:+.1f}% (target <= 20%)")
@@ -390,7 +529,9 @@ def main() -> None:
         engine.shutdown()
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"benchmark": "serving", "machine": machine_info(), **results}, indent=2))
+        args.out.write_text(
+            json.dumps({"benchmark": "serving", "machine": machine_info(), **results}, indent=2)
+        )
         print(f"\nwrote {args.out}")
     else:
         write_result("serving", results)

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import machine_info, print_table, python_child, write_result  # noqa: E402
 
-CHILD = r'''
+CHILD = r"""
 import json, statistics, time, sgl
 e = sgl.Engine(model_path="default")
 greedy = {"ignore_eos": True, "temperature": 0}
@@ -36,7 +36,7 @@ for i in range(3):
 t = time.perf_counter(); e.generate([f"Story {i}:" for i in range(16)], {"max_new_tokens": 32, **greedy}); b16 = time.perf_counter() - t
 print(json.dumps({"batch1_s": round(statistics.median(b1), 3), "batch16_s": round(b16, 3)}))
 e.shutdown()
-'''
+"""
 VARIANTS = {"governor": {}, "no-governor": {"SGL_CPU_SHARE": "0"}}
 
 
@@ -68,17 +68,32 @@ def main() -> None:
                 print(f"round {r} {load} {v}: {res}", flush=True)
     summary = {}
     for v in variants:
-        s = {f"{load}_{k}": round(statistics.median(x[k] for x in runs[v][load]), 3)
-             for load in ("quiet", "loaded") for k in ("batch1_s", "batch16_s")}
+        s = {
+            f"{load}_{k}": round(statistics.median(x[k] for x in runs[v][load]), 3)
+            for load in ("quiet", "loaded")
+            for k in ("batch1_s", "batch16_s")
+        }
         for k in ("batch1_s", "batch16_s"):
             s[f"loaded_over_quiet_{k[:-2]}"] = round(s[f"loaded_{k}"] / s[f"quiet_{k}"], 2)
         summary[v] = s
-    print_table("median seconds (quiet / loaded) and loaded / quiet",
-                [(v, f"{s['quiet_batch1_s']} / {s['loaded_batch1_s']}", s["loaded_over_quiet_batch1"],
-                  f"{s['quiet_batch16_s']} / {s['loaded_batch16_s']}", s["loaded_over_quiet_batch16"])
-                 for v, s in summary.items()],
-                ("variant", "batch-1 64 tok", "ratio", "16 x 32 tok", "ratio"))
-    write_result("shared_cpu", {"machine": machine_info(), "config": vars(args), "runs": runs, "summary": summary})
+    print_table(
+        "median seconds (quiet / loaded) and loaded / quiet",
+        [
+            (
+                v,
+                f"{s['quiet_batch1_s']} / {s['loaded_batch1_s']}",
+                s["loaded_over_quiet_batch1"],
+                f"{s['quiet_batch16_s']} / {s['loaded_batch16_s']}",
+                s["loaded_over_quiet_batch16"],
+            )
+            for v, s in summary.items()
+        ],
+        ("variant", "batch-1 64 tok", "ratio", "16 x 32 tok", "ratio"),
+    )
+    write_result(
+        "shared_cpu",
+        {"machine": machine_info(), "config": vars(args), "runs": runs, "summary": summary},
+    )
 
 
 if __name__ == "__main__":

@@ -43,8 +43,12 @@ def measure(engine, prompt: list[int], tokens: int) -> dict[str, float]:
         del model.forward
     steps = spent[1]
     assert out["meta_info"]["completion_tokens"] == tokens
-    return {"steps": steps, "step_ms": 1000 * wall / steps, "forward_ms": 1000 * spent[0] / steps,
-            "overhead_ms": 1000 * (wall - spent[0]) / steps}
+    return {
+        "steps": steps,
+        "step_ms": 1000 * wall / steps,
+        "forward_ms": 1000 * spent[0] / steps,
+        "overhead_ms": 1000 * (wall - spent[0]) / steps,
+    }
 
 
 def main() -> None:
@@ -61,11 +65,17 @@ def main() -> None:
     with sgl.Engine(model_path="default") as engine:
         for _ in range(args.repeats):
             runs.append(measure(engine, prompt, args.tokens))
-    med = {k: statistics.median(r[k] for r in runs) for k in ("step_ms", "forward_ms", "overhead_ms")}
-    print_table(f"batch-1 decode, {args.tokens} tokens, median of {args.repeats}",
-                [(f"{med['step_ms']:.2f}", f"{med['forward_ms']:.2f}", f"{med['overhead_ms']:.3f}")],
-                ("step ms", "model forward ms", "overhead ms (outside the forward)"))
-    write_result(args.name, {"tokens": args.tokens, "repeats": args.repeats, "median": med, "runs": runs})
+    med = {
+        k: statistics.median(r[k] for r in runs) for k in ("step_ms", "forward_ms", "overhead_ms")
+    }
+    print_table(
+        f"batch-1 decode, {args.tokens} tokens, median of {args.repeats}",
+        [(f"{med['step_ms']:.2f}", f"{med['forward_ms']:.2f}", f"{med['overhead_ms']:.3f}")],
+        ("step ms", "model forward ms", "overhead ms (outside the forward)"),
+    )
+    write_result(
+        args.name, {"tokens": args.tokens, "repeats": args.repeats, "median": med, "runs": runs}
+    )
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def main() -> None:
     sgl_time = time.perf_counter() - t
     sgl_tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
 
-    one = engine.generate(input_ids=prompts[0], sampling_params={**sp, "max_new_tokens": args.batch1_tokens})
+    one = engine.generate(
+        input_ids=prompts[0], sampling_params={**sp, "max_new_tokens": args.batch1_tokens}
+    )
     m = one["meta_info"]
     sgl_b1 = (m["completion_tokens"] - 1) / (m["e2e_latency"] - m["ttft"])
     engine.shutdown()
@@ -61,8 +63,13 @@ def main() -> None:
         hf.generate(input_ids=ids, max_new_tokens=1, do_sample=False, pad_token_id=pad)
         t1 = time.perf_counter() - t
         t = time.perf_counter()
-        hf.generate(input_ids=ids, max_new_tokens=args.batch1_tokens, min_new_tokens=args.batch1_tokens,
-                    do_sample=False, pad_token_id=pad)
+        hf.generate(
+            input_ids=ids,
+            max_new_tokens=args.batch1_tokens,
+            min_new_tokens=args.batch1_tokens,
+            do_sample=False,
+            pad_token_id=pad,
+        )
         tn = time.perf_counter() - t
     hf_b1 = (args.batch1_tokens - 1) / (tn - t1)
 
@@ -73,12 +80,18 @@ def main() -> None:
     sgl_tps, hf_tps = sgl_tokens / sgl_time, hf_tokens / hf_time
     rows = [
         ("sgl Engine (all at once)", f"{sgl_tokens}", f"{sgl_time:.2f}", f"{sgl_tps:.1f}", "1.00x"),
-        (f"HF generate (batches of {args.hf_batch_size})", f"{hf_tokens}", f"{hf_time:.2f}", f"{hf_tps:.1f}",
-         f"{hf_tps / sgl_tps:.2f}x"),
+        (
+            f"HF generate (batches of {args.hf_batch_size})",
+            f"{hf_tokens}",
+            f"{hf_time:.2f}",
+            f"{hf_tps:.1f}",
+            f"{hf_tps / sgl_tps:.2f}x",
+        ),
     ]
     print_table(
         f"Throughput: {args.num_prompts} prompts of 20-80 tokens, {args.new_tokens} new tokens each, fp32, CPU",
-        rows, ("system", "tokens", "seconds", "tokens/s", "vs sgl"),
+        rows,
+        ("system", "tokens", "seconds", "tokens/s", "vs sgl"),
     )
     print(f"sgl / HF throughput ratio: {sgl_tps / hf_tps:.2f}x (target >= 2.0x)")
     rows = [
@@ -88,18 +101,32 @@ def main() -> None:
     ]
     print_table(
         f"Batch-1 decode ({weight_bytes / 1e6:.0f} MB of weights, copy bandwidth {bw / 1e9:.1f} GB/s)",
-        rows, ("system", "tokens/s", "ms/token", "fraction of floor"),
+        rows,
+        ("system", "tokens/s", "ms/token", "fraction of floor"),
     )
-    write_result("throughput", {
-        "config": vars(args),
-        "sgl": {"tokens": sgl_tokens, "seconds": sgl_time, "tokens_per_s": sgl_tps, "batch1_tokens_per_s": sgl_b1},
-        "hf": {"tokens": hf_tokens, "seconds": hf_time, "tokens_per_s": hf_tps, "batch1_tokens_per_s": hf_b1},
-        "ratio_vs_hf": sgl_tps / hf_tps,
-        "batch1_ratio_vs_hf": sgl_b1 / hf_b1,
-        "weight_bytes": weight_bytes,
-        "copy_bandwidth_bytes_per_s": bw,
-        "batch1_floor_tokens_per_s": floor_tps,
-    })
+    write_result(
+        "throughput",
+        {
+            "config": vars(args),
+            "sgl": {
+                "tokens": sgl_tokens,
+                "seconds": sgl_time,
+                "tokens_per_s": sgl_tps,
+                "batch1_tokens_per_s": sgl_b1,
+            },
+            "hf": {
+                "tokens": hf_tokens,
+                "seconds": hf_time,
+                "tokens_per_s": hf_tps,
+                "batch1_tokens_per_s": hf_b1,
+            },
+            "ratio_vs_hf": sgl_tps / hf_tps,
+            "batch1_ratio_vs_hf": sgl_b1 / hf_b1,
+            "weight_bytes": weight_bytes,
+            "copy_bandwidth_bytes_per_s": bw,
+            "batch1_floor_tokens_per_s": floor_tps,
+        },
+    )
 
 
 if __name__ == "__main__":

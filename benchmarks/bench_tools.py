@@ -38,45 +38,112 @@ import sgl  # noqa: E402
 from sgl.server.openai_tools import history_as_text, parse_tools, tool_constraint  # noqa: E402
 from sgl.tool_calls import get_parser  # noqa: E402
 
-ADDRESS = {"type": "object", "properties": {"street": {"type": "string", "maxLength": 40},
-                                            "city": {"type": "string", "maxLength": 30},
-                                            "country": {"type": "string", "pattern": "^[A-Z]{2}$"}},
-           "required": ["city", "country"], "additionalProperties": False}
-FUNCTIONS = {
-    "get_weather": {"type": "object", "properties": {
-        "city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 14}}, "required": ["city", "unit"],
-        "additionalProperties": False},
-    "book_flight": {"type": "object", "properties": {
-        "from": {"type": "string", "pattern": "^[A-Z]{3}$"}, "to": {"type": "string", "pattern": "^[A-Z]{3}$"},
-        "date": {"type": "string", "pattern": "^2026-[01][0-9]-[0-3][0-9]$"},
-        "class": {"enum": ["economy", "business", "first"]},
-        "passengers": {"type": "array", "minItems": 1, "maxItems": 4, "items": {
-            "type": "object", "properties": {"name": {"type": "string", "maxLength": 30},
-                                             "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-            "required": ["name", "age"], "additionalProperties": False}}},
-        "required": ["from", "to", "date", "passengers"], "additionalProperties": False},
-    "send_email": {"type": "object", "properties": {
-        "to": {"type": "array", "minItems": 1, "maxItems": 3,
-               "items": {"type": "string", "pattern": "^[a-z.]{1,12}@[a-z]{1,12}\\.(com|org)$"}},
-        "subject": {"type": "string", "maxLength": 60}, "body": {"type": "string", "maxLength": 200},
-        "priority": {"enum": ["low", "normal", "high"]}}, "required": ["to", "subject", "body"],
-        "additionalProperties": False},
-    "create_event": {"type": "object", "properties": {
-        "title": {"type": "string", "maxLength": 40}, "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
-        "duration_min": {"type": "integer", "minimum": 5, "maximum": 480}, "location": ADDRESS,
-        "reminders": {"type": "array", "maxItems": 3, "items": {"type": "integer", "minimum": 0, "maximum": 1440}}},
-        "required": ["title", "start", "duration_min"], "additionalProperties": False},
-    "convert_currency": {"type": "object", "properties": {
-        "amount": {"type": "number", "minimum": 0}, "from": {"enum": ["EUR", "USD", "GBP", "JPY"]},
-        "to": {"enum": ["EUR", "USD", "GBP", "JPY"]}}, "required": ["amount", "from", "to"],
-        "additionalProperties": False},
-    "ship_order": {"type": "object", "properties": {
-        "order_id": {"type": "string", "pattern": "^ORD-[0-9]{6}$"}, "address": ADDRESS,
-        "express": {"type": "boolean"}}, "required": ["order_id", "address"], "additionalProperties": False},
+ADDRESS = {
+    "type": "object",
+    "properties": {
+        "street": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 30},
+        "country": {"type": "string", "pattern": "^[A-Z]{2}$"},
+    },
+    "required": ["city", "country"],
+    "additionalProperties": False,
 }
-TOOLS = [{"type": "function", "function": {"name": n, "description": n.replace("_", " ") + ".", "parameters": p}}
-         for n, p in FUNCTIONS.items()]
+FUNCTIONS = {
+    "get_weather": {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 30},
+            "unit": {"enum": ["celsius", "fahrenheit"]},
+            "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        },
+        "required": ["city", "unit"],
+        "additionalProperties": False,
+    },
+    "book_flight": {
+        "type": "object",
+        "properties": {
+            "from": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "to": {"type": "string", "pattern": "^[A-Z]{3}$"},
+            "date": {"type": "string", "pattern": "^2026-[01][0-9]-[0-3][0-9]$"},
+            "class": {"enum": ["economy", "business", "first"]},
+            "passengers": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 4,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "maxLength": 30},
+                        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                    },
+                    "required": ["name", "age"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "required": ["from", "to", "date", "passengers"],
+        "additionalProperties": False,
+    },
+    "send_email": {
+        "type": "object",
+        "properties": {
+            "to": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 3,
+                "items": {"type": "string", "pattern": "^[a-z.]{1,12}@[a-z]{1,12}\\.(com|org)$"},
+            },
+            "subject": {"type": "string", "maxLength": 60},
+            "body": {"type": "string", "maxLength": 200},
+            "priority": {"enum": ["low", "normal", "high"]},
+        },
+        "required": ["to", "subject", "body"],
+        "additionalProperties": False,
+    },
+    "create_event": {
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 40},
+            "start": {"type": "string", "pattern": "^[0-2][0-9]:[0-5][0-9]$"},
+            "duration_min": {"type": "integer", "minimum": 5, "maximum": 480},
+            "location": ADDRESS,
+            "reminders": {
+                "type": "array",
+                "maxItems": 3,
+                "items": {"type": "integer", "minimum": 0, "maximum": 1440},
+            },
+        },
+        "required": ["title", "start", "duration_min"],
+        "additionalProperties": False,
+    },
+    "convert_currency": {
+        "type": "object",
+        "properties": {
+            "amount": {"type": "number", "minimum": 0},
+            "from": {"enum": ["EUR", "USD", "GBP", "JPY"]},
+            "to": {"enum": ["EUR", "USD", "GBP", "JPY"]},
+        },
+        "required": ["amount", "from", "to"],
+        "additionalProperties": False,
+    },
+    "ship_order": {
+        "type": "object",
+        "properties": {
+            "order_id": {"type": "string", "pattern": "^ORD-[0-9]{6}$"},
+            "address": ADDRESS,
+            "express": {"type": "boolean"},
+        },
+        "required": ["order_id", "address"],
+        "additionalProperties": False,
+    },
+}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {"name": n, "description": n.replace("_", " ") + ".", "parameters": p},
+    }
+    for n, p in FUNCTIONS.items()
+]
 REQUESTS = [
     "What's the weather in Lisbon this week, in celsius?",
     "Give me a 3-day forecast for Denver in fahrenheit.",
@@ -118,18 +185,32 @@ def main() -> None:
     tools = parse_tools(TOOLS, "required", True)
     tag, _ = tool_constraint(tools, "hermes")
     modes = {"constrained": {"structural_tag": tag}, "unconstrained": {}}
-    engine.generate("Hi", {"structural_tag": tag, "max_new_tokens": 1})  # compile the tag (cached) before timing
-    counts = {m: {"outputs": 0, "well_formed": 0, "valid": 0, "latency_s": [], "ms_per_token": []} for m in modes}
+    engine.generate(
+        "Hi", {"structural_tag": tag, "max_new_tokens": 1}
+    )  # compile the tag (cached) before timing
+    counts = {
+        m: {"outputs": 0, "well_formed": 0, "valid": 0, "latency_s": [], "ms_per_token": []}
+        for m in modes
+    }
     for i, ask in enumerate(REQUESTS):
-        prompt = engine.render_messages(history_as_text([{"role": "user", "content": ask}], tools, "hermes"))
+        prompt = engine.render_messages(
+            history_as_text([{"role": "user", "content": ask}], tools, "hermes")
+        )
         for mode, extra in modes.items():  # interleaved
-            sampling = {"temperature": args.temperature, "max_new_tokens": args.max_tokens, "n": args.samples,
-                        "seed": i, **extra}
+            sampling = {
+                "temperature": args.temperature,
+                "max_new_tokens": args.max_tokens,
+                "n": args.samples,
+                "seed": i,
+                **extra,
+            }
             t = time.perf_counter()
             outs = engine.generate(prompt, sampling)
             elapsed = time.perf_counter() - t
             counts[mode]["latency_s"].append(elapsed)
-            counts[mode]["ms_per_token"].append(1000 * elapsed / max(o["meta_info"]["completion_tokens"] for o in outs))
+            counts[mode]["ms_per_token"].append(
+                1000 * elapsed / max(o["meta_info"]["completion_tokens"] for o in outs)
+            )
             for o in outs:
                 formed, valid = outcome(o["text"], parser)
                 c = counts[mode]
@@ -137,22 +218,53 @@ def main() -> None:
                 c["well_formed"] += formed
                 c["valid"] += valid
     engine.shutdown()
-    rows, results = [], {"samples": args.samples, "temperature": args.temperature, "requests": len(REQUESTS),
-                         "functions": len(FUNCTIONS), "modes": {}}
+    rows, results = (
+        [],
+        {
+            "samples": args.samples,
+            "temperature": args.temperature,
+            "requests": len(REQUESTS),
+            "functions": len(FUNCTIONS),
+            "modes": {},
+        },
+    )
     for mode, c in counts.items():
-        entry = {"outputs": c["outputs"], "well_formed_rate": round(c["well_formed"] / c["outputs"], 3),
-                 "schema_valid_rate": round(c["valid"] / c["outputs"], 3),
-                 "median_request_s": round(statistics.median(c["latency_s"]), 3),
-                 "median_ms_per_token": round(statistics.median(c["ms_per_token"]), 2)}
+        entry = {
+            "outputs": c["outputs"],
+            "well_formed_rate": round(c["well_formed"] / c["outputs"], 3),
+            "schema_valid_rate": round(c["valid"] / c["outputs"], 3),
+            "median_request_s": round(statistics.median(c["latency_s"]), 3),
+            "median_ms_per_token": round(statistics.median(c["ms_per_token"]), 2),
+        }
         results["modes"][mode] = entry
-        rows.append((mode, entry["outputs"], f"{entry['well_formed_rate']:.1%}", f"{entry['schema_valid_rate']:.1%}",
-                     f"{entry['median_request_s']:.2f}", f"{entry['median_ms_per_token']:.1f}"))
-    results["constraint_per_token_ratio"] = round(results["modes"]["constrained"]["median_ms_per_token"]
-                                             / results["modes"]["unconstrained"]["median_ms_per_token"], 2)
-    print_table(f"Function calling on the embedded model: {len(REQUESTS)} requests x {args.samples} samples, "
-                f"temperature {args.temperature}", rows,
-                ("mode", "outputs", "well-formed call", "schema-valid arguments", f"median s / request (n={args.samples})",
-                 "median ms / token (request time / its longest output)"))
+        rows.append(
+            (
+                mode,
+                entry["outputs"],
+                f"{entry['well_formed_rate']:.1%}",
+                f"{entry['schema_valid_rate']:.1%}",
+                f"{entry['median_request_s']:.2f}",
+                f"{entry['median_ms_per_token']:.1f}",
+            )
+        )
+    results["constraint_per_token_ratio"] = round(
+        results["modes"]["constrained"]["median_ms_per_token"]
+        / results["modes"]["unconstrained"]["median_ms_per_token"],
+        2,
+    )
+    print_table(
+        f"Function calling on the embedded model: {len(REQUESTS)} requests x {args.samples} samples, "
+        f"temperature {args.temperature}",
+        rows,
+        (
+            "mode",
+            "outputs",
+            "well-formed call",
+            "schema-valid arguments",
+            f"median s / request (n={args.samples})",
+            "median ms / token (request time / its longest output)",
+        ),
+    )
     write_result("tools", results)
 
 

@@ -46,7 +46,9 @@ def programs(sgl: Any) -> dict[str, tuple[Callable, dict]]:
 
     @sgl.function
     def constrained(s):
-        s += "Q: How many legs does a spider have?\nA: " + sgl.gen("n", regex=r"[0-9]+", max_tokens=4)
+        s += "Q: How many legs does a spider have?\nA: " + sgl.gen(
+            "n", regex=r"[0-9]+", max_tokens=4
+        )
         s += "\nIs the sky blue? " + sgl.select("yes", ["yes", "no"])
         s += "\nA color: " + sgl.gen("color", choices=["red", "green", "blue"])
         # (not dtype=int: SGLang's int pattern allows trailing blanks and stops at the first
@@ -70,10 +72,17 @@ def programs(sgl: Any) -> dict[str, tuple[Callable, dict]]:
 
     @sgl.function
     def logprobs(s):
-        s += "The capital of France is" + sgl.gen("x", max_tokens=6, return_logprob=True, top_logprobs_num=2)
+        s += "The capital of France is" + sgl.gen(
+            "x", max_tokens=6, return_logprob=True, top_logprobs_num=2
+        )
 
-    return {"chat": (chat, {"question": "Name a fruit."}), "constrained": (constrained, {}), "forks": (forks, {}),
-            "multi_turn": (multi_turn, {}), "logprobs": (logprobs, {})}
+    return {
+        "chat": (chat, {"question": "Name a fruit."}),
+        "constrained": (constrained, {}),
+        "forks": (forks, {}),
+        "multi_turn": (multi_turn, {}),
+        "logprobs": (logprobs, {}),
+    }
 
 
 def run_all(sgl: Any, url: str) -> dict[str, Any]:
@@ -104,8 +113,21 @@ def run_all(sgl: Any, url: str) -> dict[str, Any]:
 
 def ensure_sglang() -> Path:
     if not (SITE / "sglang").is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(SITE),
-                        f"sglang=={SGLANG_VERSION}", *FRONTEND_DEPS], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--target",
+                str(SITE),
+                f"sglang=={SGLANG_VERSION}",
+                *FRONTEND_DEPS,
+            ],
+            check=True,
+        )
     return SITE
 
 
@@ -131,21 +153,50 @@ def main() -> None:
         for frontend in ("sglang", "sgl"):
             sgl.RuntimeEndpoint(runtime.url).flush_cache()
             out = Path(f"/tmp/sglang_frontend_{frontend}.json")
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), str(ROOT)]) if frontend == "sglang"
-                       else str(ROOT))
-            subprocess.run([sys.executable, __file__, "--frontend", frontend, "--url", runtime.url, "--out", str(out)],
-                           env=env, check=True, timeout=900)
+            env = dict(
+                os.environ,
+                PYTHONPATH=os.pathsep.join([str(site), str(ROOT)])
+                if frontend == "sglang"
+                else str(ROOT),
+            )
+            subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--frontend",
+                    frontend,
+                    "--url",
+                    runtime.url,
+                    "--out",
+                    str(out),
+                ],
+                env=env,
+                check=True,
+                timeout=900,
+            )
             results[frontend] = json.loads(out.read_text())
     rows, same_all = [], True
     for name in results["sgl"]:
         a, b = results["sglang"].get(name, {}), results["sgl"][name]
         same = a.get("ok") and b.get("ok") and a["values"] == b["values"]
         same_all &= bool(same)
-        rows.append((name, "ok" if a.get("ok") else a.get("error", "?")[:60], "ok" if b.get("ok") else b["error"][:60],
-                     "yes" if same else "NO"))
-    print_table(f"SGLang {SGLANG_VERSION} frontend vs sgl frontend, same programs, one sgl server (greedy)", rows,
-                ("program", "sglang frontend", "sgl frontend", "same variables"))
-    write_result("sglang_frontend", {"sglang_version": SGLANG_VERSION, "all_same": same_all, "results": results})
+        rows.append(
+            (
+                name,
+                "ok" if a.get("ok") else a.get("error", "?")[:60],
+                "ok" if b.get("ok") else b["error"][:60],
+                "yes" if same else "NO",
+            )
+        )
+    print_table(
+        f"SGLang {SGLANG_VERSION} frontend vs sgl frontend, same programs, one sgl server (greedy)",
+        rows,
+        ("program", "sglang frontend", "sgl frontend", "same variables"),
+    )
+    write_result(
+        "sglang_frontend",
+        {"sglang_version": SGLANG_VERSION, "all_same": same_all, "results": results},
+    )
     sys.exit(0 if same_all else 1)
 
 

@@ -18,10 +18,14 @@ import torch
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
-def random_prompts(n: int, lo: int, hi: int, seed: int = 0, vocab_lo: int = 1000, vocab_hi: int = 20000) -> list[list[int]]:
+def random_prompts(
+    n: int, lo: int, hi: int, seed: int = 0, vocab_lo: int = 1000, vocab_hi: int = 20000
+) -> list[list[int]]:
     """Token-id prompts of uniform random length in [lo, hi] (ordinary, non-special tokens)."""
     rng = random.Random(seed)
-    return [[rng.randrange(vocab_lo, vocab_hi) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+    return [
+        [rng.randrange(vocab_lo, vocab_hi) for _ in range(rng.randint(lo, hi))] for _ in range(n)
+    ]
 
 
 def load_hf_model(model_path: str = "default"):
@@ -37,7 +41,9 @@ def load_hf_model(model_path: str = "default"):
     return transformers.AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval()
 
 
-def hf_generate_static(model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int) -> int:
+def hf_generate_static(
+    model, prompts: list[list[int]], max_new_tokens: int, batch_size: int, pad_id: int
+) -> int:
     """HF `generate` over static, left-padded batches; returns generated token count."""
     total = 0
     for i in range(0, len(prompts), batch_size):
@@ -90,7 +96,9 @@ def cpu_model() -> str:
     """The CPU's model name (/proc/cpuinfo): results from an AMX Xeon and a Zen 4 EPYC differ."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+            return next(
+                (line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), ""
+            )
     except OSError:
         return ""
 
@@ -99,6 +107,7 @@ def machine_info() -> dict[str, Any]:
     try:
         from sgl.runtime.cpu_features import bf16_matmul_support
     except ImportError:  # a script run without the project on its path
+
         def bf16_matmul_support() -> None:
             return None
 
@@ -133,12 +142,19 @@ def write_result(name: str, data: dict[str, Any], path: Path | None = None) -> P
     return path
 
 
-def python_child(code: str, args: list[str] = (), env: dict[str, str] | None = None, timeout: float = 1800) -> dict:
+def python_child(
+    code: str, args: list[str] = (), env: dict[str, str] | None = None, timeout: float = 1800
+) -> dict:
     """Run `code` in a fresh python (this project on its path) and return the JSON object
     its last output line holds: each measured variant starts from a clean process."""
     root = str(Path(__file__).resolve().parent.parent)
-    out = subprocess.run([sys.executable, "-c", code, *args], env={**os.environ, "PYTHONPATH": root, **(env or {})},
-                         capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env={**os.environ, "PYTHONPATH": root, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -182,12 +198,18 @@ def vllm_cpu_env() -> dict[str, str]:
     one compute thread (decode 390 tok/s where both cores give 570). So the compute threads are
     bound to every CPU this process may use, unless the caller's environment says otherwise."""
     cpus = sorted(os.sched_getaffinity(0))
-    return {"VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus))),
-            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
-            "TOKENIZERS_PARALLELISM": "false"}
+    return {
+        "VLLM_CPU_OMP_THREADS_BIND": os.environ.get(
+            "VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cpus))
+        ),
+        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4"),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
 
 
-def start_server(engine: str, args: tuple[str, ...] = (), parallel: int = 4) -> tuple[subprocess.Popen, str]:
+def start_server(
+    engine: str, args: tuple[str, ...] = (), parallel: int = 4
+) -> tuple[subprocess.Popen, str]:
     """An OpenAI-compatible server on the embedded model's weights, on a free port: "sgl"
     (its GGUF, the default layout; `args` are extra launch flags), "llama.cpp" (the same GGUF,
     `parallel` slots of 4,096 tokens) or "vllm" (its CPU build, bf16, on the HF directory
@@ -199,22 +221,64 @@ def start_server(engine: str, args: tuple[str, ...] = (), parallel: int = 4) -> 
     port = free_port()
     env = dict(os.environ)
     if engine == "sgl":
-        cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--port", str(port),
-               "--host", "127.0.0.1", "--served-model-name", "default", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sgl.launch_server",
+            "--model-path",
+            "default",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--served-model-name",
+            "default",
+            *args,
+        ]
         env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     elif engine == "llama.cpp":
         binary = peer("llama-server.sh")
         if binary is None:
             raise RuntimeError("llama-server not available (../shared/tools/llama-server.sh)")
-        cmd = [binary, "-m", resolve_model_path("default"), "-t", "2", "-np", str(parallel), "-c",
-               str(4096 * parallel), "--port", str(port), "--host", "127.0.0.1", "--no-webui", "--alias", "default"]
+        cmd = [
+            binary,
+            "-m",
+            resolve_model_path("default"),
+            "-t",
+            "2",
+            "-np",
+            str(parallel),
+            "-c",
+            str(4096 * parallel),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--no-webui",
+            "--alias",
+            "default",
+        ]
     elif engine == "vllm":
         python = peer("vllm-cpu.sh")
         if python is None:
             raise RuntimeError("vLLM CPU not available (../shared/tools/vllm-cpu.sh)")
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(prepare("embedded")["hf"]),
-               "--served-model-name", "default", "--dtype", "bfloat16", "--max-model-len", "4096",
-               "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(prepare("embedded")["hf"]),
+            "--served-model-name",
+            "default",
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "4096",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         env.update(vllm_cpu_env())
     else:
         raise ValueError(f"engine must be sgl, llama.cpp or vllm; got {engine!r}")

@@ -61,8 +61,18 @@ MODEL = "default"
 # ---------------------------------------------------------------------------- the workload
 
 SUBJECTS = [
-    "photosynthesis", "the French Revolution", "black holes", "compound interest", "the water cycle",
-    "volcanoes", "the Roman Empire", "vaccines", "jazz music", "honeybees", "plate tectonics", "the internet",
+    "photosynthesis",
+    "the French Revolution",
+    "black holes",
+    "compound interest",
+    "the water cycle",
+    "volcanoes",
+    "the Roman Empire",
+    "vaccines",
+    "jazz music",
+    "honeybees",
+    "plate tectonics",
+    "the internet",
 ]
 TEMPLATES = [
     "Explain {} in two sentences.",
@@ -86,13 +96,29 @@ REGEXES = [
     r"[A-Z][a-z]{2,8} [0-9]{1,3}",
 ]
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 150}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}, "ok": {"type": "boolean"}},
-     "required": ["city", "ok"], "additionalProperties": False},
-    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}},
-     "required": ["tags"], "additionalProperties": False},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 10}, "ok": {"type": "boolean"}},
+        "required": ["city", "ok"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3}
+        },
+        "required": ["tags"],
+        "additionalProperties": False,
+    },
 ]
 BAD_REGEX = "(unclosed"
 BAD_SCHEMA = {"type": "object", "properties": {"x": {"type": "no-such-type"}}}
@@ -121,8 +147,9 @@ class Spec:
     rid: str = ""
 
 
-def build_mix(count: int, seed: int, long_prompts: float = 0.2, long_outputs: float = 0.08,
-              burst: int = 8) -> list[Spec]:
+def build_mix(
+    count: int, seed: int, long_prompts: float = 0.2, long_outputs: float = 0.08, burst: int = 8
+) -> list[Spec]:
     """`count` specs, the same for the same seed (and shares). `long_prompts`: the share of
     prompts 100-350 tokens long; `long_outputs`: the share of requests that decode 48-64
     tokens (ignore_eos, no constraint, no fault), in runs of `burst` consecutive specs (one
@@ -133,28 +160,59 @@ def build_mix(count: int, seed: int, long_prompts: float = 0.2, long_outputs: fl
     specs = []
     for i in range(count):
         r = rng.random()
-        endpoint = "chat" if r < 0.36 else "completions" if r < 0.6 else "generate" if r < 0.94 else "session"
+        endpoint = (
+            "chat"
+            if r < 0.36
+            else "completions"
+            if r < 0.6
+            else "generate"
+            if r < 0.94
+            else "session"
+        )
         stream = rng.random() < 0.5
         r = rng.random()
-        constraint = ("none" if r < 0.58 else "regex" if r < 0.78 else "json_schema" if r < 0.97
-                      else "bad_regex" if r < 0.985 else "bad_schema")
+        constraint = (
+            "none"
+            if r < 0.58
+            else "regex"
+            if r < 0.78
+            else "json_schema"
+            if r < 0.97
+            else "bad_regex"
+            if r < 0.985
+            else "bad_schema"
+        )
         r = rng.random()
         n = 1 if r < 0.8 else 2 if r < 0.95 else 3
         r = rng.random()
         fault = "none" if r < 0.8 else "disconnect" if r < 0.9 else "abort"
         prompt = rng.choice(prompts)
-        if rng.random() < long_prompts:  # a long prompt (~100-350 tokens, no shared prefix): KV pressure, retractions
+        if (
+            rng.random() < long_prompts
+        ):  # a long prompt (~100-350 tokens, no shared prefix): KV pressure, retractions
             prompt = f"Note {seed}-{i}. " + LONG_TEXT * rng.randint(1, 4) + prompt
-        spec = Spec(index=i, endpoint=endpoint, stream=stream, constraint=constraint, n=n,
-                    max_tokens=rng.randint(4, 24), fault=fault, prompt=prompt,
-                    temperature=rng.choice([0.0, 0.0, 0.7]),
-                    include_usage=stream and endpoint in ("chat", "completions") and rng.random() < 0.5,
-                    fault_after=rng.randint(1, 2), fault_delay=rng.uniform(0.02, 0.5), rid=f"soak{seed}-{i}")
+        spec = Spec(
+            index=i,
+            endpoint=endpoint,
+            stream=stream,
+            constraint=constraint,
+            n=n,
+            max_tokens=rng.randint(4, 24),
+            fault=fault,
+            prompt=prompt,
+            temperature=rng.choice([0.0, 0.0, 0.7]),
+            include_usage=stream and endpoint in ("chat", "completions") and rng.random() < 0.5,
+            fault_after=rng.randint(1, 2),
+            fault_delay=rng.uniform(0.02, 0.5),
+            rid=f"soak{seed}-{i}",
+        )
         if constraint == "regex":
             spec.regex = rng.choice(REGEXES)
         elif constraint == "json_schema":
             spec.schema = rng.choice(SCHEMAS)
-        if endpoint == "session":  # n = 1 turns, no faults, no broken constraints: the session is the point
+        if (
+            endpoint == "session"
+        ):  # n = 1 turns, no faults, no broken constraints: the session is the point
             spec.n, spec.fault, spec.turns = 1, "none", rng.randint(1, 2)
             if constraint.startswith("bad"):
                 spec.constraint = "none"
@@ -207,18 +265,29 @@ def _sampling(spec: Spec) -> dict[str, Any]:
     return sp
 
 
-def request_body(spec: Spec, rid: str | None = None, text: str | None = None,
-                 session: dict | None = None) -> tuple[str, dict[str, Any]]:
+def request_body(
+    spec: Spec, rid: str | None = None, text: str | None = None, session: dict | None = None
+) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) of one generation of `spec`."""
     rid = rid or spec.rid
     if spec.endpoint in ("generate", "session"):
-        body: dict[str, Any] = {"text": text or spec.prompt, "sampling_params": _sampling(spec), "stream": spec.stream,
-                                "rid": rid}
+        body: dict[str, Any] = {
+            "text": text or spec.prompt,
+            "sampling_params": _sampling(spec),
+            "stream": spec.stream,
+            "rid": rid,
+        }
         if session is not None:
             body["session_params"] = session
         return "/generate", body
-    body = {"model": MODEL, "max_tokens": spec.max_tokens, "temperature": spec.temperature, "n": spec.n,
-            "stream": spec.stream, "rid": rid}
+    body = {
+        "model": MODEL,
+        "max_tokens": spec.max_tokens,
+        "temperature": spec.temperature,
+        "n": spec.n,
+        "stream": spec.stream,
+        "rid": rid,
+    }
     if spec.include_usage:
         body["stream_options"] = {"include_usage": True}
     if spec.ignore_eos:
@@ -227,7 +296,10 @@ def request_body(spec: Spec, rid: str | None = None, text: str | None = None,
         body["regex"] = spec.regex if spec.constraint == "regex" else BAD_REGEX
     elif spec.constraint in ("json_schema", "bad_schema"):
         schema = spec.schema if spec.constraint == "json_schema" else BAD_SCHEMA
-        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "soak", "schema": schema}}
+        body["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "soak", "schema": schema},
+        }
     if spec.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": spec.prompt}]
         return "/v1/chat/completions", body
@@ -240,7 +312,11 @@ def _check_error_body(data: Any, status: int) -> str:
     if not isinstance(data, dict) or not isinstance(data.get("error"), dict):
         raise Broken(f"HTTP {status} without an OpenAI-style error body: {str(data)[:300]}")
     err = data["error"]
-    if set(err) != {"message", "type", "param", "code"} or not isinstance(err["message"], str) or not err["message"]:
+    if (
+        set(err) != {"message", "type", "param", "code"}
+        or not isinstance(err["message"], str)
+        or not err["message"]
+    ):
         raise Broken(f"HTTP {status}: malformed error object: {str(err)[:300]}")
     if err["code"] != status:
         raise Broken(f"HTTP {status}: error code {err['code']!r} differs from the status")
@@ -275,20 +351,34 @@ def _check_whole(spec: Spec, path: str, data: Any) -> list[tuple[str | None, str
     if path == "/generate":
         items = data if isinstance(data, list) else [data]
         if spec.n > 1 and (not isinstance(data, list) or len(data) != spec.n):
-            raise Broken(f"/generate n={spec.n}: expected a list of {spec.n} results, got {str(data)[:300]}")
+            raise Broken(
+                f"/generate n={spec.n}: expected a list of {spec.n} results, got {str(data)[:300]}"
+            )
         for item in items:
-            if not (isinstance(item, dict) and isinstance(item.get("text"), str)
-                    and isinstance(item.get("output_ids"), list) and isinstance(item.get("meta_info"), dict)):
+            if not (
+                isinstance(item, dict)
+                and isinstance(item.get("text"), str)
+                and isinstance(item.get("output_ids"), list)
+                and isinstance(item.get("meta_info"), dict)
+            ):
                 raise Broken(f"/generate: malformed result {str(item)[:300]}")
             out.append((_finish_type(item["meta_info"].get("finish_reason")), item["text"]))
     else:
         choices = data.get("choices") if isinstance(data, dict) else None
-        if not isinstance(choices, list) or len(choices) != spec.n or not isinstance(data.get("usage"), dict):
+        if (
+            not isinstance(choices, list)
+            or len(choices) != spec.n
+            or not isinstance(data.get("usage"), dict)
+        ):
             raise Broken(f"{path}: expected {spec.n} choices and usage, got {str(data)[:300]}")
         for k, ch in enumerate(sorted(choices, key=lambda c: c.get("index", -1))):
             if ch.get("index") != k:
                 raise Broken(f"{path}: choice indices {[c.get('index') for c in choices]}")
-            text = (ch.get("message") or {}).get("content") if path.endswith("chat/completions") else ch.get("text")
+            text = (
+                (ch.get("message") or {}).get("content")
+                if path.endswith("chat/completions")
+                else ch.get("text")
+            )
             if not isinstance(text, str):
                 raise Broken(f"{path}: choice without text: {str(ch)[:300]}")
             out.append((ch.get("finish_reason"), text))
@@ -326,16 +416,26 @@ class _Stream:
             self.first_at = time.perf_counter()
         if isinstance(ev, dict) and "error" in ev:
             err = ev["error"]
-            if not isinstance(err, dict) or not isinstance(err.get("message"), str) or "code" not in err:
+            if (
+                not isinstance(err, dict)
+                or not isinstance(err.get("message"), str)
+                or "code" not in err
+            ):
                 raise Broken(f"a malformed SSE error event: {payload[:300]}")
             self.error = f"SSE error event {err.get('code')}: {err['message'][:200]}"
             return
         if self.path == "/generate":
-            if not (isinstance(ev, dict) and isinstance(ev.get("text"), str) and isinstance(ev.get("meta_info"), dict)):
+            if not (
+                isinstance(ev, dict)
+                and isinstance(ev.get("text"), str)
+                and isinstance(ev.get("meta_info"), dict)
+            ):
                 raise Broken(f"a malformed /generate event: {payload[:300]}")
             i = ev.get("index", 0)
             if not isinstance(i, int) or not 0 <= i < self.spec.n:
-                raise Broken(f"an event whose index is not in range(n={self.spec.n}): {payload[:300]}")
+                raise Broken(
+                    f"an event whose index is not in range(n={self.spec.n}): {payload[:300]}"
+                )
             if i in self.finish:
                 raise Broken(f"an event for index {i} after its finish")
             self.texts[i] = ev["text"]  # cumulative
@@ -353,17 +453,25 @@ class _Stream:
         for ch in ev["choices"]:
             i = ch.get("index") if isinstance(ch, dict) else None
             if not isinstance(i, int) or not 0 <= i < self.spec.n:
-                raise Broken(f"a chunk whose choice index is not in range(n={self.spec.n}): {payload[:300]}")
+                raise Broken(
+                    f"a chunk whose choice index is not in range(n={self.spec.n}): {payload[:300]}"
+                )
             if i in self.finish:
                 raise Broken(f"a chunk for choice {i} after its finish")
-            piece = (ch.get("delta") or {}).get("content") if self.path.endswith("chat/completions") else ch.get("text")
+            piece = (
+                (ch.get("delta") or {}).get("content")
+                if self.path.endswith("chat/completions")
+                else ch.get("text")
+            )
             self.texts[i] = self.texts.get(i, "") + (piece or "")
             if ch.get("finish_reason") is not None:
                 self.finish[i] = ch["finish_reason"]
 
     def check_complete(self) -> None:
         if not self.done:
-            raise Broken(f"the stream ended without [DONE] after {self.events} events (no error event)")
+            raise Broken(
+                f"the stream ended without [DONE] after {self.events} events (no error event)"
+            )
         if self.error is not None:
             return
         if sorted(self.finish) != list(range(self.spec.n)):
@@ -380,14 +488,19 @@ async def _sse_lines(resp: aiohttp.ClientResponse):
             continue
         if not line.startswith("data: "):
             raise Broken(f"not an SSE data line: {line[:200]!r}")
-        yield line[len("data: "):]
+        yield line[len("data: ") :]
 
 
 class Driver:
     """Sends specs to one server (one aiohttp session) and classifies every generation."""
 
-    def __init__(self, url: str, session: aiohttp.ClientSession, request_timeout: float,
-                 session_timeout: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        session: aiohttp.ClientSession,
+        request_timeout: float,
+        session_timeout: float,
+    ) -> None:
         self.url = url.rstrip("/")
         self.http = session
         self.session_timeout = session_timeout
@@ -395,7 +508,9 @@ class Driver:
         self.sessions_opened = 0
 
     async def abort(self, rid: str) -> None:
-        async with self.http.post(self.url + "/abort_request", json={"rid": rid}, timeout=self.timeout) as resp:
+        async with self.http.post(
+            self.url + "/abort_request", json={"rid": rid}, timeout=self.timeout
+        ) as resp:
             if resp.status != 200:
                 raise Broken(f"/abort_request answered {resp.status}: {(await resp.text())[:200]}")
             await resp.read()
@@ -411,7 +526,9 @@ class Driver:
                 if done:
                     return task.result()
                 task.cancel()  # aiohttp closes the connection: the server sees the client leave
-                await asyncio.wait({task})  # (not `await task`: our own cancellation must propagate)
+                await asyncio.wait(
+                    {task}
+                )  # (not `await task`: our own cancellation must propagate)
                 if not task.cancelled():  # it finished while being cancelled
                     return task.result()
                 o.outcome = "disconnected"
@@ -441,7 +558,9 @@ class Driver:
         o.abort_sent = True
         await self.abort(rid)
 
-    async def _send(self, spec: Spec, path: str, body: dict[str, Any], o: Outcome, start: float) -> Outcome:
+    async def _send(
+        self, spec: Spec, path: str, body: dict[str, Any], o: Outcome, start: float
+    ) -> Outcome:
         async with self.http.post(self.url + path, json=body, timeout=self.timeout) as resp:
             o.status = resp.status
             if resp.status >= 400:
@@ -449,7 +568,9 @@ class Driver:
                 try:
                     data = json.loads(raw)
                 except ValueError:
-                    raise Broken(f"HTTP {resp.status} with a body that is not JSON: {raw[:200]!r}") from None
+                    raise Broken(
+                        f"HTTP {resp.status} with a body that is not JSON: {raw[:200]!r}"
+                    ) from None
                 o.detail = _check_error_body(data, resp.status)
                 o.outcome, o.latency = "error", time.perf_counter() - start
                 return o
@@ -463,7 +584,9 @@ class Driver:
                     raise Broken(f"a 200 body that is not JSON: {raw[:200]!r}") from None
                 return self._finish(spec, o, _check_whole(spec, path, data), start)
             if not resp.headers.get("Content-Type", "").startswith("text/event-stream"):
-                raise Broken(f"a stream answered with Content-Type {resp.headers.get('Content-Type')!r}")
+                raise Broken(
+                    f"a stream answered with Content-Type {resp.headers.get('Content-Type')!r}"
+                )
             st = _Stream(spec, path)
             async for payload in _sse_lines(resp):
                 st.feed(payload)
@@ -482,9 +605,13 @@ class Driver:
             if st.error is not None:
                 o.outcome, o.detail, o.latency = "error", st.error, time.perf_counter() - start
                 return o
-            return self._finish(spec, o, [(st.finish[i], st.texts.get(i, "")) for i in range(spec.n)], start)
+            return self._finish(
+                spec, o, [(st.finish[i], st.texts.get(i, "")) for i in range(spec.n)], start
+            )
 
-    def _finish(self, spec: Spec, o: Outcome, choices: list[tuple[str | None, str]], start: float) -> Outcome:
+    def _finish(
+        self, spec: Spec, o: Outcome, choices: list[tuple[str | None, str]], start: float
+    ) -> Outcome:
         o.latency = time.perf_counter() - start
         o.finish_reasons = [r for r, _ in choices]
         if any(r == "abort" for r, _ in choices):
@@ -509,11 +636,17 @@ class Driver:
     async def _session(self, spec: Spec, kind: str) -> list[Outcome]:
         """Open a session with a short timeout, run a turn or two in it, never close it."""
         body = {"capacity_tokens": 1024, "timeout": self.session_timeout}
-        async with self.http.post(self.url + "/open_session", json=body, timeout=self.timeout) as resp:
+        async with self.http.post(
+            self.url + "/open_session", json=body, timeout=self.timeout
+        ) as resp:
             raw = await resp.read()
             if resp.status != 200:
-                o = Outcome(kind="session/open", outcome="broken", status=resp.status,
-                            body={"path": "/open_session", **body})
+                o = Outcome(
+                    kind="session/open",
+                    outcome="broken",
+                    status=resp.status,
+                    body={"path": "/open_session", **body},
+                )
                 try:
                     o.detail = _check_error_body(json.loads(raw), resp.status)
                     o.outcome = "error"
@@ -522,8 +655,14 @@ class Driver:
                 return [o]
             sid = json.loads(raw)
         if not isinstance(sid, str):
-            return [Outcome(kind="session/open", outcome="broken", detail=f"/open_session returned {sid!r}",
-                            body={"path": "/open_session", **body})]
+            return [
+                Outcome(
+                    kind="session/open",
+                    outcome="broken",
+                    detail=f"/open_session returned {sid!r}",
+                    body={"path": "/open_session", **body},
+                )
+            ]
         self.sessions_opened += 1
         outs: list[Outcome] = []
         prev: str | None = None
@@ -577,6 +716,7 @@ async def flush(http: aiohttp.ClientSession, url: str, timeout: float = 60.0) ->
         async with http.post(url + "/flush_cache", timeout=aiohttp.ClientTimeout(total=60)) as resp:
             resp.raise_for_status()
             return bool((await resp.json())["success"]), None
+
     ok, _, _ = await poll("flush", once, timeout)
     return ok
 
@@ -594,11 +734,23 @@ def _pct(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def drive(url: str, requests: int, concurrency: int, seed: int, session_timeout: float = 3.0,
-                max_seconds: float | None = None, request_timeout: float = 1200.0,
-                settle_timeout: float = 120.0, samples: int = 20, long_prompts: float = 0.2,
-                long_outputs: float = 0.08, burst: int = 8, pid: int | None = None,
-                sample_every: float = 30.0, progress: bool = False) -> dict[str, Any]:
+async def drive(
+    url: str,
+    requests: int,
+    concurrency: int,
+    seed: int,
+    session_timeout: float = 3.0,
+    max_seconds: float | None = None,
+    request_timeout: float = 1200.0,
+    settle_timeout: float = 120.0,
+    samples: int = 20,
+    long_prompts: float = 0.2,
+    long_outputs: float = 0.08,
+    burst: int = 8,
+    pid: int | None = None,
+    sample_every: float = 30.0,
+    progress: bool = False,
+) -> dict[str, Any]:
     """The mix, then the settle checks; the figures (see the module docstring). With `pid`,
     the server process's RSS and threads every `sample_every` seconds of the mix."""
     url = url.rstrip("/")
@@ -633,8 +785,11 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
             while True:
                 await asyncio.sleep(sample_every)  # a sampling period, not a synchronization
                 st = proc_status(pid) if pid is not None else {}
-                point = {"t_s": round(time.perf_counter() - t0, 1), "generations": len(outcomes),
-                         "broken": sum(o.outcome == "broken" for o in outcomes)}
+                point = {
+                    "t_s": round(time.perf_counter() - t0, 1),
+                    "generations": len(outcomes),
+                    "broken": sum(o.outcome == "broken" for o in outcomes),
+                }
                 if st:
                     point.update(rss_mb=round(st["rss_kb"] / 1024, 1), threads=st["threads"])
                 trend.append(point)
@@ -652,6 +807,7 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
         async def idle():
             info = await server_info(http, url)
             return info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0, info
+
         idle_ok, idle_s, info = await poll("idle", idle, settle_timeout)
         open_after_mix = info["num_open_sessions"]
         locked_after_mix = info.get("session_locked_tokens")
@@ -659,11 +815,16 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
         async def no_sessions():
             info = await server_info(http, url)
             return info["num_open_sessions"] == 0, info
-        sess_ok, sess_s, info = await poll("sessions", no_sessions, session_timeout + settle_timeout)
+
+        sess_ok, sess_s, info = await poll(
+            "sessions", no_sessions, session_timeout + settle_timeout
+        )
         flushed = await flush(http, url)
         after = await server_info(http, url)
 
-    counts: dict[str, int] = {k: 0 for k in ("completed", "error", "aborted", "disconnected", "broken")}
+    counts: dict[str, int] = {
+        k: 0 for k in ("completed", "error", "aborted", "disconnected", "broken")
+    }
     by_kind: dict[str, dict[str, int]] = {}
     errors_by_status: dict[str, int] = {}
     for o in outcomes:
@@ -675,20 +836,36 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
             errors_by_status[key] = errors_by_status.get(key, 0) + 1
     expected_error = [o for o in outcomes if o.outcome == "error" and "/bad_" in o.kind]
     unexpected_errors = [o for o in outcomes if o.outcome == "error" and "/bad_" not in o.kind]
-    bad_kinds_not_400 = [o for o in outcomes if "/bad_" in o.kind and not (o.outcome == "error" and o.status == 400)]
+    bad_kinds_not_400 = [
+        o for o in outcomes if "/bad_" in o.kind and not (o.outcome == "error" and o.status == 400)
+    ]
     done = [o for o in outcomes if o.outcome == "completed"]
     ttft = [o.ttft for o in done if o.ttft is not None]
     lat = [o.latency for o in done if o.latency is not None]
     abort_sent = [o for o in outcomes if o.abort_sent]
 
     def sample(o: Outcome) -> dict[str, Any]:
-        return {"kind": o.kind, "outcome": o.outcome, "status": o.status, "detail": o.detail, "request": o.body}
+        return {
+            "kind": o.kind,
+            "outcome": o.outcome,
+            "status": o.status,
+            "detail": o.detail,
+            "request": o.body,
+        }
 
     ms = lambda x: None if x is None else round(1000 * x, 1)  # noqa: E731
     figures: dict[str, Any] = {
-        "config": {"requests": requests, "concurrency": concurrency, "seed": seed, "session_timeout_s": session_timeout,
-                   "max_seconds": max_seconds, "request_timeout_s": request_timeout,
-                   "long_prompts": long_prompts, "long_outputs": long_outputs, "burst": burst},
+        "config": {
+            "requests": requests,
+            "concurrency": concurrency,
+            "seed": seed,
+            "session_timeout_s": session_timeout,
+            "max_seconds": max_seconds,
+            "request_timeout_s": request_timeout,
+            "long_prompts": long_prompts,
+            "long_outputs": long_outputs,
+            "burst": burst,
+        },
         "specs_sent": sent,
         "stopped_early": sent < len(specs),
         "generations": len(outcomes),
@@ -696,8 +873,9 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
         "generations_per_s": round(len(outcomes) / duration, 2) if duration else None,
         "outcomes": counts,
         "vanished_or_broken": counts["broken"],
-        "broken_client_timeouts": sum(1 for o in outcomes
-                                      if o.outcome == "broken" and o.detail.startswith("timed out")),
+        "broken_client_timeouts": sum(
+            1 for o in outcomes if o.outcome == "broken" and o.detail.startswith("timed out")
+        ),
         "by_kind": dict(sorted(by_kind.items())),
         "errors_by_status": errors_by_status,
         "expected_errors": len(expected_error),  # invalid constraints answered 400
@@ -710,8 +888,12 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
         "aborts_too_late": sum(1 for o in abort_sent if o.outcome == "completed"),
         "sessions_opened": driver.sessions_opened,
         "constraint_violations": sum(1 for o in outcomes if o.constraint_violation),
-        "latency_ms": {"e2e_p50": ms(_pct(lat, 50)), "e2e_p99": ms(_pct(lat, 99)),
-                       "ttft_p50": ms(_pct(ttft, 50)), "ttft_p99": ms(_pct(ttft, 99))},
+        "latency_ms": {
+            "e2e_p50": ms(_pct(lat, 50)),
+            "e2e_p99": ms(_pct(lat, 99)),
+            "ttft_p50": ms(_pct(ttft, 50)),
+            "ttft_p99": ms(_pct(ttft, 99)),
+        },
         "retractions": after["retractions"] - before["retractions"],
         "max_total_tokens": after["max_total_tokens"],
         "kv_free_before": before["available_kv_tokens"],  # after a flush
@@ -728,27 +910,35 @@ async def drive(url: str, requests: int, concurrency: int, seed: int, session_ti
             "no_vanished_or_broken": counts["broken"] == 0,
             "idle_after_mix": idle_ok,
             "no_open_sessions_after_timeout": sess_ok and after["num_open_sessions"] == 0,
-            "kv_pool_full_after_flush": flushed and after["available_kv_tokens"] == after["max_total_tokens"],
+            "kv_pool_full_after_flush": flushed
+            and after["available_kv_tokens"] == after["max_total_tokens"],
         },
         "broken_samples": [sample(o) for o in outcomes if o.outcome == "broken"][:samples],
         "unexpected_error_samples": [sample(o) for o in unexpected_errors][:samples],
-        "constraint_violation_samples": [sample(o) for o in outcomes if o.constraint_violation][:samples],
+        "constraint_violation_samples": [sample(o) for o in outcomes if o.constraint_violation][
+            :samples
+        ],
         "trend": trend,
     }
     return figures
 
 
-def run_soak(url: str, requests: int, concurrency: int, seed: int = 0, pid: int | None = None,
-             **kwargs: Any) -> dict[str, Any]:
+def run_soak(
+    url: str, requests: int, concurrency: int, seed: int = 0, pid: int | None = None, **kwargs: Any
+) -> dict[str, Any]:
     """`drive` in a fresh event loop; with `pid`, the server process's threads and RSS at the
     start and at the end (after the settle checks)."""
     start = proc_status(pid) if pid is not None else None
     figures = asyncio.run(drive(url, requests, concurrency, seed, pid=pid, **kwargs))
     if pid is not None:
         end = proc_status(pid)
-        figures["process"] = {"pid": pid, "threads_start": start["threads"], "threads_end": end["threads"],
-                              "rss_mb_start": round(start["rss_kb"] / 1024, 1),
-                              "rss_mb_end": round(end["rss_kb"] / 1024, 1)}
+        figures["process"] = {
+            "pid": pid,
+            "threads_start": start["threads"],
+            "threads_end": end["threads"],
+            "rss_mb_start": round(start["rss_kb"] / 1024, 1),
+            "rss_mb_end": round(end["rss_kb"] / 1024, 1),
+        }
     return figures
 
 
@@ -774,9 +964,13 @@ def summary_lines(f: dict[str, Any]) -> list[str]:
     ]
     if "process" in f:
         p = f["process"]
-        lines.append(f"server process: threads {p['threads_start']} -> {p['threads_end']}, "
-                     f"RSS {p['rss_mb_start']} -> {p['rss_mb_end']} MB")
-    lines.append("checks: " + ", ".join(f"{k} {'OK' if v else 'FAILED'}" for k, v in f["checks"].items()))
+        lines.append(
+            f"server process: threads {p['threads_start']} -> {p['threads_end']}, "
+            f"RSS {p['rss_mb_start']} -> {p['rss_mb_end']} MB"
+        )
+    lines.append(
+        "checks: " + ", ".join(f"{k} {'OK' if v else 'FAILED'}" for k, v in f["checks"].items())
+    )
     return lines
 
 
@@ -813,8 +1007,16 @@ def write_reliability(key: str, data: dict[str, Any], path: Path | None = None) 
 
 def server_env() -> dict[str, str]:
     """The environment variables that change the server's speed or memory (threads, allocator)."""
-    keys = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
-            "MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "LD_PRELOAD")
+    keys = (
+        "OMP_NUM_THREADS",
+        "MKL_NUM_THREADS",
+        "OMP_WAIT_POLICY",
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY",
+        "MALLOC_ARENA_MAX",
+        "MALLOC_MMAP_THRESHOLD_",
+        "MALLOC_TRIM_THRESHOLD_",
+        "LD_PRELOAD",
+    )
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
@@ -822,7 +1024,9 @@ class ServerProcess:
     """`python -m sgl.launch_server ARGS --host 127.0.0.1 --port <free>`, its output in a log
     file; `start()` waits for /health (with a deadline), `stop()` sends SIGTERM (then SIGKILL)."""
 
-    def __init__(self, args: list[str], log_path: str | Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], log_path: str | Path, env: dict[str, str] | None = None
+    ) -> None:
         self.args = list(args)
         self.log_path = Path(log_path)
         self.env = {**os.environ, **(env or {})}
@@ -835,8 +1039,12 @@ class ServerProcess:
         import subprocess
         import sys
 
-        out = subprocess.run([sys.executable, "-m", "sgl.launch_server", "--help"], capture_output=True, text=True,
-                             timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-m", "sgl.launch_server", "--help"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return flag in out.stdout
 
     def start(self, timeout: float = 600.0) -> str:
@@ -851,14 +1059,25 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "w")
-        cmd = [sys.executable, "-m", "sgl.launch_server", *self.args, "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sgl.launch_server",
+            *self.args,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         print("starting: " + " ".join(cmd), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode} before it was healthy; "
-                                   f"its log:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"the server exited with {self.proc.returncode} before it was healthy; "
+                    f"its log:\n{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
                     if r.status == 200:
@@ -867,7 +1086,9 @@ class ServerProcess:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"the server was not healthy within {timeout:.0f}s; its log:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"the server was not healthy within {timeout:.0f}s; its log:\n{self.log_tail()}"
+                )
             time.sleep(0.5)  # polling /health with a deadline
 
     @property
@@ -903,6 +1124,12 @@ class ServerProcess:
             text = self.log_path.read_text(errors="replace")
         except OSError:
             return 0, []
-        hits = [ln for ln in text.splitlines()
-                if " ERROR " in ln or " CRITICAL " in ln or ln.startswith("Traceback") or "incident" in ln]
+        hits = [
+            ln
+            for ln in text.splitlines()
+            if " ERROR " in ln
+            or " CRITICAL " in ln
+            or ln.startswith("Traceback")
+            or "incident" in ln
+        ]
         return len(hits), hits[:limit]

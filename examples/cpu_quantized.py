@@ -23,14 +23,20 @@ def main() -> None:
     for name, options in VARIANTS.items():
         with sgl.Engine(model_path="default", torch_compile=compile_steps, **options) as engine:
             info = engine.get_server_info()
-            print(f"{name}: dtype={info['dtype']} ({info['dtype_reason']}) layouts={info['weight_layouts']}")
+            print(
+                f"{name}: dtype={info['dtype']} ({info['dtype_reason']}) layouts={info['weight_layouts']}"
+            )
             engine.generate(messages=prompt, sampling_params={"max_new_tokens": 4})  # warm up
             t = time.perf_counter()
-            out = engine.generate(messages=prompt, sampling_params={"max_new_tokens": 48, "temperature": 0,
-                                                                    "ignore_eos": True})
+            out = engine.generate(
+                messages=prompt,
+                sampling_params={"max_new_tokens": 48, "temperature": 0, "ignore_eos": True},
+            )
             seconds = time.perf_counter() - t
             tokens = out["meta_info"]["completion_tokens"]
-            print(f"  {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tok/s): {out['text'][:60]!r}")
+            print(
+                f"  {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tok/s): {out['text'][:60]!r}"
+            )
 
 
 if __name__ == "__main__":

@@ -88,7 +88,11 @@ def main() -> None:
     for q, state in zip(questions, states):
         print(f"topic: {q} -> {state['topic']}")
 
-    counts = ["How many legs does a dog have?", "How many continents are there?", "What is 3 plus 4?"]
+    counts = [
+        "How many legs does a dog have?",
+        "How many continents are there?",
+        "What is 3 plus 4?",
+    ]
     states = count.run_batch([{"question": q} for q in counts], temperature=0)
     for q, state in zip(counts, states):
         print(f"gen_int: {q} -> {int(state['number'])}")

@@ -24,7 +24,11 @@ def qa(s, question):
 @sgl.function(num_api_spec_tokens=48)
 def person(s):
     s += "Name: Alice\nAge: 30\nCity: Paris\n\nName: Bob\nAge: 25\nCity: London\n\nName:"
-    s += sgl.gen("name", max_tokens=8, stop="\n") + "\nAge:" + sgl.gen("age", max_tokens=4, stop="\n")
+    s += (
+        sgl.gen("name", max_tokens=8, stop="\n")
+        + "\nAge:"
+        + sgl.gen("age", max_tokens=4, stop="\n")
+    )
     s += "\nCity:" + sgl.gen("city", max_tokens=8, stop="\n")
 
 
@@ -47,14 +51,25 @@ def main() -> None:
 
     text_model = sgl.OpenAICompatible(args.model, args.base_url, is_chat_model=False)
     state = review.run(text="Lovely staff, great food.", temperature=0, backend=text_model)
-    print("select:", repr(state["label"]), "by", state.get_meta_info("label")["select_method"],
-          "| stars:", state["stars"])
+    print(
+        "select:",
+        repr(state["label"]),
+        "by",
+        state.get_meta_info("label")["select_method"],
+        "| stars:",
+        state["stars"],
+    )
 
     text_model.token_usage.reset()
     state = person.run(temperature=0, backend=text_model)
-    print("3 gens, speculative:", {k: state[k] for k in ("name", "age", "city")}, text_model.token_usage.snapshot())
+    print(
+        "3 gens, speculative:",
+        {k: state[k] for k in ("name", "age", "city")},
+        text_model.token_usage.snapshot(),
+    )
 
     try:  # text after the start of the assistant turn cannot be sent to a chat model
+
         @sgl.function
         def mid_turn(s):
             s += sgl.user("Hi")

@@ -42,7 +42,9 @@ def main() -> None:
         pred = state["answer"].strip()
         expected = row["answer"]
         is_exact = pred.lower().rstrip(".") == expected.lower()
-        is_contained = re.search(r"\b" + re.escape(expected.lower()) + r"\b", pred.lower()) is not None
+        is_contained = (
+            re.search(r"\b" + re.escape(expected.lower()) + r"\b", pred.lower()) is not None
+        )
         exact += is_exact
         contains += is_contained
         verdict = "exact" if is_exact else "contains" if is_contained else "miss"

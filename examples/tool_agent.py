@@ -24,7 +24,11 @@ FORECASTS = {"paris": ("sunny", 21), "oslo": ("snow", -4), "lima": ("cloudy", 17
 def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> dict:
     """The current weather in a city."""
     sky, celsius = FORECASTS.get(city.strip().lower(), ("unknown", 15))
-    return {"city": city, "sky": sky, "temperature": celsius if unit == "celsius" else round(celsius * 9 / 5 + 32)}
+    return {
+        "city": city,
+        "sky": sky,
+        "temperature": celsius if unit == "celsius" else round(celsius * 9 / 5 + 32),
+    }
 
 
 def convert_temperature(value: float, to: Literal["celsius", "fahrenheit"]) -> float:
@@ -42,7 +46,9 @@ def agent(s, question, steps=2):
     s += sgl.user(question)
     for step in range(steps):
         choice = "required" if step == 0 else "auto"
-        s += sgl.assistant(sgl.gen(f"calls_{step}", tools=TOOLS, tool_choice=choice, max_tokens=120))
+        s += sgl.assistant(
+            sgl.gen(f"calls_{step}", tools=TOOLS, tool_choice=choice, max_tokens=120)
+        )
         calls = s[f"calls_{step}"]
         if not calls:  # it answered in text
             return
@@ -62,23 +68,37 @@ def through_openai_api(url: str, question: str) -> None:
     tools = [function_tool(f) for f in TOOLS]
     messages = [{"role": "user", "content": question}]
     for _ in range(2):
-        msg = client.chat.completions.create(model="default", messages=messages, tools=tools, temperature=0,
-                                             max_tokens=120).choices[0].message
+        msg = (
+            client.chat.completions.create(
+                model="default", messages=messages, tools=tools, temperature=0, max_tokens=120
+            )
+            .choices[0]
+            .message
+        )
         messages.append(msg.model_dump(exclude_none=True))
         if not msg.tool_calls:
             print(f"api answer: {msg.content}")
             return
         for call in msg.tool_calls:
             result = BY_NAME[call.function.name](**json.loads(call.function.arguments))
-            print(f"api call: {call.function.name} {call.function.arguments} -> {json.dumps(result)}")
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)})
+            print(
+                f"api call: {call.function.name} {call.function.arguments} -> {json.dumps(result)}"
+            )
+            messages.append(
+                {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)}
+            )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--url", default=None, help="also run the loop through this server's OpenAI API")
+    ap.add_argument(
+        "--url", default=None, help="also run the loop through this server's OpenAI API"
+    )
     args = ap.parse_args()
-    for question in ["What's the weather in Paris?", "Is it cold in Oslo right now, in fahrenheit?"]:
+    for question in [
+        "What's the weather in Paris?",
+        "Is it cold in Oslo right now, in fahrenheit?",
+    ]:
         state = agent.run(question=question, temperature=0)
         print(f"answer: {state.messages()[-1]['content'].strip()}")
     if args.url:

@@ -29,4 +29,5 @@ def needs_extra(extra: str, what: str) -> Iterator[None]:
             raise
         raise MissingExtraError(
             f"{what} needs the Python package {root!r}, which sgl installs with its {extra!r} extra: "
-            f"pip install 'sgl[{extra}]'") from exc
+            f"pip install 'sgl[{extra}]'"
+        ) from exc

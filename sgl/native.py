@@ -28,7 +28,15 @@ logger = logging.getLogger(__name__)
 # torch's loader would otherwise wait on it forever.
 STALE_LOCK_SECONDS = 600
 
-_CPU_KEYS = ("vendor_id", "model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU part")
+_CPU_KEYS = (
+    "vendor_id",
+    "model name",
+    "flags",
+    "Features",
+    "CPU implementer",
+    "CPU architecture",
+    "CPU part",
+)
 
 
 def cpu_identity() -> str:
@@ -45,16 +53,25 @@ def build_name(prefix: str, source: Path, cflags: list[str]) -> str:
     import torch
 
     h = hashlib.sha1()
-    headers = [p.read_bytes() for p in sorted(source.parent.glob("*.h"))]  # what the source may include
-    for part in (source.read_bytes(), *headers, " ".join(cflags).encode(), torch.__version__.encode(),
-                 cpu_identity().encode()):
+    headers = [
+        p.read_bytes() for p in sorted(source.parent.glob("*.h"))
+    ]  # what the source may include
+    for part in (
+        source.read_bytes(),
+        *headers,
+        " ".join(cflags).encode(),
+        torch.__version__.encode(),
+        cpu_identity().encode(),
+    ):
         h.update(part)
         h.update(b"\0")
     return f"{prefix}_{h.hexdigest()[:12]}"
 
 
 def build_directory(name: str) -> Path:
-    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "torch_extensions")
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "torch_extensions"
+    )
     return Path(root) / "sgl" / name
 
 
@@ -103,7 +120,14 @@ def _load_library(name: str, library: Path, python_module: bool) -> Any:
     return None
 
 
-def build(prefix: str, source: Path, cflags: list[str], *, ldflags: Sequence[str] = (), python_module: bool) -> Any:
+def build(
+    prefix: str,
+    source: Path,
+    cflags: list[str],
+    *,
+    ldflags: Sequence[str] = (),
+    python_module: bool,
+) -> Any:
     """Compile (or load from the cache) ``source``; returns the pybind module when
     ``python_module``, else None (the source registers torch ops). Raises on failure."""
     from torch.utils.cpp_extension import load
@@ -117,17 +141,29 @@ def build(prefix: str, source: Path, cflags: list[str], *, ldflags: Sequence[str
     if library.is_file():
         try:
             module = _load_library(name, library, python_module)
-            logger.info("loaded %s from %s in %.2f s", source.name, directory, time.perf_counter() - start)
+            logger.info(
+                "loaded %s from %s in %.2f s", source.name, directory, time.perf_counter() - start
+            )
             return module
-        except (OSError, ImportError) as e:  # e.g. a link that was killed half-written: build it again
+        except (
+            OSError,
+            ImportError,
+        ) as e:  # e.g. a link that was killed half-written: build it again
             logger.warning("could not load %s (%s): rebuilding it", library, e)
     logger.info("building %s (first use; cached in %s)", source.name, directory)
     ninja_dir, path = _ninja_dir(), os.environ.get("PATH", "")
     if ninja_dir:
         os.environ["PATH"] = ninja_dir + os.pathsep + path
     try:
-        module = load(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=list(ldflags),
-                      build_directory=str(directory), is_python_module=python_module, verbose=False)
+        module = load(
+            name=name,
+            sources=[str(source)],
+            extra_cflags=cflags,
+            extra_ldflags=list(ldflags),
+            build_directory=str(directory),
+            is_python_module=python_module,
+            verbose=False,
+        )
         logger.info("built %s in %.1f s", source.name, time.perf_counter() - start)
         return module
     finally:

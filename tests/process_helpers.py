@@ -27,7 +27,10 @@ if os.environ.get("SGL_TEST_FAIL_RID"):
 def fault_env(folder: Path, rid: str = "boom") -> dict[str, str]:
     """Environment variables that make processes started with them fail the step of `rid`."""
     (folder / "sitecustomize.py").write_text(FAULT_HOOK)
-    return {"PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "SGL_TEST_FAIL_RID": rid}
+    return {
+        "PYTHONPATH": f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "SGL_TEST_FAIL_RID": rid,
+    }
 
 
 def gone(pid: int) -> bool:
@@ -55,8 +58,21 @@ def call_in_background(fn) -> tuple[threading.Thread, dict]:
 
 
 # The packages of the runtime and server extras (pip's names and import names).
-RUNTIME_PACKAGES = {"torch", "transformers", "tokenizers", "outlines-core", "outlines_core", "numpy", "safetensors",
-                    "gguf", "fastapi", "uvicorn", "lark", "interegular", "nvidia-cublas"}
+RUNTIME_PACKAGES = {
+    "torch",
+    "transformers",
+    "tokenizers",
+    "outlines-core",
+    "outlines_core",
+    "numpy",
+    "safetensors",
+    "gguf",
+    "fastapi",
+    "uvicorn",
+    "lark",
+    "interegular",
+    "nvidia-cublas",
+}
 # Code to run first in a `python -c` child: every runtime or server package is unimportable there.
 BLOCK_RUNTIME = f"""
 import importlib.abc, sys

@@ -14,8 +14,24 @@ WORDS = (
     "quiet bright heavy narrow ancient modern gentle careful sudden distant golden silver wooden "
     "carries builds finds keeps opens paints reads sells watches writes repairs follows remembers"
 ).split()
-SUBJECTS = ("astronomy", "biology", "chemistry", "economics", "geography", "history", "law", "logic",
-            "medicine", "music", "philosophy", "physics", "psychology", "statistics", "engineering", "ethics")
+SUBJECTS = (
+    "astronomy",
+    "biology",
+    "chemistry",
+    "economics",
+    "geography",
+    "history",
+    "law",
+    "logic",
+    "medicine",
+    "music",
+    "philosophy",
+    "physics",
+    "psychology",
+    "statistics",
+    "engineering",
+    "ethics",
+)
 
 
 def sentence(rng: random.Random, n_words: int) -> str:
@@ -29,8 +45,11 @@ def paragraph(rng: random.Random, n_sentences: int, words: tuple[int, int] = (8,
 
 def mcq(rng: random.Random) -> tuple[str, list[str], str]:
     """A multiple-choice question: its text, four options and the answer letter."""
-    return sentence(rng, rng.randint(8, 14))[:-1] + "?", [sentence(rng, rng.randint(2, 5)) for _ in range(4)], \
-        rng.choice("ABCD")
+    return (
+        sentence(rng, rng.randint(8, 14))[:-1] + "?",
+        [sentence(rng, rng.randint(2, 5)) for _ in range(4)],
+        rng.choice("ABCD"),
+    )
 
 
 def seeded(seed: int, *parts: object) -> random.Random:

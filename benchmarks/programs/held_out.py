@@ -50,7 +50,9 @@ def plain_tree_of_thought(c: Completions, question: str) -> dict:
 
         return c.concurrently([(lambda j=j: attempt(j)) for j in range(1, TOT_ATTEMPTS + 1)])
 
-    return {"verdict": c.concurrently([(lambda i=i: approach(i)) for i in range(1, TOT_APPROACHES + 1)])}
+    return {
+        "verdict": c.concurrently([(lambda i=i: approach(i)) for i in range(1, TOT_APPROACHES + 1)])
+    }
 
 
 def tree_of_thought_items(n: int, seed: int) -> list[dict]:
@@ -67,7 +69,11 @@ def _judge_prompt(question: str, answer: str) -> str:
 
 
 def _merge_text(judgements: list[str]) -> str:
-    return "Judgements:\n" + "".join(f"- {d}:{j}\n" for d, j in zip(DIMENSIONS, judgements)) + "Overall score (1-10):"
+    return (
+        "Judgements:\n"
+        + "".join(f"- {d}:{j}\n" for d, j in zip(DIMENSIONS, judgements))
+        + "Overall score (1-10):"
+    )
 
 
 @sgl.function
@@ -84,10 +90,20 @@ def llm_judge(s, question, answer):
 
 def plain_llm_judge(c: Completions, question: str, answer: str) -> dict:
     prompt = _judge_prompt(question, answer)
-    judgements = c.concurrently([
-        (lambda dim=dim: c.complete(prompt + f"Judge the answer's {dim} in two sentences:", 48, ignore_eos=True))
-        for dim in DIMENSIONS])
-    return {"judgement": judgements, "score": c.complete(prompt + _merge_text(judgements), 4, stop="\n")}
+    judgements = c.concurrently(
+        [
+            (
+                lambda dim=dim: c.complete(
+                    prompt + f"Judge the answer's {dim} in two sentences:", 48, ignore_eos=True
+                )
+            )
+            for dim in DIMENSIONS
+        ]
+    )
+    return {
+        "judgement": judgements,
+        "score": c.complete(prompt + _merge_text(judgements), 4, stop="\n"),
+    }
 
 
 def llm_judge_items(n: int, seed: int) -> list[dict]:

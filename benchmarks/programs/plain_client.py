@@ -28,8 +28,16 @@ T = TypeVar("T")
 class Completions(Protocol):
     chat_template: ChatTemplate
 
-    def complete(self, prompt: str, max_tokens: int, *, stop: str | None = None, regex: str | None = None,
-                 gbnf: str | None = None, ignore_eos: bool = False) -> str: ...
+    def complete(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        stop: str | None = None,
+        regex: str | None = None,
+        gbnf: str | None = None,
+        ignore_eos: bool = False,
+    ) -> str: ...
 
     def choose(self, prompt: str, choices: list[str]) -> str: ...
 
@@ -39,23 +47,50 @@ class Completions(Protocol):
 class HttpCompletions:
     """`/v1/completions` of the server at `url`; `kind` is "sgl", "vllm" or "llama.cpp"."""
 
-    def __init__(self, url: str, model: str, kind: str, chat_template: ChatTemplate, *,
-                 vllm_version: tuple[int, ...] = (), branch_threads: int = 64, timeout: float = 600) -> None:
-        self.url, self.model, self.kind, self.chat_template = url.rstrip("/"), model, kind, chat_template
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        kind: str,
+        chat_template: ChatTemplate,
+        *,
+        vllm_version: tuple[int, ...] = (),
+        branch_threads: int = 64,
+        timeout: float = 600,
+    ) -> None:
+        self.url, self.model, self.kind, self.chat_template = (
+            url.rstrip("/"),
+            model,
+            kind,
+            chat_template,
+        )
         self.vllm_version, self.timeout = vllm_version, timeout
         self._local = threading.local()  # one HTTP session (kept-alive connection) per thread
         self._branches = ThreadPoolExecutor(branch_threads, thread_name_prefix="plain-branch")
 
     def _post(self, body: dict[str, Any]) -> str:
         session = self._local.__dict__.setdefault("session", requests.Session())
-        r = session.post(self.url + "/v1/completions", json={"model": self.model, "temperature": 0, **body},
-                         timeout=self.timeout)
+        r = session.post(
+            self.url + "/v1/completions",
+            json={"model": self.model, "temperature": 0, **body},
+            timeout=self.timeout,
+        )
         if r.status_code != 200:
-            raise RuntimeError(f"{self.kind} /v1/completions answered {r.status_code}: {r.text[:300]}")
+            raise RuntimeError(
+                f"{self.kind} /v1/completions answered {r.status_code}: {r.text[:300]}"
+            )
         return r.json()["choices"][0]["text"]
 
-    def complete(self, prompt: str, max_tokens: int, *, stop: str | None = None, regex: str | None = None,
-                 gbnf: str | None = None, ignore_eos: bool = False) -> str:
+    def complete(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        stop: str | None = None,
+        regex: str | None = None,
+        gbnf: str | None = None,
+        ignore_eos: bool = False,
+    ) -> str:
         body: dict[str, Any] = {"prompt": prompt, "max_tokens": max_tokens}
         if stop is not None:
             body["stop"] = [stop]
@@ -107,8 +142,16 @@ class Recorder:
         with self._lock:
             self.calls.append(entry)
 
-    def complete(self, prompt: str, max_tokens: int, *, stop: str | None = None, regex: str | None = None,
-                 gbnf: str | None = None, ignore_eos: bool = False) -> str:
+    def complete(
+        self,
+        prompt: str,
+        max_tokens: int,
+        *,
+        stop: str | None = None,
+        regex: str | None = None,
+        gbnf: str | None = None,
+        ignore_eos: bool = False,
+    ) -> str:
         self._record(("gen", prompt, max_tokens, stop, regex, ignore_eos))
         return recorded_answer(prompt)
 
@@ -129,8 +172,16 @@ class RecordingBackend(Backend):
     def generate(self, text, sampling, logprobs, session=None):
         stop = sampling.get("stop")
         with self._lock:
-            self.calls.append(("gen", text, sampling.get("max_new_tokens"), stop[0] if isinstance(stop, list) else stop,
-                               sampling.get("regex"), bool(sampling.get("ignore_eos"))))
+            self.calls.append(
+                (
+                    "gen",
+                    text,
+                    sampling.get("max_new_tokens"),
+                    stop[0] if isinstance(stop, list) else stop,
+                    sampling.get("regex"),
+                    bool(sampling.get("ignore_eos")),
+                )
+            )
         return recorded_answer(text), {"finish_reason": {"type": "length"}}
 
     def generate_stream(self, text, sampling, logprobs, session=None) -> Iterator[tuple[str, Any]]:

@@ -26,7 +26,11 @@ from .plain_client import Completions
 
 
 def _mcq_block(question: str, options: list[str], answer: str | None) -> str:
-    lines = [f"Question: {question}", *(f"{letter}. {o}" for letter, o in zip("ABCD", options)), "Answer:"]
+    lines = [
+        f"Question: {question}",
+        *(f"{letter}. {o}" for letter, o in zip("ABCD", options)),
+        "Answer:",
+    ]
     return "\n".join(lines) + (f" {answer}\n\n" if answer else "")
 
 
@@ -48,7 +52,8 @@ def few_shot_qa_items(n: int, seed: int) -> list[dict]:
         subject = SUBJECTS[(i // 8) % len(SUBJECTS)]
         rng = seeded(seed, "shots", subject)
         shots = f"The following are multiple choice questions about {subject}.\n\n" + "".join(
-            _mcq_block(*mcq(rng)) for _ in range(5))
+            _mcq_block(*mcq(rng)) for _ in range(5)
+        )
         question, options, _ = mcq(seeded(seed, "question", i))
         items.append({"shots": shots, "question": _mcq_block(question, options, None)})
     return items
@@ -74,8 +79,13 @@ def hellaswag_items(n: int, seed: int) -> list[dict]:
     items = []
     for i in range(n):
         rng = seeded(seed, "hellaswag", i)
-        items.append({"shots": shots, "context": sentence(rng, 14),
-                      "endings": [" " + sentence(rng, rng.randint(6, 10)) for _ in range(4)]})
+        items.append(
+            {
+                "shots": shots,
+                "context": sentence(rng, 14),
+                "endings": [" " + sentence(rng, rng.randint(6, 10)) for _ in range(4)],
+            }
+        )
     return items
 
 
@@ -87,14 +97,21 @@ REACT_STEPS = 4
 def _react_instruction(seed: int) -> str:
     rng = seeded(seed, "react-instruction")
     examples = "".join(
-        f"Question: {sentence(rng, 10)[:-1]}?\n" + "".join(
+        f"Question: {sentence(rng, 10)[:-1]}?\n"
+        + "".join(
             f"Thought {k}: {sentence(rng, 12)}\nAction {k}: Search[{rng.choice(SUBJECTS)}]\n"
-            f"Observation {k}: {paragraph(rng, 2)}\n" for k in (1, 2, 3)) + "\n"
-        for _ in range(2))
-    return ("Solve a question answering task with interleaving Thought, Action, Observation steps. "
-            "Thought can reason about the current situation, and Action can be Search[entity], which "
-            "searches the entity and returns a paragraph, or Finish[answer].\nHere are some examples.\n\n"
-            + examples)
+            f"Observation {k}: {paragraph(rng, 2)}\n"
+            for k in (1, 2, 3)
+        )
+        + "\n"
+        for _ in range(2)
+    )
+    return (
+        "Solve a question answering task with interleaving Thought, Action, Observation steps. "
+        "Thought can reason about the current situation, and Action can be Search[entity], which "
+        "searches the entity and returns a paragraph, or Finish[answer].\nHere are some examples.\n\n"
+        + examples
+    )
 
 
 @sgl.function
@@ -120,8 +137,13 @@ def react_items(n: int, seed: int) -> list[dict]:
     items = []
     for i in range(n):
         rng = seeded(seed, "react", i)
-        items.append({"instruction": instruction, "question": sentence(rng, 10)[:-1] + "?",
-                      "observations": [paragraph(rng, 2) for _ in range(REACT_STEPS)]})
+        items.append(
+            {
+                "instruction": instruction,
+                "question": sentence(rng, 10)[:-1] + "?",
+                "observations": [paragraph(rng, 2) for _ in range(REACT_STEPS)],
+            }
+        )
     return items
 
 
@@ -145,9 +167,16 @@ def plain_skeleton_of_thought(c: Completions, topic: str) -> dict:
     prompt = f"Answer with a skeleton of {SOT_POINTS} short points, then expand each point.\nTopic: {topic}\nSkeleton:\n1."
     skeleton = c.complete(prompt, 48, ignore_eos=True)
     prompt += skeleton
-    expansions = c.concurrently([
-        (lambda k=k: c.complete(prompt + f"\nPoint {k}, expanded in two sentences:", 64, ignore_eos=True))
-        for k in range(1, SOT_POINTS + 1)])
+    expansions = c.concurrently(
+        [
+            (
+                lambda k=k: c.complete(
+                    prompt + f"\nPoint {k}, expanded in two sentences:", 64, ignore_eos=True
+                )
+            )
+            for k in range(1, SOT_POINTS + 1)
+        ]
+    )
     return {"skeleton": skeleton, "expansion": expansions}
 
 
@@ -160,11 +189,15 @@ def skeleton_items(n: int, seed: int) -> list[dict]:
 # Each field's constraint as a regex (sgl, SGLang, vLLM) and as the same language in GBNF
 # (llama.cpp's server constrains by grammar, not regex).
 JSON_FIELDS = [
-    ("name", r"[A-Z][a-z]{2,12}", 'root ::= [A-Z] [a-z]{2,12}'),
+    ("name", r"[A-Z][a-z]{2,12}", "root ::= [A-Z] [a-z]{2,12}"),
     ("year", r"(19|20)[0-9]{2}", 'root ::= ("19" | "20") [0-9]{2}'),
-    ("rooms", r"[1-9][0-9]?", 'root ::= [1-9] [0-9]?'),
+    ("rooms", r"[1-9][0-9]?", "root ::= [1-9] [0-9]?"),
     ("open", r"(yes|no)", 'root ::= "yes" | "no"'),
-    ("town", r"[A-Z][a-z]{2,12}( [A-Z][a-z]{2,12})?", 'root ::= [A-Z] [a-z]{2,12} (" " [A-Z] [a-z]{2,12})?'),
+    (
+        "town",
+        r"[A-Z][a-z]{2,12}( [A-Z][a-z]{2,12})?",
+        'root ::= [A-Z] [a-z]{2,12} (" " [A-Z] [a-z]{2,12})?',
+    ),
 ]
 
 
@@ -178,7 +211,10 @@ def json_decode(s, document):
 
 
 def plain_json_decode(c: Completions, document: str) -> dict:
-    prompt, out = "Read the document and fill in the record.\n\n" + document + "\n\nRecord:\n{\n", {}
+    prompt, out = (
+        "Read the document and fill in the record.\n\n" + document + "\n\nRecord:\n{\n",
+        {},
+    )
     for name, regex, gbnf in JSON_FIELDS:
         prompt += f'  "{name}": "'
         out[name] = c.complete(prompt, 16, regex=regex, gbnf=gbnf)
@@ -205,7 +241,12 @@ def plain_multi_turn_chat(c: Completions, questions: list[str], max_tokens: list
     """The user renders the turns with the model's chat template, as `apply_chat_template` would."""
     t, prompt, out = c.chat_template, "", {}
     for k, (question, n) in enumerate(zip(questions, max_tokens)):
-        prompt += t.role_prefix("user", k == 0) + question + t.role_suffix("user") + t.role_prefix("assistant", False)
+        prompt += (
+            t.role_prefix("user", k == 0)
+            + question
+            + t.role_suffix("user")
+            + t.role_prefix("assistant", False)
+        )
         out[f"answer_{k}"] = c.complete(prompt, n, ignore_eos=True)
         prompt += out[f"answer_{k}"] + t.role_suffix("assistant")
     return out
@@ -216,9 +257,14 @@ def chat_items(lengths: tuple[int, int], question_words: int) -> Callable[[int, 
         out = []
         for i in range(n):
             rng = seeded(seed, "chat", lengths, i)
-            out.append({"questions": [sentence(rng, question_words) for _ in range(4)],
-                        "max_tokens": [rng.randint(*lengths) for _ in range(4)]})
+            out.append(
+                {
+                    "questions": [sentence(rng, question_words) for _ in range(4)],
+                    "max_tokens": [rng.randint(*lengths) for _ in range(4)],
+                }
+            )
         return out
+
     return items
 
 
@@ -239,10 +285,19 @@ def line_retrieval(s, register, lines):
 
 def plain_line_retrieval(c: Completions, register: str, lines: list[int]) -> dict:
     prompt = "Below is a register of numbered lines, each holding a code.\n" + register + "\n"
-    codes = c.concurrently([
-        (lambda line=line: c.complete(
-            prompt + f"Question: what is the code on line {line}?\nAnswer: the code on line {line} is", 8, stop="\n"))
-        for line in lines])
+    codes = c.concurrently(
+        [
+            (
+                lambda line=line: c.complete(
+                    prompt
+                    + f"Question: what is the code on line {line}?\nAnswer: the code on line {line} is",
+                    8,
+                    stop="\n",
+                )
+            )
+            for line in lines
+        ]
+    )
     return {"code": codes}
 
 
@@ -250,9 +305,16 @@ def line_retrieval_items(n: int, seed: int) -> list[dict]:
     items = []
     for i in range(n):
         rng = seeded(seed, "register", i)
-        register = "".join(f"line {k}: REGISTER_CONTENT is <{rng.randint(10000, 99999)}>\n"
-                           for k in range(1, REGISTER_LINES + 1))
-        items.append({"register": register, "lines": rng.sample(range(1, REGISTER_LINES + 1), QUESTIONS_PER_REGISTER)})
+        register = "".join(
+            f"line {k}: REGISTER_CONTENT is <{rng.randint(10000, 99999)}>\n"
+            for k in range(1, REGISTER_LINES + 1)
+        )
+        items.append(
+            {
+                "register": register,
+                "lines": rng.sample(range(1, REGISTER_LINES + 1), QUESTIONS_PER_REGISTER),
+            }
+        )
     return items
 
 
@@ -267,17 +329,28 @@ class Workload:
     items: Callable[[int, int], list[dict]]  # (programs, seed) -> each program's arguments
 
 
-WORKLOADS = {w.name: w for w in [
-    Workload("few_shot_qa", few_shot_qa, plain_few_shot_qa, few_shot_qa_items),
-    Workload("hellaswag", hellaswag, plain_hellaswag, hellaswag_items),
-    Workload("react", react, plain_react, react_items),
-    Workload("skeleton_of_thought", skeleton_of_thought, plain_skeleton_of_thought, skeleton_items),
-    Workload("json_decode", json_decode, plain_json_decode, json_decode_items),
-    Workload("chat_short", multi_turn_chat, plain_multi_turn_chat, chat_items((4, 8), 8)),
-    Workload("chat_long", multi_turn_chat, plain_multi_turn_chat, chat_items((256, 256), 16)),
-    Workload("line_retrieval", line_retrieval, plain_line_retrieval, line_retrieval_items),
-    # held out: written after the engine work on the ones above, never tuned on
-    Workload("tree_of_thought", held_out.tree_of_thought, held_out.plain_tree_of_thought,
-             held_out.tree_of_thought_items),
-    Workload("llm_judge", held_out.llm_judge, held_out.plain_llm_judge, held_out.llm_judge_items),
-]}
+WORKLOADS = {
+    w.name: w
+    for w in [
+        Workload("few_shot_qa", few_shot_qa, plain_few_shot_qa, few_shot_qa_items),
+        Workload("hellaswag", hellaswag, plain_hellaswag, hellaswag_items),
+        Workload("react", react, plain_react, react_items),
+        Workload(
+            "skeleton_of_thought", skeleton_of_thought, plain_skeleton_of_thought, skeleton_items
+        ),
+        Workload("json_decode", json_decode, plain_json_decode, json_decode_items),
+        Workload("chat_short", multi_turn_chat, plain_multi_turn_chat, chat_items((4, 8), 8)),
+        Workload("chat_long", multi_turn_chat, plain_multi_turn_chat, chat_items((256, 256), 16)),
+        Workload("line_retrieval", line_retrieval, plain_line_retrieval, line_retrieval_items),
+        # held out: written after the engine work on the ones above, never tuned on
+        Workload(
+            "tree_of_thought",
+            held_out.tree_of_thought,
+            held_out.plain_tree_of_thought,
+            held_out.tree_of_thought_items,
+        ),
+        Workload(
+            "llm_judge", held_out.llm_judge, held_out.plain_llm_judge, held_out.llm_judge_items
+        ),
+    ]
+}

@@ -42,8 +42,10 @@ def make_backend(name: str, vocab: TokenVocabulary, tokenizer: Any = None) -> An
     if name not in BACKENDS or name == "sgl":
         raise ValueError(f"grammar_backend must be one of {', '.join(BACKENDS)}, got {name!r}")
     if importlib.util.find_spec(name) is None:
-        raise ValueError(f"grammar_backend {name!r} is not installed: pip install {name} (installed: "
-                         f"{', '.join(available_backends())})")
+        raise ValueError(
+            f"grammar_backend {name!r} is not installed: pip install {name} (installed: "
+            f"{', '.join(available_backends())})"
+        )
     return LlguidanceBackend(vocab, tokenizer) if name == "llguidance" else XgrammarBackend(vocab)
 
 
@@ -74,12 +76,17 @@ class _GreedyTokenizer:
     encoder (greedy longest match over the vocabulary; used for forced text only)."""
 
     def __init__(self, vocab: TokenVocabulary) -> None:
-        self.tokens = [tb if tb is not None else b"" for tb in vocab.token_bytes[: vocab.vocab_size]]
+        self.tokens = [
+            tb if tb is not None else b"" for tb in vocab.token_bytes[: vocab.vocab_size]
+        ]
         self.eos_token_id = vocab.eos_token_ids[0]
         self.bos_token_id = None
         eos = set(vocab.eos_token_ids)
-        self.special_token_ids = [i for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size])
-                                  if tb is None or i in eos]
+        self.special_token_ids = [
+            i
+            for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size])
+            if tb is None or i in eos
+        ]
         self._ids = {tb: i for i, tb in enumerate(self.tokens) if tb and i not in eos}
         self._longest = max((len(tb) for tb in self._ids), default=1)
 
@@ -112,10 +119,15 @@ class LlguidanceBackend:
             # Its forced text is tokenized as the model's tokenizer would (what it lets through depends on it).
             import llguidance.hf
 
-            self.tok = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab.vocab_size, eos_token=eos)
+            self.tok = llguidance.hf.from_tokenizer(
+                tokenizer, n_vocab=vocab.vocab_size, eos_token=eos
+            )
         else:
-            self.tok = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_GreedyTokenizer(vocab)),
-                                              n_vocab=vocab.vocab_size, eos_token=eos)
+            self.tok = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_GreedyTokenizer(vocab)),
+                n_vocab=vocab.vocab_size,
+                eos_token=eos,
+            )
 
     def build(self, kind: str, spec: str) -> _Recorded:
         ll = self.ll
@@ -133,7 +145,9 @@ class LlguidanceBackend:
         is_error, messages = ll.LLMatcher.validate_grammar_with_warnings(grammar, self.tok)
         if is_error:
             raise GrammarError(f"llguidance refused the {kind}: {'; '.join(messages)}", kind)
-        return _Recorded(kind, spec, self.name, lambda: LlguidanceMatcher(self, ll.LLMatcher(self.tok, grammar)))
+        return _Recorded(
+            kind, spec, self.name, lambda: LlguidanceMatcher(self, ll.LLMatcher(self.tok, grammar))
+        )
 
 
 class LlguidanceMatcher:
@@ -178,8 +192,12 @@ class XgrammarBackend:
         self.xgr = xgr
         encoded = [tb if tb is not None else b"" for tb in vocab.token_bytes[: vocab.vocab_size]]
         specials = [i for i, tb in enumerate(encoded) if not tb]
-        info = xgr.TokenizerInfo(encoded, xgr.VocabType.RAW, vocab_size=vocab.vocab_size,
-                                 stop_token_ids=list(vocab.eos_token_ids))
+        info = xgr.TokenizerInfo(
+            encoded,
+            xgr.VocabType.RAW,
+            vocab_size=vocab.vocab_size,
+            stop_token_ids=list(vocab.eos_token_ids),
+        )
         self.specials = specials
         self.compiler = xgr.GrammarCompiler(info, max_threads=1)
 
@@ -195,7 +213,9 @@ class XgrammarBackend:
                 compiled = self.compiler.compile_grammar(spec)
         except Exception as exc:
             raise GrammarError(f"xgrammar refused the {kind}: {exc}", kind) from None
-        return _Recorded(kind, spec, self.name, lambda: XgrammarMatcher(self.xgr.GrammarMatcher(compiled)))
+        return _Recorded(
+            kind, spec, self.name, lambda: XgrammarMatcher(self.xgr.GrammarMatcher(compiled))
+        )
 
 
 class XgrammarMatcher:

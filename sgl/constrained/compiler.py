@@ -43,9 +43,18 @@ class GrammarCompiler:
     """Compiles regex / JSON-schema / EBNF constraints for one vocabulary; ``backend``
     "llguidance" or "xgrammar" hands every compile to that engine (see ``backends``)."""
 
-    def __init__(self, vocab: TokenVocabulary, cache_size: int = 64, max_workers: int = 1, *, isolate: bool = False,
-                 compile_timeout_s: float | None = None, compile_memory_bytes: int | None = None,
-                 backend: str = "sgl", tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        vocab: TokenVocabulary,
+        cache_size: int = 64,
+        max_workers: int = 1,
+        *,
+        isolate: bool = False,
+        compile_timeout_s: float | None = None,
+        compile_memory_bytes: int | None = None,
+        backend: str = "sgl",
+        tokenizer: Any = None,
+    ) -> None:
         self.vocab = vocab
         self.backend = backend
         self._builder: Any = None
@@ -63,9 +72,11 @@ class GrammarCompiler:
 
             ivocab = index_vocab(vocab)
             self._builder = isolation.IndexBuilder(
-                ivocab.by_bytes, vocab.vocab_size + 1,
+                ivocab.by_bytes,
+                vocab.vocab_size + 1,
                 timeout_s=compile_timeout_s or isolation.DEFAULT_COMPILE_TIMEOUT_S,
-                memory_bytes=compile_memory_bytes or isolation.DEFAULT_COMPILE_MEMORY_BYTES)
+                memory_bytes=compile_memory_bytes or isolation.DEFAULT_COMPILE_MEMORY_BYTES,
+            )
         self.cache_size = max(0, int(cache_size))
         self.max_workers = max(1, int(max_workers))
         self._lock = threading.Lock()
@@ -107,14 +118,20 @@ class GrammarCompiler:
             fut = Future()
             self._inflight[key] = fut
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(self.max_workers, thread_name_prefix="sgl-grammar")
+                self._executor = ThreadPoolExecutor(
+                    self.max_workers, thread_name_prefix="sgl-grammar"
+                )
             executor = self._executor
         executor.submit(self._run, key, spec, fut)
         return fut
 
     def cache_info(self) -> dict[str, int]:
         with self._lock:
-            return {"size": len(self._cache), "capacity": self.cache_size, "inflight": len(self._inflight)}
+            return {
+                "size": len(self._cache),
+                "capacity": self.cache_size,
+                "inflight": len(self._inflight),
+            }
 
     def clear(self) -> None:
         with self._lock:
@@ -134,7 +151,9 @@ class GrammarCompiler:
     def _key(self, kind: str, spec: Any) -> tuple[str, str]:
         """(kind, normalised spec): dict and JSON-text schemas that are equal share an entry."""
         if kind not in KINDS:
-            raise GrammarError(f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}", str(kind))
+            raise GrammarError(
+                f"unknown constraint kind {kind!r}; expected one of {', '.join(KINDS)}", str(kind)
+            )
         if kind == "json_object":
             return kind, ""
         if kind == "structural_tag":
@@ -202,7 +221,9 @@ class GrammarCompiler:
             if rx is None:
                 raise GrammarError("regex matches no string at all", "regex")
             check_size(rx, "regex", "the regex")
-            return RegexGrammar("regex", normalized, rx.text, self.vocab, param="regex", builder=self._builder)
+            return RegexGrammar(
+                "regex", normalized, rx.text, self.vocab, param="regex", builder=self._builder
+            )
         return self._build_json_schema(normalized)
 
     def _build_structural_tag(self, normalized: str) -> Grammar:
@@ -234,18 +255,32 @@ class GrammarCompiler:
 
         schema = json.loads(normalized)
         try:
-            rx = json_schema_to_rx(schema, max_text=REGEX_ROUTE_MAX_TEXT if self._builder is not None else None)
+            rx = json_schema_to_rx(
+                schema, max_text=REGEX_ROUTE_MAX_TEXT if self._builder is not None else None
+            )
             check_size(rx, "json_schema", "the JSON schema")
             if self._builder is not None and len(rx.text) > REGEX_ROUTE_MAX_TEXT:
-                raise ConstraintTooLarge(f"the JSON schema's regex is too long for the regex route ({len(rx.text)} "
-                                         f"characters, more than {REGEX_ROUTE_MAX_TEXT})", "json_schema")
-            return RegexGrammar("json_schema", normalized, rx.text, self.vocab, param="json_schema",
-                                builder=self._builder, build_timeout_s=REGEX_ROUTE_TIMEOUT_S)
+                raise ConstraintTooLarge(
+                    f"the JSON schema's regex is too long for the regex route ({len(rx.text)} "
+                    f"characters, more than {REGEX_ROUTE_MAX_TEXT})",
+                    "json_schema",
+                )
+            return RegexGrammar(
+                "json_schema",
+                normalized,
+                rx.text,
+                self.vocab,
+                param="json_schema",
+                builder=self._builder,
+                build_timeout_s=REGEX_ROUTE_TIMEOUT_S,
+            )
         except ConstraintTooLarge as too_large:
             try:
                 return self._json_schema_grammar(schema, normalized)
             except GrammarError as exc:
-                raise GrammarError(f"{too_large.message}; as a grammar: {exc.message}", "json_schema") from None
+                raise GrammarError(
+                    f"{too_large.message}; as a grammar: {exc.message}", "json_schema"
+                ) from None
 
     def _json_schema_grammar(self, schema: Any, normalized: str) -> Grammar:
         from sgl.constrained import ebnf
@@ -255,4 +290,6 @@ class GrammarCompiler:
         try:
             return ebnf.EbnfGrammar(normalized, self.vocab, rules=rules, kind="json_schema")
         except GrammarError as exc:
-            raise GrammarError(exc.message.replace("EBNF grammar: 'root'", "the schema"), "json_schema") from None
+            raise GrammarError(
+                exc.message.replace("EBNF grammar: 'root'", "the schema"), "json_schema"
+            ) from None

@@ -118,7 +118,9 @@ class EbnfGrammar:
 
     kind = "ebnf"
 
-    def __init__(self, spec: str, vocab: TokenVocabulary, rules: dict | None = None, kind: str = "ebnf") -> None:
+    def __init__(
+        self, spec: str, vocab: TokenVocabulary, rules: dict | None = None, kind: str = "ebnf"
+    ) -> None:
         """``rules``: an already built AST (e.g. a JSON schema's, with ``kind`` "json_schema")
         instead of parsing ``spec``."""
         self.spec = spec
@@ -132,8 +134,11 @@ class EbnfGrammar:
         self._lock = threading.RLock()
         # Budget-aware masks need every state's shortest completion: ~4 us a state, so only
         # for networks up to COMPLETIONS_MAX_STATES (larger ones decode without budgets).
-        self._completions = (Completions(self._net, _token_cover(vocab))
-                             if self._net.n_states <= COMPLETIONS_MAX_STATES else None)
+        self._completions = (
+            Completions(self._net, _token_cover(vocab))
+            if self._net.n_states <= COMPLETIONS_MAX_STATES
+            else None
+        )
         self._tables = self._new_tables()
         self._initial = self._tables.initial()
         # every request needs it: made now, by one walk of the state (its kernels, walked one
@@ -196,8 +201,11 @@ class EbnfMatcher:
                 words = self._g._eos_words
             else:
                 g = self._g
-                words = (None if budget is None or tables.completions is None
-                         else tables.budget_mask(cur, budget, g._trie, g._node_class))
+                words = (
+                    None
+                    if budget is None or tables.completions is None
+                    else tables.budget_mask(cur, budget, g._trie, g._node_class)
+                )
                 if words is None:
                     words = tables.mask(cur, g._trie, g._node_class)
         src = torch.from_numpy(words)
@@ -315,7 +323,11 @@ COMPLETIONS_MAX_STATES = 100_000
 def _build_token_cover(vocab: TokenVocabulary) -> TokenCover:
     """The vocabulary's :class:`TokenCover`, special and EOS tokens excluded (~0.1 s for 49k tokens)."""
     eos = set(vocab.eos_token_ids)
-    return TokenCover(frozenset(tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos))
+    return TokenCover(
+        frozenset(
+            tb for i, tb in enumerate(vocab.token_bytes[: vocab.vocab_size]) if tb and i not in eos
+        )
+    )
 
 
 _token_cover = PerVocabulary(_build_token_cover)
@@ -324,5 +336,7 @@ _token_cover = PerVocabulary(_build_token_cover)
 def compile_ebnf(spec: str, vocab: TokenVocabulary) -> EbnfGrammar:
     """Compile GBNF text for `vocab`; raises GrammarError (param "ebnf") pointing at the problem."""
     if not isinstance(spec, str) or not spec.strip():
-        raise GrammarError("ebnf: the grammar is empty; define at least 'root ::= ...'", param="ebnf")
+        raise GrammarError(
+            "ebnf: the grammar is empty; define at least 'root ::= ...'", param="ebnf"
+        )
     return EbnfGrammar(spec, vocab)

@@ -40,7 +40,9 @@ def analyse_network(net: Network) -> None:
     _finish(net)
 
 
-def _reach_final(net: Network, rule: int, *, via_bytes: bool, callable_rules: set[int]) -> tuple[bool, set[int]]:
+def _reach_final(
+    net: Network, rule: int, *, via_bytes: bool, callable_rules: set[int]
+) -> tuple[bool, set[int]]:
     """From `rule`'s start, follow eps edges, byte edges (if `via_bytes`) and calls of
     `callable_rules` (jumping to the return state). Returns (final reached, rules called on the way)."""
     start, final = net.rule_start[rule], net.rule_final[rule]
@@ -94,7 +96,9 @@ def _used_rules(net: Network) -> list[int]:
 
 def _check_left_recursion(net: Network, used: list[int], nullable: set[int]) -> None:
     """Reject a cycle of calls that reads no byte (iterative DFS, so deep grammars are fine)."""
-    graph = {r: sorted(_reach_final(net, r, via_bytes=False, callable_rules=nullable)[1]) for r in used}
+    graph = {
+        r: sorted(_reach_final(net, r, via_bytes=False, callable_rules=nullable)[1]) for r in used
+    }
     color: dict[int, int] = {}  # 1: on the DFS path, 2: done
     for root in used:
         if root in color:
@@ -197,8 +201,14 @@ def _canonical_returns(net: Network, is_final: list[bool]) -> None:
 
     def target(s: int) -> int:
         path = []
-        while s not in canon and len(net.eps[s]) == 1 and not net.byte_edges[s] and not net.calls[s] \
-                and not is_final[s] and s not in path:
+        while (
+            s not in canon
+            and len(net.eps[s]) == 1
+            and not net.byte_edges[s]
+            and not net.calls[s]
+            and not is_final[s]
+            and s not in path
+        ):
             path.append(s)
             s = net.eps[s][0]
         end = canon.get(s, s)

@@ -144,7 +144,12 @@ class Network:
         if hit is not None:
             return hit
         eps, calls, byte_edges = self.eps, self.calls, self.byte_edges
-        rule_of, rule_final, rule_start, pure = self.rule_of, self.rule_final, self.rule_start, self.pure_return
+        rule_of, rule_final, rule_start, pure = (
+            self.rule_of,
+            self.rule_final,
+            self.rule_start,
+            self.pure_return,
+        )
         seen: set = set()
         todo = [(state, ())]
         kernels = []
@@ -214,7 +219,9 @@ class _Builder:
         net.share = _share_copies(net.n_states, self.copy_runs, net.share_horizon)
         return net
 
-    def copies(self, item: Expr, n: int, cur: int, exit_: int | None = None) -> tuple[int, list[int]]:
+    def copies(
+        self, item: Expr, n: int, cur: int, exit_: int | None = None
+    ) -> tuple[int, list[int]]:
         """``n`` copies of ``item`` in a chain after ``cur`` (each may first leave to
         ``exit_``); returns the last state and each copy's first state."""
         net, starts = self.net, []
@@ -227,7 +234,9 @@ class _Builder:
             cur = x
         return cur, starts
 
-    def note_copies(self, item: Expr, starts: list[int], counts: list[tuple[int, float]], end: int) -> None:
+    def note_copies(
+        self, item: Expr, starts: list[int], counts: list[tuple[int, float]], end: int
+    ) -> None:
         """Record a repetition's copies for _share_copies: only where each copy reads at
         least a byte and calls nothing (so a token of h bytes reads at most h copies),
         and all copies have the same states (a helper rule made in the first would not)."""
@@ -291,8 +300,12 @@ class _Builder:
             if expr.max is None:
                 # {m,}: m-1 copies, then one copy that may repeat (x+), or a plain loop (x*)
                 cur, starts = self.copies(expr.item, expr.min - 1, cur)
-                self.note_copies(expr.item, starts, [(expr.min - 1 - i, math.inf) for i in range(len(starts))],
-                                 net.n_states)
+                self.note_copies(
+                    expr.item,
+                    starts,
+                    [(expr.min - 1 - i, math.inf) for i in range(len(starts))],
+                    net.n_states,
+                )
                 loop = net.new_state(rule)
                 e, x = self.fragment(expr.item)
                 net.eps[loop].append(e)
@@ -311,12 +324,20 @@ class _Builder:
             cur, rest = self.copies(expr.item, expr.max - expr.min, cur, exit_)
             net.eps[cur].append(exit_)
             # the mandatory copies, then the optional ones (exit_ lies between the two runs)
-            self.note_copies(expr.item, firsts, [(expr.min - 1 - i, expr.max - 1 - i) for i in range(len(firsts))], end)
-            self.note_copies(expr.item, rest, [(0, expr.max - expr.min - 1 - i) for i in range(len(rest))],
-                             net.n_states)
+            self.note_copies(
+                expr.item,
+                firsts,
+                [(expr.min - 1 - i, expr.max - 1 - i) for i in range(len(firsts))],
+                end,
+            )
+            self.note_copies(
+                expr.item,
+                rest,
+                [(0, expr.max - expr.min - 1 - i) for i in range(len(rest))],
+                net.n_states,
+            )
             return entry, exit_
         raise AssertionError(expr)
-
 
     def blocked(self, expr: Repeat) -> Expr:
         """``item{lo,hi}`` (or ``{lo,}``) over blocks ``b = item{B}`` (a helper rule): ``lo``
@@ -402,7 +423,7 @@ def _share_copies(n_states: int, runs: list, horizon: int) -> list[int]:
         for start, (a, b) in zip(starts, counts):
             rep = first.setdefault((min(a, cap), min(b, cap)), start)
             if rep != start:
-                share[start:start + size] = share[rep:rep + size]
+                share[start : start + size] = share[rep : rep + size]
     return share
 
 

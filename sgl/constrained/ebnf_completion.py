@@ -128,7 +128,9 @@ class TokenCover:
     tokenizer's own split need not be either); this is, for the given bytes."""
 
     def __init__(self, tokens: frozenset[bytes]) -> None:
-        self.pieces: dict[bytes, bool] = {}  # every prefix of a token -> whether it is a token itself
+        self.pieces: dict[
+            bytes, bool
+        ] = {}  # every prefix of a token -> whether it is a token itself
         for t in tokens:
             for j in range(1, len(t)):
                 self.pieces.setdefault(t[:j], False)
@@ -147,7 +149,7 @@ class TokenCover:
         first = [0] * (n + 1)
         for i in range(n - 1, -1, -1):
             for k in range(1, min(longest, n - i) + 1):
-                is_token = pieces.get(data[i:i + k])
+                is_token = pieces.get(data[i : i + k])
                 if is_token is None:
                     break
                 if is_token and best[i + k] + 1 < best[i]:

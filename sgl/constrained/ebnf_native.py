@@ -47,11 +47,26 @@ def native_network(net: Network, byte_class: np.ndarray, class_rep: list[int]) -
     call_start, (call_rule, call_ret) = _csr(net.calls, 2)
     bits = np.frombuffer(b"".join(b.to_bytes(32, "little") for b in net.byte_bits), dtype="<u8")
     made = rt.native_walk().Net(
-        edge_start, lo, hi, tgt, eps_start, eps, call_start, call_rule, call_ret,
-        np.asarray(net.rule_of, dtype=np.int32), np.asarray(net.rule_start, dtype=np.int32),
-        np.asarray(net.rule_final, dtype=np.int32), np.asarray(net.pure_return, dtype=np.uint8),
-        np.ascontiguousarray(bits), np.asarray(byte_class, dtype=np.int32), np.asarray(class_rep, dtype=np.int32),
-        int(net.root), np.asarray(net.share, dtype=np.int32), int(net.share_horizon))
+        edge_start,
+        lo,
+        hi,
+        tgt,
+        eps_start,
+        eps,
+        call_start,
+        call_rule,
+        call_ret,
+        np.asarray(net.rule_of, dtype=np.int32),
+        np.asarray(net.rule_start, dtype=np.int32),
+        np.asarray(net.rule_final, dtype=np.int32),
+        np.asarray(net.pure_return, dtype=np.uint8),
+        np.ascontiguousarray(bits),
+        np.asarray(byte_class, dtype=np.int32),
+        np.asarray(class_rep, dtype=np.int32),
+        int(net.root),
+        np.asarray(net.share, dtype=np.int32),
+        int(net.share_horizon),
+    )
     net._native_net = made  # type: ignore[attr-defined]
     return made
 
@@ -61,7 +76,9 @@ def trie_shape(trie: VocabTrie) -> Any:
     its byte classes (~3 ms, not ~10)."""
     hit = getattr(trie, "_native_shape", None)
     if hit is None:
-        hit = rt.native_walk().TrieShape(trie.child_start, trie.child_count, trie.tok_start, trie.toks, trie.n_words)
+        hit = rt.native_walk().TrieShape(
+            trie.child_start, trie.child_count, trie.tok_start, trie.toks, trie.n_words
+        )
         trie._native_shape = hit  # type: ignore[attr-defined]
     return hit
 
@@ -84,8 +101,12 @@ class NativeTables(TablesBase):
 
     def _check_overflow(self) -> None:
         if not self._warned and self.core.overflow_size():
-            logger.warning("EBNF grammar is too ambiguous: a parse state would hold %d stacks (limit %d); "
-                           "text leading there is treated as not allowed", self.core.overflow_size(), rt.MAX_CONFIGS)
+            logger.warning(
+                "EBNF grammar is too ambiguous: a parse state would hold %d stacks (limit %d); "
+                "text leading there is treated as not allowed",
+                self.core.overflow_size(),
+                rt.MAX_CONFIGS,
+            )
             self._warned = True
 
     def too_big(self) -> bool:
@@ -134,15 +155,21 @@ class NativeTables(TablesBase):
             self._trie = (trie, node_class, view)
         return self._trie[2]
 
-    def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
+    def _compute_mask(
+        self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool
+    ) -> np.ndarray:
         return self.native_mask(did, trie, node_class, kernel_route)
 
-    def warm(self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float) -> int:
+    def warm(
+        self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float
+    ) -> int:
         if not rt.KERNEL_ROUTE:
             return 0
         return self.core.warm(self._view(trie, node_class), kernels, int(budget_s * 1e6))
 
-    def native_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
+    def native_mask(
+        self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True
+    ) -> np.ndarray:
         """The mask of ``did`` (not cached).
 
         A parse state is a set of configurations and a token is allowed iff it is from one

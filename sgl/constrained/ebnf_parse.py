@@ -152,7 +152,9 @@ def _where(text: str, line: int, column: int) -> str:
 
 
 def _error(text: str, line: int, column: int, what: str) -> GrammarError:
-    return GrammarError(f"invalid EBNF grammar: {what} at {_where(text, line, column)}", param="ebnf")
+    return GrammarError(
+        f"invalid EBNF grammar: {what} at {_where(text, line, column)}", param="ebnf"
+    )
 
 
 def _unclosed_paren(text: str, upto: int | None) -> tuple[int, int] | None:
@@ -161,7 +163,7 @@ def _unclosed_paren(text: str, upto: int | None) -> tuple[int, int] | None:
     i, n = 0, len(text) if upto is None else min(upto, len(text))
     while i < n:
         c = text[i]
-        if c in "\"[":
+        if c in '"[':
             close = '"' if c == '"' else "]"
             i += 1
             while i < n and text[i] not in (close, "\n"):
@@ -209,16 +211,28 @@ def _translate_lark_error(text: str, exc: Exception) -> GrammarError:
         else:
             line, column = tok.line, tok.column
         if "RPAR" in expected and tok.type in ("RULE_HEAD", "$END"):
-            opened = _unclosed_paren(text, None if tok.type == "$END" else _offset(text, line, column))
+            opened = _unclosed_paren(
+                text, None if tok.type == "$END" else _offset(text, line, column)
+            )
             if opened:
-                return _error(text, opened[0], opened[1], "unbalanced parentheses: this '(' is never closed")
+                return _error(
+                    text, opened[0], opened[1], "unbalanced parentheses: this '(' is never closed"
+                )
         if tok.type == "RPAR":
             return _error(text, line, column, "unbalanced parentheses: ')' without a matching '('")
         if tok.type == "$END" and not text.strip():
-            return GrammarError("invalid EBNF grammar: it is empty; define at least 'root ::= ...'", param="ebnf")
+            return GrammarError(
+                "invalid EBNF grammar: it is empty; define at least 'root ::= ...'", param="ebnf"
+            )
         got = _TOKEN_WORDS.get(tok.type, repr(tok.value))
-        if tok.type in ("NAME", "STRING", "CHARCLASS", "DOT", "LPAR") and line == 1 and "RULE_HEAD" in expected:
-            return _error(text, line, column, "a grammar must start with a rule definition 'name ::= ...'")
+        if (
+            tok.type in ("NAME", "STRING", "CHARCLASS", "DOT", "LPAR")
+            and line == 1
+            and "RULE_HEAD" in expected
+        ):
+            return _error(
+                text, line, column, "a grammar must start with a rule definition 'name ::= ...'"
+            )
         if tok.type in ("STAR", "PLUS", "QMARK", "LBRACE"):
             what = f"{got} must follow an element (a quantifier cannot follow a quantifier or start a sequence)"
             return _error(text, line, column, what)
@@ -228,7 +242,9 @@ def _translate_lark_error(text: str, exc: Exception) -> GrammarError:
     if isinstance(exc, le.UnexpectedEOF):
         opened = _unclosed_paren(text, None)
         if opened:
-            return _error(text, opened[0], opened[1], "unbalanced parentheses: this '(' is never closed")
+            return _error(
+                text, opened[0], opened[1], "unbalanced parentheses: this '(' is never closed"
+            )
         return GrammarError("invalid EBNF grammar: unexpected end of the grammar", param="ebnf")
     return GrammarError(f"invalid EBNF grammar: {exc}", param="ebnf")
 
@@ -280,9 +296,11 @@ def _read_char(text: str, body: str, i: int, line: int, col0: int) -> tuple[int,
         if cp > MAX_CODEPOINT:
             raise _error(text, line, col0 + i, f"bad escape: U+{cp:X} is beyond U+10FFFF")
         if 0xD800 <= cp <= 0xDFFF:
-            raise _error(text, line, col0 + i, f"bad escape: U+{cp:04X} is a surrogate, not a character")
+            raise _error(
+                text, line, col0 + i, f"bad escape: U+{cp:04X} is a surrogate, not a character"
+            )
         return cp, i + 2 + n
-    known = r'\n \t \r \\ \" \[ \] \xNN \uNNNN \UNNNNNNNN ...'
+    known = r"\n \t \r \\ \" \[ \] \xNN \uNNNN \UNNNNNNNN ..."
     raise _error(text, line, col0 + i, f"bad escape '\\{e}' (known: {known})")
 
 
@@ -351,7 +369,9 @@ def _decode_class(text: str, tok) -> CharSet:
 def _int(text: str, tok) -> int:
     v = int(tok.value)
     if v > MAX_REPEAT:
-        raise _error(text, tok.line, tok.column, f"repetition bound {v} is too large (at most {MAX_REPEAT})")
+        raise _error(
+            text, tok.line, tok.column, f"repetition bound {v} is too large (at most {MAX_REPEAT})"
+        )
     return v
 
 
@@ -396,7 +416,12 @@ def _build_expr(text: str, node) -> Expr:
             lo, hi = _int(text, toks[0]), _int(text, toks[1])
             if hi < lo:
                 t = q.children[0]
-                raise _error(text, t.line, t.column, f"bad repetition {{{lo},{hi}}}: the maximum is below the minimum")
+                raise _error(
+                    text,
+                    t.line,
+                    t.column,
+                    f"bad repetition {{{lo},{hi}}}: the maximum is below the minimum",
+                )
         if (lo, hi) == (1, 1):
             return expr
         return Repeat(expr, lo, hi)
@@ -424,7 +449,9 @@ def parse_grammar(text: str) -> dict[str, RuleDef]:
     except le.LarkError as exc:
         raise _translate_lark_error(text, exc) from None
     if not tree.children:
-        raise GrammarError("invalid EBNF grammar: it is empty; define at least 'root ::= ...'", param="ebnf")
+        raise GrammarError(
+            "invalid EBNF grammar: it is empty; define at least 'root ::= ...'", param="ebnf"
+        )
     rules: dict[str, RuleDef] = {}
     for rnode in tree.children:
         head = rnode.children[0]
@@ -438,7 +465,8 @@ def parse_grammar(text: str) -> dict[str, RuleDef]:
         near = difflib.get_close_matches("root", list(rules), n=1)
         hint = f" (did you mean to name '{near[0]}' root?)" if near else ""
         raise GrammarError(
-            f"invalid EBNF grammar: there is no 'root' rule; the grammar starts at 'root ::= ...'{hint}", param="ebnf"
+            f"invalid EBNF grammar: there is no 'root' rule; the grammar starts at 'root ::= ...'{hint}",
+            param="ebnf",
         )
     for rule in rules.values():
         for ref in _refs(rule.expr):

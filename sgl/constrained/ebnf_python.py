@@ -109,7 +109,9 @@ class Tables(TablesBase):
 
     def _readable_classes(self, did: int) -> np.ndarray:
         bits = self.allowed_bytes(did)
-        readable = np.unpackbits(np.frombuffer(bits.to_bytes(32, "little"), dtype=np.uint8), bitorder="little")
+        readable = np.unpackbits(
+            np.frombuffer(bits.to_bytes(32, "little"), dtype=np.uint8), bitorder="little"
+        )
         return readable[self.class_rep_arr].astype(bool)
 
     def initial(self) -> int:
@@ -150,7 +152,9 @@ class Tables(TablesBase):
             out = set()
         nxt = self.intern(frozenset(out))
         groups = self._class_groups(did)
-        self.table[did, groups == groups[cls]] = nxt  # the classes this state reads alike: same successor
+        self.table[did, groups == groups[cls]] = (
+            nxt  # the classes this state reads alike: same successor
+        )
         return nxt
 
     def _class_groups(self, did: int) -> np.ndarray:
@@ -183,10 +187,12 @@ class Tables(TablesBase):
             bc = self.byte_class
             hit = np.zeros(len(self.class_rep), dtype=np.int64)  # 0: no edge
             edges = sorted(self.net.byte_edges[k])
-            if all(a[1] < b[0] for a, b in zip(edges, edges[1:])):  # disjoint ranges (the usual case)
+            if all(
+                a[1] < b[0] for a, b in zip(edges, edges[1:])
+            ):  # disjoint ranges (the usual case)
                 ids: dict = {}
                 for lo, hi, t in edges:
-                    hit[bc[lo]: bc[hi] + 1] = ids.setdefault(t, len(ids) + 1)
+                    hit[bc[lo] : bc[hi] + 1] = ids.setdefault(t, len(ids) + 1)
             else:
                 targets: dict[int, list[int]] = {}
                 for lo, hi, t in edges:
@@ -238,7 +244,9 @@ class Tables(TablesBase):
 
     # -- masks ---------------------------------------------------------------------
 
-    def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
+    def _compute_mask(
+        self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool
+    ) -> np.ndarray:
         return self._pack(did, self._walk(did, trie, node_class)[trie.token_node] != DEAD, trie)
 
     def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:

@@ -56,7 +56,9 @@ KERNEL_MASK_CACHE_BYTES = 32 << 20  # kernel walks kept per grammar (LRU past it
 KERNEL_ROUTE = True  # native masks through the kernel tables (see NativeTables.native_mask)
 DENSE_SWITCH = 2048  # live trie nodes in one level beyond which whole levels are processed
 FORCED_LIMIT = 256  # bytes of jump-forward text computed at most
-PLAN_LIMIT = 4096  # bytes of a completion a request's state is planned with (longer: the per-state figure)
+PLAN_LIMIT = (
+    4096  # bytes of a completion a request's state is planned with (longer: the per-state figure)
+)
 PLAN_CONFIGS = 8  # configurations of a state planned: those the per-state figure ranks best
 PLANS_KEPT = 8192  # planned completions kept per grammar (LRU)
 
@@ -77,9 +79,17 @@ def native_walk():
                 try:
                     from sgl import native
 
-                    module = native.build("sgl_ebnf_native", _NATIVE_SOURCE, ["-O3", "-march=native"], python_module=True)
+                    module = native.build(
+                        "sgl_ebnf_native",
+                        _NATIVE_SOURCE,
+                        ["-O3", "-march=native"],
+                        python_module=True,
+                    )
                 except Exception as e:  # no compiler, no ninja, no torch: the numpy walk
-                    logger.warning("the native EBNF recognizer could not be built (%s); using the Python one", e)
+                    logger.warning(
+                        "the native EBNF recognizer could not be built (%s); using the Python one",
+                        e,
+                    )
             _native.append(module)
         return _native[0]
 

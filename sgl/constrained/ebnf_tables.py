@@ -48,7 +48,9 @@ class TablesBase(ABC):
         self.plans: OrderedDict[int, tuple[float, bytes, int, bool]] = OrderedDict()
         self.planned: set[int] = set()
 
-    def mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True) -> np.ndarray:
+    def mask(
+        self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool = True
+    ) -> np.ndarray:
         """Packed int32 words: bit (id % 32) of word (id // 32) set iff token id may come next.
         ``kernel_route=False``: one walk of the state (native tables; see ``native_mask``)."""
         hit = self.masks.get(did)
@@ -57,7 +59,9 @@ class TablesBase(ABC):
             return hit
         return self._cache_mask(did, self._compute_mask(did, trie, node_class, kernel_route))
 
-    def warm(self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float) -> int:
+    def warm(
+        self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float
+    ) -> int:
         """Make the kernel walks of ``kernels`` now, in order, for up to ``budget_s``; returns
         how many. Only the native tables walk kernels (``native_mask``): this walks each
         state whole, so there is nothing to make ahead here."""
@@ -66,7 +70,9 @@ class TablesBase(ABC):
     # -- what each recognizer provides (what the shared logic below reads) ------------
 
     @abstractmethod
-    def _compute_mask(self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool) -> np.ndarray:
+    def _compute_mask(
+        self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool
+    ) -> np.ndarray:
         """The mask words of ``did`` (not cached): each recognizer walks the trie its own way."""
 
     @abstractmethod
@@ -190,10 +196,16 @@ class TablesBase(ABC):
         comp = self.completions
         assert comp is not None
         M, ACCEPT = self.M, self.ACCEPT
-        ranked = sorted(self.configs(did), key=lambda cfg: 0.0 if cfg % M == ACCEPT
-                        else comp.tail_tokens(cfg % M) + self._stack_tokens(cfg // M))
+        ranked = sorted(
+            self.configs(did),
+            key=lambda cfg: (
+                0.0
+                if cfg % M == ACCEPT
+                else comp.tail_tokens(cfg % M) + self._stack_tokens(cfg // M)
+            ),
+        )
         out = []
-        for cfg in ranked[:rt.PLAN_CONFIGS]:
+        for cfg in ranked[: rt.PLAN_CONFIGS]:
             k, stack = cfg % M, cfg // M
             if k == ACCEPT:
                 out.append(b"")
@@ -206,7 +218,9 @@ class TablesBase(ABC):
                 out.append(b"".join(comp.tail_bytes(s) or b"" for s in states))
         return out
 
-    def budget_mask(self, did: int, budget: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray | None:
+    def budget_mask(
+        self, did: int, budget: int, trie: VocabTrie, node_class: np.ndarray
+    ) -> np.ndarray | None:
         """The mask of tokens after which a completion still fits in ``budget - 1`` tokens;
         None when every allowed token does (the plain mask applies), or when none does and
         the text cannot end here (no completion fits: the output may be cut)."""
@@ -214,7 +228,9 @@ class TablesBase(ABC):
             return None  # every allowed token leaves room: the plain (cached) mask
         ends = self._walk(did, trie, node_class)[trie.token_node]
         targets, live = self._targets(ends)
-        if did not in self.max_need_after:  # once per parse state (the walk is shared with the plain mask)
+        if (
+            did not in self.max_need_after
+        ):  # once per parse state (the walk is shared with the plain mask)
             self.max_need_after[did] = max((self.need(int(d)) for d in targets), default=0.0)
             if did not in self.masks:
                 self._plain(did, ends, trie)

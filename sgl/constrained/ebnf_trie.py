@@ -24,7 +24,9 @@ class VocabTrie:
     one depth are contiguous, and so are the children of any node.
     """
 
-    def __init__(self, token_bytes: Sequence[bytes | None], eos_token_ids: Sequence[int], vocab_size: int) -> None:
+    def __init__(
+        self, token_bytes: Sequence[bytes | None], eos_token_ids: Sequence[int], vocab_size: int
+    ) -> None:
         eos = set(eos_token_ids)
         prefixes: set[bytes] = set()
         for i, tb in enumerate(token_bytes):
@@ -42,7 +44,11 @@ class VocabTrie:
             byte[i] = p[-1]
         self.byte = byte
         self.parent = parent
-        depth_counts = np.bincount([len(p) for p in order], minlength=1) if order else np.zeros(1, dtype=np.int64)
+        depth_counts = (
+            np.bincount([len(p) for p in order], minlength=1)
+            if order
+            else np.zeros(1, dtype=np.int64)
+        )
         depth_counts[0] = 1  # the root
         # the nodes of depth d are [level_start[d], level_start[d + 1])
         self.level_start = np.concatenate([[0], np.cumsum(depth_counts)]).astype(np.int64)
@@ -73,7 +79,9 @@ class VocabTrie:
         self.n_words = (vocab_size + 31) // 32
         eos_bits = np.zeros(self.n_words * 32, dtype=bool)
         eos_bits[self.eos] = True
-        self.eos_words = np.packbits(eos_bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        self.eos_words = (
+            np.packbits(eos_bits, bitorder="little").view("<i4").astype(np.int32, copy=False)
+        )
 
 
 class PerVocabulary:
@@ -100,5 +108,6 @@ class PerVocabulary:
 
 
 # The trie of a vocabulary, built once per vocabulary object.
-vocab_trie = PerVocabulary(lambda vocab: VocabTrie(vocab.token_bytes, vocab.eos_token_ids, vocab.vocab_size))
-
+vocab_trie = PerVocabulary(
+    lambda vocab: VocabTrie(vocab.token_bytes, vocab.eos_token_ids, vocab.vocab_size)
+)

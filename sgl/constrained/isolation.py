@@ -34,7 +34,9 @@ DEFAULT_COMPILE_TIMEOUT_S = 30.0
 DEFAULT_COMPILE_MEMORY_BYTES = 4 << 30
 _START_TIMEOUT_S = 120.0  # the child imports outlines-core and builds the vocabulary once
 _POLL_S = 0.02  # how often a compile's CPU time is read
-_WALL_FACTOR = 3  # a compile is stopped after this many times its limit in wall time, whatever its CPU
+_WALL_FACTOR = (
+    3  # a compile is stopped after this many times its limit in wall time, whatever its CPU
+)
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # The child is `python -c` with this source: it imports nothing of ours (no torch, and no
@@ -77,8 +79,13 @@ class _ChildGone(Exception):
 class IndexBuilder:
     """``build(pattern) -> outlines_core.Index``, in a capped child process."""
 
-    def __init__(self, by_bytes: dict[bytes, list[int]], vocab_size: int,
-                 timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S, memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES) -> None:
+    def __init__(
+        self,
+        by_bytes: dict[bytes, list[int]],
+        vocab_size: int,
+        timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+        memory_bytes: int = DEFAULT_COMPILE_MEMORY_BYTES,
+    ) -> None:
         self.by_bytes = by_bytes
         self.vocab_size = vocab_size
         self.timeout_s = float(timeout_s)
@@ -100,7 +107,8 @@ class IndexBuilder:
                 self._stop()
                 raise ConstraintTooLarge(
                     f"{param}: compiling the constraint took longer than {limit:g} s of CPU (the compile time "
-                    "limit); its automaton is too large: simplify it (fewer nested repetitions or alternatives)", param
+                    "limit); its automaton is too large: simplify it (fewer nested repetitions or alternatives)",
+                    param,
                 ) from None
             except _ChildGone:  # the child died: the allocator aborted it for memory
                 self._stop()
@@ -121,7 +129,9 @@ class IndexBuilder:
     def _memory_error(self, param: str, what: str) -> ConstraintTooLarge:
         return ConstraintTooLarge(
             f"{param}: compiling the constraint needs more than {self.memory_bytes / 2**30:.3g} GB (the compile memory "
-            f"limit; {what}); its automaton is too large: simplify it (fewer nested repetitions or alternatives)", param)
+            f"limit; {what}); its automaton is too large: simplify it (fewer nested repetitions or alternatives)",
+            param,
+        )
 
     def _send(self, obj: Any) -> None:
         data = pickle.dumps(obj)
@@ -164,8 +174,13 @@ class IndexBuilder:
             return
         self._stop()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1"}
-        self._proc = subprocess.Popen([sys.executable, "-c", _CHILD_SOURCE], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _CHILD_SOURCE],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         try:
             self._send((self.by_bytes, self.vocab_size, self.memory_bytes, self.memory_bytes // 2))
             self._recv(_START_TIMEOUT_S)

@@ -53,13 +53,17 @@ class ByteJumpForward:
         nxt = self._next
         return [(b, n) for b, tid in self._bytes if (n := nxt(state, tid)) is not None]
 
-    def _successor(self, state: int, outs: list[tuple[int, int]] | None = None) -> tuple[int, int] | None:
+    def _successor(
+        self, state: int, outs: list[tuple[int, int]] | None = None
+    ) -> tuple[int, int] | None:
         hit = self._succ.get(state, False)
         if hit is not False:
             return hit  # type: ignore[return-value]
         if outs is None:
             outs = self._outs(state)
-        single: tuple[int, int] | None = outs[0] if len(outs) == 1 and not self._is_final(state) else None
+        single: tuple[int, int] | None = (
+            outs[0] if len(outs) == 1 and not self._is_final(state) else None
+        )
         if single is not None:
             # A token starting with an orphan byte would be another way to go on.
             for tokens in self._orphans.values():
@@ -147,7 +151,9 @@ def _distances(finals: list[int], preds: dict[int, list[int]]) -> dict[int, int]
     return dist
 
 
-def single_byte_tokens(token_bytes: Iterable[tuple[int, bytes]]) -> tuple[dict[int, int], dict[int, list[int]]]:
+def single_byte_tokens(
+    token_bytes: Iterable[tuple[int, bytes]],
+) -> tuple[dict[int, int], dict[int, list[int]]]:
     """(byte -> single-byte token id, first byte -> tokens for bytes that lack one)."""
     singles: dict[int, int] = {}
     by_first: dict[int, list[int]] = {}
@@ -171,7 +177,17 @@ def split_complete_utf8(data: bytes) -> tuple[str, bytes]:
         b = data[n - back]
         if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead
             continue
-        need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+        need = (
+            1
+            if b < 0x80
+            else 2
+            if b >> 5 == 0b110
+            else 3
+            if b >> 4 == 0b1110
+            else 4
+            if b >> 3 == 0b11110
+            else 1
+        )
         if back < need:
             cut = n - back
         break

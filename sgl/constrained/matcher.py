@@ -84,9 +84,13 @@ def bitmask_to_bool(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if squeeze:
         mask = mask.unsqueeze(0)
     if mask.shape[1] * 32 < vocab_size:
-        raise ValueError(f"bitmask has {mask.shape[1]} words; vocab_size {vocab_size} needs {(vocab_size + 31) // 32}")
+        raise ValueError(
+            f"bitmask has {mask.shape[1]} words; vocab_size {vocab_size} needs {(vocab_size + 31) // 32}"
+        )
     shifts = torch.arange(32, dtype=torch.int32, device=mask.device)
-    bits = (mask.unsqueeze(-1) >> shifts) & 1  # arithmetic shift: the sign bit is bit 31, & 1 picks it
+    bits = (
+        mask.unsqueeze(-1) >> shifts
+    ) & 1  # arithmetic shift: the sign bit is bit 31, & 1 picks it
     out = bits.reshape(mask.shape[0], -1)[:, :vocab_size].bool()
     return out[0] if squeeze else out
 

@@ -36,7 +36,9 @@ PARAM = "structural_tag"
 MAX_STRUCTURES = 64  # structures in one tag (tools in one request)
 MAX_TRIGGER_CHARS = 128  # all triggers together: the free-text automaton has that many states
 MAX_COUNT = 32  # max_structures: free text is counted per segment written
-MAX_FREE_STATES = 256  # (max_structures + 1) x the triggers' length: the free-text rules, one copy per count
+MAX_FREE_STATES = (
+    256  # (max_structures + 1) x the triggers' length: the free-text rules, one copy per count
+)
 MAX_GAP = 8  # whitespace allowed between start_after and what follows it
 
 
@@ -54,7 +56,9 @@ class StructuralTag:
     free_text: bool = True
     max_structures: int | None = None
     separator: str = ""
-    start_after: str | None = None  # the tag starts after this marker (a reasoning model's "</think>")
+    start_after: str | None = (
+        None  # the tag starts after this marker (a reasoning model's "</think>")
+    )
 
 
 def parse_structural_tag(spec: Any) -> dict[str, Any]:
@@ -72,37 +76,67 @@ def parse_structural_tag(spec: Any) -> dict[str, Any]:
 def load_structural_tag(spec: Any) -> StructuralTag:
     """The tag from its JSON text or dict; GrammarError naming the field otherwise."""
     spec = parse_structural_tag(spec)
-    unknown = sorted(set(spec) - {"type", "structures", "triggers", "free_text", "max_structures", "separator",
-                                  "start_after"})
+    unknown = sorted(
+        set(spec)
+        - {
+            "type",
+            "structures",
+            "triggers",
+            "free_text",
+            "max_structures",
+            "separator",
+            "start_after",
+        }
+    )
     if unknown:
-        raise GrammarError(f"structural_tag has an unknown field {unknown[0]!r}", f"{PARAM}.{unknown[0]}")
+        raise GrammarError(
+            f"structural_tag has an unknown field {unknown[0]!r}", f"{PARAM}.{unknown[0]}"
+        )
     if spec.get("type", "structural_tag") != "structural_tag":
-        raise GrammarError("structural_tag.type must be 'structural_tag' (or sgl's 'pythonic_calls')",
-                           f"{PARAM}.type")
+        raise GrammarError(
+            "structural_tag.type must be 'structural_tag' (or sgl's 'pythonic_calls')",
+            f"{PARAM}.type",
+        )
     raw = spec.get("structures")
     if not isinstance(raw, list) or not raw or len(raw) > MAX_STRUCTURES:
-        raise GrammarError(f"structural_tag.structures must be a list of 1 to {MAX_STRUCTURES} "
-                           "{begin, schema, end} objects", f"{PARAM}.structures")
+        raise GrammarError(
+            f"structural_tag.structures must be a list of 1 to {MAX_STRUCTURES} "
+            "{begin, schema, end} objects",
+            f"{PARAM}.structures",
+        )
     structures = tuple(_structure(s, i) for i, s in enumerate(raw))
     free_text = spec.get("free_text", True)
     if not isinstance(free_text, bool):
         raise GrammarError("structural_tag.free_text must be true or false", f"{PARAM}.free_text")
     triggers = _triggers(spec.get("triggers"), structures, free_text)
     count = spec.get("max_structures")
-    if count is not None and (not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT):
-        raise GrammarError(f"structural_tag.max_structures must be an integer from 1 to {MAX_COUNT}",
-                           f"{PARAM}.max_structures")
-    if count is not None and free_text and (count + 1) * sum(len(t) for t in triggers) > MAX_FREE_STATES:
-        raise GrammarError(f"structural_tag: max_structures ({count}) x the triggers' length is too large for the "
-                           f"free-text automaton (at most {MAX_FREE_STATES} states); use fewer or shorter triggers",
-                           f"{PARAM}.max_structures")
+    if count is not None and (
+        not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT
+    ):
+        raise GrammarError(
+            f"structural_tag.max_structures must be an integer from 1 to {MAX_COUNT}",
+            f"{PARAM}.max_structures",
+        )
+    if (
+        count is not None
+        and free_text
+        and (count + 1) * sum(len(t) for t in triggers) > MAX_FREE_STATES
+    ):
+        raise GrammarError(
+            f"structural_tag: max_structures ({count}) x the triggers' length is too large for the "
+            f"free-text automaton (at most {MAX_FREE_STATES} states); use fewer or shorter triggers",
+            f"{PARAM}.max_structures",
+        )
     separator = spec.get("separator", "")
     if not isinstance(separator, str):
         raise GrammarError("structural_tag.separator must be a string", f"{PARAM}.separator")
     start_after = spec.get("start_after")
-    if start_after is not None and (not isinstance(start_after, str) or not start_after
-                                    or len(start_after) > MAX_TRIGGER_CHARS):
-        raise GrammarError("structural_tag.start_after must be a non-empty string", f"{PARAM}.start_after")
+    if start_after is not None and (
+        not isinstance(start_after, str) or not start_after or len(start_after) > MAX_TRIGGER_CHARS
+    ):
+        raise GrammarError(
+            "structural_tag.start_after must be a non-empty string", f"{PARAM}.start_after"
+        )
     return StructuralTag(structures, triggers, free_text, count, separator, start_after)
 
 
@@ -123,14 +157,20 @@ def _triggers(raw: Any, structures: tuple[Structure, ...], free_text: bool) -> t
     if not free_text and raw is None:
         return ()
     if not isinstance(raw, list) or not raw or not all(isinstance(t, str) and t for t in raw):
-        raise GrammarError("structural_tag.triggers must be a list of non-empty strings", f"{PARAM}.triggers")
+        raise GrammarError(
+            "structural_tag.triggers must be a list of non-empty strings", f"{PARAM}.triggers"
+        )
     if sum(len(t) for t in raw) > MAX_TRIGGER_CHARS:
-        raise GrammarError(f"structural_tag.triggers are longer than {MAX_TRIGGER_CHARS} characters together",
-                           f"{PARAM}.triggers")
+        raise GrammarError(
+            f"structural_tag.triggers are longer than {MAX_TRIGGER_CHARS} characters together",
+            f"{PARAM}.triggers",
+        )
     for i, s in enumerate(structures):
         if free_text and not any(s.begin.startswith(t) for t in raw):
-            raise GrammarError(f"structural_tag.structures[{i}].begin {s.begin!r} starts with none of the triggers",
-                               f"{PARAM}.structures[{i}].begin")
+            raise GrammarError(
+                f"structural_tag.structures[{i}].begin {s.begin!r} starts with none of the triggers",
+                f"{PARAM}.structures[{i}].begin",
+            )
     return tuple(dict.fromkeys(raw))
 
 
@@ -147,8 +187,10 @@ def structural_tag_rules(tag: StructuralTag) -> dict[str, ast.RuleDef]:
         try:
             schema_rules = json_schema_to_rules(s.schema)
         except GrammarError as e:
-            raise GrammarError(f"structural_tag.structures[{i}].schema: {e.message}",
-                               f"{PARAM}.structures[{i}].schema") from None
+            raise GrammarError(
+                f"structural_tag.structures[{i}].schema: {e.message}",
+                f"{PARAM}.structures[{i}].schema",
+            ) from None
         prefix = f"s{i}_"
         for name, rule in schema_rules.items():
             rules[prefix + name] = ast.RuleDef(prefix + name, renamed(rule.expr, prefix), 0, 0)
@@ -157,10 +199,18 @@ def structural_tag_rules(tag: StructuralTag) -> dict[str, ast.RuleDef]:
     if tag.free_text:
         body.update(_free_text_rules(tag, values))
     else:
-        segment = ast.Alt(tuple(ast.Seq((ast.Lit(s.begin), v, ast.Lit(s.end))) for s, v in zip(tag.structures, values)))
+        segment = ast.Alt(
+            tuple(
+                ast.Seq((ast.Lit(s.begin), v, ast.Lit(s.end)))
+                for s, v in zip(tag.structures, values)
+            )
+        )
         body["segment"] = segment
-        more = ast.Repeat(ast.Seq((ast.Lit(tag.separator), _ref("segment"))), 0,
-                          None if tag.max_structures is None else tag.max_structures - 1)
+        more = ast.Repeat(
+            ast.Seq((ast.Lit(tag.separator), _ref("segment"))),
+            0,
+            None if tag.max_structures is None else tag.max_structures - 1,
+        )
         body["root"] = ast.Seq((_ref("segment"), more))
     if tag.start_after is not None:  # before it: free text without the marker (the reasoning)
         after_marker(body, tag.start_after)
@@ -171,13 +221,17 @@ def structural_tag_rules(tag: StructuralTag) -> dict[str, ast.RuleDef]:
 def _free_text_rules(tag: StructuralTag, values: list[ast.Expr]) -> dict[str, ast.Expr]:
     """free_<k>_<state>: free text after k segments; after_<k>_<t>: trigger t was just
     written, a segment that begins with it follows."""
-    opens = {ti: [(s, v) for s, v in zip(tag.structures, values) if s.begin.startswith(t)]
-             for ti, t in enumerate(tag.triggers)}
+    opens = {
+        ti: [(s, v) for s, v in zip(tag.structures, values) if s.begin.startswith(t)]
+        for ti, t in enumerate(tag.triggers)
+    }
     counts = range(tag.max_structures + 1) if tag.max_structures is not None else [0]
     out: dict[str, ast.Expr] = {}
     for k in counts:
         next_k = k + 1 if tag.max_structures is not None else 0
-        can_open = tag.max_structures is None or k < tag.max_structures  # else no trigger can be written
+        can_open = (
+            tag.max_structures is None or k < tag.max_structures
+        )  # else no trigger can be written
 
         def on_trigger(ti: int, k: int = k, can_open: bool = can_open) -> ast.Expr | None:
             return _ref(f"after_{k}_{ti}") if opens[ti] and can_open else None
@@ -186,13 +240,25 @@ def _free_text_rules(tag: StructuralTag, values: list[ast.Expr]) -> dict[str, as
         if can_open:
             for ti, t in enumerate(tag.triggers):
                 if opens[ti]:
-                    out[f"after_{k}_{ti}"] = ast.Alt(tuple(
-                        ast.Seq((ast.Lit(s.begin[len(t):]), v, ast.Lit(s.end), _ref(f"free_{next_k}_0")))
-                        for s, v in opens[ti]))
+                    out[f"after_{k}_{ti}"] = ast.Alt(
+                        tuple(
+                            ast.Seq(
+                                (
+                                    ast.Lit(s.begin[len(t) :]),
+                                    v,
+                                    ast.Lit(s.end),
+                                    _ref(f"free_{next_k}_0"),
+                                )
+                            )
+                            for s, v in opens[ti]
+                        )
+                    )
     return {"root": _ref("free_0_0"), **out}
 
 
-def _avoiding(name: str, triggers: tuple[str, ...], on_trigger: Any, may_end: bool) -> dict[str, ast.Expr]:
+def _avoiding(
+    name: str, triggers: tuple[str, ...], on_trigger: Any, may_end: bool
+) -> dict[str, ast.Expr]:
     """Rules `<name>_<state>` for text in which no trigger occurs, except that writing
     trigger t continues with `on_trigger(t's index)` (None: t cannot be written). A state is
     the longest suffix of the text that is a proper prefix of a trigger; `may_end`: the text
@@ -200,7 +266,9 @@ def _avoiding(name: str, triggers: tuple[str, ...], on_trigger: Any, may_end: bo
     prefixes = sorted({t[:j] for t in triggers for j in range(len(t))}, key=lambda p: (len(p), p))
     index = {p: i for i, p in enumerate(prefixes)}
     alphabet = sorted({c for t in triggers for c in t})
-    other = ast.CharSet(ast.complement_ranges(ast.normalize_ranges(tuple((ord(c), ord(c)) for c in alphabet))))
+    other = ast.CharSet(
+        ast.complement_ranges(ast.normalize_ranges(tuple((ord(c), ord(c)) for c in alphabet)))
+    )
     by_length = sorted(range(len(triggers)), key=lambda i: -len(triggers[i]))
     out: dict[str, ast.Expr] = {}
     for p in prefixes:
@@ -244,6 +312,8 @@ def after_marker(body: dict[str, ast.Expr], marker: str) -> None:
     """Make the rules in `body` (its `root` is moved to `content`) start after `marker`:
     first free text without it, then it and a little whitespace."""
     body["content"] = body.pop("root")
-    then = ast.Seq((ast.Repeat(ast.CharSet(((9, 10), (13, 13), (32, 32))), 0, MAX_GAP), _ref("content")))
+    then = ast.Seq(
+        (ast.Repeat(ast.CharSet(((9, 10), (13, 13), (32, 32))), 0, MAX_GAP), _ref("content"))
+    )
     body.update(_avoiding("pre", (marker,), lambda _ti: then, may_end=False))
     body["root"] = _ref("pre_0")

@@ -44,9 +44,13 @@ class TokenVocabulary:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "token_bytes", tuple(self.token_bytes))
-        object.__setattr__(self, "eos_token_ids", tuple(dict.fromkeys(int(i) for i in self.eos_token_ids)))
+        object.__setattr__(
+            self, "eos_token_ids", tuple(dict.fromkeys(int(i) for i in self.eos_token_ids))
+        )
         if len(self.token_bytes) != self.vocab_size:
-            raise ValueError(f"token_bytes has {len(self.token_bytes)} entries; vocab_size is {self.vocab_size}")
+            raise ValueError(
+                f"token_bytes has {len(self.token_bytes)} entries; vocab_size is {self.vocab_size}"
+            )
         bad = [i for i in self.eos_token_ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"eos_token_ids {bad} are outside [0, {self.vocab_size})")
@@ -130,7 +134,11 @@ def gpt2_byte_decoder() -> dict[str, int]:
     Bytes that are printable Latin-1 spell themselves; the other 68 are shifted to
     U+0100 upwards in byte order. Byte-level BPE vocabularies store tokens this way.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = list(printable)
     shifted = 0
     byte_order = list(printable)

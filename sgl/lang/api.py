@@ -92,7 +92,9 @@ def gen(
         "ebnf": ebnf,
         "seed": seed,
         "allowed_token_ids": allowed_token_ids,
-        "structural_tag": _tools_constraint(tools, tool_choice, parallel_tool_calls) if tools else None,
+        "structural_tag": _tools_constraint(tools, tool_choice, parallel_tool_calls)
+        if tools
+        else None,
     }
     logprobs = {
         "return_logprob": return_logprob,
@@ -116,12 +118,17 @@ def _tools_constraint(tools: list[Any], tool_choice: str, parallel: bool) -> dic
     fns = [function_tool(t)["function"] for t in tools]
     names = [f["name"] for f in fns]
     if tool_choice not in ("auto", "required", *names):
-        raise ValueError(f"tool_choice must be 'auto', 'required' or one of the tools' names {names}; "
-                         f"got {tool_choice!r}")
+        raise ValueError(
+            f"tool_choice must be 'auto', 'required' or one of the tools' names {names}; "
+            f"got {tool_choice!r}"
+        )
     chosen = [f for f in fns if tool_choice in ("auto", "required") or f["name"] == tool_choice]
-    return structural_tag([(f["name"], f.get("parameters", {"type": "object"})) for f in chosen],
-                          free_text=tool_choice == "auto", one_call=not parallel or tool_choice in names,
-                          parser="hermes")
+    return structural_tag(
+        [(f["name"], f.get("parameters", {"type": "object"})) for f in chosen],
+        free_text=tool_choice == "auto",
+        one_call=not parallel or tool_choice in names,
+        parser="hermes",
+    )
 
 
 def tools_prompt(tools: list[Any]) -> str:
@@ -166,14 +173,18 @@ def select(
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"select temperature must be >= 0, got {temperature!r}")
     if choices_method is not None and not isinstance(choices_method, ChoicesMethod):
-        raise ValueError("choices_method must be sgl.token_length_normalized, sgl.greedy_token_selection or "
-                         "sgl.unconditional_likelihood_normalized")
+        raise ValueError(
+            "choices_method must be sgl.token_length_normalized, sgl.greedy_token_selection or "
+            "sgl.unconditional_likelihood_normalized"
+        )
     return ir.Select(name, list(choices), float(temperature), choices_method)
 
 
 def _role(role: str, expr: Any) -> ir.ExprList:
     if expr is None:
-        raise ValueError(f"sgl.{role}(...) needs the role's content; for a block use `with s.{role}():`")
+        raise ValueError(
+            f"sgl.{role}(...) needs the role's content; for a block use `with s.{role}():`"
+        )
     return ir.ExprList([ir.RoleBegin(role), ir.to_expr(expr), ir.RoleEnd(role)])
 
 
@@ -231,7 +242,9 @@ def as_backend(backend: Any) -> Backend:
         from sgl.lang.backends.engine import EngineBackend
 
         return EngineBackend(backend)
-    raise TypeError(f"expected an sgl backend (sgl.Engine, sgl.RuntimeEndpoint, ...), got {type(backend).__name__}")
+    raise TypeError(
+        f"expected an sgl backend (sgl.Engine, sgl.RuntimeEndpoint, ...), got {type(backend).__name__}"
+    )
 
 
 def set_default_backend(backend: Any) -> None:
@@ -247,7 +260,9 @@ def get_default_backend() -> Backend:
         if _default_backend is None:
             from sgl.extras import needs_extra
 
-            with needs_extra("runtime", "running a program without a backend (the embedded model in process)"):
+            with needs_extra(
+                "runtime", "running a program without a backend (the embedded model in process)"
+            ):
                 from sgl.lang.backends.engine import EngineBackend
                 from sgl.runtime.engine import Engine
 
@@ -304,17 +319,27 @@ _RUN_DEFAULTS: dict[str, Any] = {
 class SglFunction:
     """A program: a Python function whose first parameter is the state `s`."""
 
-    def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
-                 bind_arguments: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        func: Callable[..., Any],
+        num_api_spec_tokens: int | None = None,
+        bind_arguments: dict[str, Any] | None = None,
+    ) -> None:
         self.func = func
-        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
-            raise ValueError(f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}")
+        if num_api_spec_tokens is not None and (
+            not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1
+        ):
+            raise ValueError(
+                f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}"
+            )
         # Speculative execution on completion APIs (sgl.OpenAI(is_chat_model=False)); others ignore it.
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
         params = list(inspect.signature(func).parameters.values())
         if not params:
-            raise TypeError(f"@sgl.function {func.__name__}: the first parameter must be the state `s`")
+            raise TypeError(
+                f"@sgl.function {func.__name__}: the first parameter must be the state `s`"
+            )
         self.arg_names = [p.name for p in params[1:]]
         functools.update_wrapper(self, func)
 
@@ -357,10 +382,19 @@ class SglFunction:
         depends on generated values) here; True requires shipping (an error names the line
         that makes it dynamic); False always runs here. See `sgl.lang.shipping`."""
         defaults = dict(
-            max_new_tokens=max_new_tokens, stop=stop, stop_token_ids=stop_token_ids, temperature=temperature,
-            top_p=top_p, top_k=top_k, min_p=min_p, frequency_penalty=frequency_penalty,
-            presence_penalty=presence_penalty, ignore_eos=ignore_eos, return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len, top_logprobs_num=top_logprobs_num,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            stop_token_ids=stop_token_ids,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            min_p=min_p,
+            frequency_penalty=frequency_penalty,
+            presence_penalty=presence_penalty,
+            ignore_eos=ignore_eos,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
         )
         kwargs = {**self.bind_arguments, **kwargs}
@@ -368,10 +402,25 @@ class SglFunction:
         shipped = self._ship(be, [(args, kwargs)], defaults, stream, ship)
         if shipped is not None:
             return shipped[0]
-        return run_program(self.func, be, args, kwargs, defaults, stream=stream, spec_tokens=self.num_api_spec_tokens)
+        return run_program(
+            self.func,
+            be,
+            args,
+            kwargs,
+            defaults,
+            stream=stream,
+            spec_tokens=self.num_api_spec_tokens,
+        )
 
-    def _ship(self, backend: Backend, items: list[tuple[tuple, dict[str, Any]]], defaults: dict[str, Any],
-              stream: bool, ship: bool | str, progress_bar: bool = False) -> list | None:
+    def _ship(
+        self,
+        backend: Backend,
+        items: list[tuple[tuple, dict[str, Any]]],
+        defaults: dict[str, Any],
+        stream: bool,
+        ship: bool | str,
+        progress_bar: bool = False,
+    ) -> list | None:
         """The shipped states of `items`, or None to run them here (see `run`)."""
         if ship not in ("auto", True, False):
             raise ValueError(f"ship must be 'auto', True or False, got {ship!r}")
@@ -380,8 +429,10 @@ class SglFunction:
         if ship is False or (ship == "auto" and (runner is None or stream)):
             return None
         if runner is None:
-            raise ValueError(f"ship=True: the {type(backend).__name__} backend cannot run programs server-side "
-                             "(RuntimeEndpoint can)")
+            raise ValueError(
+                f"ship=True: the {type(backend).__name__} backend cannot run programs server-side "
+                "(RuntimeEndpoint can)"
+            )
         from sgl.lang.ir_json import IRFormatError, program_to_json
         from sgl.lang.tracer import DynamicProgramError, trace_static
 
@@ -396,15 +447,19 @@ class SglFunction:
 
         template = batch_template(self, items, programs) if len(items) > 1 else None
         try:
-            if progress_bar and len(programs) > 1:  # one request per item, so the bar moves as each finishes
+            if (
+                progress_bar and len(programs) > 1
+            ):  # one request per item, so the bar moves as each finishes
                 return _ship_with_progress(runner, programs, defaults)
             if template is not None:  # one program and each item's argument values
                 return runner([template[0]], defaults, stream, arguments=template[1])
             return runner(programs, defaults, stream)
         except ProgramsNotServed as e:  # nothing ran: a router in front, say
             if ship is True:
-                raise ProgramError(f"{self.func.__name__}: ship=True, but the server cannot run programs ({e}); "
-                                   "use ship='auto' to run them client-side") from e
+                raise ProgramError(
+                    f"{self.func.__name__}: ship=True, but the server cannot run programs ({e}); "
+                    "use ship='auto' to run them client-side"
+                ) from e
             return None
         except ValueError as e:  # the server refused it (a 400 names the field)
             raise ProgramError(f"{self.func.__name__}: {e}") from e
@@ -441,18 +496,33 @@ class SglFunction:
             elif isinstance(item, (tuple, list)):
                 items.append((tuple(item), dict(self.bind_arguments)))
             else:
-                raise TypeError(f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}")
+                raise TypeError(
+                    f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}"
+                )
         be = _resolve(backend)
-        shipped = self._ship(be, items, self._defaults(sampling), False, ship, progress_bar) if items else None
-        if shipped is not None:  # one request for the whole batch (the server caches the shared prefix)
+        shipped = (
+            self._ship(be, items, self._defaults(sampling), False, ship, progress_bar)
+            if items
+            else None
+        )
+        if (
+            shipped is not None
+        ):  # one request for the whole batch (the server caches the shared prefix)
             return shipped
         if items and global_config.enable_precache_with_tracing:
             try:
                 self.cache(be)
             except Exception as e:  # only an optimisation: the items still run (and report errors)
                 logger.warning("run_batch: caching the constant prefix failed: %s", e)
-        return run_program_batch(self.func, be, items, self._defaults(sampling), num_threads, progress_bar,
-                                 spec_tokens=self.num_api_spec_tokens)
+        return run_program_batch(
+            self.func,
+            be,
+            items,
+            self._defaults(sampling),
+            num_threads,
+            progress_bar,
+            spec_tokens=self.num_api_spec_tokens,
+        )
 
     def trace(self, **kwargs: Any):
         """Run the program on placeholder arguments (or the given ones) and return its IR
@@ -479,8 +549,9 @@ def function(func: Callable[..., Any] | None = None, *, num_api_spec_tokens: int
     return SglFunction(func, num_api_spec_tokens=num_api_spec_tokens)
 
 
-def _ship_with_progress(runner: Callable[..., list], programs: list[dict[str, Any]],
-                        defaults: dict[str, Any]) -> list:
+def _ship_with_progress(
+    runner: Callable[..., list], programs: list[dict[str, Any]], defaults: dict[str, Any]
+) -> list:
     """Ship each program as its own concurrent request and advance a tqdm bar as each
     completes (the server batches them together, and its prefix cache shares the prefix);
     results keep input order."""
@@ -489,9 +560,15 @@ def _ship_with_progress(runner: Callable[..., list], programs: list[dict[str, An
     from tqdm.auto import tqdm
 
     results: list = [None] * len(programs)
-    with tqdm(total=len(programs), desc="run_batch") as bar, \
-            ThreadPoolExecutor(max_workers=min(64, len(programs)), thread_name_prefix="sgl-ship") as pool:
-        futures = {pool.submit(runner, [program], defaults, False): i for i, program in enumerate(programs)}
+    with (
+        tqdm(total=len(programs), desc="run_batch") as bar,
+        ThreadPoolExecutor(
+            max_workers=min(64, len(programs)), thread_name_prefix="sgl-ship"
+        ) as pool,
+    ):
+        futures = {
+            pool.submit(runner, [program], defaults, False): i for i, program in enumerate(programs)
+        }
         for fut in as_completed(futures):
             results[futures[fut]] = fut.result()[0]
             bar.update(1)

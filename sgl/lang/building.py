@@ -79,7 +79,9 @@ class BranchGroup:
 
     def __setitem__(self, i: int, state: Any) -> None:  # `forks[i] += ...` stores back
         if state is not self.states[i]:
-            raise TypeError("fork branches cannot be replaced; add text to them with forks[i] += ...")
+            raise TypeError(
+                "fork branches cannot be replaced; add text to them with forks[i] += ..."
+            )
 
     def __iter__(self) -> Iterator:
         return iter(self.states)

@@ -14,7 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 ROLES = ("system", "user", "assistant")
-_S = {"system": "\x11SGL_SYSTEM\x11", "user": "\x11SGL_USER\x11", "assistant": "\x11SGL_ASSISTANT\x11"}
+_S = {
+    "system": "\x11SGL_SYSTEM\x11",
+    "user": "\x11SGL_USER\x11",
+    "assistant": "\x11SGL_ASSISTANT\x11",
+}
 
 
 @dataclass(frozen=True)
@@ -52,25 +56,35 @@ class ChatTemplate:
 
         def render(msgs: list[tuple[str, str]]) -> str:
             return tokenizer.apply_chat_template(
-                [{"role": r, "content": c} for r, c in msgs], tokenize=False, add_generation_prompt=False
+                [{"role": r, "content": c} for r, c in msgs],
+                tokenize=False,
+                add_generation_prompt=False,
             )
 
         try:
             sys_only = render([("system", _S["system"])])
             with_user = render([("system", _S["system"]), ("user", _S["user"])])
-            full = render([("system", _S["system"]), ("user", _S["user"]), ("assistant", _S["assistant"])])
+            full = render(
+                [("system", _S["system"]), ("user", _S["user"]), ("assistant", _S["assistant"])]
+            )
             user_first = render([("user", _S["user"])])
         except Exception:  # a template that rejects these conversations
             return cls.plain()
         if not (with_user.startswith(sys_only) and full.startswith(with_user)):
             return cls.plain()
         prefix, suffix = {}, {}
-        for role, piece in (("system", sys_only), ("user", with_user[len(sys_only) :]), ("assistant", full[len(with_user) :])):
+        for role, piece in (
+            ("system", sys_only),
+            ("user", with_user[len(sys_only) :]),
+            ("assistant", full[len(with_user) :]),
+        ):
             before, sep, after = piece.partition(_S[role])
             if not sep:
                 return cls.plain()
             prefix[role], suffix[role] = before, after
         user_block = prefix["user"] + _S["user"]
-        default_system = user_first[: user_first.find(user_block)] if user_block in user_first else ""
+        default_system = (
+            user_first[: user_first.find(user_block)] if user_block in user_first else ""
+        )
         name = getattr(tokenizer, "name_or_path", "") or "hf"
         return cls(prefix, suffix, default_system, name)

@@ -68,7 +68,9 @@ class GreedyTokenSelection(ChoicesMethod):
             alive = [i for i in alive if padded[i][pos] == top]
             if len(alive) == 1:
                 break
-        return ChoicesDecision(scores.choices[alive[0]], {"normalized_prompt_logprobs": [_mean(x) for x in lps]})
+        return ChoicesDecision(
+            scores.choices[alive[0]], {"normalized_prompt_logprobs": [_mean(x) for x in lps]}
+        )
 
 
 class UnconditionalLikelihoodNormalized(ChoicesMethod):
@@ -80,27 +82,45 @@ class UnconditionalLikelihoodNormalized(ChoicesMethod):
     def __call__(self, scores: ChoiceScores) -> ChoicesDecision:
         uncond = scores.unconditional_token_logprobs
         if uncond is None:
-            raise ValueError("unconditional_likelihood_normalized needs unconditional logprobs from the backend")
-        norm = [_mean([c - u for c, u in zip(cond, unc)]) for cond, unc in zip(scores.token_logprobs, uncond)]
+            raise ValueError(
+                "unconditional_likelihood_normalized needs unconditional logprobs from the backend"
+            )
+        norm = [
+            _mean([c - u for c, u in zip(cond, unc)])
+            for cond, unc in zip(scores.token_logprobs, uncond)
+        ]
         best = max(range(len(norm)), key=lambda i: norm[i])
         return ChoicesDecision(
             scores.choices[best],
-            {"normalized_prompt_logprobs": [_mean(x) for x in scores.token_logprobs], "normalized_unconditional": norm},
+            {
+                "normalized_prompt_logprobs": [_mean(x) for x in scores.token_logprobs],
+                "normalized_unconditional": norm,
+            },
         )
 
 
-def decide(method: ChoicesMethod, scores: ChoiceScores, temperature: float, rng: random.Random | None = None) -> ChoicesDecision:
+def decide(
+    method: ChoicesMethod,
+    scores: ChoiceScores,
+    temperature: float,
+    rng: random.Random | None = None,
+) -> ChoicesDecision:
     """Apply `method`; with temperature > 0, sample a choice from softmax(mean logprob / T) instead."""
     result = method(scores)
     if temperature and temperature > 0:
-        norm = result.meta_info.get("normalized_unconditional") or result.meta_info["normalized_prompt_logprobs"]
+        norm = (
+            result.meta_info.get("normalized_unconditional")
+            or result.meta_info["normalized_prompt_logprobs"]
+        )
         top = max(norm)
         weights = [math.exp((x - top) / temperature) for x in norm]
         pick = (rng or random).choices(range(len(norm)), weights=weights)[0]
         result = ChoicesDecision(scores.choices[pick], result.meta_info)
     result.meta_info.setdefault("input_token_logprobs", scores.token_logprobs)
     if scores.unconditional_token_logprobs is not None:
-        result.meta_info.setdefault("unconditional_token_logprobs", scores.unconditional_token_logprobs)
+        result.meta_info.setdefault(
+            "unconditional_token_logprobs", scores.unconditional_token_logprobs
+        )
     return result
 
 

@@ -83,7 +83,9 @@ class StreamExecutor(GenerationMixin):
         self.text_ = ""
         self.messages_: list[dict[str, str]] = []
         self.variables: dict[str, Any] = {}
-        self.assigned: dict[str, None] = {}  # variables this state set itself (ordered set), for join
+        self.assigned: dict[
+            str, None
+        ] = {}  # variables this state set itself (ordered set), for join
         self.meta_info: dict[str, Any] = {}
         self.role: str | None = None
         self.role_start = 0
@@ -96,8 +98,9 @@ class StreamExecutor(GenerationMixin):
         # `branch_listener(path, variable, text)` (the server streams them); set on the root.
         self.branch_path: tuple[tuple[int, int], ...] = ()
         self.forks_made = 0
-        self.branch_listener: Callable[[tuple[tuple[int, int], ...], str | None, str], None] | None = (
-            parent.branch_listener if parent else None)
+        self.branch_listener: (
+            Callable[[tuple[tuple[int, int], ...], str | None, str], None] | None
+        ) = parent.branch_listener if parent else None
         self.error: BaseException | None = None
         self._template: ChatTemplate | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -106,7 +109,9 @@ class StreamExecutor(GenerationMixin):
         self._closed = False
         # Stream events, (variable name or None, text piece), kept so that every reader
         # (text_iter of all text, of one variable, a second pass) sees all of them.
-        self._events: list[tuple[str | None, str, dict | None]] = []  # (variable, text, its meta so far)
+        self._events: list[
+            tuple[str | None, str, dict | None]
+        ] = []  # (variable, text, its meta so far)
         self._events_done = False  # set when the state's expressions have all run
         self._events_cond = threading.Condition()
         self.body_thread: threading.Thread | None = None  # stream mode: runs the program body
@@ -121,10 +126,18 @@ class StreamExecutor(GenerationMixin):
 
     def inherit(self, parent: StreamExecutor) -> None:
         """Continue from the parent's state as it is now (a fork branch's start)."""
-        self.spec, self.loose_text, self._template = parent.spec, parent.loose_text, parent._template
+        self.spec, self.loose_text, self._template = (
+            parent.spec,
+            parent.loose_text,
+            parent._template,
+        )
         self.text_, self.messages_ = parent.text_, [dict(m) for m in parent.messages_]
         self.variables, self.meta_info = dict(parent.variables), dict(parent.meta_info)
-        self.role, self.role_start, self.roles_seen = parent.role, parent.role_start, parent.roles_seen
+        self.role, self.role_start, self.roles_seen = (
+            parent.role,
+            parent.role_start,
+            parent.roles_seen,
+        )
         self.scopes = dict(parent.scopes)
         self.fork_start = len(self.text_)
 
@@ -263,7 +276,9 @@ class StreamExecutor(GenerationMixin):
 
     def _role_begin(self, role: str) -> None:
         if self.role is not None:
-            raise ProgramError(f"role {role!r} begins inside role {self.role!r}; end that role first")
+            raise ProgramError(
+                f"role {role!r} begins inside role {self.role!r}; end that role first"
+            )
         self._append(self.template.role_prefix(role, first=self.roles_seen == 0))
         self.roles_seen += 1
         self.role, self.role_start = role, len(self.text_)
@@ -318,4 +333,3 @@ class ForkPoint(ir.Expr):
 
     def _start(self, branch: StreamExecutor) -> None:
         self._ready.wait()  # a failed parent's error is then the branch's: its expressions are skipped
-

@@ -20,7 +20,10 @@ CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 
 def parsed_calls(text: str, tool_format: str) -> list[dict[str, Any]]:
     """A gen's tool calls as [{"name", "arguments": dict}] (the constraint made them valid)."""
-    return [{"name": c.name, "arguments": json.loads(c.arguments)} for c in get_parser(tool_format).parse(text)[1]]
+    return [
+        {"name": c.name, "arguments": json.loads(c.arguments)}
+        for c in get_parser(tool_format).parse(text)[1]
+    ]
 
 
 # dtype= of gen: the regex that constrains the output (bounded, so it always terminates). Numbers
@@ -43,21 +46,34 @@ class GenerationMixin:
     """`StreamExecutor`'s gen and select (it holds the state these methods read and write)."""
 
     def _params(self, gen: ir.Gen) -> tuple[dict[str, Any], dict[str, Any]]:
-        sampling = {k: v for k, v in self.defaults.items() if k in ir.SAMPLING_KEYS and v is not None}
-        logprobs = {k: v for k, v in self.defaults.items() if k in ir.LOGPROB_KEYS and v is not None}
+        sampling = {
+            k: v for k, v in self.defaults.items() if k in ir.SAMPLING_KEYS and v is not None
+        }
+        logprobs = {
+            k: v for k, v in self.defaults.items() if k in ir.LOGPROB_KEYS and v is not None
+        }
         sampling.update(gen.sampling)
         logprobs.update(gen.logprobs)
         if gen.dtype is not None:
             if any(sampling.get(k) is not None for k in CONSTRAINTS):
-                raise ValueError(f"gen {gen.name!r}: dtype cannot be combined with regex, json_schema or ebnf")
+                raise ValueError(
+                    f"gen {gen.name!r}: dtype cannot be combined with regex, json_schema or ebnf"
+                )
             sampling["regex"] = DTYPE_REGEX[gen.dtype]
             if gen.dtype in DTYPE_STOP:
                 stop = sampling.get("stop") or []
-                sampling["stop"] = [*([stop] if isinstance(stop, str) else stop), *DTYPE_STOP[gen.dtype]]
+                sampling["stop"] = [
+                    *([stop] if isinstance(stop, str) else stop),
+                    *DTYPE_STOP[gen.dtype],
+                ]
         if sum(sampling.get(k) is not None for k in CONSTRAINTS) > 1:
-            raise ValueError(f"gen {gen.name!r}: give at most one of regex, json_schema, ebnf and tools")
+            raise ValueError(
+                f"gen {gen.name!r}: give at most one of regex, json_schema, ebnf and tools"
+            )
         if logprobs.get("return_logprob") and "logprob_start_len" not in logprobs:
-            logprobs["logprob_start_len"] = -1  # output logprobs only, unless asked for the prompt's
+            logprobs[
+                "logprob_start_len"
+            ] = -1  # output logprobs only, unless asked for the prompt's
         if not logprobs.get("return_logprob"):
             logprobs = {}
         return sampling, logprobs
@@ -87,18 +103,24 @@ class GenerationMixin:
         if not getattr(self.backend, "wants_messages", False):
             return {}
         if self.role != "assistant" or len(self.text_) != self.role_start:
-            where = ("outside any role" if self.role is None else
-                     f"inside a {self.role} turn" if self.role != "assistant" else
-                     "after text already in the assistant turn")
+            where = (
+                "outside any role"
+                if self.role is None
+                else f"inside a {self.role} turn"
+                if self.role != "assistant"
+                else "after text already in the assistant turn"
+            )
             raise ProgramError(
                 f"{what}: this backend is a chat model, which answers with a whole assistant message, so a gen or "
                 f"select must be the first thing in an assistant turn (s += sgl.assistant(sgl.gen(...))); this one "
-                f"is {where}. Move that text into the user turn, or use a completion model (is_chat_model=False).")
+                f"is {where}. Move that text into the user turn, or use a completion model (is_chat_model=False)."
+            )
         if self.loose_text:
             raise ProgramError(
                 f"{what}: this backend is a chat model and receives only the role messages, but the program added "
                 f"text outside any role, which it would never see. Put that text inside sgl.system/user/assistant, "
-                f"or use a completion model (is_chat_model=False).")
+                f"or use a completion model (is_chat_model=False)."
+            )
         return {"messages": [dict(m) for m in self.messages_]}
 
     def _gen(self, gen: ir.Gen) -> None:
@@ -115,16 +137,26 @@ class GenerationMixin:
             self._session = None
             text, meta = self._generate(gen, sampling, logprobs, {})
         self.backend.record_usage(meta)
-        logger.debug("gen %r: %r (%s prompt tokens, %s completion tokens)", gen.name, text[:80],
-                     meta.get("prompt_tokens"), meta.get("completion_tokens"))
+        logger.debug(
+            "gen %r: %r (%s prompt tokens, %s completion tokens)",
+            gen.name,
+            text[:80],
+            meta.get("prompt_tokens"),
+            meta.get("completion_tokens"),
+        )
         if gen.tool_format is not None:  # the variable holds the calls: [{"name", "arguments"}]
             meta = {**meta, "tool_calls": parsed_calls(text, gen.tool_format)}
         if gen.name is not None:
             self.set_variable(gen.name, meta["tool_calls"] if gen.tool_format is not None else text)
             self.meta_info[gen.name] = meta
 
-    def _generate(self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any],
-                  session: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def _generate(
+        self,
+        gen: ir.Gen,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: dict[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
         """Run one gen on the backend, appending its text (piece by piece when streaming)."""
         kwargs = {**session, **self._chat_messages(f"gen {gen.name!r}")}
         if not self.stream:
@@ -134,7 +166,9 @@ class GenerationMixin:
         pieces = []
         meta: dict[str, Any] = {}
         for piece, m in self.backend.generate_stream(self.text_, sampling, logprobs, **kwargs):
-            if m is not None:  # the meta info so far (completion tokens, logprobs), final on the last piece
+            if (
+                m is not None
+            ):  # the meta info so far (completion tokens, logprobs), final on the last piece
                 meta = m
             if piece:
                 pieces.append(piece)
@@ -143,18 +177,30 @@ class GenerationMixin:
 
     def _select(self, sel: ir.Select) -> None:
         method = sel.choices_method or token_length_normalized
-        decision = self.backend.select(self.text_, list(sel.choices), sel.temperature, method,
-                                       **self._chat_messages(f"select {sel.name!r}"))
+        decision = self.backend.select(
+            self.text_,
+            list(sel.choices),
+            sel.temperature,
+            method,
+            **self._chat_messages(f"select {sel.name!r}"),
+        )
         self._append(decision.decision, sel.name)
         if sel.name is not None:
             self.set_variable(sel.name, decision.decision)
             self.meta_info[sel.name] = decision.meta_info
 
-    def _speculative_gen(self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any]) -> bool:
+    def _speculative_gen(
+        self, gen: ir.Gen, sampling: dict[str, Any], logprobs: dict[str, Any]
+    ) -> bool:
         """Fill the gen from the speculation, making one call for it first if there is none
         that fits; False (nothing done) where speculation does not apply or cannot be proven."""
-        if not (self.spec_tokens and getattr(self.backend, "supports_speculation", False)) or self.stream \
-                or logprobs or not speculable(sampling) or sampling.get("max_new_tokens") is None:
+        if (
+            not (self.spec_tokens and getattr(self.backend, "supports_speculation", False))
+            or self.stream
+            or logprobs
+            or not speculable(sampling)
+            or sampling.get("max_new_tokens") is None
+        ):
             return False
         filled = self.spec.take(sampling) if self.spec is not None else None
         call_meta: dict[str, Any] = {}
@@ -162,7 +208,10 @@ class GenerationMixin:
             wide = {**sampling, "max_new_tokens": max(sampling["max_new_tokens"], self.spec_tokens)}
             wide.pop("stop", None)
             text, call_meta = self.backend.generate(
-                self.text_, wide, {"return_logprob": True, "top_logprobs_num": 0, "logprob_start_len": -1})
+                self.text_,
+                wide,
+                {"return_logprob": True, "top_logprobs_num": 0, "logprob_start_len": -1},
+            )
             self.spec = Speculation.from_result(text, call_meta, wide)
             if self.spec is None:  # the endpoint gave no token boundaries: stop speculating here
                 self.spec_tokens = None
@@ -170,8 +219,11 @@ class GenerationMixin:
             if filled is None:  # this gen's own call decides
                 return False
         text, meta = filled
-        meta = ({**{k: call_meta.get(k) for k in ("id", "prompt_tokens", "cached_tokens")}, **meta} if call_meta
-                else speculative_meta(meta))
+        meta = (
+            {**{k: call_meta.get(k) for k in ("id", "prompt_tokens", "cached_tokens")}, **meta}
+            if call_meta
+            else speculative_meta(meta)
+        )
         self._append(text, gen.name)
         if gen.name is not None:
             self.set_variable(gen.name, text)

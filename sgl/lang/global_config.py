@@ -45,7 +45,9 @@ class GlobalConfig:
         self._verbosity = int(level)
         log = logging.getLogger("sgl.lang")
         log.setLevel(logging.INFO if level > 0 else logging.NOTSET)
-        if level > 0 and not log.handlers and not logging.getLogger().handlers:  # nothing would print it
+        if (
+            level > 0 and not log.handlers and not logging.getLogger().handlers
+        ):  # nothing would print it
             log.addHandler(logging.StreamHandler())
 
 

@@ -25,8 +25,18 @@ from sgl.lang.executor import StreamExecutor
 from sgl.lang.generation import DTYPE_REGEX, DTYPE_STOP, parsed_calls
 from sgl.lang.program_state import ProgramState, ProgramStateGroup, iterate_in_thread
 
-__all__ = ["DTYPE_REGEX", "DTYPE_STOP", "ProgramError", "ProgramState", "ProgramStateGroup", "StreamExecutor",
-           "iterate_in_thread", "parsed_calls", "run_program", "run_program_batch"]
+__all__ = [
+    "DTYPE_REGEX",
+    "DTYPE_STOP",
+    "ProgramError",
+    "ProgramState",
+    "ProgramStateGroup",
+    "StreamExecutor",
+    "iterate_in_thread",
+    "parsed_calls",
+    "run_program",
+    "run_program_batch",
+]
 
 
 def run_program(
@@ -55,6 +65,7 @@ def run_program(
             state.stream_executor.end()
 
     if stream:
+
         def quiet_body() -> None:
             with contextlib.suppress(BaseException):
                 body()

@@ -22,14 +22,21 @@ REGEX_STR = r"\"[\w\d\s]*\""
 # (From the runtime's parameter table: the rows the DSL exposes.)
 SAMPLING_KEYS = tuple(p.name for p in PARAMS if p.dsl is not None)
 # Logprob options of a generation call (passed beside the sampling parameters).
-LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+LOGPROB_KEYS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+)
 
 
 class Expr:
     """Base of everything a program can add to a state."""
 
     def __repr__(self) -> str:  # the fields, positionally: `RoleBegin('user')`, `SetVar('v', 1)`
-        return f"{type(self).__name__}({', '.join(repr(getattr(self, f.name)) for f in fields(self))})"
+        return (
+            f"{type(self).__name__}({', '.join(repr(getattr(self, f.name)) for f in fields(self))})"
+        )
 
     def __add__(self, other: Any) -> ExprList:
         return ExprList([self, to_expr(other)])
@@ -68,10 +75,14 @@ class Gen(Expr):
     sampling: dict[str, Any] = field(default_factory=dict)
     logprobs: dict[str, Any] = field(default_factory=dict)
     dtype: str | None = None  # "int" | "float" | "bool" | "str": a regex constraint
-    tool_format: str | None = None  # with tools: the call format; the variable holds the parsed calls
+    tool_format: str | None = (
+        None  # with tools: the call format; the variable holds the parsed calls
+    )
 
     def __repr__(self) -> str:
-        args = [repr(self.name)] + [f"{k}={v!r}" for k, v in {**self.sampling, **self.logprobs}.items()]
+        args = [repr(self.name)] + [
+            f"{k}={v!r}" for k, v in {**self.sampling, **self.logprobs}.items()
+        ]
         if self.dtype:
             args.append(f"dtype={self.dtype}")
         if self.tool_format:
@@ -154,7 +165,11 @@ class Variable(Expr):
     source: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
-        return f"Variable({self.name!r})" if self.source is None else f"Variable({self.name!r}, {self.source!r})"
+        return (
+            f"Variable({self.name!r})"
+            if self.source is None
+            else f"Variable({self.name!r}, {self.source!r})"
+        )
 
 
 def to_expr(x: Any) -> Expr:

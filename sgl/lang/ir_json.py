@@ -64,29 +64,54 @@ def _node_to_json(n: ir.Expr, path: str) -> dict[str, Any]:
         return {"type": "text", "text": n.text}
     if isinstance(n, ir.Gen):
         _check_json(n.sampling, f"{path}.sampling")
-        return {"type": "gen", "name": n.name, "sampling": dict(n.sampling), "logprobs": dict(n.logprobs),
-                "dtype": n.dtype, **({"tool_format": n.tool_format} if n.tool_format else {})}
+        return {
+            "type": "gen",
+            "name": n.name,
+            "sampling": dict(n.sampling),
+            "logprobs": dict(n.logprobs),
+            "dtype": n.dtype,
+            **({"tool_format": n.tool_format} if n.tool_format else {}),
+        }
     if isinstance(n, ir.Select):
         method = n.choices_method or token_length_normalized
         names = [k for k, v in CHOICES_METHODS.items() if v is method]
         if not names:
-            raise IRFormatError(f"a custom choices_method ({type(method).__name__}) cannot be shipped", path)
-        return {"type": "select", "name": n.name, "choices": list(n.choices), "temperature": n.temperature,
-                "choices_method": names[0]}
+            raise IRFormatError(
+                f"a custom choices_method ({type(method).__name__}) cannot be shipped", path
+            )
+        return {
+            "type": "select",
+            "name": n.name,
+            "choices": list(n.choices),
+            "temperature": n.temperature,
+            "choices_method": names[0],
+        }
     if isinstance(n, (ir.RoleBegin, ir.RoleEnd)):
         return {"type": "role_begin" if isinstance(n, ir.RoleBegin) else "role_end", "role": n.role}
     if isinstance(n, (ir.VarScopeBegin, ir.VarScopeEnd)):
-        return {"type": "var_scope_begin" if isinstance(n, ir.VarScopeBegin) else "var_scope_end", "name": n.name}
+        return {
+            "type": "var_scope_begin" if isinstance(n, ir.VarScopeBegin) else "var_scope_end",
+            "name": n.name,
+        }
     if isinstance(n, ir.SetVar):
         _check_json(n.value, f"{path}.value")
         return {"type": "set_var", "name": n.name, "value": n.value}
     if isinstance(n, ir.Fork):
-        return {"type": "fork", "fork_id": n.fork_id,
-                "branches": [_nodes_to_json(b, f"{path}.branches[{i}]") for i, b in enumerate(n.branches)]}
+        return {
+            "type": "fork",
+            "fork_id": n.fork_id,
+            "branches": [
+                _nodes_to_json(b, f"{path}.branches[{i}]") for i, b in enumerate(n.branches)
+            ],
+        }
     if isinstance(n, ir.Join):
         return {"type": "join", "mode": n.mode}
     if isinstance(n, ir.Variable):
-        return {"type": "variable", "name": n.name, "source": [list(p) for p in n.source] if n.source else None}
+        return {
+            "type": "variable",
+            "name": n.name,
+            "source": [list(p) for p in n.source] if n.source else None,
+        }
     if isinstance(n, ir.Argument):
         return {"type": "argument", "name": n.name}
     raise IRFormatError(f"{type(n).__name__} cannot be shipped", path)
@@ -107,8 +132,11 @@ def program_from_json(data: Any) -> list[ir.Expr]:
         raise IRFormatError("a program is an object {format_version, nodes}", "nodes")
     version = data.get("format_version")
     if version != FORMAT_VERSION:
-        raise IRFormatError(f"format_version {version!r} is not supported (this server reads {FORMAT_VERSION}); "
-                            "use the same sgl version on client and server", "format_version")
+        raise IRFormatError(
+            f"format_version {version!r} is not supported (this server reads {FORMAT_VERSION}); "
+            "use the same sgl version on client and server",
+            "format_version",
+        )
     return _nodes_from_json(data.get("nodes"), "nodes", set())
 
 
@@ -123,7 +151,9 @@ def _field(node: dict, key: str, kinds: type | tuple, path: str, optional: bool 
     if value is None and optional:
         return None
     kinds = kinds if isinstance(kinds, tuple) else (kinds,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # true is not a number
+    if not isinstance(value, kinds) or (
+        isinstance(value, bool) and bool not in kinds
+    ):  # true is not a number
         names = " or ".join(k.__name__ for k in kinds)
         raise IRFormatError(f"{key!r} must be {names}, got {type(value).__name__}", f"{path}.{key}")
     return value
@@ -135,7 +165,9 @@ def _node_from_json(node: Any, path: str, fork_ids: set[int]) -> ir.Expr:
     kind = node["type"]
     reader = _READERS.get(kind)
     if reader is None:
-        raise IRFormatError(f"unknown node type {kind!r} (known: {', '.join(_READERS)})", f"{path}.type")
+        raise IRFormatError(
+            f"unknown node type {kind!r} (known: {', '.join(_READERS)})", f"{path}.type"
+        )
     return reader(node, path, fork_ids)
 
 
@@ -143,19 +175,29 @@ def _gen(node: dict, path: str, fork_ids: set[int]) -> ir.Gen:
     sampling = _field(node, "sampling", dict, path, optional=True) or {}
     unknown = sorted(set(sampling) - set(ir.SAMPLING_KEYS))
     if unknown:
-        raise IRFormatError(f"unknown sampling parameter {unknown[0]!r}", f"{path}.sampling.{unknown[0]}")
+        raise IRFormatError(
+            f"unknown sampling parameter {unknown[0]!r}", f"{path}.sampling.{unknown[0]}"
+        )
     logprobs = _field(node, "logprobs", dict, path, optional=True) or {}
     unknown = sorted(set(logprobs) - set(ir.LOGPROB_KEYS))
     if unknown:
-        raise IRFormatError(f"unknown logprob option {unknown[0]!r}", f"{path}.logprobs.{unknown[0]}")
+        raise IRFormatError(
+            f"unknown logprob option {unknown[0]!r}", f"{path}.logprobs.{unknown[0]}"
+        )
     dtype = _field(node, "dtype", str, path, optional=True)
     if dtype not in (None, "int", "float", "bool", "str"):
-        raise IRFormatError(f"dtype must be int, float, bool or str, got {dtype!r}", f"{path}.dtype")
+        raise IRFormatError(
+            f"dtype must be int, float, bool or str, got {dtype!r}", f"{path}.dtype"
+        )
     tool_format = _field(node, "tool_format", str, path, optional=True)
     if tool_format not in (None, *PARSERS):
-        raise IRFormatError(f"tool_format must be one of {', '.join(PARSERS)}, got {tool_format!r}",
-                            f"{path}.tool_format")
-    return ir.Gen(_field(node, "name", str, path, optional=True), sampling, logprobs, dtype, tool_format)
+        raise IRFormatError(
+            f"tool_format must be one of {', '.join(PARSERS)}, got {tool_format!r}",
+            f"{path}.tool_format",
+        )
+    return ir.Gen(
+        _field(node, "name", str, path, optional=True), sampling, logprobs, dtype, tool_format
+    )
 
 
 def _select(node: dict, path: str, fork_ids: set[int]) -> ir.Select:
@@ -164,19 +206,28 @@ def _select(node: dict, path: str, fork_ids: set[int]) -> ir.Select:
         raise IRFormatError("choices must be a non-empty list of strings", f"{path}.choices")
     method = node.get("choices_method") or "token_length_normalized"
     if method not in CHOICES_METHODS:
-        raise IRFormatError(f"unknown choices_method {method!r} (known: {', '.join(CHOICES_METHODS)})",
-                            f"{path}.choices_method")
+        raise IRFormatError(
+            f"unknown choices_method {method!r} (known: {', '.join(CHOICES_METHODS)})",
+            f"{path}.choices_method",
+        )
     temperature = _field(node, "temperature", (int, float), path, optional=True) or 0.0
-    return ir.Select(_field(node, "name", str, path, optional=True), choices, float(temperature),
-                     CHOICES_METHODS[method])
+    return ir.Select(
+        _field(node, "name", str, path, optional=True),
+        choices,
+        float(temperature),
+        CHOICES_METHODS[method],
+    )
 
 
 def _role(cls: type) -> Any:
     def read(node: dict, path: str, fork_ids: set[int]) -> ir.Expr:
         role = _field(node, "role", str, path)
         if role not in ROLES:
-            raise IRFormatError(f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{path}.role")
+            raise IRFormatError(
+                f"role must be one of {', '.join(ROLES)}, got {role!r}", f"{path}.role"
+            )
         return cls(role)
+
     return read
 
 
@@ -188,13 +239,18 @@ def _fork(node: dict, path: str, fork_ids: set[int]) -> ir.Fork:
     branches = _field(node, "branches", list, path)
     if not branches:
         raise IRFormatError("a fork has at least one branch", f"{path}.branches")
-    return ir.Fork([_nodes_from_json(b, f"{path}.branches[{i}]", fork_ids) for i, b in enumerate(branches)], fork_id)
+    return ir.Fork(
+        [_nodes_from_json(b, f"{path}.branches[{i}]", fork_ids) for i, b in enumerate(branches)],
+        fork_id,
+    )
 
 
 def _join(node: dict, path: str, fork_ids: set[int]) -> ir.Join:
     mode = _field(node, "mode", str, path)
     if mode not in JOIN_MODES:
-        raise IRFormatError(f"mode must be one of {', '.join(JOIN_MODES)}, got {mode!r}", f"{path}.mode")
+        raise IRFormatError(
+            f"mode must be one of {', '.join(JOIN_MODES)}, got {mode!r}", f"{path}.mode"
+        )
     return ir.Join(mode)
 
 
@@ -202,8 +258,12 @@ def _variable(node: dict, path: str, fork_ids: set[int]) -> ir.Variable:
     source = node.get("source")
     if source is not None:
         if not isinstance(source, list) or not all(
-                isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p) for p in source):
-            raise IRFormatError("source must be null or a list of [fork_id, branch] pairs", f"{path}.source")
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
+            for p in source
+        ):
+            raise IRFormatError(
+                "source must be null or a list of [fork_id, branch] pairs", f"{path}.source"
+            )
         source = tuple(tuple(p) for p in source)
     return ir.Variable(_field(node, "name", str, path), source)
 

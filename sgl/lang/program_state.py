@@ -51,8 +51,12 @@ class ProgramState(StateBuilder):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"fork size must be a positive integer, got {size!r}")
         parent = self.stream_executor
-        branches = [ProgramState(StreamExecutor(parent.backend, parent.defaults, parent.stream, parent=parent))
-                    for _ in range(size)]
+        branches = [
+            ProgramState(
+                StreamExecutor(parent.backend, parent.defaults, parent.stream, parent=parent)
+            )
+            for _ in range(size)
+        ]
         for i, b in enumerate(branches):
             b.stream_executor.branch_path = parent.branch_path + ((parent.forks_made, i),)
         parent.submit(ForkPoint([b.stream_executor for b in branches]))
@@ -80,7 +84,9 @@ class ProgramState(StateBuilder):
             return self.stream_executor.variables[name]
         except KeyError:
             known = ", ".join(sorted(self.stream_executor.variables)) or "none"
-            raise KeyError(f"no variable {name!r} in this program state (variables: {known})") from None
+            raise KeyError(
+                f"no variable {name!r} in this program state (variables: {known})"
+            ) from None
 
     def __getitem__(self, name: str) -> Any:
         return self.get_var(name)
@@ -121,8 +127,9 @@ class ProgramState(StateBuilder):
             if var_name is None or var == var_name:
                 yield piece, _with_logprobs_length(meta)
 
-    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False
-                              ) -> AsyncIterator[Any]:
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> AsyncIterator[Any]:
         """`text_iter` for asyncio. With `return_meta_data` (give `var_name`) each item is
         (text, meta): the generation's meta info so far (completion tokens, and logprobs when
         asked for, up to this piece); without streaming, the final value and meta once."""
@@ -136,7 +143,11 @@ class ProgramState(StateBuilder):
 
 def _with_logprobs_length(meta: dict | None) -> dict | None:
     """SGLang's streamed meta also counts the output logprob entries so far."""
-    if meta is None or "output_token_logprobs" not in meta or "output_token_logprobs_length" in meta:
+    if (
+        meta is None
+        or "output_token_logprobs" not in meta
+        or "output_token_logprobs_length" in meta
+    ):
         return meta
     return {**meta, "output_token_logprobs_length": len(meta["output_token_logprobs"])}
 
@@ -155,7 +166,9 @@ class ProgramStateGroup(BranchGroup):
         in fork order; variables stay in the branches (`forks[i]["v"]`).
         """
         if mode not in ("gather_variable", "concate_and_append"):
-            raise ValueError(f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}")
+            raise ValueError(
+                f"join mode must be 'gather_variable' or 'concate_and_append', got {mode!r}"
+            )
         for s in self.states:
             s.stream_executor.end()
         executors = [s.stream_executor for s in self.states]

@@ -32,8 +32,13 @@ from sgl.lang.errors import ProgramError
 from sgl.lang.program_state import iterate_in_thread
 
 
-def replay(s: Any, nodes: list[ir.Expr], arguments: dict[str, str] | None = None,
-           states: dict[tuple, Any] | None = None, path: tuple = ()) -> None:
+def replay(
+    s: Any,
+    nodes: list[ir.Expr],
+    arguments: dict[str, str] | None = None,
+    states: dict[tuple, Any] | None = None,
+    path: tuple = (),
+) -> None:
     """Add `nodes` to the running state `s` (at `path` in the fork tree), as the traced
     program did."""
     states = {} if states is None else states
@@ -51,8 +56,10 @@ def replay(s: Any, nodes: list[ir.Expr], arguments: dict[str, str] | None = None
         elif isinstance(node, ir.Variable):
             source = states.get(tuple(node.source)) if node.source else s
             if source is None:
-                raise ProgramError(f"variable {node.name!r} is read from fork branch {node.source}, which the "
-                                   "program has not created")
+                raise ProgramError(
+                    f"variable {node.name!r} is read from fork branch {node.source}, which the "
+                    "program has not created"
+                )
             s += _text_of(source[node.name], node.name)
         elif isinstance(node, ir.Argument):
             if arguments is None or node.name not in arguments:
@@ -90,8 +97,9 @@ def shared_prefix(texts: list[str]) -> str:
     return lo[:n]
 
 
-def batch_template(function: Any, items: list[tuple[tuple, dict[str, Any]]],
-                   programs: list[dict[str, Any]]) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
+def batch_template(
+    function: Any, items: list[tuple[tuple, dict[str, Any]]], programs: list[dict[str, Any]]
+) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
     """One program and an argument set per item, for a batch whose items differ only in the
     text their arguments add; None when they differ otherwise (`programs` are the items'
     own IR JSON, traced on their real arguments).
@@ -172,7 +180,9 @@ def _text_of(value: Any, name: str) -> str:
         return value
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
-    raise ProgramError(f"variable {name!r} holds a {type(value).__name__}, which cannot be added as text")
+    raise ProgramError(
+        f"variable {name!r} holds a {type(value).__name__}, which cannot be added as text"
+    )
 
 
 class ShippedState:
@@ -180,7 +190,9 @@ class ShippedState:
     `get_meta_info`, `text()`, `messages()`, `text_iter` (streamed: as the server sends
     events). `error` holds what stopped it, raised when the state is read."""
 
-    def __init__(self, events: Iterator[dict[str, Any]] | None = None, result: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, events: Iterator[dict[str, Any]] | None = None, result: dict[str, Any] | None = None
+    ) -> None:
         self.ret_value = None
         self.error: BaseException | None = None
         self._result = result
@@ -190,7 +202,9 @@ class ShippedState:
         if result is not None:
             self._done.set()
         else:
-            threading.Thread(target=self._consume, args=(events,), name="sgl-shipped-stream", daemon=True).start()
+            threading.Thread(
+                target=self._consume, args=(events,), name="sgl-shipped-stream", daemon=True
+            ).start()
 
     def _consume(self, events: Iterator[dict[str, Any]]) -> None:
         try:
@@ -250,8 +264,12 @@ class ShippedState:
         """The result's fields under the interpreter's names (`variables`, `meta_info`,
         `text_`, `messages_`), for code that reads a ProgramState's executor."""
         r = self.sync()._result
-        return SimpleNamespace(variables=r["variables"], meta_info=r["meta_info"], text_=r["text"],
-                               messages_=r["messages"])
+        return SimpleNamespace(
+            variables=r["variables"],
+            meta_info=r["meta_info"],
+            text_=r["text"],
+            messages_=r["messages"],
+        )
 
     def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         i = 0
@@ -268,7 +286,9 @@ class ShippedState:
             yield self.get_var(var_name) if var_name is not None else self._result["text"]
         self.sync()
 
-    async def text_async_iter(self, var_name: str | None = None, return_meta_data: bool = False) -> Any:
+    async def text_async_iter(
+        self, var_name: str | None = None, return_meta_data: bool = False
+    ) -> Any:
         """`text_iter` for asyncio; with `return_meta_data`, (piece, None): a shipped stream
         carries text only (the meta info comes with the result)."""
         async for piece in iterate_in_thread(self.text_iter(var_name)):

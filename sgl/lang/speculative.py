@@ -68,7 +68,9 @@ class Speculation:
     pos: int = 0  # text[:pos] is already in the program state
 
     @classmethod
-    def from_result(cls, text: str, meta: dict[str, Any], sampling: dict[str, Any]) -> Speculation | None:
+    def from_result(
+        cls, text: str, meta: dict[str, Any], sampling: dict[str, Any]
+    ) -> Speculation | None:
         """From a call made with return_logprob (for the tokens); None without usable tokens."""
         pieces = [entry[2] for entry in meta.get("output_token_logprobs") or []]
         if not pieces or any(p is None for p in pieces) or "".join(pieces) != text:
@@ -108,14 +110,21 @@ class Speculation:
         if hit is not None and (budget_end is None or hit[0] < budget_end):
             return self._take_stop(rest, ends, hit, max(map(len, stops)), budget)
         if budget_end is not None:  # the limit comes first
-            meta = {"finish_reason": {"type": "length", "length": budget}, "completion_tokens": budget}
+            meta = {
+                "finish_reason": {"type": "length", "length": budget},
+                "completion_tokens": budget,
+            }
             return rest[:budget_end], meta
         if self.ended_by_eos:  # the model ended within the budget
-            return rest, {"finish_reason": {"type": "stop", "matched": None}, "completion_tokens": len(ends)}
+            return rest, {
+                "finish_reason": {"type": "stop", "matched": None},
+                "completion_tokens": len(ends),
+            }
         return None
 
-    def _take_stop(self, rest: str, ends: tuple[int, ...], hit: tuple[int, str], longest: int,
-                   budget: int) -> tuple[str, dict[str, Any]] | None:
+    def _take_stop(
+        self, rest: str, ends: tuple[int, ...], hit: tuple[int, str], longest: int, budget: int
+    ) -> tuple[str, dict[str, Any]] | None:
         start, stop = hit
         settled = start + longest  # by then no stop starting earlier can still complete
         if settled > len(rest) and not self.ended_by_eos:
@@ -124,7 +133,10 @@ class Speculation:
         if needed > budget:
             return None  # the engine might hit the limit while the stop is undecided
         used = _tokens_to_reach(ends, self.pos + start + len(stop))
-        return rest[:start], {"finish_reason": {"type": "stop", "matched": stop}, "completion_tokens": used}
+        return rest[:start], {
+            "finish_reason": {"type": "stop", "matched": stop},
+            "completion_tokens": used,
+        }
 
 
 def _tokens_to_reach(ends: tuple[int, ...], offset: int) -> int:

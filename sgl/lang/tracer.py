@@ -71,8 +71,12 @@ class TracingState(StateBuilder):
     that refuses every use but being added to the program text, and reading the state's text,
     messages or meta info is refused: the program's structure must not depend on them."""
 
-    def __init__(self, nodes: list[ir.Expr], strict: StaticCheck | None = None,
-                 path: tuple[tuple[int, int], ...] = ()) -> None:
+    def __init__(
+        self,
+        nodes: list[ir.Expr],
+        strict: StaticCheck | None = None,
+        path: tuple[tuple[int, int], ...] = (),
+    ) -> None:
         self.nodes = nodes
         self.strict = strict
         self.path = path  # (fork_id, branch) pairs from the root state to this one
@@ -89,15 +93,22 @@ class TracingState(StateBuilder):
     def _split(self, text: str) -> list[ir.Expr]:
         if self.strict is None:
             return _split_text(text)
-        return [self.strict.resolve(e.name).added_to(self.path) if isinstance(e, ir.Variable) else e
-                for e in _split_text(text)]
+        return [
+            self.strict.resolve(e.name).added_to(self.path) if isinstance(e, ir.Variable) else e
+            for e in _split_text(text)
+        ]
 
     def fork(self, size: int = 1) -> TracingGroup:
         fork_id = self.strict.new_fork_id() if self.strict is not None else 0
         fork = ir.Fork([[] for _ in range(size)], fork_id)
         self.nodes.append(fork)
-        return TracingGroup([TracingState(b, self.strict, self.path + ((fork_id, i),))
-                             for i, b in enumerate(fork.branches)], self)
+        return TracingGroup(
+            [
+                TracingState(b, self.strict, self.path + ((fork_id, i),))
+                for i, b in enumerate(fork.branches)
+            ],
+            self,
+        )
 
     def get_var(self, name: str) -> Any:
         if self.strict is not None:
@@ -175,7 +186,9 @@ class GeneratedValue(ir.Variable):
         return ir.Variable(self.name, None if own else self.path)
 
     def _dynamic(self, what: str) -> Any:
-        raise DynamicProgramError(f"the program {what} the generated value {self.name!r}", _user_line())
+        raise DynamicProgramError(
+            f"the program {what} the generated value {self.name!r}", _user_line()
+        )
 
     def __format__(self, spec: str) -> str:
         if spec:
@@ -243,8 +256,11 @@ class StaticCheck:
     def check_all_added(self) -> None:
         for value in self.values.values():
             if not value.flowed:
-                raise DynamicProgramError(f"the generated value {value.name!r} is read but never added to the "
-                                          "program's text (it is used some other way)", value.where)
+                raise DynamicProgramError(
+                    f"the generated value {value.name!r} is read but never added to the "
+                    "program's text (it is used some other way)",
+                    value.where,
+                )
 
 
 def trace_static(function: Any, args: tuple, kwargs: dict[str, Any]) -> list[ir.Expr]:
@@ -253,14 +269,20 @@ def trace_static(function: Any, args: tuple, kwargs: dict[str, Any]) -> list[ir.
     nodes: list[ir.Expr] = []
     check = StaticCheck()
     try:
-        returned = function.func(TracingState(nodes, check), *args, **{**function.bind_arguments, **kwargs})
+        returned = function.func(
+            TracingState(nodes, check), *args, **{**function.bind_arguments, **kwargs}
+        )
     except DynamicProgramError:
         raise
     except Exception as e:
-        raise DynamicProgramError(f"tracing the program raised {type(e).__name__}: {e}", _user_line()) from e
+        raise DynamicProgramError(
+            f"tracing the program raised {type(e).__name__}: {e}", _user_line()
+        ) from e
     if returned is not None:
-        raise DynamicProgramError("the program returns a value, which only running it on the client gives",
-                                  function.func.__name__)
+        raise DynamicProgramError(
+            "the program returns a value, which only running it on the client gives",
+            function.func.__name__,
+        )
     check.check_all_added()
     return nodes
 

@@ -114,7 +114,9 @@ class BatchBuilder:
             decodes.remove(victim)
             need -= victim.pending_tokens
             self.retract(victim)
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        self.new_token_ratio = max(
+            MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
+        )
         return [BatchItem(r, r.pending_tokens) for r in decodes]
 
     def _reserved_tokens(self) -> int:

@@ -38,11 +38,15 @@ class EngineConfig:
     # Compiling a constraint runs in a child process under these limits (a 400 past them).
     constraint_compile_timeout: float = 30.0  # CPU seconds (3x in wall time)
     constraint_compile_memory_gb: float = 4.0
-    grammar_backend: str = "sgl"  # sgl | llguidance | xgrammar (when installed): who compiles constraints
+    grammar_backend: str = (
+        "sgl"  # sgl | llguidance | xgrammar (when installed): who compiles constraints
+    )
     attention_backend: str = "auto"  # auto | cpu | torch_native | triton | flashinfer
     context_length: int | None = None
     random_seed: int | None = None
-    load_format: str = "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)
+    load_format: str = (
+        "auto"  # auto (the checkpoint) | dummy (random weights from a config or named shape)
+    )
     cuda_graph_max_bs: int = 160  # decode steps of up to this many requests replay CUDA graphs
     disable_cuda_graph: bool = False
     # Admission limits: past them a request is refused (EngineOverloadedError / RequestTooLargeError,
@@ -70,19 +74,29 @@ class EngineConfig:
         if not isinstance(self.tp_size, int) or isinstance(self.tp_size, bool) or self.tp_size < 1:
             raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
         if self.schedule_policy not in SCHEDULE_POLICIES:
-            raise ValueError(f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}")
+            raise ValueError(
+                f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
         if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )
         from sgl.runtime.model.quant import INT4_GROUP_SIZES, QUANTIZATIONS
 
         if self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
         from sgl.runtime.model.dense_copy import DENSE_COPY_MODES
 
         if self.dense_copy not in DENSE_COPY_MODES:
-            raise ValueError(f"dense_copy must be one of {DENSE_COPY_MODES}, got {self.dense_copy!r}")
+            raise ValueError(
+                f"dense_copy must be one of {DENSE_COPY_MODES}, got {self.dense_copy!r}"
+            )
         if self.int4_group_size not in INT4_GROUP_SIZES:
-            raise ValueError(f"int4_group_size must be one of {INT4_GROUP_SIZES}, got {self.int4_group_size}")
+            raise ValueError(
+                f"int4_group_size must be one of {INT4_GROUP_SIZES}, got {self.int4_group_size}"
+            )
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
@@ -91,29 +105,45 @@ class EngineConfig:
             raise ValueError(f"max_running_requests must be >= 1, got {self.max_running_requests}")
         for name in ("max_queued_requests", "max_prompt_tokens", "max_new_tokens_limit"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < (0 if name == "max_queued_requests" else 1)):
+            if value is not None and (
+                not isinstance(value, int) or value < (0 if name == "max_queued_requests" else 1)
+            ):
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if self.max_n < 1 or self.max_top_logprobs < 0:
-            raise ValueError(f"max_n must be >= 1 and max_top_logprobs >= 0, got {self.max_n}, {self.max_top_logprobs}")
+            raise ValueError(
+                f"max_n must be >= 1 and max_top_logprobs >= 0, got {self.max_n}, {self.max_top_logprobs}"
+            )
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
+            )
         from sgl.runtime.attention import ATTENTION_BACKENDS
 
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+            raise ValueError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if not self.constraint_compile_timeout > 0:
-            raise ValueError(f"constraint_compile_timeout must be > 0 seconds, got {self.constraint_compile_timeout}")
+            raise ValueError(
+                f"constraint_compile_timeout must be > 0 seconds, got {self.constraint_compile_timeout}"
+            )
         if not self.constraint_compile_memory_gb >= 0.5:
-            raise ValueError(f"constraint_compile_memory_gb must be >= 0.5, got {self.constraint_compile_memory_gb}")
+            raise ValueError(
+                f"constraint_compile_memory_gb must be >= 0.5, got {self.constraint_compile_memory_gb}"
+            )
         from sgl.constrained.backends import BACKENDS, available_backends
 
         if self.grammar_backend not in BACKENDS:
-            raise ValueError(f"grammar_backend must be one of {BACKENDS}, got {self.grammar_backend!r}")
+            raise ValueError(
+                f"grammar_backend must be one of {BACKENDS}, got {self.grammar_backend!r}"
+            )
         if self.grammar_backend not in available_backends():
-            raise ValueError(f"grammar_backend {self.grammar_backend!r} is not installed: pip install "
-                             f"{self.grammar_backend} (available: {available_backends()})")
+            raise ValueError(
+                f"grammar_backend {self.grammar_backend!r} is not installed: pip install "
+                f"{self.grammar_backend} (available: {available_backends()})"
+            )
         if self.cuda_graph_max_bs < 1:
             raise ValueError(
                 f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use disable_cuda_graph=True to turn graphs off"
@@ -135,12 +165,19 @@ class EngineConfig:
         why = bf16_matmul_support()
         if why is not None:
             return torch.bfloat16, f"auto: this CPU has {why}"
-        return torch.float32, "auto: this CPU has no AMX-BF16 or AVX512-BF16 (bf16 matmuls would be emulated)"
+        return (
+            torch.float32,
+            "auto: this CPU has no AMX-BF16 or AVX512-BF16 (bf16 matmuls would be emulated)",
+        )
 
     @property
     def chunk_size(self) -> int | None:
         """The prefill chunk in tokens; None: chunking off."""
-        return self.chunked_prefill_size if self.chunked_prefill_size and self.chunked_prefill_size > 0 else None
+        return (
+            self.chunked_prefill_size
+            if self.chunked_prefill_size and self.chunked_prefill_size > 0
+            else None
+        )
 
     @property
     def max_in_flight(self) -> int | None:

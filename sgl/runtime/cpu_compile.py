@@ -41,7 +41,8 @@ def _register_attention_fake() -> None:
     global _fake_registered
     if not _fake_registered:
         torch.library.register_fake("sgl_cpu::paged_attention")(
-            lambda q, k_buf, v_buf, table, rows, scale, window=0, logit_cap=0.0: torch.empty_like(q))
+            lambda q, k_buf, v_buf, table, rows, scale, window=0, logit_cap=0.0: torch.empty_like(q)
+        )
         _fake_registered = True
 
 
@@ -65,33 +66,59 @@ class CompiledDecode:
         seconds: dict[str, float] = {}
         errors: dict[str, str] = {}
         wrappers: dict[str, str] = {}
-        logger.info("compiling the decode graphs (batch 1, batch 2+) with torch.compile: minutes the first time "
-                    "on a small CPU, seconds once inductor's disk cache holds them")
-        self.forward = self._compile("batch 1", self._batch1, make_batch(1), attn_backend, seconds, errors, wrappers)
-        self.batched = self._compile("batch 2+", self._batched, make_batch(2), attn_backend, seconds, errors, wrappers)
-        self.info = {"enabled": self.forward is not None or self.batched is not None,
-                     "compile_seconds": round(sum(seconds.values()), 1), "graphs": seconds, "wrappers": wrappers}
-        logger.info("compiled %d of 2 decode graphs in %.1f s", len(seconds), self.info["compile_seconds"])
+        logger.info(
+            "compiling the decode graphs (batch 1, batch 2+) with torch.compile: minutes the first time "
+            "on a small CPU, seconds once inductor's disk cache holds them"
+        )
+        self.forward = self._compile(
+            "batch 1", self._batch1, make_batch(1), attn_backend, seconds, errors, wrappers
+        )
+        self.batched = self._compile(
+            "batch 2+", self._batched, make_batch(2), attn_backend, seconds, errors, wrappers
+        )
+        self.info = {
+            "enabled": self.forward is not None or self.batched is not None,
+            "compile_seconds": round(sum(seconds.values()), 1),
+            "graphs": seconds,
+            "wrappers": wrappers,
+        }
+        logger.info(
+            "compiled %d of 2 decode graphs in %.1f s", len(seconds), self.info["compile_seconds"]
+        )
         if errors:
             self.info["errors"] = errors
 
     def _batch1(self, wrapper: str) -> Callable:
         """One static graph."""
-        return torch.compile(self.model.forward, dynamic=False, options={"cpp_wrapper": wrapper == "cpp"})
+        return torch.compile(
+            self.model.forward, dynamic=False, options={"cpp_wrapper": wrapper == "cpp"}
+        )
 
     def _batched(self, wrapper: str) -> Callable:
         """One graph with the row count symbolic."""
-        batched = torch.compile(self.model.forward, dynamic=None, options={"cpp_wrapper": wrapper == "cpp"})
+        batched = torch.compile(
+            self.model.forward, dynamic=None, options={"cpp_wrapper": wrapper == "cpp"}
+        )
 
-        def run_batched(input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        def run_batched(
+            input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+        ) -> torch.Tensor:
             for t in (input_ids, positions, batch.out_cache_loc, batch.metadata.rows):
                 torch._dynamo.mark_dynamic(t, 0)
             return batched(input_ids, positions, batch)
 
         return run_batched
 
-    def _compile(self, name: str, make: Callable[[str], Callable], batch: ForwardBatch, attn_backend,
-                 seconds: dict, errors: dict, wrappers: dict) -> Callable | None:
+    def _compile(
+        self,
+        name: str,
+        make: Callable[[str], Callable],
+        batch: ForwardBatch,
+        attn_backend,
+        seconds: dict,
+        errors: dict,
+        wrappers: dict,
+    ) -> Callable | None:
         """The graph compiled (and run once) with the first wrapper that works, else None (eager)."""
         t = time.perf_counter()
         for wrapper in WRAPPERS:
@@ -102,12 +129,22 @@ class CompiledDecode:
                 with torch.inference_mode():
                     forward(batch.input_ids, batch.positions, batch)
             except Exception as e:  # no compiler, an inductor bug: the next wrapper, then eager
-                logger.warning("torch.compile (%s wrapper) of the %s decode forward failed: %s", wrapper, name, e)
+                logger.warning(
+                    "torch.compile (%s wrapper) of the %s decode forward failed: %s",
+                    wrapper,
+                    name,
+                    e,
+                )
                 errors[f"{name} ({wrapper} wrapper)"] = f"{type(e).__name__}: {e}"[:300]
                 continue
             seconds[name] = round(time.perf_counter() - t, 1)
             wrappers[name] = wrapper
-            logger.info("compiled the %s decode forward (%s wrapper) in %.1f s", name, wrapper, seconds[name])
+            logger.info(
+                "compiled the %s decode forward (%s wrapper) in %.1f s",
+                name,
+                wrapper,
+                seconds[name],
+            )
             return forward
         logger.warning("the %s decode forward runs eagerly", name)
         return None

@@ -27,7 +27,9 @@ TAKEN_AT = 0.6
 MIN_TICKS = 20  # per CPU between readings (0.2 s at the usual 100 ticks/s)
 
 
-def cpu_ticks(cpus: set[int], stat_path: str = "/proc/stat", self_path: str = "/proc/self/stat") -> tuple[int, int, int]:
+def cpu_ticks(
+    cpus: set[int], stat_path: str = "/proc/stat", self_path: str = "/proc/self/stat"
+) -> tuple[int, int, int]:
     """(all ticks, busy ticks, this process's ticks) so far on `cpus`; busy includes time the
     hypervisor stole (the CPU was not ours)."""
     total = busy = 0
@@ -51,7 +53,9 @@ def omp_set_num_threads() -> Callable[[int], None] | None:
     every thread started later takes (another engine's scheduler, the caller's own threads)."""
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if line.rstrip().endswith((".so", ".so.1", ".so.5"))}
+            paths = {
+                line.split()[-1] for line in f if line.rstrip().endswith((".so", ".so.1", ".so.5"))
+            }
     except OSError:
         return None
     for path in sorted(paths):
@@ -74,9 +78,15 @@ def threads_for(cpus: int, others: float, max_threads: int) -> int:
 class CpuShare:
     """Resizes this thread's OpenMP team (`set_threads`) to the CPUs other processes leave."""
 
-    def __init__(self, max_threads: int, set_threads: Callable[[int], None],
-                 read: Callable[[], tuple[int, int, int]] | None = None, clock: Callable[[], float] = time.monotonic,
-                 interval: float = INTERVAL_S, cpus: set[int] | None = None) -> None:
+    def __init__(
+        self,
+        max_threads: int,
+        set_threads: Callable[[int], None],
+        read: Callable[[], tuple[int, int, int]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        interval: float = INTERVAL_S,
+        cpus: set[int] | None = None,
+    ) -> None:
         """`cpus`: the CPUs this process may use (default its affinity); `read` and `clock`
         replace the counters and the time (tests)."""
         self.max_threads, self.threads = max_threads, max_threads
@@ -125,7 +135,12 @@ class CpuShare:
         others = self._cpus * max(0, busy - own) / total
         want = threads_for(self._cpus, others, self.max_threads)
         if want != self.threads:
-            logger.info("other processes use %.1f of %d CPUs: %d compute threads (was %d)", others, self._cpus,
-                        want, self.threads)
+            logger.info(
+                "other processes use %.1f of %d CPUs: %d compute threads (was %d)",
+                others,
+                self._cpus,
+                want,
+                self.threads,
+            )
             self.threads = want
             self.set_threads(want)

@@ -105,7 +105,12 @@ class CudaGraphRunner:
         # Filled on the host and sent in one copy per step.
         self._host = torch.zeros((5, max_bs), dtype=torch.int64, pin_memory=self.use_graphs)
         self._dev = torch.zeros((5, max_bs), dtype=torch.int64, device=self.device)
-        self.input_ids, self.positions, self.out_cache_loc, self.req_rows = self._dev[0], self._dev[1], self._dev[2], self._dev[3]
+        self.input_ids, self.positions, self.out_cache_loc, self.req_rows = (
+            self._dev[0],
+            self._dev[1],
+            self._dev[2],
+            self._dev[3],
+        )
         self.seq_lens = torch.ones(max_bs, dtype=torch.int32, device=self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -119,7 +124,13 @@ class CudaGraphRunner:
     def _write(self, inputs: DecodeInputs) -> None:
         n = len(inputs.input_ids)
         self._host[:, :n] = torch.tensor(
-            [inputs.input_ids, inputs.positions, inputs.out_cache_loc, inputs.req_rows, inputs.seq_lens],
+            [
+                inputs.input_ids,
+                inputs.positions,
+                inputs.out_cache_loc,
+                inputs.req_rows,
+                inputs.seq_lens,
+            ],
             dtype=torch.int64,
         )
         self._dev.copy_(self._host, non_blocking=True)
@@ -147,7 +158,9 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream(self.device) if self.use_graphs else None
         # Largest first: the smaller graphs then fit in the memory the larger ones freed.
         for bs in reversed(self.capture_sizes):
-            self.metadata[bs] = self.backend.init_forward_metadata_capture(bs, self.req_rows[:bs], self.seq_lens[:bs])
+            self.metadata[bs] = self.backend.init_forward_metadata_capture(
+                bs, self.req_rows[:bs], self.seq_lens[:bs]
+            )
             if not self.use_graphs:
                 continue
             batch = self._batch(bs)
@@ -159,7 +172,9 @@ class CudaGraphRunner:
                 torch.cuda.current_stream(self.device).wait_stream(stream)
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: CUDA work of other threads (another engine in the process) may go on
-                with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                with torch.cuda.graph(
+                    graph, pool=pool, stream=stream, capture_error_mode="thread_local"
+                ):
                     self.outputs[bs] = self.model(batch.input_ids, batch.positions, batch)
             self.graphs[bs] = graph
         if self.use_graphs:

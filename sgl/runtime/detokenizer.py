@@ -207,11 +207,15 @@ class IncrementalDetokenizer:
         # tokens, plus (when skipping) special tokens, which the backend drops
         # before decoding so that a run continues across them.
         self._run_ids = (
-            info.byte_ids | info.special_ids if info.byte_ids and skip_special_tokens else info.byte_ids
+            info.byte_ids | info.special_ids
+            if info.byte_ids and skip_special_tokens
+            else info.byte_ids
         )
         self._cleanup = _CleanupStream(tokenizer.clean_up_tokenization) if info.cleanup else None
 
-        seed = self._prompt_seed([] if prompt_ids is None else [operator.index(t) for t in prompt_ids])
+        seed = self._prompt_seed(
+            [] if prompt_ids is None else [operator.index(t) for t in prompt_ids]
+        )
         self._ids: list[int] = seed
         self._n_seed = len(seed)
         self._prefix_offset = 0
@@ -231,7 +235,11 @@ class IncrementalDetokenizer:
     def _prompt_seed(self, prompt: list[int]) -> list[int]:
         """The prompt tail used as context, or [] when it would not be reliable."""
         last = len(prompt)
-        while last > 0 and prompt[last - 1] in self._run_ids and prompt[last - 1] not in self._byte_ids:
+        while (
+            last > 0
+            and prompt[last - 1] in self._run_ids
+            and prompt[last - 1] not in self._byte_ids
+        ):
             last -= 1  # skipped specials: look through them
         if not prompt or (last > 0 and prompt[last - 1] in self._byte_ids):
             return []

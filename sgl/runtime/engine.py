@@ -100,7 +100,9 @@ class Engine(EngineControl, EngineDebugHooks):
         self.model: Any = None
         self.scheduler: Any = None
         if self.config.in_processes:
-            self._transport: ThreadTransport | ProcessTransport = ProcessTransport(self._on_outputs, self._on_dead)
+            self._transport: ThreadTransport | ProcessTransport = ProcessTransport(
+                self._on_outputs, self._on_dead
+            )
             info = self._transport.start(private_config(self.config))
             try:
                 self.tokenizer = load_engine_tokenizer(info.tokenizer_path)
@@ -110,7 +112,8 @@ class Engine(EngineControl, EngineDebugHooks):
         else:
             self._transport = ThreadTransport(self._on_outputs)
             self.scheduler, info, self.tokenizer = on_fresh_thread(
-                lambda: build_scheduler(private_config(self.config), self._transport.emit))
+                lambda: build_scheduler(private_config(self.config), self._transport.emit)
+            )
             self.model = self.scheduler.runner.model
             self._transport.start(self.scheduler)
         self._take_model_info(info)
@@ -138,7 +141,9 @@ class Engine(EngineControl, EngineDebugHooks):
                     self._set_fault(EngineFault(out.incident))
                 else:
                     self._router.deliver(out)
-            except Exception:  # e.g. a reply whose waiter was cancelled: the next outputs still go out
+            except (
+                Exception
+            ):  # e.g. a reply whose waiter was cancelled: the next outputs still go out
                 logger.exception("could not deliver a scheduler output")
 
     def _on_dead(self, error: BaseException) -> None:
@@ -161,37 +166,69 @@ class Engine(EngineControl, EngineDebugHooks):
         with self._tokenizer_lock:
             return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def render_messages(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                        tools: list[dict[str, Any]] | None = None, template_kwargs: dict[str, Any] | None = None) -> str:
+    def render_messages(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         """A conversation as prompt text, with the model's chat template (see runtime/chat.py)."""
         # Rendering is Jinja over the messages (tokenize=False): it reads the tokenizer's
         # template and special tokens but never its (not thread-safe) Rust encoder, so it
         # needs no lock, and concurrent requests do not queue behind each other's render.
-        return render_messages(self.tokenizer, validate_messages(messages), add_generation_prompt, tools,
-                               template_kwargs)
+        return render_messages(
+            self.tokenizer,
+            validate_messages(messages),
+            add_generation_prompt,
+            tools,
+            template_kwargs,
+        )
 
     # ------------------------------------------------------------------ request building
 
-    def _build_requests(self, prompt: Any, messages: Any, input_ids: Any, sampling_params: Any,
-                        return_logprob: bool, logprob_start_len: int, top_logprobs_num: Any, stream: bool, rid: Any,
-                        return_text_in_logprobs: bool, session_params: Any) -> GenerateCall:
+    def _build_requests(
+        self,
+        prompt: Any,
+        messages: Any,
+        input_ids: Any,
+        sampling_params: Any,
+        return_logprob: bool,
+        logprob_start_len: int,
+        top_logprobs_num: Any,
+        stream: bool,
+        rid: Any,
+        return_text_in_logprobs: bool,
+        session_params: Any,
+    ) -> GenerateCall:
         """Normalize the inputs, check each fits, compile its constraint, expand n."""
         self._check_admission()
         if messages is not None:
             if prompt is not None:
                 raise InvalidRequestError("give one of prompt and messages, not both", "messages")
             convs = messages if messages and isinstance(messages[0], (list, tuple)) else None
-            prompt = [self.render_messages(c) for c in convs] if convs else self.render_messages(messages)
+            prompt = (
+                [self.render_messages(c) for c in convs]
+                if convs
+                else self.render_messages(messages)
+            )
         vocab = self.model_config.vocab_size
-        inputs = rb.normalize_inputs(prompt, input_ids, sampling_params, rid, session_params, self.encode, vocab)
-        logprobs = rb.logprob_options(return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs,
-                                      vocab)
+        inputs = rb.normalize_inputs(
+            prompt, input_ids, sampling_params, rid, session_params, self.encode, vocab
+        )
+        logprobs = rb.logprob_options(
+            return_logprob, logprob_start_len, top_logprobs_num, return_text_in_logprobs, vocab
+        )
         rb.check_limits(inputs, logprobs, self.config)
         capacity = self.memory_plan["max_total_tokens"]
         reqs: list[GenerateRequest] = []
         for ids, p, r in zip(inputs.id_lists, inputs.params, inputs.rids):
-            if inputs.session is None:  # a session turn is checked with its history, by the scheduler
-                rb.check_fit(ids, p, logprobs, self.context_len, capacity, self.config.max_new_tokens_limit)
+            if (
+                inputs.session is None
+            ):  # a session turn is checked with its history, by the scheduler
+                rb.check_fit(
+                    ids, p, logprobs, self.context_len, capacity, self.config.max_new_tokens_limit
+                )
             reqs.extend(rb.expand_n(r, ids, p, logprobs, stream, inputs.session))
         rb.check_unique(reqs, inputs.rids)
         return GenerateCall(self, reqs, inputs.is_batch or len(reqs) > 1)
@@ -223,8 +260,19 @@ class Engine(EngineControl, EngineDebugHooks):
         makes the request a turn of an open session (see `open_session`): the prompt is then
         only the new input.
         """
-        call = self._build_requests(prompt, messages, input_ids, sampling_params, return_logprob, logprob_start_len,
-                                    top_logprobs_num, stream, rid, return_text_in_logprobs, session_params)
+        call = self._build_requests(
+            prompt,
+            messages,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+            return_text_in_logprobs,
+            session_params,
+        )
         sink = QueueSink()
         call.submit(sink)
         if stream:
@@ -274,8 +322,19 @@ class Engine(EngineControl, EngineDebugHooks):
         cancelled meanwhile, nothing is submitted."""
         self._check_admission()  # refuse on the event loop at once, not after a worker thread frees up
         call = await asyncio.to_thread(
-            self._build_requests, prompt, messages, input_ids, sampling_params, return_logprob, logprob_start_len,
-            top_logprobs_num, stream, rid, return_text_in_logprobs, session_params)
+            self._build_requests,
+            prompt,
+            messages,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            stream,
+            rid,
+            return_text_in_logprobs,
+            session_params,
+        )
         sink = AsyncSink(asyncio.get_running_loop())
         call.submit(sink)
         if stream:
@@ -300,7 +359,9 @@ class Engine(EngineControl, EngineDebugHooks):
             raise
 
     @staticmethod
-    async def _astream(call: GenerateCall, sink: AsyncSink, first: dict | None) -> AsyncIterator[dict]:
+    async def _astream(
+        call: GenerateCall, sink: AsyncSink, first: dict | None
+    ) -> AsyncIterator[dict]:
         try:
             if first is not None:
                 yield first
@@ -314,6 +375,7 @@ class Engine(EngineControl, EngineDebugHooks):
         (on the transport's delivery thread: keep it short and thread-safe). The server's
         metrics use it."""
         self._router.add_finish_listener(fn)
+
     # ------------------------------------------------------------------ the scheduler
 
     def _send(self, msg: SchedulerMessage) -> None:
@@ -336,11 +398,16 @@ class Engine(EngineControl, EngineDebugHooks):
         self._check_open()
         fault = self._fault
         if fault is not None:
-            raise EngineUnavailableError(f"the engine failed (incident {fault.incident}) and takes no new requests; "
-                                         "the server restarts it", fault.incident)
+            raise EngineUnavailableError(
+                f"the engine failed (incident {fault.incident}) and takes no new requests; "
+                "the server restarts it",
+                fault.incident,
+            )
         max_in_flight = self.config.max_in_flight
         if max_in_flight is not None and self._router.in_flight() >= max_in_flight:
-            raise EngineOverloadedError(f"the server is at capacity ({max_in_flight} requests in flight); retry later")
+            raise EngineOverloadedError(
+                f"the server is at capacity ({max_in_flight} requests in flight); retry later"
+            )
 
     def shutdown(self) -> None:
         if not getattr(self, "_closed", True):

@@ -36,8 +36,10 @@ class EngineDebugHooks:
         """Test hook: the scheduler object, in thread mode only (with `scheduler_process=True` it
         lives in another process and cannot be inspected)."""
         if self.scheduler is None:
-            raise RuntimeError("the scheduler runs in another process (scheduler_process=True or tp_size > 1): "
-                               "only the thread mode's scheduler can be inspected")
+            raise RuntimeError(
+                "the scheduler runs in another process (scheduler_process=True or tp_size > 1): "
+                "only the thread mode's scheduler can be inspected"
+            )
         return self.scheduler
 
     def debug_state(self) -> dict[str, int]:
@@ -50,12 +52,18 @@ class EngineDebugHooks:
         state = {"in_flight": self._router.in_flight()}
         if self.scheduler is not None:
             s = self.scheduler
-            state.update(waiting=len(s.batches.waiting), running=len(s.batches.running), inbox=s.inbox.qsize(),
-                         req_to_token_rows=s.kv.req_to_token.size)
+            state.update(
+                waiting=len(s.batches.waiting),
+                running=len(s.batches.running),
+                inbox=s.inbox.qsize(),
+                req_to_token_rows=s.kv.req_to_token.size,
+            )
         return state
 
     @contextlib.contextmanager
-    def debug_wrap(self, point: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Iterator[None]:
+    def debug_wrap(
+        self, point: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+    ) -> Iterator[None]:
         """Test hook: while the block runs, `point` is replaced by `wrap(original)`.
 
         Points: "send" (each message to the scheduler, on the caller's thread), "build_requests"
@@ -64,7 +72,9 @@ class EngineDebugHooks:
         first argument has the batch's `reqs`) and "compile_async" (the scheduler's constraint
         compiler, built by the first constrained request)."""
         if point not in _WRAP_POINTS:
-            raise ValueError(f"unknown debug_wrap point {point!r}; the points are {sorted(_WRAP_POINTS)}")
+            raise ValueError(
+                f"unknown debug_wrap point {point!r}; the points are {sorted(_WRAP_POINTS)}"
+            )
         owner, name = _WRAP_POINTS[point](self)
         had_own = name in vars(owner)
         original = getattr(owner, name)

@@ -57,7 +57,9 @@ class GenerateCall:
         """Whether the scheduler may refuse the call (a session turn checked with its history, a
         constraint that does not compile): a stream then waits for its first event, so the
         error is raised before the stream starts."""
-        return any(r.session is not None or constraint_of(r.sampling_params) is not None for r in self.reqs)
+        return any(
+            r.session is not None or constraint_of(r.sampling_params) is not None for r in self.reqs
+        )
 
     def output(self) -> dict | list[dict]:
         return self.results if self.is_batch else self.results[0]  # type: ignore[return-value]
@@ -68,4 +70,3 @@ class GenerateCall:
         self.engine._router.unregister(rest)
         for rid in rest:
             self.engine.abort(rid)
-

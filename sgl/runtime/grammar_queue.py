@@ -26,7 +26,9 @@ Compiled = tuple[Req, Any, InvalidRequestError | None]  # (request, grammar or N
 class GrammarQueue:
     def __init__(self, make_compiler: Callable[[], Any], wake: Callable[[], None]) -> None:
         self._make_compiler = make_compiler
-        self._wake = wake  # called (on the worker thread) when a compile finishes: the loop looks at `ready`
+        self._wake = (
+            wake  # called (on the worker thread) when a compile finishes: the loop looks at `ready`
+        )
         self._compiler: Any = None
         self._lock = threading.Lock()  # guards the compiler's construction (worker vs loop)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sgl-grammar")
@@ -110,4 +112,6 @@ def _as_request_error(error: BaseException) -> InvalidRequestError:
         return error
     if isinstance(error, GrammarError):
         return InvalidRequestError(str(error), param=error.param)
-    return InvalidRequestError(f"the constraint could not be compiled ({type(error).__name__}: {error})")
+    return InvalidRequestError(
+        f"the constraint could not be compiled ({type(error).__name__}: {error})"
+    )

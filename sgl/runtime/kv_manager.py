@@ -19,8 +19,13 @@ from sgl.runtime.session import MAX_PINNED_SHARE, SessionLocks, SessionRegistry
 
 
 class KVManager:
-    def __init__(self, pool: TokenToKVPool, req_to_token: ReqToTokenPool, cache_prefixes: bool,
-                 sessions: SessionRegistry) -> None:
+    def __init__(
+        self,
+        pool: TokenToKVPool,
+        req_to_token: ReqToTokenPool,
+        cache_prefixes: bool,
+        sessions: SessionRegistry,
+    ) -> None:
         self.pool = pool
         self.req_to_token = req_to_token
         self.cache: PrefixCache = create_prefix_cache(pool, cache_prefixes)
@@ -72,7 +77,9 @@ class KVManager:
             self.cache.evict(total - self.pool.available_size())
         slots = self.pool.alloc(total)
         if slots is None:  # admission keeps this from happening; if it does, fail loudly
-            raise RuntimeError(f"KV pool exhausted: need {total}, free {self.pool.available_size()}")
+            raise RuntimeError(
+                f"KV pool exhausted: need {total}, free {self.pool.available_size()}"
+            )
         self.step_slots = slots
         rows, cols = [], []
         for r, n in reqs_and_lens:
@@ -90,8 +97,9 @@ class KVManager:
         """Share a running request's computed K/V through the prefix cache (a prefill chunk
         boundary) and hold the longer prefix locked."""
         row_slots = self.req_to_token.req_to_token[req.pool_row, : req.kv_len]
-        slots, node = self.cache.cache_unfinished(req.fill_ids[: req.kv_len], row_slots.clone(), req.prefix_len,
-                                                  req.last_node)
+        slots, node = self.cache.cache_unfinished(
+            req.fill_ids[: req.kv_len], row_slots.clone(), req.prefix_len, req.last_node
+        )
         self.req_to_token.write(req.pool_row, 0, slots)
         req.last_node, req.prefix_len = node, len(slots)
 
@@ -100,7 +108,9 @@ class KVManager:
         if req.pool_row is None:
             return
         row_slots = self.req_to_token.req_to_token[req.pool_row, : req.kv_len].clone()
-        self.cache.cache_finished(req.fill_ids[: req.kv_len], row_slots, req.prefix_len, req.last_node)
+        self.cache.cache_finished(
+            req.fill_ids[: req.kv_len], row_slots, req.prefix_len, req.last_node
+        )
         self.req_to_token.free(req.pool_row)
         req.pool_row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
 
@@ -125,8 +135,11 @@ class KVManager:
         self.session_locks.pin(session_id, token_ids)
         limit = int(MAX_PINNED_SHARE * self.pool.capacity)
         # Pins are a subset of the cache's locked tokens: only count them when that could matter.
-        while (self.cache.protected_size() > limit and self.session_locks.locked_tokens() > limit
-               and self.unpin_lru_session()):
+        while (
+            self.cache.protected_size() > limit
+            and self.session_locks.locked_tokens() > limit
+            and self.unpin_lru_session()
+        ):
             pass
 
     def unpin_session(self, session_id: str) -> None:

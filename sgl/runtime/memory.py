@@ -35,20 +35,30 @@ class TokenToKVPool:
         # `empty`, not `zeros`: on CPU untouched pages cost nothing, so a large pool is free
         # until used. Only the padding slot must hold finite values (masked reads of it are
         # multiplied by zero attention weight, and 0 * NaN would poison the output).
-        self.k_buffers = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v_buffers = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.k_buffers = [
+            torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
+        self.v_buffers = [
+            torch.empty(shape, dtype=dtype, device=self.device) for _ in range(num_layers)
+        ]
         for buf in self.k_buffers + self.v_buffers:
             buf[0].zero_()
         self.clear()
 
     @staticmethod
-    def bytes_per_token_for(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token_for(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
         """K and V, every layer: 2 x layers x kv_heads x head_dim x element size."""
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        return (
+            2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
 
     @property
     def bytes_per_token(self) -> int:
-        return self.bytes_per_token_for(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        return self.bytes_per_token_for(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype
+        )
 
     def clear(self) -> None:
         # Slots 1..capacity are usable; 0 is the padding slot.
@@ -87,7 +97,9 @@ class ReqToTokenPool:
     def __init__(self, max_requests: int, max_context_len: int, device: torch.device | str) -> None:
         self.size = max_requests
         self.max_context_len = max_context_len
-        self.req_to_token = torch.zeros((max_requests, max_context_len), dtype=torch.int64, device=device)
+        self.req_to_token = torch.zeros(
+            (max_requests, max_context_len), dtype=torch.int64, device=device
+        )
         self._free_rows = list(range(max_requests - 1, -1, -1))
         self.epochs = [0] * max_requests  # bumped on every alloc: tells a row's occupants apart
 

@@ -106,7 +106,9 @@ class ReqEvent:
     output_top_logprobs: list[list[tuple] | None] = field(default_factory=list)
     input_token_logprobs: list[tuple] | None = None  # with the request's first event only
     input_top_logprobs: list[list[tuple] | None] | None = None
-    logprob_top_n: int | None = None  # the request asked for logprobs (with this many top entries); else None
+    logprob_top_n: int | None = (
+        None  # the request asked for logprobs (with this many top entries); else None
+    )
 
     @property
     def finished(self) -> bool:
@@ -175,8 +177,17 @@ class Shutdown:
     pass
 
 
-SchedulerMessage = Union[SubmitRequest, AbortRequest, OpenSession, CloseSession, FlushCache, GetInfo, Profile,  # noqa: UP007 (runtime value)
-                         UpdateOptions, Shutdown]
+SchedulerMessage = Union[
+    SubmitRequest,
+    AbortRequest,
+    OpenSession,
+    CloseSession,
+    FlushCache,
+    GetInfo,
+    Profile,  # noqa: UP007 (runtime value)
+    UpdateOptions,
+    Shutdown,
+]
 
 
 @dataclass

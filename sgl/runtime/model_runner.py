@@ -38,17 +38,22 @@ class Sampled:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, cfg: EngineConfig, device: torch.device, dtype: torch.dtype) -> None:
+    def __init__(
+        self, model: torch.nn.Module, cfg: EngineConfig, device: torch.device, dtype: torch.dtype
+    ) -> None:
         self.model = model
         self.device = device
         self.vocab_size = model.config.vocab_size
-        self.attn_backend = create_attention_backend(cfg.attention_backend, str(device), dtype,
-                                                     needs=model.config.attention_features)
+        self.attn_backend = create_attention_backend(
+            cfg.attention_backend, str(device), dtype, needs=model.config.attention_features
+        )
         max_bs = cuda_graph_max_bs(cfg, device)
         self.graph_max_bs = max_bs if max_bs > 0 and supports_cuda_graph(self.attn_backend) else 0
         self.graph_runner: CudaGraphRunner | None = None
         self.cuda_graph_steps = 0
-        self.compiled_decode = CompiledDecode(model) if cfg.torch_compile and device.type == "cpu" else None
+        self.compiled_decode = (
+            CompiledDecode(model) if cfg.torch_compile and device.type == "cpu" else None
+        )
         self.compiled_steps = {"batch 1": 0, "batch 2+": 0}  # steps each compiled graph ran
 
     @property
@@ -70,8 +75,9 @@ class ModelRunner:
     def backend_reserved_bytes(self, max_total_tokens: int, dtype: torch.dtype) -> int:
         """What the attention backend may allocate beyond a pool of this size (memory plan)."""
         mc = self.model.config
-        return self.attn_backend.reserved_memory_bytes(max_total_tokens, self.num_kv_heads, mc.head_dim,
-                                                       mc.num_hidden_layers, dtype)
+        return self.attn_backend.reserved_memory_bytes(
+            max_total_tokens, self.num_kv_heads, mc.head_dim, mc.num_hidden_layers, dtype
+        )
 
     def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool) -> None:
         """Attach the KV memory; captures the CUDA graphs (when used) on it."""
@@ -84,11 +90,27 @@ class ModelRunner:
             )
         if self.compiled_decode is not None:
             padding_row = req_to_token.alloc()  # never freed; its one key is slot 0 (padding)
-            self.compiled_decode.warm(lambda n: self._batch([0] * n, [0] * n, torch.zeros(n, dtype=torch.int64),
-                                                            [padding_row] * n, [0] * n, [1] * n), self.attn_backend)
+            self.compiled_decode.warm(
+                lambda n: self._batch(
+                    [0] * n,
+                    [0] * n,
+                    torch.zeros(n, dtype=torch.int64),
+                    [padding_row] * n,
+                    [0] * n,
+                    [1] * n,
+                ),
+                self.attn_backend,
+            )
 
-    def _batch(self, input_ids: list[int], positions: list[int], slots: torch.Tensor, rows: list[int],
-               prefix_lens: list[int], extend_lens: list[int]) -> ForwardBatch:
+    def _batch(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        slots: torch.Tensor,
+        rows: list[int],
+        prefix_lens: list[int],
+        extend_lens: list[int],
+    ) -> ForwardBatch:
         return ForwardBatch(
             input_ids=torch.tensor(input_ids, dtype=torch.int64, device=self.device),
             positions=torch.tensor(positions, dtype=torch.int64, device=self.device),
@@ -116,14 +138,27 @@ class ModelRunner:
             positions.extend(range(r.kv_len, r.kv_len + ext))
         rows = [r.pool_row for r in step.reqs]
         runner = self.graph_runner
-        if runner is not None and runner.can_run(len(rows)) and all(e == 1 for e in step.extend_lens):
+        if (
+            runner is not None
+            and runner.can_run(len(rows))
+            and all(e == 1 for e in step.extend_lens)
+        ):
             self.cuda_graph_steps += 1  # pure decode: replay the captured forward
-            return runner.replay(DecodeInputs(input_ids, positions, slots.tolist(), rows,
-                                              [r.kv_len + 1 for r in step.reqs]))
-        batch = self._batch(input_ids, positions, slots, rows, [r.kv_len for r in step.reqs], list(step.extend_lens))
+            return runner.replay(
+                DecodeInputs(
+                    input_ids, positions, slots.tolist(), rows, [r.kv_len + 1 for r in step.reqs]
+                )
+            )
+        batch = self._batch(
+            input_ids, positions, slots, rows, [r.kv_len for r in step.reqs], list(step.extend_lens)
+        )
         self.attn_backend.init_forward_metadata(batch)
         forward = self.model
-        compiled = self.compiled_decode.pick(batch.extend_lens) if self.compiled_decode is not None else None
+        compiled = (
+            self.compiled_decode.pick(batch.extend_lens)
+            if self.compiled_decode is not None
+            else None
+        )
         if compiled is not None:
             forward = compiled
             self.compiled_steps["batch 1" if len(batch.extend_lens) == 1 else "batch 2+"] += 1
@@ -135,11 +170,15 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ tokens
 
-    def sample(self, hidden: torch.Tensor, reqs: list[Req], rows: list[int], eos_token_ids: list[int]) -> Sampled:
+    def sample(
+        self, hidden: torch.Tensor, reqs: list[Req], rows: list[int], eos_token_ids: list[int]
+    ) -> Sampled:
         """One token per request from its row of `hidden`, under its constraint and params."""
         logits = self.logits(hidden, rows)
         allowed = self._grammar_mask(reqs, logits.device)
-        sbatch = SamplingBatch.build([r.sampling_params for r in reqs], logits.device, self.vocab_size, eos_token_ids)
+        sbatch = SamplingBatch.build(
+            [r.sampling_params for r in reqs], logits.device, self.vocab_size, eos_token_ids
+        )
         need_prompt = bool(sbatch.repetition_rows)
         want_logprobs = any(r.logprobs.enabled for r in reqs)
         out = sample(
@@ -167,11 +206,14 @@ class ModelRunner:
                 bits[i] = -1  # every bit set: unconstrained
             else:
                 sp = r.sampling_params  # budget: the tokens left, this one included
-                r.matcher.fill_mask(bits[i], sp.max_new_tokens - len(r.output_ids) if sp.budget_aware else None)
+                r.matcher.fill_mask(
+                    bits[i], sp.max_new_tokens - len(r.output_ids) if sp.budget_aware else None
+                )
         return bitmask_to_bool(bits, self.vocab_size).to(device)
 
-    def score(self, hidden: torch.Tensor, rows: list[int], token_ids: list[int],
-              top_n: int) -> tuple[list[float], list[list[float]] | None, list[list[int]] | None]:
+    def score(
+        self, hidden: torch.Tensor, rows: list[int], token_ids: list[int], top_n: int
+    ) -> tuple[list[float], list[list[float]] | None, list[list[int]] | None]:
         """Log-probabilities of `token_ids` at `rows` (prompt logprobs), and the top `top_n`."""
         logp = torch.log_softmax(self.logits(hidden, rows), dim=-1)
         ids = torch.tensor(token_ids, device=logp.device)

@@ -38,13 +38,21 @@ class TokenOutput:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any, eos_token_ids: list[int], kv: KVManager, device: torch.device,
-                 jump_forward_enabled: Any) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        eos_token_ids: list[int],
+        kv: KVManager,
+        device: torch.device,
+        jump_forward_enabled: Any,
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.kv = kv
         self.device = device
-        self._jump_forward_enabled = jump_forward_enabled  # () -> bool: read each time (benchmarks toggle it)
+        self._jump_forward_enabled = (
+            jump_forward_enabled  # () -> bool: read each time (benchmarks toggle it)
+        )
         self.jump_forward_tokens = 0
 
     # ------------------------------------------------------------------ a new request
@@ -56,7 +64,9 @@ class OutputProcessor:
         req.generator = make_generator(sp.seed, self.device) if sp.seed is not None else None
         req.detokenizer = self._detokenizer(req, req.origin_input_ids)
         req.stop_matcher = StopStringMatcher(sp.stop or [])
-        req.stop_regex_matcher = StopRegexMatcher(sp.stop_regex, sp.no_stop_trim) if sp.stop_regex else None
+        req.stop_regex_matcher = (
+            StopRegexMatcher(sp.stop_regex, sp.no_stop_trim) if sp.stop_regex else None
+        )
         if not req.logprobs.enabled or req.logprobs.start_len < 0:
             req.input_logprobs_done = True
         if self._jump_forward_allowed(req):
@@ -66,17 +76,27 @@ class OutputProcessor:
 
     def _detokenizer(self, req: Req, prompt_ids: list[int]) -> IncrementalDetokenizer:
         sp = req.sampling_params
-        return IncrementalDetokenizer(self.tokenizer, prompt_ids=prompt_ids, skip_special_tokens=sp.skip_special_tokens,
-                                      spaces_between_special_tokens=sp.spaces_between_special_tokens)
+        return IncrementalDetokenizer(
+            self.tokenizer,
+            prompt_ids=prompt_ids,
+            skip_special_tokens=sp.skip_special_tokens,
+            spaces_between_special_tokens=sp.spaces_between_special_tokens,
+        )
 
     def _jump_forward_allowed(self, req: Req) -> bool:
         # (forced text bypasses the sampler, so it would bypass allowed_token_ids too)
-        return (req.matcher is not None and not req.logprobs.enabled and req.sampling_params.allowed_token_ids is None
-                and self._jump_forward_enabled())
+        return (
+            req.matcher is not None
+            and not req.logprobs.enabled
+            and req.sampling_params.allowed_token_ids is None
+            and self._jump_forward_enabled()
+        )
 
     # ------------------------------------------------------------------ prompt logprobs
 
-    def input_logprobs(self, hidden: torch.Tensor, steps: list[tuple[Req, int, int]], score: Callable) -> None:
+    def input_logprobs(
+        self, hidden: torch.Tensor, steps: list[tuple[Req, int, int]], score: Callable
+    ) -> None:
         """Record the prompt logprobs this step's hidden states give: per (request, first
         position, new tokens), the rows whose logits score prompt tokens of that request.
         `score(hidden, rows, token_ids, top_n)` is the model runner's."""
@@ -89,7 +109,9 @@ class OutputProcessor:
                 if first == 0 and start == 0:
                     r.input_token_logprobs.append((None, r.origin_input_ids[0], None))
                     r.input_top_logprobs.append(None)
-                for p in range(max(start, first - 1, 0), min(start + ext, len(r.origin_input_ids) - 1)):
+                for p in range(
+                    max(start, first - 1, 0), min(start + ext, len(r.origin_input_ids) - 1)
+                ):
                     rows.append(offset + p - start)  # position p's logits score token p + 1
                     targets.append((r, p + 1))
                 if start + ext >= len(r.origin_input_ids):
@@ -97,18 +119,29 @@ class OutputProcessor:
             offset += ext
         if rows:
             top_n = max(r.logprobs.top_n for r, _ in targets)
-            chosen, vals, ids = score(hidden, rows, [r.origin_input_ids[t] for r, t in targets], top_n)
+            chosen, vals, ids = score(
+                hidden, rows, [r.origin_input_ids[t] for r, t in targets], top_n
+            )
             self.record_input_logprobs(targets, chosen, vals, ids)
 
-    def record_input_logprobs(self, targets: list[tuple[Req, int]], chosen: list[float],
-                              top_vals: list[list[float]] | None, top_ids: list[list[int]] | None) -> None:
+    def record_input_logprobs(
+        self,
+        targets: list[tuple[Req, int]],
+        chosen: list[float],
+        top_vals: list[list[float]] | None,
+        top_ids: list[list[int]] | None,
+    ) -> None:
         for i, (r, t) in enumerate(targets):
             tid = r.origin_input_ids[t]
             r.input_token_logprobs.append((chosen[i], tid, self._token_text(r, tid)))
             n = r.logprobs.top_n
             if n > 0 and top_vals is not None:
                 r.input_top_logprobs.append(
-                    [(v, k, self._token_text(r, k)) for v, k in zip(top_vals[i][:n], top_ids[i][:n])])
+                    [
+                        (v, k, self._token_text(r, k))
+                        for v, k in zip(top_vals[i][:n], top_ids[i][:n])
+                    ]
+                )
             else:
                 r.input_top_logprobs.append(None)
 
@@ -117,11 +150,17 @@ class OutputProcessor:
 
     # ------------------------------------------------------------------ a new token
 
-    def process_token(self, r: Req, tid: int, logprob: float | None, top: list | None, now: float) -> TokenOutput:
+    def process_token(
+        self, r: Req, tid: int, logprob: float | None, top: list | None, now: float
+    ) -> TokenOutput:
         if tid < 0:
-            return TokenOutput(finish=FinishReason.abort("no token is allowed at this point (constraint dead end)"))
+            return TokenOutput(
+                finish=FinishReason.abort("no token is allowed at this point (constraint dead end)")
+            )
         if r.matcher is not None and not r.matcher.accept(tid):  # the mask makes this unreachable
-            return TokenOutput(finish=FinishReason.abort(f"token {tid} was rejected by the constraint"))
+            return TokenOutput(
+                finish=FinishReason.abort(f"token {tid} was rejected by the constraint")
+            )
         if r.first_token_at is None:
             r.first_token_at = now
         r.output_ids.append(tid)
@@ -130,7 +169,9 @@ class OutputProcessor:
         forced_before, r.unsent_forced_ids, r.unsent_forced_text = r.unsent_forced_text, [], ""
         if r.logprobs.enabled:
             out.logprobs.append((logprob, tid, self._token_text(r, tid)))
-            out.top_logprobs.append([(v, k, self._token_text(r, k)) for k, v in top] if top else None)
+            out.top_logprobs.append(
+                [(v, k, self._token_text(r, k)) for k, v in top] if top else None
+            )
             r.output_token_logprobs.extend(out.logprobs)
             r.output_top_logprobs.extend(out.top_logprobs)
         sp = r.sampling_params
@@ -138,7 +179,9 @@ class OutputProcessor:
         if tid in (sp.stop_token_ids or ()) or (tid in self.eos_token_ids and not sp.ignore_eos):
             reason = FinishReason.stop(tid)
         # A stop token stays in output_ids but its text is trimmed, like a stop string.
-        new_text = forced_before + (r.detokenizer.feed([tid]) if reason is None or sp.no_stop_trim else "")
+        new_text = forced_before + (
+            r.detokenizer.feed([tid]) if reason is None or sp.no_stop_trim else ""
+        )
         if reason is None and r.matcher is not None:
             if not r.matcher.is_done() and self._jump_forward_allowed(r):
                 forced_ids, forced_text = self._jump_forward(r)
@@ -151,7 +194,9 @@ class OutputProcessor:
         return out
 
     @staticmethod
-    def _stop_regex(r: Req, text: str, reason: FinishReason | None) -> tuple[str, FinishReason | None]:
+    def _stop_regex(
+        r: Req, text: str, reason: FinishReason | None
+    ) -> tuple[str, FinishReason | None]:
         """Run the text the stop strings let through past `stop_regex` (a match there stops
         the request, earlier than any stop string); at the end, flush what it held back."""
         matcher = r.stop_regex_matcher
@@ -164,7 +209,9 @@ class OutputProcessor:
             piece += matcher.flush()
         return piece, reason
 
-    def _stop_strings(self, r: Req, new_text: str, reason: FinishReason | None) -> tuple[str, FinishReason | None]:
+    def _stop_strings(
+        self, r: Req, new_text: str, reason: FinishReason | None
+    ) -> tuple[str, FinishReason | None]:
         """Run the new text through the stop strings; at the end, flush what they held back."""
         sp = r.sampling_params
         piece, matched = r.stop_matcher.feed(new_text)
@@ -198,8 +245,11 @@ class OutputProcessor:
             return [], ""
         sp = r.sampling_params
         # Under budget_aware, a jump that fits now must still leave room to finish after it.
-        budgeted = (sp.budget_aware and sp.max_new_tokens is not None
-                    and r.matcher.completion_fits(sp.max_new_tokens - len(r.output_ids)))
+        budgeted = (
+            sp.budget_aware
+            and sp.max_new_tokens is not None
+            and r.matcher.completion_fits(sp.max_new_tokens - len(r.output_ids))
+        )
         plan = self._retokenize(r, forced, reserve)
         if plan is None:
             return [], ""
@@ -230,7 +280,9 @@ class OutputProcessor:
         self.jump_forward_tokens += len(added)
         return added, held_text + forced
 
-    def _retokenize(self, r: Req, forced: str, reserve: int) -> tuple[list[int], int, list[int]] | None:
+    def _retokenize(
+        self, r: Req, forced: str, reserve: int
+    ) -> tuple[list[int], int, list[int]] | None:
         """(the re-tokenized output tail, how many of its tokens stay, the tokens to add), or
         None when the forced text cannot be appended cleanly now."""
         owned_from = max(r.prefix_len, len(r.origin_input_ids))  # earlier slots belong to the cache
@@ -239,17 +291,26 @@ class OutputProcessor:
         tail_text = self.tokenizer.decode(tail_ids) if tail_ids else ""
         if "\ufffd" in tail_text:  # mid-character: the text boundary is not clean yet
             return None
-        if tail_ids and self.tokenizer.decode(r.output_ids) != self.tokenizer.decode(r.output_ids[:-k]) + tail_text:
+        if (
+            tail_ids
+            and self.tokenizer.decode(r.output_ids)
+            != self.tokenizer.decode(r.output_ids[:-k]) + tail_text
+        ):
             return None  # the tail decodes differently alone (e.g. a SentencePiece leading space)
         new_ids = list(self.tokenizer(tail_text + forced, add_special_tokens=False).input_ids)
-        if self.tokenizer.decode(new_ids) != tail_text + forced:  # the tokenizer would not round-trip
+        if (
+            self.tokenizer.decode(new_ids) != tail_text + forced
+        ):  # the tokenizer would not round-trip
             return None
         common = 0
         while common < min(len(tail_ids), len(new_ids)) and tail_ids[common] == new_ids[common]:
             common += 1
         added = new_ids[common:]
         roll = len(tail_ids) - common
-        if not added or len(r.output_ids) - roll + len(added) > r.sampling_params.max_new_tokens - reserve:
+        if (
+            not added
+            or len(r.output_ids) - roll + len(added) > r.sampling_params.max_new_tokens - reserve
+        ):
             return None
         return tail_ids, common, added
 
@@ -260,16 +321,26 @@ class OutputProcessor:
         (its text, ids and logprobs then go out with the next event)."""
         held = r.unsent_stream
         if held is not None:
-            out = TokenOutput(held.text + out.text, held.ids + out.ids, held.logprobs + out.logprobs,
-                              held.top_logprobs + out.top_logprobs)
+            out = TokenOutput(
+                held.text + out.text,
+                held.ids + out.ids,
+                held.logprobs + out.logprobs,
+                held.top_logprobs + out.top_logprobs,
+            )
         interval = r.sampling_params.stream_interval or 1
         r.tokens_held += 1
         if r.tokens_held < interval:
             r.unsent_stream = out
             return None
         r.unsent_stream, r.tokens_held = None, 0
-        event = ReqEvent(r.rid, out.text, out.ids, r.stats(), output_token_logprobs=out.logprobs,
-                         output_top_logprobs=out.top_logprobs)
+        event = ReqEvent(
+            r.rid,
+            out.text,
+            out.ids,
+            r.stats(),
+            output_token_logprobs=out.logprobs,
+            output_top_logprobs=out.top_logprobs,
+        )
         self._attach_logprobs(r, event)
         return event
 
@@ -286,7 +357,9 @@ class OutputProcessor:
             if r.logprobs.top_n > 0:
                 event.input_top_logprobs = r.input_top_logprobs
 
-    def final_event(self, r: Req, delta: TokenOutput | None, error: BaseException | None = None) -> ReqEvent:
+    def final_event(
+        self, r: Req, delta: TokenOutput | None, error: BaseException | None = None
+    ) -> ReqEvent:
         """The last event: a streamed request gets its last delta (with what `stream_interval`
         held back) of text, ids and logprob entries; others everything at once."""
         if r.stream:
@@ -296,6 +369,8 @@ class OutputProcessor:
         else:
             text, ids = r.text, list(r.output_ids)
             logprobs, tops = list(r.output_token_logprobs), list(r.output_top_logprobs)
-        event = ReqEvent(r.rid, text, ids, r.stats(time.monotonic()), r.finish, error, logprobs, tops)
+        event = ReqEvent(
+            r.rid, text, ids, r.stats(time.monotonic()), r.finish, error, logprobs, tops
+        )
         self._attach_logprobs(r, event)
         return event

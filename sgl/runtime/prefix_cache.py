@@ -34,14 +34,17 @@ class PrefixCache(ABC):
         """The longest cached prefix: its slots and the node to lock for it."""
 
     @abstractmethod
-    def cache_unfinished(self, token_ids: list[int], slots: torch.Tensor, prefix_len: int,
-                         node: Any) -> tuple[torch.Tensor, Any]:
+    def cache_unfinished(
+        self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: Any
+    ) -> tuple[torch.Tensor, Any]:
         """Share a running request's K/V (`slots` for `token_ids`, the first `prefix_len` of
         them the cache's, locked at `node`). Returns the slots the request now uses and the
         node it holds locked instead of `node`."""
 
     @abstractmethod
-    def cache_finished(self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: Any) -> None:
+    def cache_finished(
+        self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: Any
+    ) -> None:
         """A request ended: take over (or free) its slots and drop its lock on `node`."""
 
     @abstractmethod

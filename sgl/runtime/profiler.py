@@ -16,8 +16,11 @@ import torch
 
 from sgl.runtime.errors import InvalidRequestError
 
-ACTIVITIES = {"CPU": torch.profiler.ProfilerActivity.CPU, "GPU": torch.profiler.ProfilerActivity.CUDA,
-              "CUDA": torch.profiler.ProfilerActivity.CUDA}
+ACTIVITIES = {
+    "CPU": torch.profiler.ProfilerActivity.CPU,
+    "GPU": torch.profiler.ProfilerActivity.CUDA,
+    "CUDA": torch.profiler.ProfilerActivity.CUDA,
+}
 
 
 class StepProfiler:
@@ -32,24 +35,40 @@ class StepProfiler:
     def running(self) -> bool:
         return self._prof is not None
 
-    def start(self, output_dir: str, num_steps: int | None = None, activities: list[str] | None = None,
-              record_shapes: bool = False, with_stack: bool = False) -> str:
+    def start(
+        self,
+        output_dir: str,
+        num_steps: int | None = None,
+        activities: list[str] | None = None,
+        record_shapes: bool = False,
+        with_stack: bool = False,
+    ) -> str:
         if self.running:
-            raise InvalidRequestError("a profile is already running; stop it first (/stop_profile)",
-                                      param="output_dir")
+            raise InvalidRequestError(
+                "a profile is already running; stop it first (/stop_profile)", param="output_dir"
+            )
         if num_steps is not None and (not isinstance(num_steps, int) or num_steps < 1):
-            raise InvalidRequestError(f"num_steps must be an integer >= 1, got {num_steps!r}", param="num_steps")
+            raise InvalidRequestError(
+                f"num_steps must be an integer >= 1, got {num_steps!r}", param="num_steps"
+            )
         names = activities or (["CPU", "GPU"] if torch.cuda.is_available() else ["CPU"])
         unknown = [a for a in names if a not in ACTIVITIES]
         if unknown:
-            raise InvalidRequestError(f"unknown profiler activities {unknown}; use CPU and/or GPU", param="activities")
+            raise InvalidRequestError(
+                f"unknown profiler activities {unknown}; use CPU and/or GPU", param="activities"
+            )
         try:
             os.makedirs(output_dir, exist_ok=True)
         except OSError as e:
-            raise InvalidRequestError(f"cannot create output_dir: {e.strerror}", param="output_dir") from None
+            raise InvalidRequestError(
+                f"cannot create output_dir: {e.strerror}", param="output_dir"
+            ) from None
         self._dir, self._steps_left = output_dir, num_steps
-        self._prof = torch.profiler.profile(activities=sorted({ACTIVITIES[a] for a in names}, key=str),
-                                            record_shapes=record_shapes, with_stack=with_stack)
+        self._prof = torch.profiler.profile(
+            activities=sorted({ACTIVITIES[a] for a in names}, key=str),
+            record_shapes=record_shapes,
+            with_stack=with_stack,
+        )
         self._prof.start()
         return output_dir
 
@@ -66,7 +85,9 @@ class StepProfiler:
         if not self.running and self.traces:
             return self.traces.pop()
         if not self.running:
-            raise InvalidRequestError("no profile is running; start one with /start_profile", param=None)
+            raise InvalidRequestError(
+                "no profile is running; start one with /start_profile", param=None
+            )
         prof, self._prof = self._prof, None
         prof.stop()
         self._count += 1

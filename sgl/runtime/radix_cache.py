@@ -175,8 +175,9 @@ class RadixCache(PrefixCache):
             pos += n
         return pos
 
-    def cache_unfinished(self, token_ids: list[int], slots: torch.Tensor, prefix_len: int,
-                         node: TreeNode) -> tuple[torch.Tensor, TreeNode]:
+    def cache_unfinished(
+        self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: TreeNode
+    ) -> tuple[torch.Tensor, TreeNode]:
         already = self.insert(token_ids, slots)
         if already > prefix_len:  # another request cached these meanwhile: ours are duplicates
             self.pool.free(slots[prefix_len:already].clone())
@@ -185,7 +186,9 @@ class RadixCache(PrefixCache):
         self.dec_lock_ref(node)
         return new_slots, new_node
 
-    def cache_finished(self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: TreeNode) -> None:
+    def cache_finished(
+        self, token_ids: list[int], slots: torch.Tensor, prefix_len: int, node: TreeNode
+    ) -> None:
         already = self.insert(token_ids, slots)
         if already > prefix_len:
             self.pool.free(slots[prefix_len:already])
@@ -276,7 +279,9 @@ class RadixCache(PrefixCache):
             return 0
         tie = itertools.count()
         heap = [
-            (n.last_access_time, next(tie), n) for n in self._iter_nodes() if not n.children and n.lock_ref == 0
+            (n.last_access_time, next(tie), n)
+            for n in self._iter_nodes()
+            if not n.children and n.lock_ref == 0
         ]
         heapq.heapify(heap)
         freed = 0
@@ -314,7 +319,9 @@ class RadixCache(PrefixCache):
             f"RadixCache(total={self.total_size()}, evictable={self._evictable_size}, "
             f"protected={self._protected_size})"
         ]
-        stack: list[tuple[TreeNode, int]] = [(c, 1) for c in reversed(list(self.root.children.values()))]
+        stack: list[tuple[TreeNode, int]] = [
+            (c, 1) for c in reversed(list(self.root.children.values()))
+        ]
         while stack:
             node, depth = stack.pop()
             head = node.key[:8]

@@ -29,7 +29,9 @@ class Turn:
     """What rank 0 decided at the start of one loop turn."""
 
     messages: list[Any] = field(default_factory=list)
-    compiled: list[tuple[str, bool]] = field(default_factory=list)  # (rid, compiled without error), in start order
+    compiled: list[tuple[str, bool]] = field(
+        default_factory=list
+    )  # (rid, compiled without error), in start order
     expired_sessions: list[str] = field(default_factory=list)
 
 
@@ -82,6 +84,10 @@ class RankGroup:
         n = int(size.item())
         if n == 0:
             return None
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self.is_leader else torch.empty(n, dtype=torch.uint8)
+        data = (
+            torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+            if self.is_leader
+            else torch.empty(n, dtype=torch.uint8)
+        )
         dist.broadcast(data, src=0, group=self.group)
         return obj if self.is_leader else pickle.loads(data.numpy().tobytes())

@@ -70,7 +70,8 @@ class ResultRouter:
             if max_in_flight is not None and len(self._sinks) + len(rids) > max_in_flight:
                 raise EngineOverloadedError(
                     f"the server is at capacity ({len(self._sinks)} requests in flight, at most {max_in_flight}); "
-                    "retry later")
+                    "retry later"
+                )
             for rid in rids:
                 self._sinks[rid] = sink
 
@@ -125,10 +126,19 @@ class ResultRouter:
             if not fut.done():
                 fut.set_exception(error)
         for rid, sink in sinks.items():
-            sink.put(ReqEvent(rid, "", [], RequestStats(0, 0, 0, 0.0), FinishReason.abort(str(error)), error))
+            sink.put(
+                ReqEvent(
+                    rid, "", [], RequestStats(0, 0, 0, 0.0), FinishReason.abort(str(error)), error
+                )
+            )
 
 
-LOGPROB_KEYS = ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs")
+LOGPROB_KEYS = (
+    "input_token_logprobs",
+    "input_top_logprobs",
+    "output_token_logprobs",
+    "output_top_logprobs",
+)
 
 
 def merge_logprobs(into: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +165,9 @@ def event_to_dict(event: ReqEvent, index: int | None = None) -> dict[str, Any]:
         meta["ttft"] = s.ttft
     if s.num_retractions:
         meta["num_retractions"] = s.num_retractions
-    if event.logprob_top_n is not None:  # asked for: this event's entries (streamed: its own tokens')
+    if (
+        event.logprob_top_n is not None
+    ):  # asked for: this event's entries (streamed: its own tokens')
         if event.input_token_logprobs is not None:  # the request's first event
             meta["input_token_logprobs"] = event.input_token_logprobs
             if event.input_top_logprobs is not None:

@@ -70,39 +70,78 @@ class _Wake:
 class Scheduler(SchedulerControl):
     """The engine's one owner of mutable state, driven by `run` (see the module docstring)."""
 
-    def __init__(self, config: SchedulerConfig, runner: ModelRunner, tokenizer: Any, eos_token_ids: list[int],
-                 emit: Callable[[list[SchedulerOutput]], None], ranks: SingleRank | RankGroup | None = None) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        runner: ModelRunner,
+        tokenizer: Any,
+        eos_token_ids: list[int],
+        emit: Callable[[list[SchedulerOutput]], None],
+        ranks: SingleRank | RankGroup | None = None,
+    ) -> None:
         self.config = config
-        self.ranks = ranks or SingleRank()  # tensor parallel: rank 0 decides, the others follow (rank_sync.py)
+        self.ranks = (
+            ranks or SingleRank()
+        )  # tensor parallel: rank 0 decides, the others follow (rank_sync.py)
         self.runner = runner
         self._send_outputs = emit
         self._outputs: list[SchedulerOutput] = []
         self.eos_token_ids = sorted(set(eos_token_ids))
         mc = runner.model.config
-        pool = TokenToKVPool(config.max_total_tokens, mc.num_hidden_layers, runner.num_kv_heads, mc.head_dim,
-                             config.dtype, config.device)
-        table = ReqToTokenPool(config.engine.max_running_requests + runner.padding_rows, config.max_context_len + 1,
-                               config.device)
+        pool = TokenToKVPool(
+            config.max_total_tokens,
+            mc.num_hidden_layers,
+            runner.num_kv_heads,
+            mc.head_dim,
+            config.dtype,
+            config.device,
+        )
+        table = ReqToTokenPool(
+            config.engine.max_running_requests + runner.padding_rows,
+            config.max_context_len + 1,
+            config.device,
+        )
         runner.bind(pool, table)
         self.sessions = SessionRegistry(config.max_context_len)
         self.kv = KVManager(pool, table, not config.engine.disable_radix_cache, self.sessions)
         self.batches = BatchBuilder(config, self.kv)
-        self.output = OutputProcessor(tokenizer, self.eos_token_ids, self.kv, config.device,
-                                      lambda: not config.engine.disable_jump_forward)
+        self.output = OutputProcessor(
+            tokenizer,
+            self.eos_token_ids,
+            self.kv,
+            config.device,
+            lambda: not config.engine.disable_jump_forward,
+        )
         self.tokenizer = tokenizer
-        self.stats = {"forward_steps": 0, "decode_tokens": 0, "prefill_tokens": 0, "finished_requests": 0}
+        self.stats = {
+            "forward_steps": 0,
+            "decode_tokens": 0,
+            "prefill_tokens": 0,
+            "finished_requests": 0,
+        }
         self.inbox: queue.Queue[SchedulerMessage | _Wake] = queue.Queue()
-        self.grammars = GrammarQueue(lambda: make_grammar_compiler(config.engine, tokenizer, mc.vocab_size,
-                                                                   self.eos_token_ids),
-                                     lambda: self.inbox.put(_Wake()))
+        self.grammars = GrammarQueue(
+            lambda: make_grammar_compiler(
+                config.engine, tokenizer, mc.vocab_size, self.eos_token_ids
+            ),
+            lambda: self.inbox.put(_Wake()),
+        )
         self._next_expiry_check = 0.0
         self._stop = False
         self._thread: threading.Thread | None = None
-        self._fault: EngineFault | None = None  # the first step failure; then every new request is refused
+        self._fault: EngineFault | None = (
+            None  # the first step failure; then every new request is refused
+        )
         self._handlers: dict[type, Callable[[Any], None]] = {
-            SubmitRequest: self._on_submit, AbortRequest: self._on_abort, OpenSession: self._on_open_session,
-            CloseSession: self._on_close_session, FlushCache: self._on_flush, GetInfo: self._on_info,
-            Profile: self._on_profile, UpdateOptions: self._on_update_options, Shutdown: self._on_shutdown,
+            SubmitRequest: self._on_submit,
+            AbortRequest: self._on_abort,
+            OpenSession: self._on_open_session,
+            CloseSession: self._on_close_session,
+            FlushCache: self._on_flush,
+            GetInfo: self._on_info,
+            Profile: self._on_profile,
+            UpdateOptions: self._on_update_options,
+            Shutdown: self._on_shutdown,
             _Wake: lambda msg: None,
         }
         self.profiler = StepProfiler()
@@ -129,7 +168,9 @@ class Scheduler(SchedulerControl):
 
     def run(self) -> None:
         if self.config.device.type == "cuda" and self.config.device.index is not None:
-            torch.cuda.set_device(self.config.device)  # this thread's kernels and graph replays go there
+            torch.cuda.set_device(
+                self.config.device
+            )  # this thread's kernels and graph replays go there
         cpu_share = CpuShare.for_this_thread() if self.config.device.type == "cpu" else None
         while not self._stop:
             if cpu_share is not None:
@@ -141,7 +182,9 @@ class Scheduler(SchedulerControl):
                 self._admit_and_expire()
                 self._flush()  # this turn's replies (a session opened, info) do not wait for the step
                 self.step()
-            except Exception as e:  # the loop survives to answer every caller, but the engine is done
+            except (
+                Exception
+            ) as e:  # the loop survives to answer every caller, but the engine is done
                 self._on_fault(e)
             self._flush()
         self._fail_all(RuntimeError("engine shut down"))
@@ -151,14 +194,20 @@ class Scheduler(SchedulerControl):
 
     def _on_fault(self, error: Exception) -> None:
         incident = new_incident_id()
-        logger.error("incident %s: scheduler step failed; the engine refuses new requests", incident, exc_info=error)
+        logger.error(
+            "incident %s: scheduler step failed; the engine refuses new requests",
+            incident,
+            exc_info=error,
+        )
         fault = EngineFault(incident)
         fault.__cause__ = error
         if self._fault is None:
             self._fault = fault
             self.emit(EngineFaulted(incident))
         self._fail_all(fault)
-        if not isinstance(self.ranks, SingleRank):  # ranks may be out of step (or gone): this one stops
+        if not isinstance(
+            self.ranks, SingleRank
+        ):  # ranks may be out of step (or gone): this one stops
             self._stop = True
 
     def _refuse_late_messages(self) -> None:
@@ -202,14 +251,23 @@ class Scheduler(SchedulerControl):
         if self.ranks.is_leader:
             compiled = self.grammars.ready()
             expired = self._expiring_sessions()
-            self.ranks.share_turn(Turn(compiled=[(req.rid, error is None) for req, _, error in compiled],
-                                       expired_sessions=expired))
+            self.ranks.share_turn(
+                Turn(
+                    compiled=[(req.rid, error is None) for req, _, error in compiled],
+                    expired_sessions=expired,
+                )
+            )
         else:
             turn = self.ranks.share_turn(None)
-            compiled, expired = self.grammars.take([rid for rid, _ in turn.compiled]), turn.expired_sessions
+            compiled, expired = (
+                self.grammars.take([rid for rid, _ in turn.compiled]),
+                turn.expired_sessions,
+            )
             if [error is None for _, _, error in compiled] != [ok for _, ok in turn.compiled]:
-                raise RuntimeError("a constraint compiled on rank 0 failed on this rank (or the other way): "
-                                   "the ranks would run different batches")
+                raise RuntimeError(
+                    "a constraint compiled on rank 0 failed on this rank (or the other way): "
+                    "the ranks would run different batches"
+                )
             for sid in expired:
                 self.sessions.close(sid)
         for req, grammar, error in compiled:
@@ -223,13 +281,17 @@ class Scheduler(SchedulerControl):
         if not items:
             return False
         starts = [it.req.kv_len for it in items]
-        hidden = self.runner.forward(StepInput([it.req for it in items], [it.extend_len for it in items]),
-                                     self.kv.step_slots)
+        hidden = self.runner.forward(
+            StepInput([it.req for it in items], [it.extend_len for it in items]), self.kv.step_slots
+        )
         self.stats["forward_steps"] += 1
         self.stats["prefill_tokens"] += sum(it.extend_len for it in items if it.prefill)
         self.stats["decode_tokens"] += sum(1 for it in items if not it.prefill)
-        self.output.input_logprobs(hidden, [(it.req, start, it.extend_len) for it, start in zip(items, starts)],
-                                   self.runner.score)
+        self.output.input_logprobs(
+            hidden,
+            [(it.req, start, it.extend_len) for it, start in zip(items, starts)],
+            self.runner.score,
+        )
         self._sample(self.batches.advance(items), hidden)
         if self.profiler.running:
             self.profiler.after_step()
@@ -237,7 +299,10 @@ class Scheduler(SchedulerControl):
 
     def _sample(self, ready: list[tuple[BatchItem, int]], hidden: torch.Tensor) -> None:
         now = time.monotonic()
-        for it, _ in ready:  # max_new_tokens == 0: scoring only (e.g. select); finish without sampling
+        for (
+            it,
+            _,
+        ) in ready:  # max_new_tokens == 0: scoring only (e.g. select); finish without sampling
             if it.req.sampling_params.max_new_tokens == 0:
                 self._finish(it.req, FinishReason.of_length(0))
         ready = [(it, row) for it, row in ready if it.req.sampling_params.max_new_tokens > 0]
@@ -269,13 +334,24 @@ class Scheduler(SchedulerControl):
         if self._fault is not None:  # sent before the caller could see the fault
             self._finish(req, FinishReason.abort(f"engine error: {self._fault}"), error=self._fault)
             return
-        if request.session is not None:  # prepend the continued turn, then check the whole prompt fits
+        if (
+            request.session is not None
+        ):  # prepend the continued turn, then check the whole prompt fits
             try:
-                req.origin_input_ids = self.sessions.resolve(request.session, request.input_ids,
-                                                             request.sampling_params.max_new_tokens or 0,
-                                                             getattr(self.tokenizer, "bos_token_id", None))
-                check_fit(req.origin_input_ids, request.sampling_params, request.logprobs,
-                          self.config.max_context_len, self.kv.pool.capacity, self.config.engine.max_new_tokens_limit)
+                req.origin_input_ids = self.sessions.resolve(
+                    request.session,
+                    request.input_ids,
+                    request.sampling_params.max_new_tokens or 0,
+                    getattr(self.tokenizer, "bos_token_id", None),
+                )
+                check_fit(
+                    req.origin_input_ids,
+                    request.sampling_params,
+                    request.logprobs,
+                    self.config.max_context_len,
+                    self.kv.pool.capacity,
+                    self.config.engine.max_new_tokens_limit,
+                )
             except InvalidRequestError as e:  # e.g. the session closed before this turn arrived
                 self._finish(req, FinishReason.abort(e.message), error=e)
                 return
@@ -293,11 +369,18 @@ class Scheduler(SchedulerControl):
         self._abort_where(lambda r: msg.rid in (r.rid, r.parent_rid), msg.message)
 
     def _abort_where(self, match: Callable[[Req], bool], message: str) -> None:
-        for req in [r for r in self.batches.waiting + self.batches.running if match(r)] + self.grammars.remove(match):
+        for req in [
+            r for r in self.batches.waiting + self.batches.running if match(r)
+        ] + self.grammars.remove(match):
             self._finish(req, FinishReason.abort(message))
 
-    def _finish(self, r: Req, reason: FinishReason, delta: TokenOutput | None = None,
-                error: BaseException | None = None) -> None:
+    def _finish(
+        self,
+        r: Req,
+        reason: FinishReason,
+        delta: TokenOutput | None = None,
+        error: BaseException | None = None,
+    ) -> None:
         """End a request: its KV goes to the prefix cache, a session turn is recorded and
         pinned, and the caller gets the final event."""
         self.batches.remove(r)
@@ -317,13 +400,22 @@ class Scheduler(SchedulerControl):
             self.emit(self.output.final_event(req, None, error))
 
 
-def make_grammar_compiler(cfg: Any, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]) -> Any:
+def make_grammar_compiler(
+    cfg: Any, tokenizer: Any, vocab_size: int, eos_token_ids: list[int]
+) -> Any:
     """The scheduler's constraint compiler: its vocabulary from the scheduler's tokenizer; the
     regex index built in a capped child process (`isolate`), under the engine's limits."""
     from sgl.constrained.compiler import GrammarCompiler
     from sgl.constrained.vocab import TokenVocabulary
 
-    vocab = TokenVocabulary.from_tokenizer(tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids)
-    return GrammarCompiler(vocab, isolate=True, compile_timeout_s=cfg.constraint_compile_timeout,
-                           compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30),
-                           backend=cfg.grammar_backend, tokenizer=tokenizer)
+    vocab = TokenVocabulary.from_tokenizer(
+        tokenizer, vocab_size=vocab_size, eos_token_ids=eos_token_ids
+    )
+    return GrammarCompiler(
+        vocab,
+        isolate=True,
+        compile_timeout_s=cfg.constraint_compile_timeout,
+        compile_memory_bytes=int(cfg.constraint_compile_memory_gb * 2**30),
+        backend=cfg.grammar_backend,
+        tokenizer=tokenizer,
+    )

@@ -33,13 +33,18 @@ class SchedulerControl:
     # ------------------------------------------------------------------ sessions
 
     def _on_open_session(self, msg: OpenSession) -> None:
-        self._reply(msg.reply_id, lambda: self.sessions.open(msg.capacity_tokens, msg.session_id, msg.timeout))
+        self._reply(
+            msg.reply_id,
+            lambda: self.sessions.open(msg.capacity_tokens, msg.session_id, msg.timeout),
+        )
 
     def _on_close_session(self, msg: CloseSession) -> None:
         """Its unfinished turns are aborted (as SGLang does) and its KV unpinned."""
         closed = self.sessions.close(msg.session_id)
         if closed:
-            self._abort_where(lambda r: r.session_id == msg.session_id, "aborted: its session was closed")
+            self._abort_where(
+                lambda r: r.session_id == msg.session_id, "aborted: its session was closed"
+            )
             self.kv.unpin_session(msg.session_id)
         if msg.reply_id is not None:
             self.emit(Reply(msg.reply_id, closed))
@@ -66,7 +71,9 @@ class SchedulerControl:
         self.emit(Reply(reply_id, value))
 
     def _in_flight(self) -> list[Req]:
-        return self.batches.waiting + self.batches.running + [req for req, _ in self.grammars.pending]
+        return (
+            self.batches.waiting + self.batches.running + [req for req, _ in self.grammars.pending]
+        )
 
     def _on_flush(self, msg: FlushCache) -> None:
         """Refused (False) while requests are in flight."""
@@ -86,8 +93,11 @@ class SchedulerControl:
         def update() -> dict[str, Any]:
             unknown = sorted(set(msg.values) - set(LIVE_OPTIONS))
             if unknown:
-                raise InvalidRequestError(f"options {unknown} cannot change while the engine runs; "
-                                          f"these can: {list(LIVE_OPTIONS)}", unknown[0])
+                raise InvalidRequestError(
+                    f"options {unknown} cannot change while the engine runs; "
+                    f"these can: {list(LIVE_OPTIONS)}",
+                    unknown[0],
+                )
             for name, value in msg.values.items():
                 setattr(self.config.engine, name, value)
             return {name: getattr(self.config.engine, name) for name in LIVE_OPTIONS}
@@ -101,8 +111,9 @@ class SchedulerControl:
         """Tokens of work on this engine: the running requests' prompt and output so far, and the
         waiting requests' prompts (SGLang's `/get_load` `num_tokens`, read by the router)."""
         b = self.batches
-        return (sum(len(r.origin_input_ids) + len(r.output_ids) for r in b.running)
-                + sum(len(r.origin_input_ids) for r in b.waiting))
+        return sum(len(r.origin_input_ids) + len(r.output_ids) for r in b.running) + sum(
+            len(r.origin_input_ids) for r in b.waiting
+        )
 
     def info(self) -> dict[str, Any]:
         b = self.batches
@@ -115,12 +126,20 @@ class SchedulerControl:
             "num_open_sessions": len(self.sessions),
             "new_token_ratio": b.new_token_ratio,
             "attention_backend": backend_name(self.runner.attn_backend),
-            "cuda_graph_batch_sizes": self.runner.graph_runner.capture_sizes if self.runner.graph_runner else [],
+            "cuda_graph_batch_sizes": self.runner.graph_runner.capture_sizes
+            if self.runner.graph_runner
+            else [],
             **self.stats,
             "cached_tokens": b.cached_tokens,
             "retractions": b.retractions,
             "jump_forward_tokens": self.output.jump_forward_tokens,
             "cuda_graph_steps": self.runner.cuda_graph_steps,
-            "torch_compile": {**(self.runner.compiled_decode.info if self.runner.compiled_decode else {"enabled": False}),
-                              "steps": dict(self.runner.compiled_steps)},
+            "torch_compile": {
+                **(
+                    self.runner.compiled_decode.info
+                    if self.runner.compiled_decode
+                    else {"enabled": False}
+                ),
+                "steps": dict(self.runner.compiled_steps),
+            },
         }

@@ -46,6 +46,7 @@ def exit_with_parent() -> None:
 def sender(conn: Connection) -> Any:
     """The scheduler's `emit`: one pickled list of outputs per loop turn. An error that does
     not pickle (a foreign exception type) is sent as a RuntimeError with its text."""
+
     def send(outputs: list) -> None:
         try:
             conn.send(outputs)
@@ -106,8 +107,10 @@ def main(address: str, rank: int) -> int:
     conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(os.environ.pop(AUTHKEY_ENV)))
     conn.send(rank)
     start: StartScheduler = conn.recv()
-    logging.basicConfig(level=start.log_level, format=f"%(asctime)s %(levelname)s %(name)s[rank {start.rank}]: "
-                                                      "%(message)s")
+    logging.basicConfig(
+        level=start.log_level,
+        format=f"%(asctime)s %(levelname)s %(name)s[rank {start.rank}]: %(message)s",
+    )
     emit = sender(conn) if start.rank == 0 else (lambda outputs: None)
     try:
         tp, ranks = join_ranks(start) if start.config.tp_size > 1 else (None, None)
@@ -121,7 +124,9 @@ def main(address: str, rank: int) -> int:
         return 1
     conn.send(SchedulerReady(info))
     if start.rank == 0:
-        threading.Thread(target=forward_messages, args=(conn, scheduler.inbox), name="sgl-inbox", daemon=True).start()
+        threading.Thread(
+            target=forward_messages, args=(conn, scheduler.inbox), name="sgl-inbox", daemon=True
+        ).start()
     scheduler.run()
     conn.close()
     if tp is not None:

@@ -47,29 +47,42 @@ class SessionParams:
         if isinstance(value, SessionParams):
             return value
         if not isinstance(value, dict):
-            raise InvalidRequestError("session_params must be an object {id, rid?, offset?, drop_previous_output?}",
-                                      "session_params")
+            raise InvalidRequestError(
+                "session_params must be an object {id, rid?, offset?, drop_previous_output?}",
+                "session_params",
+            )
         unknown = sorted(set(value) - {"id", "rid", "offset", "drop_previous_output", "replace"})
         if unknown:
             raise InvalidRequestError(
                 f"session_params has unknown field(s) {unknown}; valid: id, rid, offset, drop_previous_output",
-                "session_params")
+                "session_params",
+            )
         if value.get("replace") not in (None, False):  # SGLang clients send replace: false
-            raise InvalidRequestError("session_params.replace is not supported; send false or leave it out",
-                                      "session_params.replace")
+            raise InvalidRequestError(
+                "session_params.replace is not supported; send false or leave it out",
+                "session_params.replace",
+            )
         sid = value.get("id")
         if not isinstance(sid, str) or not sid:
-            raise InvalidRequestError("session_params.id must be the id /open_session returned", "session_params.id")
+            raise InvalidRequestError(
+                "session_params.id must be the id /open_session returned", "session_params.id"
+            )
         rid = value.get("rid")
         if rid is not None and not isinstance(rid, str):
-            raise InvalidRequestError("session_params.rid must be a request id (string) or null", "session_params.rid")
+            raise InvalidRequestError(
+                "session_params.rid must be a request id (string) or null", "session_params.rid"
+            )
         offset = value.get("offset")
         if offset is not None and (not isinstance(offset, int) or isinstance(offset, bool)):
-            raise InvalidRequestError("session_params.offset must be an integer", "session_params.offset")
+            raise InvalidRequestError(
+                "session_params.offset must be an integer", "session_params.offset"
+            )
         drop = value.get("drop_previous_output", False)
         if not isinstance(drop, bool):
-            raise InvalidRequestError("session_params.drop_previous_output must be true or false",
-                                      "session_params.drop_previous_output")
+            raise InvalidRequestError(
+                "session_params.drop_previous_output must be true or false",
+                "session_params.drop_previous_output",
+            )
         return cls(sid, rid, offset or None, drop)  # offset 0 keeps the whole history, as SGLang
 
 
@@ -82,7 +95,9 @@ class _Turn:
 @dataclass
 class Session:
     id: str
-    capacity: int | None  # most tokens (history + input + max_new_tokens) one turn may use; None: the context
+    capacity: (
+        int | None
+    )  # most tokens (history + input + max_new_tokens) one turn may use; None: the context
     timeout: float
     last_used: float = field(default_factory=time.monotonic)
     turns: dict[str, _Turn] = field(default_factory=dict)
@@ -95,25 +110,45 @@ class SessionRegistry:
         self.context_len = context_len
         self._sessions: dict[str, Session] = {}
 
-    def open(self, capacity_tokens: int | None = None, session_id: str | None = None,
-             timeout: float | None = None) -> str:
-        if capacity_tokens is not None and (not isinstance(capacity_tokens, int) or isinstance(capacity_tokens, bool)
-                                            or capacity_tokens < 1):
-            raise InvalidRequestError(f"capacity_tokens must be a positive integer, got {capacity_tokens!r}",
-                                      "capacity_tokens")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
-                                    or not 0 < timeout <= MAX_SESSION_TIMEOUT):
+    def open(
+        self,
+        capacity_tokens: int | None = None,
+        session_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        if capacity_tokens is not None and (
+            not isinstance(capacity_tokens, int)
+            or isinstance(capacity_tokens, bool)
+            or capacity_tokens < 1
+        ):
             raise InvalidRequestError(
-                f"timeout must be a number of seconds in (0, {MAX_SESSION_TIMEOUT:.0f}], got {timeout!r}", "timeout")
+                f"capacity_tokens must be a positive integer, got {capacity_tokens!r}",
+                "capacity_tokens",
+            )
+        if timeout is not None and (
+            not isinstance(timeout, (int, float))
+            or isinstance(timeout, bool)
+            or not 0 < timeout <= MAX_SESSION_TIMEOUT
+        ):
+            raise InvalidRequestError(
+                f"timeout must be a number of seconds in (0, {MAX_SESSION_TIMEOUT:.0f}], got {timeout!r}",
+                "timeout",
+            )
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
             raise InvalidRequestError("session_id must be a non-empty string", "session_id")
         sid = session_id or uuid.uuid4().hex
         if capacity_tokens is not None and capacity_tokens > self.context_len:
             raise InvalidRequestError(
-                f"capacity_tokens {capacity_tokens} exceeds the context length {self.context_len}", "capacity_tokens")
+                f"capacity_tokens {capacity_tokens} exceeds the context length {self.context_len}",
+                "capacity_tokens",
+            )
         if sid in self._sessions:
-            raise InvalidRequestError(f"session {sid!r} is already open; close it or pick another id", "session_id")
-        self._sessions[sid] = Session(sid, capacity_tokens, float(timeout or DEFAULT_SESSION_TIMEOUT))
+            raise InvalidRequestError(
+                f"session {sid!r} is already open; close it or pick another id", "session_id"
+            )
+        self._sessions[sid] = Session(
+            sid, capacity_tokens, float(timeout or DEFAULT_SESSION_TIMEOUT)
+        )
         return sid
 
     def close(self, sid: str) -> bool:
@@ -121,15 +156,21 @@ class SessionRegistry:
         unfinished turns and drops its radix locks."""
         return self._sessions.pop(sid, None) is not None
 
-    def resolve(self, params: SessionParams, new_ids: list[int], max_new_tokens: int,
-                bos_token_id: int | None) -> list[int]:
+    def resolve(
+        self,
+        params: SessionParams,
+        new_ids: list[int],
+        max_new_tokens: int,
+        bos_token_id: int | None,
+    ) -> list[int]:
         """The full prompt of a request in a session: the continued turn's tokens + `new_ids`."""
         s = self._sessions.get(params.id)
         if s is None:
             raise NotFoundError(
                 f"no open session {params.id!r} (closed, timed out, never opened, or lost in a server restart); "
                 "call /open_session",
-                "session_params.id")
+                "session_params.id",
+            )
         s.last_used = time.monotonic()
         history: list[int] = []
         if params.rid is not None:
@@ -137,22 +178,31 @@ class SessionRegistry:
             if turn is None:
                 raise InvalidRequestError(
                     f"session {params.id!r} has no finished request {params.rid!r}; a request can be continued "
-                    "once it has finished", "session_params.rid")
-            history = list(turn.prompt_ids) if params.drop_previous_output else turn.prompt_ids + turn.output_ids
+                    "once it has finished",
+                    "session_params.rid",
+                )
+            history = (
+                list(turn.prompt_ids)
+                if params.drop_previous_output
+                else turn.prompt_ids + turn.output_ids
+            )
             if new_ids and bos_token_id is not None and new_ids[0] == bos_token_id:
                 new_ids = new_ids[1:]  # the history already starts with it
         if params.offset is not None:
             if abs(params.offset) > len(history):
                 raise InvalidRequestError(
                     f"session_params.offset {params.offset} is outside the history of {len(history)} tokens",
-                    "session_params.offset")
+                    "session_params.offset",
+                )
             history = history[: params.offset]
         ids = history + new_ids
         if s.capacity is not None and len(ids) + max_new_tokens > s.capacity:
             raise InvalidRequestError(
                 f"session {params.id!r} was opened with capacity_tokens {s.capacity}; this turn needs "
                 f"{len(ids)} tokens of history and input + max_new_tokens {max_new_tokens}; lower max_new_tokens "
-                "or open the session with a larger capacity_tokens", "max_new_tokens")
+                "or open the session with a larger capacity_tokens",
+                "max_new_tokens",
+            )
         return ids
 
     def record(self, sid: str, rid: str, prompt_ids: list[int], output_ids: list[int]) -> bool:

@@ -30,24 +30,34 @@ def _compile(pattern: str) -> _Nfa:
     from sgl.constrained.regex import translate_regex
 
     try:
-        rx, at_start, at_end = translate_regex(pattern, param="stop_regex", search=True, what="stop_regex")
+        rx, at_start, at_end = translate_regex(
+            pattern, param="stop_regex", search=True, what="stop_regex"
+        )
     except GrammarError as e:
         raise InvalidRequestError(f"stop_regex {pattern!r}: {e}", param="stop_regex") from e
     if at_end:
-        raise InvalidRequestError(f"stop_regex {pattern!r}: an end anchor ($, \\Z) would depend on where tokens "
-                                  "end; remove it", param="stop_regex")
+        raise InvalidRequestError(
+            f"stop_regex {pattern!r}: an end anchor ($, \\Z) would depend on where tokens "
+            "end; remove it",
+            param="stop_regex",
+        )
     if rx is None:
         raise InvalidRequestError(f"stop_regex {pattern!r} matches nothing", param="stop_regex")
     if rx.size > MAX_POSITIONS:
-        raise InvalidRequestError(f"stop_regex {pattern!r} is too large: {rx.size} character positions after "
-                                  f"expanding bounded repetitions (at most {MAX_POSITIONS})", param="stop_regex")
+        raise InvalidRequestError(
+            f"stop_regex {pattern!r} is too large: {rx.size} character positions after "
+            f"expanding bounded repetitions (at most {MAX_POSITIONS})",
+            param="stop_regex",
+        )
     nfa = _Nfa()
     nfa.anchored = at_start
     nfa.final = nfa.build(rx.node, nfa.start, ast)
     nfa.close()
     if nfa.final in nfa.closure[nfa.start]:
-        raise InvalidRequestError(f"stop_regex {pattern!r} matches the empty string, so it would stop at once",
-                                  param="stop_regex")
+        raise InvalidRequestError(
+            f"stop_regex {pattern!r} matches the empty string, so it would stop at once",
+            param="stop_regex",
+        )
     return nfa
 
 
@@ -101,7 +111,9 @@ class _Nfa:
             return end
         if isinstance(node, ast.Repeat):
             return self._repeat(node, start, ast)
-        raise InvalidRequestError(f"stop_regex: unsupported construct {type(node).__name__}", param="stop_regex")
+        raise InvalidRequestError(
+            f"stop_regex: unsupported construct {type(node).__name__}", param="stop_regex"
+        )
 
     def _repeat(self, node: Any, start: int, ast: Any) -> int:
         cur = start
@@ -166,10 +178,10 @@ class StopRegexMatcher:
             start, end = best
             self.matched_text = self.text[start:end]
             stop_at = len(self.text) if self.no_stop_trim else start
-            out, self.emitted = self.text[self.emitted:stop_at], max(self.emitted, stop_at)
+            out, self.emitted = self.text[self.emitted : stop_at], max(self.emitted, stop_at)
             return out, True
         hold = min((s for active in self.active for s in active.values()), default=len(self.text))
-        out, self.emitted = self.text[self.emitted:hold], max(self.emitted, hold)
+        out, self.emitted = self.text[self.emitted : hold], max(self.emitted, hold)
         return out, False
 
     @staticmethod
@@ -194,5 +206,5 @@ class StopRegexMatcher:
         """At the end of the request: the text still held back (no match can complete now)."""
         if self.matched:
             return ""
-        out, self.emitted = self.text[self.emitted:], len(self.text)
+        out, self.emitted = self.text[self.emitted :], len(self.text)
         return out

@@ -45,7 +45,9 @@ class StopStringMatcher:
         self._buf = ""  # text[self._buf_start:], the only part still scanned
         self._buf_start = 0
         self._emitted = 0  # text[:self._emitted] has been returned
-        self._pending: tuple[int, int, str] | None = None  # (start, len, stop) awaiting confirmation
+        self._pending: tuple[int, int, str] | None = (
+            None  # (start, len, stop) awaiting confirmation
+        )
         self._done = False
         self.matched_stop: str | None = None
         self.stop_start: int | None = None  # index of the match in ``text``

@@ -109,7 +109,9 @@ def _load_cached(entry: Path) -> tuple[PreTrainedTokenizerBase | None, bool]:
         return None, True
 
 
-def _publish(tok: PreTrainedTokenizerBase, entry: Path, source: Path, *, replace: bool = False) -> None:
+def _publish(
+    tok: PreTrainedTokenizerBase, entry: Path, source: Path, *, replace: bool = False
+) -> None:
     """Write ``tok`` to ``entry`` atomically: save into a temp dir, then rename.
 
     A reader therefore sees either no entry or a complete one. If another

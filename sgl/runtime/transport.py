@@ -91,7 +91,9 @@ class ThreadTransport:
 
     def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
-        self._delivery = threading.Thread(target=self._deliver_loop, name="sgl-results", daemon=True)
+        self._delivery = threading.Thread(
+            target=self._deliver_loop, name="sgl-results", daemon=True
+        )
         self._delivery.start()
         scheduler.start()
 
@@ -152,8 +154,12 @@ class ProcessTransport:
             raise failed[0].error
         self.rank_infos = [reply.info for reply in replies]
         for rank, conn in enumerate(self._conns):
-            reader = threading.Thread(target=self._read_loop, args=(rank, conn), daemon=True,
-                                      name="sgl-results" if rank == 0 else f"sgl-rank{rank}-watch")
+            reader = threading.Thread(
+                target=self._read_loop,
+                args=(rank, conn),
+                daemon=True,
+                name="sgl-results" if rank == 0 else f"sgl-rank{rank}-watch",
+            )
             reader.start()
             self._readers.append(reader)
         return replies[0].info
@@ -164,12 +170,24 @@ class ProcessTransport:
         sock_dir = tempfile.mkdtemp(prefix="sgl-sched-")
         address = os.path.join(sock_dir, "sock")
         try:
-            with Listener(address, family="AF_UNIX", authkey=authkey, backlog=max(1, n)) as listener:
+            with Listener(
+                address, family="AF_UNIX", authkey=authkey, backlog=max(1, n)
+            ) as listener:
                 env = {**os.environ, AUTHKEY_ENV: authkey.hex()}
                 for rank in range(n):
-                    self.procs.append(subprocess.Popen(
-                        [sys.executable, "-m", "sgl.runtime.scheduler_process", address, str(rank)], env=env,
-                        stdin=subprocess.DEVNULL))
+                    self.procs.append(
+                        subprocess.Popen(
+                            [
+                                sys.executable,
+                                "-m",
+                                "sgl.runtime.scheduler_process",
+                                address,
+                                str(rank),
+                            ],
+                            env=env,
+                            stdin=subprocess.DEVNULL,
+                        )
+                    )
                 conns = {}
                 for _ in range(n):
                     conn = self._accept(listener)
@@ -211,10 +229,19 @@ class ProcessTransport:
             code = None
         incident = new_incident_id()
         rank = self.procs.index(proc)
-        logger.error("incident %s: the scheduler process (pid %d, rank %d) exited %s with code %s", incident, proc.pid,
-                     rank, when, code)
-        return EngineDeadError(f"the scheduler process of rank {rank} exited {when} with code {code}; its log says "
-                               "why", incident)
+        logger.error(
+            "incident %s: the scheduler process (pid %d, rank %d) exited %s with code %s",
+            incident,
+            proc.pid,
+            rank,
+            when,
+            code,
+        )
+        return EngineDeadError(
+            f"the scheduler process of rank {rank} exited {when} with code {code}; its log says "
+            "why",
+            incident,
+        )
 
     def _read_loop(self, rank: int, conn: Connection) -> None:
         while True:
@@ -222,7 +249,9 @@ class ProcessTransport:
                 outputs = conn.recv()
             except (EOFError, OSError):
                 break
-            except Exception:  # an output that cannot be unpickled: a bug, but not a reason to stop reading
+            except (
+                Exception
+            ):  # an output that cannot be unpickled: a bug, but not a reason to stop reading
                 logger.exception("dropped a scheduler output that could not be read")
                 continue
             if rank == 0:
@@ -244,7 +273,10 @@ class ProcessTransport:
                 raise self._dead
             try:
                 self._conns[0].send(msg)
-            except (OSError, ValueError) as e:  # the child is gone; the reader reports it to everyone
+            except (
+                OSError,
+                ValueError,
+            ) as e:  # the child is gone; the reader reports it to everyone
                 raise EngineDeadError("the scheduler process is gone", new_incident_id()) from e
 
     def close(self) -> None:

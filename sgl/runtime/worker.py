@@ -66,8 +66,9 @@ def on_fresh_thread(fn: Callable[[], Any]) -> Any:
     return result[0]
 
 
-def build_scheduler(cfg: EngineConfig, emit: Callable[[list], None], tp: Any = None,
-                    ranks: Any = None) -> tuple[Any, ModelInfo, Any]:
+def build_scheduler(
+    cfg: EngineConfig, emit: Callable[[list], None], tp: Any = None, ranks: Any = None
+) -> tuple[Any, ModelInfo, Any]:
     """Load the model (this rank's shard under `tp`, a `distributed.TPGroup`) and tokenizer,
     plan the KV pool and build the scheduler (not started). Returns (scheduler, its ModelInfo,
     the tokenizer). `cfg` becomes the scheduler's own: the caller passes a copy (options change
@@ -86,21 +87,41 @@ def build_scheduler(cfg: EngineConfig, emit: Callable[[list], None], tp: Any = N
     tokenizer = load_engine_tokenizer(tok_path)
     context_len = cfg.context_length or mc.max_position_embeddings
     if context_len > mc.max_position_embeddings:
-        raise ValueError(f"context_length {context_len} exceeds the model's max_position_embeddings "
-                         f"{mc.max_position_embeddings}")
+        raise ValueError(
+            f"context_length {context_len} exceeds the model's max_position_embeddings "
+            f"{mc.max_position_embeddings}"
+        )
     runner = ModelRunner(model, cfg, device, dtype)
     sharers = cfg.tp_size if device.type == "cpu" else 1  # CPU ranks plan from the same host memory
-    memory_plan = plan_kv_pool(cfg, mc, device, dtype, lambda tokens: runner.backend_reserved_bytes(tokens, dtype),
-                               runner.num_kv_heads, sharers)
+    memory_plan = plan_kv_pool(
+        cfg,
+        mc,
+        device,
+        dtype,
+        lambda tokens: runner.backend_reserved_bytes(tokens, dtype),
+        runner.num_kv_heads,
+        sharers,
+    )
     if ranks is not None:  # every rank runs the same pool (the same batches)
         memory_plan["max_total_tokens"] = ranks.agree_min(memory_plan["max_total_tokens"])
     eos = set(mc.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    info = ModelInfo(mc, str(path), tok_path, context_len, dict(memory_plan), sorted(eos),
-                     quantization_summary(model), model_bytes(model), held_copy_bytes(model))
+    info = ModelInfo(
+        mc,
+        str(path),
+        tok_path,
+        context_len,
+        dict(memory_plan),
+        sorted(eos),
+        quantization_summary(model),
+        model_bytes(model),
+        held_copy_bytes(model),
+    )
     sched_cfg = SchedulerConfig(cfg, memory_plan["max_total_tokens"], context_len, device, dtype)
-    scheduler = Scheduler(sched_cfg, runner, copy.deepcopy(tokenizer), info.eos_token_ids, emit, ranks)
+    scheduler = Scheduler(
+        sched_cfg, runner, copy.deepcopy(tokenizer), info.eos_token_ids, emit, ranks
+    )
     return scheduler, info, tokenizer
 
 
@@ -110,12 +131,17 @@ def model_bytes(model: torch.nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for module in model.modules():
-        tensors = [*module._parameters.values(), *module._buffers.values(),
-                   *(v for v in vars(module).values() if isinstance(v, torch.Tensor))]
+        tensors = [
+            *module._parameters.values(),
+            *module._buffers.values(),
+            *(v for v in vars(module).values() if isinstance(v, torch.Tensor)),
+        ]
         for t in tensors:
             if t is None or t.is_meta:
                 continue
-            if t.is_mkldnn:  # oneDNN's packed layout (bf16 on AVX512-BF16 / AMX): no storage to share
+            if (
+                t.is_mkldnn
+            ):  # oneDNN's packed layout (bf16 on AVX512-BF16 / AMX): no storage to share
                 total += t.numel() * t.element_size()
                 continue
             storage = t.untyped_storage()
@@ -136,12 +162,16 @@ def effective_quantization(quantization: str, device: torch.device) -> str:
     if device.type == "cpu":
         return quantization
     if quantization in ("int8", "int4"):
-        raise ValueError(f"quantization={quantization!r} runs on the CPU only (torch's packed CPU matmuls); "
-                         f"on {device.type} use quantization='none' or 'auto' (dense weights)")
+        raise ValueError(
+            f"quantization={quantization!r} runs on the CPU only (torch's packed CPU matmuls); "
+            f"on {device.type} use quantization='none' or 'auto' (dense weights)"
+        )
     return "none"
 
 
-def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.device, tp: Any = None) -> tuple:
+def load_engine_model(
+    cfg: EngineConfig, dtype: torch.dtype, device: torch.device, tp: Any = None
+) -> tuple:
     """(model, model config, resolved model path, tokenizer path or None); under `tp` this
     rank's shard, read from the checkpoint without the whole tensors (loader.py)."""
     shard = {} if tp is None else {"tp": tp}
@@ -156,7 +186,9 @@ def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.devic
         from sgl.runtime.model.dummy import dummy_tokenizer_source, load_dummy_model
 
         path = cfg.model_path
-        model, mc = load_dummy_model(cfg.model_path, dtype, device, seed=cfg.random_seed or 0, **shard)
+        model, mc = load_dummy_model(
+            cfg.model_path, dtype, device, seed=cfg.random_seed or 0, **shard
+        )
         quantize_model(model, QuantPolicy(quantization, cfg.int4_group_size))
         tok_path = cfg.tokenizer_path or dummy_tokenizer_source(cfg.model_path)
     else:
@@ -173,8 +205,11 @@ def load_engine_model(cfg: EngineConfig, dtype: torch.dtype, device: torch.devic
         add_dense_copies(model, lambda: dense_copy_budget(cfg.dense_copy, device, tp))
         logger.info("packed the dense layers in %.1f s", time.perf_counter() - start)
     elif cfg.dense_copy == "on" and device.type == "cpu":
-        logger.warning("dense_copy='on' keeps no copies here: they are bf16 matmuls, kept only for a bfloat16 "
-                       "model on a CPU with AMX or AVX512-BF16 (this model: %s)", str(dtype).removeprefix("torch."))
+        logger.warning(
+            "dense_copy='on' keeps no copies here: they are bf16 matmuls, kept only for a bfloat16 "
+            "model on a CPU with AMX or AVX512-BF16 (this model: %s)",
+            str(dtype).removeprefix("torch."),
+        )
     if device.type == "cpu":  # build (or load) the fused layer ops now, not inside the first step
         from sgl.runtime.model.layer_ops import layer_ops_built
 

@@ -39,22 +39,38 @@ async def health(request: Request) -> JSONBody:
     return JSONBody({"status": "ok"})
 
 
-@router.get("/health_generate", response_model=HealthResponse, responses=error_responses(
-    descriptions={503: "The engine failed to generate, or the server drains: retry after `Retry-After` seconds."}))
+@router.get(
+    "/health_generate",
+    response_model=HealthResponse,
+    responses=error_responses(
+        descriptions={
+            503: "The engine failed to generate, or the server drains: retry after `Retry-After` seconds."
+        }
+    ),
+)
 async def health_generate(request: Request) -> JSONBody:
     """The engine generates: runs one real token."""
     state = get_state(request)
     try:
         out = await state.engine.async_generate("Hi", {"max_new_tokens": 1, "temperature": 0})
     except InvalidRequestError as e:  # at capacity, or failed: its own message
-        raise APIError(503, f"the engine cannot generate now: {e.message}",
-                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)}) from e
+        raise APIError(
+            503,
+            f"the engine cannot generate now: {e.message}",
+            headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)},
+        ) from e
     except Exception as e:  # the log has it under an incident id; the body never has its text
-        raise APIError(503, internal_error_body(e, "/health_generate")["error"]["message"],
-                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)}) from e
+        raise APIError(
+            503,
+            internal_error_body(e, "/health_generate")["error"]["message"],
+            headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)},
+        ) from e
     if (out["meta_info"].get("finish_reason") or {}).get("type") == "abort":
-        raise APIError(503, f"the engine aborted the health request: {out['meta_info']['finish_reason']}",
-                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
+        raise APIError(
+            503,
+            f"the engine aborted the health request: {out['meta_info']['finish_reason']}",
+            headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)},
+        )
     return JSONBody({"status": "ok"})
 
 
@@ -68,18 +84,24 @@ async def get_model_info(request: Request) -> JSONBody:
     state = get_state(request)
     engine = state.engine
     tmpl = state.chat_template
-    return JSONBody({
-        "model_path": state.model_path,
-        "tokenizer_path": state.model_path,
-        "served_model_name": state.served_model_name,
-        "is_generation": True,
-        "vocab_size": engine.model_config.vocab_size,
-        "context_length": engine.context_len,
-        "eos_token_ids": list(engine.eos_token_ids),
-        "bos_token_id": state.bos_token_id,
-        "chat_roles": {"prefix": tmpl.prefix, "suffix": tmpl.suffix, "default_system": tmpl.default_system},
-        "supports_sessions": True,
-    })
+    return JSONBody(
+        {
+            "model_path": state.model_path,
+            "tokenizer_path": state.model_path,
+            "served_model_name": state.served_model_name,
+            "is_generation": True,
+            "vocab_size": engine.model_config.vocab_size,
+            "context_length": engine.context_len,
+            "eos_token_ids": list(engine.eos_token_ids),
+            "bos_token_id": state.bos_token_id,
+            "chat_roles": {
+                "prefix": tmpl.prefix,
+                "suffix": tmpl.suffix,
+                "default_system": tmpl.default_system,
+            },
+            "supports_sessions": True,
+        }
+    )
 
 
 @router.get("/get_server_info", response_model=ServerInfo, responses=error_responses())
@@ -89,8 +111,15 @@ async def get_server_info(request: Request) -> JSONBody:
     `/server_info` is SGLang's current name for it."""
     state = get_state(request)
     info = await asyncio.to_thread(state.engine.get_server_info)
-    info.update({"model_path": state.model_path, "tokenizer_path": state.model_path,
-                 "served_model_name": state.served_model_name, "version": sgl.__version__, "pid": os.getpid()})
+    info.update(
+        {
+            "model_path": state.model_path,
+            "tokenizer_path": state.model_path,
+            "served_model_name": state.served_model_name,
+            "version": sgl.__version__,
+            "pid": os.getpid(),
+        }
+    )
     return JSONBody(info)
 
 
@@ -100,15 +129,28 @@ async def get_load(request: Request) -> JSONBody:
     requests running and waiting, and their tokens. The sglang-router polls it to balance."""
     info = await asyncio.to_thread(get_state(request).engine.get_server_info)
     running, waiting = info["num_running_reqs"], info["num_waiting_reqs"]
-    return JSONBody([{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting,
-                      "num_tokens": info["num_load_tokens"]}])
+    return JSONBody(
+        [
+            {
+                "dp_rank": 0,
+                "num_reqs": running + waiting,
+                "num_waiting_reqs": waiting,
+                "num_tokens": info["num_load_tokens"],
+            }
+        ]
+    )
 
 
 @router.post("/flush_cache", response_model=SuccessResponse, responses=error_responses())
 async def flush_cache(request: Request) -> JSONBody:
     """Drop the radix cache. `success` is false while requests are in flight."""
     ok = await asyncio.to_thread(get_state(request).engine.flush_cache)
-    return JSONBody({"success": bool(ok), "message": None if ok else "requests are in flight; try again when idle"})
+    return JSONBody(
+        {
+            "success": bool(ok),
+            "message": None if ok else "requests are in flight; try again when idle",
+        }
+    )
 
 
 @router.post("/abort_request", response_model=SuccessResponse, responses=error_responses(400))
@@ -118,12 +160,16 @@ async def abort_request(req: AbortRequest, request: Request) -> JSONBody:
     return JSONBody({"success": True, "message": None})
 
 
-@router.get("/metrics", response_class=PlainTextResponse, responses=error_responses(media_type="text/plain"))
+@router.get(
+    "/metrics", response_class=PlainTextResponse, responses=error_responses(media_type="text/plain")
+)
 async def metrics(request: Request) -> PlainTextResponse:
     """Prometheus text format; names prefixed `sgl:` after SGLang's."""
     state = get_state(request)
     info = await asyncio.to_thread(state.engine.get_server_info)
-    return PlainTextResponse(state.metrics.render(info), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return PlainTextResponse(
+        state.metrics.render(info), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
 
 
 @router.post("/start_profile", response_model=SuccessResponse, responses=error_responses(400))
@@ -134,13 +180,23 @@ async def start_profile(request: Request, req: ProfileReqInput | None = None) ->
     of it); 400 when the server runs without one."""
     state = get_state(request)
     if state.profile_dir is None:
-        raise APIError(400, "profiling is not enabled: start the server with --profile-dir DIR "
-                       "(or $SGL_TORCH_PROFILER_DIR)", "output_dir")
+        raise APIError(
+            400,
+            "profiling is not enabled: start the server with --profile-dir DIR "
+            "(or $SGL_TORCH_PROFILER_DIR)",
+            "output_dir",
+        )
     req = req or ProfileReqInput()
     where = _profile_subdir(state.profile_dir, req.output_dir)
     try:
-        await asyncio.to_thread(state.engine.start_profile, where, req.num_steps, req.activities,
-                                req.record_shapes, req.with_stack)
+        await asyncio.to_thread(
+            state.engine.start_profile,
+            where,
+            req.num_steps,
+            req.activities,
+            req.record_shapes,
+            req.with_stack,
+        )
     except InvalidRequestError as e:
         raise APIError(400, e.message, e.param) from e
     return JSONBody({"success": True, "message": f"profiling; traces go to {where}"})
@@ -168,6 +224,9 @@ def _profile_subdir(root: str, sub: str | None) -> str:
     base = os.path.realpath(root)
     where = os.path.realpath(os.path.join(base, sub))
     if os.path.commonpath([base, where]) != base:
-        raise APIError(400, f"output_dir {sub!r} must be a subdirectory of the server's profile directory",
-                       "output_dir")
+        raise APIError(
+            400,
+            f"output_dir {sub!r} must be a subdirectory of the server's profile directory",
+            "output_dir",
+        )
     return where

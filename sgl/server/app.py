@@ -40,11 +40,18 @@ with `Retry-After`), 500 an internal error naming an incident id."""
 DEFAULT_MAX_REQUEST_BYTES = 32 << 20
 
 
-def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
-               profile_dir: str | None = None, tool_call_parser: str | None = None,
-               reasoning_parser: str | None = None, cors_allow_origins: list[str] | None = None,
-               max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES, log_requests: bool = False,
-               metrics_require_api_key: bool = False) -> FastAPI:
+def create_app(
+    engine: Any,
+    served_model_name: str,
+    api_key: str | None = None,
+    profile_dir: str | None = None,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    cors_allow_origins: list[str] | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    log_requests: bool = False,
+    metrics_require_api_key: bool = False,
+) -> FastAPI:
     """The app over `engine`. `tool_call_parser`: the tool-call format (default: the one the
     chat template uses); `reasoning_parser`: split reasoning from answers ("qwen3", ...);
     `cors_allow_origins`: the browser origins answered (none: no CORS headers at all);
@@ -60,13 +67,15 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
         metrics=metrics,
         chat_template=ChatTemplate.from_hf_tokenizer(engine.tokenizer),
         # a directory a router can load the tokenizer from (SGLang reports a hub id it can fetch)
-        model_path=tokenizer_directory(engine.model_info.tokenizer_path) or str(engine.config.model_path),
+        model_path=tokenizer_directory(engine.model_info.tokenizer_path)
+        or str(engine.config.model_path),
         context_len=int(engine.context_len),
         created=int(time.time()),
         bos_token_id=getattr(engine.tokenizer, "bos_token_id", None),
         extract_backend=EngineBackend(engine),
         profile_dir=profile_dir,
-        tool_call_parser=tool_call_parser or detect_parser(getattr(engine.tokenizer, "chat_template", None)),
+        tool_call_parser=tool_call_parser
+        or detect_parser(getattr(engine.tokenizer, "chat_template", None)),
         reasoning_parser=reasoning_parser,
         lifecycle=Lifecycle(engine),
     )
@@ -83,11 +92,18 @@ def create_app(engine: Any, served_model_name: str, api_key: str | None = None,
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes)
     app.add_middleware(LifecycleMiddleware, lifecycle=state.lifecycle, metrics=metrics)
     if api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=api_key,
-                           open_paths=OPEN_PATHS if metrics_require_api_key else OPEN_PATHS | {"/metrics"})
+        app.add_middleware(
+            APIKeyMiddleware,
+            api_key=api_key,
+            open_paths=OPEN_PATHS if metrics_require_api_key else OPEN_PATHS | {"/metrics"},
+        )
     if cors_allow_origins:  # added last: outermost, so preflights are answered before the key check
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors_allow_origins), allow_methods=["*"],
-                           allow_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_allow_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
     for module in (native, sessions, programs, openai_api, extract, admin):
         app.include_router(module.router)
     return app

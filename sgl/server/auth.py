@@ -28,9 +28,15 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode("utf-8"), self._key):
+        if scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode("utf-8"), self._key
+        ):
             await self.app(scope, receive, send)
             return
-        response = error_response(401, "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
-                                  type="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+        response = error_response(
+            401,
+            "missing or invalid API key: send the header 'Authorization: Bearer <key>'",
+            type="authentication_error",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
         await response(scope, receive, send)

@@ -29,8 +29,16 @@ logger = logging.getLogger("sgl.server")
 
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 # Options the supervisor handles itself, never passed to a worker.
-SUPERVISOR_OPTIONS = ("dp_size", "router_policy", "router_balance_abs_threshold", "host", "port", "api_key",
-                      "api_key_file", "config")
+SUPERVISOR_OPTIONS = (
+    "dp_size",
+    "router_policy",
+    "router_balance_abs_threshold",
+    "host",
+    "port",
+    "api_key",
+    "api_key_file",
+    "config",
+)
 START_TIMEOUT_S = 900.0  # a worker's first start may build native kernels and compile
 RESTARTS_PER_WINDOW, RESTART_WINDOW_S = 3, 300.0
 STOP_GRACE_S = 40.0
@@ -90,33 +98,67 @@ class Worker:
 
     def start(self) -> None:
         cpus = self.cpus
-        self.proc = subprocess.Popen(self.cmd, env=self.env,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        self.proc = subprocess.Popen(
+            self.cmd,
+            env=self.env,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+        )
 
 
-def router_command(urls: list[str], policy: str, host: str, port: int, api_key: str | None,
-                   balance_abs_threshold: int = 2) -> list[str]:
+def router_command(
+    urls: list[str],
+    policy: str,
+    host: str,
+    port: int,
+    api_key: str | None,
+    balance_abs_threshold: int = 2,
+) -> list[str]:
     """The router's command line. `balance_abs_threshold`: in-flight requests one worker may
     have beyond another before cache_aware balances by load instead of by prefix (the router's
     default, 64, suits GPU workers; an sgl worker on a few CPU cores is saturated by a handful,
     so at 64 its peers idle while it queues: measured, 18 of 18 requests on one of two workers
     at 64, 13 / 5 at 2 with 88% of one worker's prefix hits)."""
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *urls, "--policy", policy,
-           "--host", host, "--port", str(port), "--balance-abs-threshold", str(balance_abs_threshold),
-           "--health-check-interval-secs", str(HEALTH_CHECK_INTERVAL_S)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang_router.launch_router",
+        "--worker-urls",
+        *urls,
+        "--policy",
+        policy,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--balance-abs-threshold",
+        str(balance_abs_threshold),
+        "--health-check-interval-secs",
+        str(HEALTH_CHECK_INTERVAL_S),
+    ]
     return cmd + (["--api-key", api_key] if api_key else [])
 
 
-def make_workers(parser: argparse.ArgumentParser, args: argparse.Namespace, api_key: str | None) -> list[Worker]:
+def make_workers(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, api_key: str | None
+) -> list[Worker]:
     """The workers' commands, ports, environments and CPU (or CUDA device) shares."""
-    base = [sys.executable, "-m", "sgl.launch_server", *worker_argv(parser, args), "--host", "127.0.0.1"]
+    base = [
+        sys.executable,
+        "-m",
+        "sgl.launch_server",
+        *worker_argv(parser, args),
+        "--host",
+        "127.0.0.1",
+    ]
     env = {k: v for k, v in os.environ.items() if k not in ("SGL_API_KEY", "SGL_API_KEY_FILE")}
     if api_key:
         env["SGL_API_KEY"] = api_key  # never on a command line (`ps` shows those)
     cuda = str(args.device).startswith("cuda") or (args.device == "auto" and _cuda_devices() > 0)
     if cuda and args.dp_size * max(1, args.tp_size) > _cuda_devices():
-        raise ValueError(f"--dp-size {args.dp_size} x --tp-size {args.tp_size} needs that many CUDA devices; "
-                         f"{_cuda_devices()} visible")
+        raise ValueError(
+            f"--dp-size {args.dp_size} x --tp-size {args.tp_size} needs that many CUDA devices; "
+            f"{_cuda_devices()} visible"
+        )
     slices = None if cuda else cpu_slices(sorted(os.sched_getaffinity(0)), args.dp_size)
     workers = []
     per_worker = max(1, args.tp_size)  # CUDA devices of one worker (its tensor-parallel ranks)
@@ -124,7 +166,11 @@ def make_workers(parser: argparse.ArgumentParser, args: argparse.Namespace, api_
         devices = ",".join(str(d) for d in range(i * per_worker, (i + 1) * per_worker))
         wenv = dict(env, CUDA_VISIBLE_DEVICES=devices) if cuda else env
         port = args.port + 1 + i
-        workers.append(Worker(i, port, [*base, "--port", str(port)], wenv, None if slices is None else slices[i]))
+        workers.append(
+            Worker(
+                i, port, [*base, "--port", str(port)], wenv, None if slices is None else slices[i]
+            )
+        )
     return workers
 
 
@@ -141,7 +187,9 @@ class Stopped(Exception):
     """A signal came while the workers were starting."""
 
 
-def wait_healthy(workers: list[Worker], timeout: float, stopping: Callable[[], bool] = lambda: False) -> None:
+def wait_healthy(
+    workers: list[Worker], timeout: float, stopping: Callable[[], bool] = lambda: False
+) -> None:
     """Until every worker answers /health 200; RuntimeError naming one that exited first,
     `Stopped` as soon as `stopping()` (Ctrl-C while the models load)."""
     import requests
@@ -153,14 +201,18 @@ def wait_healthy(workers: list[Worker], timeout: float, stopping: Callable[[], b
             raise Stopped()
         for w in list(pending):
             if w.proc.poll() is not None:
-                raise RuntimeError(f"worker {w.index} ({w.url}) exited with {w.proc.returncode} while starting")
+                raise RuntimeError(
+                    f"worker {w.index} ({w.url}) exited with {w.proc.returncode} while starting"
+                )
             try:
                 if requests.get(w.url + "/health", timeout=2).status_code == 200:
                     pending.remove(w)
             except requests.RequestException:
                 pass
         if pending and time.monotonic() > deadline:
-            raise RuntimeError(f"workers {[w.index for w in pending]} not healthy after {timeout:.0f} s")
+            raise RuntimeError(
+                f"workers {[w.index for w in pending]} not healthy after {timeout:.0f} s"
+            )
         if pending:
             time.sleep(0.5)
 
@@ -183,8 +235,11 @@ class Supervisor:
                 w.start()
             wait_healthy(self.workers, START_TIMEOUT_S, lambda: self.stopping)
             self.router = subprocess.Popen(self.router_cmd)
-            logger.info("router (%s) in front of %s", self.router_cmd[self.router_cmd.index("--policy") + 1],
-                        [w.url for w in self.workers])
+            logger.info(
+                "router (%s) in front of %s",
+                self.router_cmd[self.router_cmd.index("--policy") + 1],
+                [w.url for w in self.workers],
+            )
             return self._watch()
         except Stopped:
             return 0
@@ -201,7 +256,9 @@ class Supervisor:
     def _watch(self) -> int:
         while not self.stopping:
             if self.router.poll() is not None:
-                logger.error("the router exited with %s: stopping the workers", self.router.returncode)
+                logger.error(
+                    "the router exited with %s: stopping the workers", self.router.returncode
+                )
                 return 1
             for w in self.workers:
                 if w.proc.poll() is not None and not self._restart(w):
@@ -214,10 +271,17 @@ class Supervisor:
         now = time.monotonic()
         w.deaths = [t for t in w.deaths if now - t < RESTART_WINDOW_S] + [now]
         if len(w.deaths) > RESTARTS_PER_WINDOW:
-            logger.error("worker %d (%s) died %d times in %.0f s: stopping", w.index, w.url, len(w.deaths),
-                         RESTART_WINDOW_S)
+            logger.error(
+                "worker %d (%s) died %d times in %.0f s: stopping",
+                w.index,
+                w.url,
+                len(w.deaths),
+                RESTART_WINDOW_S,
+            )
             return False
-        logger.warning("worker %d (%s) exited with %s: restarting it", w.index, w.url, w.proc.returncode)
+        logger.warning(
+            "worker %d (%s) exited with %s: restarting it", w.index, w.url, w.proc.returncode
+        )
         w.start()
         return True
 
@@ -247,13 +311,21 @@ def serve(parser: argparse.ArgumentParser, args: argparse.Namespace, api_key: st
     try:
         import sglang_router  # noqa: F401
     except ImportError:
-        logger.error("--dp-size needs the sglang-router: pip install 'sgl[router]' (make setup installs it)")
+        logger.error(
+            "--dp-size needs the sglang-router: pip install 'sgl[router]' (make setup installs it)"
+        )
         return 1
     try:
         workers = make_workers(parser, args, api_key)
     except ValueError as e:
         logger.error("%s", e)
         return 2
-    router = router_command([w.url for w in workers], args.router_policy, args.host, args.port, api_key,
-                            args.router_balance_abs_threshold)
+    router = router_command(
+        [w.url for w in workers],
+        args.router_policy,
+        args.host,
+        args.port,
+        api_key,
+        args.router_balance_abs_threshold,
+    )
     return Supervisor(workers, router).run()

@@ -19,73 +19,144 @@ from sgl.server.launch_compat import DTYPE_ALIASES
 
 # flag names -> (EngineConfig field, argparse kwargs but the default)
 ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--model-path --model": ("model_path", dict(
-        help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file")),
+    "--model-path --model": (
+        "model_path",
+        dict(
+            help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file"
+        ),
+    ),
     "--tokenizer-path": ("tokenizer_path", dict(help="tokenizer directory (default: the model's)")),
-    "--dtype": ("dtype", dict(type=lambda v: DTYPE_ALIASES.get(v, v), choices=DTYPES,
-                help="auto: bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, else float32 "
-                     "(SGLang's and vLLM's half = float16, float = float32)")),
-    "--quantization": ("quantization", dict(
-        choices=QUANTIZATIONS,
-        help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, Q8_0/Q6_K/Q5_* -> int8), none "
-             "(dense in --dtype), int8 (per output channel) or int4 (groups of --int4-group-size)")),
+    "--dtype": (
+        "dtype",
+        dict(
+            type=lambda v: DTYPE_ALIASES.get(v, v),
+            choices=DTYPES,
+            help="auto: bfloat16 on CUDA and on CPUs with AMX-BF16 or AVX512-BF16, else float32 "
+            "(SGLang's and vLLM's half = float16, float = float32)",
+        ),
+    ),
+    "--quantization": (
+        "quantization",
+        dict(
+            choices=QUANTIZATIONS,
+            help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, Q8_0/Q6_K/Q5_* -> int8), none "
+            "(dense in --dtype), int8 (per output channel) or int4 (groups of --int4-group-size)",
+        ),
+    ),
     "--int4-group-size": ("int4_group_size", dict(type=int, choices=INT4_GROUP_SIZES)),
-    "--dense-copy": ("dense_copy", dict(
-        choices=DENSE_COPY_MODES,
-        help="a dense bf16 copy beside each quantized layer, taken from the row count where it is faster "
-             "(batched decode); auto: where bf16 matmuls are native and the copies fit 20%% of available "
-             "memory (at most 4 GiB)")),
+    "--dense-copy": (
+        "dense_copy",
+        dict(
+            choices=DENSE_COPY_MODES,
+            help="a dense bf16 copy beside each quantized layer, taken from the row count where it is faster "
+            "(batched decode); auto: where bf16 matmuls are native and the copies fit 20%% of available "
+            "memory (at most 4 GiB)",
+        ),
+    ),
     "--device": ("device", dict(help="auto, cpu, cuda or cuda:N")),
     "--max-total-tokens": ("max_total_tokens", dict(type=int, help="KV pool capacity in tokens")),
-    "--mem-fraction-static": ("mem_fraction_static", dict(type=float, help="share of free memory for the KV pool")),
+    "--mem-fraction-static": (
+        "mem_fraction_static",
+        dict(type=float, help="share of free memory for the KV pool"),
+    ),
     "--max-running-requests": ("max_running_requests", dict(type=int)),
-    "--chunked-prefill-size": ("chunked_prefill_size", dict(
-        type=int, help="max prompt tokens per step; -1 disables chunking")),
+    "--chunked-prefill-size": (
+        "chunked_prefill_size",
+        dict(type=int, help="max prompt tokens per step; -1 disables chunking"),
+    ),
     "--max-prefill-tokens": ("max_prefill_tokens", dict(type=int)),
     "--schedule-policy": ("schedule_policy", dict(choices=SCHEDULE_POLICIES)),
     "--disable-radix-cache": ("disable_radix_cache", dict(action="store_true")),
     "--disable-jump-forward": ("disable_jump_forward", dict(action="store_true")),
-    "--constraint-compile-timeout": ("constraint_compile_timeout", dict(
-        type=float,
-        help="CPU seconds a regex/JSON-schema constraint may take to compile, 3x in wall time (a 400 past it)")),
-    "--constraint-compile-memory-gb": ("constraint_compile_memory_gb", dict(
-        type=float, help="memory cap of the process that compiles constraints")),
-    "--grammar-backend": ("grammar_backend", dict(
-        choices=GRAMMAR_BACKENDS,
-        help="who compiles regex/JSON-schema/EBNF constraints: sgl (exact, budget-aware), or llguidance / "
-             "xgrammar when installed")),
-    "--attention-backend": ("attention_backend", dict(
-        choices=ATTENTION_BACKENDS,
-        help="auto: flashinfer, else triton on CUDA when installed; on CPU our C++ kernel (cpu; "
-             "float32/bf16/fp16 KV), built on first use; torch_native otherwise")),
+    "--constraint-compile-timeout": (
+        "constraint_compile_timeout",
+        dict(
+            type=float,
+            help="CPU seconds a regex/JSON-schema constraint may take to compile, 3x in wall time (a 400 past it)",
+        ),
+    ),
+    "--constraint-compile-memory-gb": (
+        "constraint_compile_memory_gb",
+        dict(type=float, help="memory cap of the process that compiles constraints"),
+    ),
+    "--grammar-backend": (
+        "grammar_backend",
+        dict(
+            choices=GRAMMAR_BACKENDS,
+            help="who compiles regex/JSON-schema/EBNF constraints: sgl (exact, budget-aware), or llguidance / "
+            "xgrammar when installed",
+        ),
+    ),
+    "--attention-backend": (
+        "attention_backend",
+        dict(
+            choices=ATTENTION_BACKENDS,
+            help="auto: flashinfer, else triton on CUDA when installed; on CPU our C++ kernel (cpu; "
+            "float32/bf16/fp16 KV), built on first use; torch_native otherwise",
+        ),
+    ),
     "--context-length": ("context_length", dict(type=int, help="cap on prompt + output tokens")),
     "--random-seed": ("random_seed", dict(type=int)),
-    "--load-format": ("load_format", dict(
-        choices=LOAD_FORMATS,
-        help="dummy: random weights; --model-path is then a named shape (llama3-8b, smollm2-135m, tiny-llama), "
-             "a directory holding config.json, or a config .json file")),
-    "--cuda-graph-max-bs": ("cuda_graph_max_bs", dict(
-        type=int, help="decode steps of up to this many requests replay CUDA graphs")),
+    "--load-format": (
+        "load_format",
+        dict(
+            choices=LOAD_FORMATS,
+            help="dummy: random weights; --model-path is then a named shape (llama3-8b, smollm2-135m, tiny-llama), "
+            "a directory holding config.json, or a config .json file",
+        ),
+    ),
+    "--cuda-graph-max-bs": (
+        "cuda_graph_max_bs",
+        dict(type=int, help="decode steps of up to this many requests replay CUDA graphs"),
+    ),
     "--disable-cuda-graph": ("disable_cuda_graph", dict(action="store_true")),
-    "--max-queued-requests": ("max_queued_requests", dict(
-        type=int, help="requests that may wait beyond --max-running-requests; past it a 429 with Retry-After")),
-    "--max-prompt-tokens": ("max_prompt_tokens", dict(
-        type=int, help="longest prompt taken, in tokens (a 413 past it; default: the context length)")),
-    "--max-new-tokens-limit": ("max_new_tokens_limit", dict(
-        type=int, help="largest max_tokens / max_new_tokens taken (a 413 past it; default: the context length)")),
+    "--max-queued-requests": (
+        "max_queued_requests",
+        dict(
+            type=int,
+            help="requests that may wait beyond --max-running-requests; past it a 429 with Retry-After",
+        ),
+    ),
+    "--max-prompt-tokens": (
+        "max_prompt_tokens",
+        dict(
+            type=int,
+            help="longest prompt taken, in tokens (a 413 past it; default: the context length)",
+        ),
+    ),
+    "--max-new-tokens-limit": (
+        "max_new_tokens_limit",
+        dict(
+            type=int,
+            help="largest max_tokens / max_new_tokens taken (a 413 past it; default: the context length)",
+        ),
+    ),
     "--max-n": ("max_n", dict(type=int, help="largest n (samples per prompt) taken")),
     "--max-top-logprobs": ("max_top_logprobs", dict(type=int, help="largest top_logprobs taken")),
-    "--scheduler-process": ("scheduler_process", dict(
-        action=argparse.BooleanOptionalAction,
-        help="run the scheduler and the model in their own process (default), so HTTP work and model "
-             "steps do not share a GIL; --no-scheduler-process runs them on a thread of the server")),
-    "--tp-size --tensor-parallel-size --tp": ("tp_size", dict(
-        type=int, help="tensor parallelism: shard the model over this many scheduler processes "
-                       "(gloo on CPU, NCCL on CUDA; on CPU each gets cores / N threads)")),
-    "--torch-compile --enable-torch-compile": ("torch_compile", dict(
-        action="store_true",
-        help="CPU: compile the decode forwards (batch 1, batch 2+) with torch.compile at start-up "
-             "(SmolLM2-135M on a 2-core EPYC: ~210 s the first time, ~12 s once inductor's disk cache holds them)")),
+    "--scheduler-process": (
+        "scheduler_process",
+        dict(
+            action=argparse.BooleanOptionalAction,
+            help="run the scheduler and the model in their own process (default), so HTTP work and model "
+            "steps do not share a GIL; --no-scheduler-process runs them on a thread of the server",
+        ),
+    ),
+    "--tp-size --tensor-parallel-size --tp": (
+        "tp_size",
+        dict(
+            type=int,
+            help="tensor parallelism: shard the model over this many scheduler processes "
+            "(gloo on CPU, NCCL on CUDA; on CPU each gets cores / N threads)",
+        ),
+    ),
+    "--torch-compile --enable-torch-compile": (
+        "torch_compile",
+        dict(
+            action="store_true",
+            help="CPU: compile the decode forwards (batch 1, batch 2+) with torch.compile at start-up "
+            "(SmolLM2-135M on a 2-core EPYC: ~210 s the first time, ~12 s once inductor's disk cache holds them)",
+        ),
+    ),
 }
 
 # field -> the server's default where it differs from `Engine`'s

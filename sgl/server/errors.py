@@ -39,8 +39,14 @@ _TYPES = {
 class APIError(Exception):
     """Raised by handlers for a client-visible error with a given status."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, type: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        type: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
@@ -49,8 +55,12 @@ class APIError(Exception):
         self.headers = headers
 
 
-def error_body(status: int, message: str, param: str | None = None, type: str | None = None) -> dict[str, Any]:
-    kind = type or _TYPES.get(status, "invalid_request_error" if status < 500 else "internal_server_error")
+def error_body(
+    status: int, message: str, param: str | None = None, type: str | None = None
+) -> dict[str, Any]:
+    kind = type or _TYPES.get(
+        status, "invalid_request_error" if status < 500 else "internal_server_error"
+    )
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
@@ -74,8 +84,12 @@ def internal_error_body(exc: BaseException, where: str) -> dict[str, Any]:
         incident = new_incident_id()
         logger.error("incident %s: internal error in %s", incident, where, exc_info=exc)
     else:
-        logger.error("incident %s: %s failed (the traceback is logged under the incident)", incident, where)
-    return error_body(500, f"internal server error (incident {incident}; the server's log has the details)")
+        logger.error(
+            "incident %s: %s failed (the traceback is logged under the incident)", incident, where
+        )
+    return error_body(
+        500, f"internal server error (incident {incident}; the server's log has the details)"
+    )
 
 
 def refusal_headers(e: InvalidRequestError) -> dict[str, str] | None:
@@ -84,8 +98,13 @@ def refusal_headers(e: InvalidRequestError) -> dict[str, str] | None:
     return {"Retry-After": str(retry_after)} if retry_after is not None else None
 
 
-def error_response(status: int, message: str, param: str | None = None, type: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONBody:
+def error_response(
+    status: int,
+    message: str,
+    param: str | None = None,
+    type: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONBody:
     return JSONBody(error_body(status, message, param, type), status_code=status, headers=headers)
 
 
@@ -126,20 +145,32 @@ def _validation_message(errors: list[dict[str, Any]], known: Any = ()) -> tuple[
         if not field and kind == "missing":
             return "the request body is missing: send a JSON object", None
         if not field and kind in ("model_attributes_type", "dict_type", "model_type"):
-            return "the request body must be a JSON object (sent with Content-Type: application/json)", None
-        msg = _unknown_field(field, known) if kind == "extra_forbidden" else err.get("msg", "invalid")
+            return (
+                "the request body must be a JSON object (sent with Content-Type: application/json)",
+                None,
+            )
+        msg = (
+            _unknown_field(field, known) if kind == "extra_forbidden" else err.get("msg", "invalid")
+        )
         msgs = by_field.setdefault(field, [])
         if msg not in msgs:
             msgs.append(msg)
-    parts = [f"{f}: {' or '.join(m)}" if f else " or ".join(m) for f, m in list(by_field.items())[:5]]
+    parts = [
+        f"{f}: {' or '.join(m)}" if f else " or ".join(m) for f, m in list(by_field.items())[:5]
+    ]
     param = next((f for f in by_field if f), None)
     return "; ".join(parts) or "invalid request", param
 
 
 def _unknown_field(field: str, known: Any) -> str:
-    close = difflib.get_close_matches(field, list(known), n=1, cutoff=0.75) if "." not in field else []
-    return f"unknown field (not part of this API); did you mean {close[0]!r}?" if close else \
-        "unknown field (not part of this API)"
+    close = (
+        difflib.get_close_matches(field, list(known), n=1, cutoff=0.75) if "." not in field else []
+    )
+    return (
+        f"unknown field (not part of this API); did you mean {close[0]!r}?"
+        if close
+        else "unknown field (not part of this API)"
+    )
 
 
 def _body_fields(request: Request) -> list[str]:
@@ -175,7 +206,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONBody:
-        return JSONBody(internal_error_body(exc, f"{request.method} {request.url.path}"), status_code=500)
+        return JSONBody(
+            internal_error_body(exc, f"{request.method} {request.url.path}"), status_code=500
+        )
 
 
 def _declare_validation_as_400(app: FastAPI) -> None:

@@ -37,22 +37,29 @@ from sgl.server.streaming import client_gone, until_disconnected
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["extraction"])
 
-DEFAULT_INSTRUCTIONS = (
-    "You extract information from the user's input. Reply with JSON only, using only facts stated in the input."
-)
+DEFAULT_INSTRUCTIONS = "You extract information from the user's input. Reply with JSON only, using only facts stated in the input."
 DEFAULT_MAX_TOKENS = 512
 _ROLES = {"system": system, "developer": system, "user": user, "assistant": assistant, "tool": user}
 _RENAME = {"json_schema": "schema", "max_new_tokens": "max_tokens", "prompt": "text"}
 
 
 @function
-def extraction_program(s, instructions: str, schema_text: str, messages: list[dict[str, str]], limit: int,
-                       temp: float, sample_seed: int | None):
+def extraction_program(
+    s,
+    instructions: str,
+    schema_text: str,
+    messages: list[dict[str, str]],
+    limit: int,
+    temp: float,
+    sample_seed: int | None,
+):
     # (`temperature`, `max_new_tokens`, ... are run()'s own keywords: the parameters avoid them.)
     s += system(f"{instructions}\nThe JSON must follow this JSON schema:\n{schema_text}")
     for m in messages:
         s += _ROLES[m["role"]](m["content"])
-    s += assistant(gen("data", json_schema=schema_text, max_tokens=limit, temperature=temp, seed=sample_seed))
+    s += assistant(
+        gen("data", json_schema=schema_text, max_tokens=limit, temperature=temp, seed=sample_seed)
+    )
 
 
 def _invalid_cause(exc: BaseException) -> InvalidRequestError | None:
@@ -101,16 +108,26 @@ class _CancellableBackend(EngineBackend):
             raise _Cancelled()
         return sid
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
-                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         rid = uuid.uuid4().hex
         with self._cancel_lock:  # cancel() either sees this rid, or this sees the cancellation
             if self._cancelled:
                 raise _Cancelled()
             self._inflight.add(rid)
         try:
-            out = self.engine.generate(text, sampling, rid=rid, session_params={"id": session} if session is not None else None,
-                                       **logprobs)
+            out = self.engine.generate(
+                text,
+                sampling,
+                rid=rid,
+                session_params={"id": session} if session is not None else None,
+                **logprobs,
+            )
         finally:
             with self._cancel_lock:
                 self._inflight.discard(rid)
@@ -138,22 +155,27 @@ class _CancellableBackend(EngineBackend):
         if wait:
             self._close(sessions)
         else:
-            threading.Thread(target=self._close, args=(sessions,), name="sgl-extract-cancel", daemon=True).start()
+            threading.Thread(
+                target=self._close, args=(sessions,), name="sgl-extract-cancel", daemon=True
+            ).start()
 
     def _close(self, sessions: list[str]) -> None:
         for sid in sessions:
             try:
                 self.engine.close_session(sid)
             except Exception:  # the engine is shutting down: the session goes with it
-                logger.warning("could not close session %s of a cancelled extraction", sid, exc_info=True)
+                logger.warning(
+                    "could not close session %s of a cancelled extraction", sid, exc_info=True
+                )
 
 
 class _Cancelled(RuntimeError):
     """The client disconnected: the extraction stops."""
 
 
-def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]],
-         backend: EngineBackend) -> tuple[str, dict[str, Any]]:
+def _run(
+    state: ServerState, req: ExtractRequest, messages: list[dict[str, str]], backend: EngineBackend
+) -> tuple[str, dict[str, Any]]:
     max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
     try:  # run() waits for a non-streamed program and raises ProgramError if it failed
         prog = extraction_program.run(
@@ -171,14 +193,26 @@ def _run(state: ServerState, req: ExtractRequest, messages: list[dict[str, str]]
             raise _Cancelled() from e  # whatever it failed with, it failed because the client left
         cause = _invalid_cause(e)
         if cause is not None:
-            raise from_invalid_request(cause, {**_RENAME, "prompt": "messages" if req.text is None else "text"}) from e
+            raise from_invalid_request(
+                cause, {**_RENAME, "prompt": "messages" if req.text is None else "text"}
+            ) from e
         raise
     return prog["data"], prog.get_meta_info("data")
 
 
-@router.post("/extract", response_model=ExtractResponse, responses=error_responses(
-    400, 404, 422, descriptions={404: "`model` names a model this server does not serve.",
-                                 422: "The output was cut by max_tokens before the JSON was complete."}))
+@router.post(
+    "/extract",
+    response_model=ExtractResponse,
+    responses=error_responses(
+        400,
+        404,
+        422,
+        descriptions={
+            404: "`model` names a model this server does not serve.",
+            422: "The output was cut by max_tokens before the JSON was complete.",
+        },
+    ),
+)
 async def extract(req: ExtractRequest, request: Request) -> Response:
     """Extract a JSON value matching `schema` from `text` (or `messages`)."""
     state = get_state(request)
@@ -195,25 +229,40 @@ async def extract(req: ExtractRequest, request: Request) -> Response:
     backend = _CancellableBackend(state.extract_backend)
     out = None
     try:
-        out = await until_disconnected(request, asyncio.to_thread(_run, state, req, messages, backend))
+        out = await until_disconnected(
+            request, asyncio.to_thread(_run, state, req, messages, backend)
+        )
     finally:
-        if out is None:  # the client left (or this handler was cancelled): stop the program, free its KV
+        if (
+            out is None
+        ):  # the client left (or this handler was cancelled): stop the program, free its KV
             backend.cancel(wait=False)
     if out is None:
         return client_gone()
     text, meta = out
     reason = meta.get("finish_reason") or {}
     if reason.get("type") == "length":
-        raise APIError(422, f"the output was cut by the token limit (max_tokens={reason.get('length')}) before the "
-                       "JSON was complete; raise max_tokens or ask for less", "max_tokens")
+        raise APIError(
+            422,
+            f"the output was cut by the token limit (max_tokens={reason.get('length')}) before the "
+            "JSON was complete; raise max_tokens or ask for less",
+            "max_tokens",
+        )
     if reason.get("type") == "abort":
-        raise APIError(503, f"the extraction was aborted: {reason.get('message')}",
-                       headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
+        raise APIError(
+            503,
+            f"the extraction was aborted: {reason.get('message')}",
+            headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)},
+        )
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:  # constrained decoding should make this impossible
         raise APIError(500, f"the model's output is not valid JSON ({e}): {text[:200]!r}") from e
     prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-             "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)}}
+    usage = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": meta.get("cached_tokens", 0)},
+    }
     return JSONBody({"data": data, "usage": usage})

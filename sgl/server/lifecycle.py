@@ -19,8 +19,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sgl.server.errors import error_response
 
-ALWAYS_OPEN = frozenset({"/health", "/metrics", "/get_server_info", "/server_info", "/abort_request",
-                         "/close_session"})
+ALWAYS_OPEN = frozenset(
+    {"/health", "/metrics", "/get_server_info", "/server_info", "/abort_request", "/close_session"}
+)
 DRAIN_RETRY_AFTER_S = 5
 REFUSALS = frozenset({413, 429, 503})
 
@@ -79,7 +80,9 @@ class LifecycleMiddleware:
             why = self.lifecycle.refusal()
             if why is not None:
                 self.metrics.record_refusal(503)
-                response = error_response(503, why, headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)})
+                response = error_response(
+                    503, why, headers={"Retry-After": str(DRAIN_RETRY_AFTER_S)}
+                )
                 await response(scope, receive, send)
                 return
 
@@ -108,8 +111,11 @@ class BodySizeLimitMiddleware:
         self.max_bytes = max_bytes
 
     def _too_large(self) -> Any:
-        return error_response(413, f"the request body is over this server's limit of {self.max_bytes} bytes "
-                                   "(--max-request-bytes)")
+        return error_response(
+            413,
+            f"the request body is over this server's limit of {self.max_bytes} bytes "
+            "(--max-request-bytes)",
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

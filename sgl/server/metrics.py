@@ -19,9 +19,45 @@ from typing import Any
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.messages import ReqEvent
 
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)
-TPOT_BUCKETS = (0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                0.75, 1.0, 2.5)
+TTFT_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+)
+TPOT_BUCKETS = (
+    0.002,
+    0.005,
+    0.01,
+    0.015,
+    0.02,
+    0.025,
+    0.03,
+    0.04,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
 
 
@@ -112,40 +148,108 @@ class Metrics:
         max_total = int(server_info.get("max_total_tokens") or 0)
         available = int(server_info.get("available_kv_tokens") or 0)
         evictable = int(server_info.get("evictable_tokens") or 0)
-        used = max(max_total - available - evictable, 0)  # as SGLang: evictable cache counts as free
+        used = max(
+            max_total - available - evictable, 0
+        )  # as SGLang: evictable cache counts as free
         lines: list[str] = []
 
         def metric(name: str, kind: str, help_: str, value: float) -> None:
-            lines.extend((f"# HELP sgl:{name} {help_}", f"# TYPE sgl:{name} {kind}", f"sgl:{name}{{{lab}}} {_fmt(value)}"))
+            lines.extend(
+                (
+                    f"# HELP sgl:{name} {help_}",
+                    f"# TYPE sgl:{name} {kind}",
+                    f"sgl:{name}{{{lab}}} {_fmt(value)}",
+                )
+            )
 
-        running, waiting = server_info.get("num_running_reqs", 0), server_info.get("num_waiting_reqs", 0)
+        running, waiting = (
+            server_info.get("num_running_reqs", 0),
+            server_info.get("num_waiting_reqs", 0),
+        )
         metric("num_running_reqs", "gauge", "Requests decoding or prefilling now.", running)
         metric("num_waiting_reqs", "gauge", "Requests waiting to be scheduled.", waiting)
-        metric("num_queue_reqs", "gauge", "Requests waiting to be scheduled (SGLang's name).", waiting)
-        metric("num_used_tokens", "gauge", "KV pool slots held by requests (evictable cache excluded).", used)
+        metric(
+            "num_queue_reqs", "gauge", "Requests waiting to be scheduled (SGLang's name).", waiting
+        )
+        metric(
+            "num_used_tokens",
+            "gauge",
+            "KV pool slots held by requests (evictable cache excluded).",
+            used,
+        )
         metric("max_total_num_tokens", "gauge", "KV pool capacity in tokens.", max_total)
-        metric("token_usage", "gauge", "Share of the KV pool in use (0..1).", used / max_total if max_total else 0.0)
-        metric("radix_cache_tokens", "gauge", "Tokens held by the radix cache.", server_info.get("radix_cache_tokens", 0))
-        metric("num_open_sessions", "gauge", "Open sessions.", server_info.get("num_open_sessions", 0))
-        metric("session_locked_tokens", "gauge", "Tokens pinned in the radix cache by open sessions.",
-               server_info.get("session_locked_tokens", 0))
+        metric(
+            "token_usage",
+            "gauge",
+            "Share of the KV pool in use (0..1).",
+            used / max_total if max_total else 0.0,
+        )
+        metric(
+            "radix_cache_tokens",
+            "gauge",
+            "Tokens held by the radix cache.",
+            server_info.get("radix_cache_tokens", 0),
+        )
+        metric(
+            "num_open_sessions", "gauge", "Open sessions.", server_info.get("num_open_sessions", 0)
+        )
+        metric(
+            "session_locked_tokens",
+            "gauge",
+            "Tokens pinned in the radix cache by open sessions.",
+            server_info.get("session_locked_tokens", 0),
+        )
         with self._lock:
             hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-            metric("cache_hit_rate", "gauge", "Cached prompt tokens / prompt tokens, over all requests.", hit)
+            metric(
+                "cache_hit_rate",
+                "gauge",
+                "Cached prompt tokens / prompt tokens, over all requests.",
+                hit,
+            )
             metric("num_requests_total", "counter", "Finished requests.", self.num_requests)
-            metric("num_aborted_requests_total", "counter", "Aborted requests (client gone or abort_request).",
-                   self.num_aborted)
-            metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", self.prompt_tokens)
-            metric("generation_tokens_total", "counter", "Generated tokens of finished requests.",
-                   self.generation_tokens)
-            metric("cached_tokens_total", "counter", "Prompt tokens served from the radix cache.", self.cached_tokens)
-            lines.extend(("# HELP sgl:num_refused_requests_total Requests refused: 413 over a size limit, 429 at "
-                          "capacity, 503 draining or failed.", "# TYPE sgl:num_refused_requests_total counter"))
-            lines.extend(f'sgl:num_refused_requests_total{{{lab},code="{code}"}} {n}'
-                         for code, n in sorted(self.refused.items()))
+            metric(
+                "num_aborted_requests_total",
+                "counter",
+                "Aborted requests (client gone or abort_request).",
+                self.num_aborted,
+            )
+            metric(
+                "prompt_tokens_total",
+                "counter",
+                "Prompt tokens of finished requests.",
+                self.prompt_tokens,
+            )
+            metric(
+                "generation_tokens_total",
+                "counter",
+                "Generated tokens of finished requests.",
+                self.generation_tokens,
+            )
+            metric(
+                "cached_tokens_total",
+                "counter",
+                "Prompt tokens served from the radix cache.",
+                self.cached_tokens,
+            )
+            lines.extend(
+                (
+                    "# HELP sgl:num_refused_requests_total Requests refused: 413 over a size limit, 429 at "
+                    "capacity, 503 draining or failed.",
+                    "# TYPE sgl:num_refused_requests_total counter",
+                )
+            )
+            lines.extend(
+                f'sgl:num_refused_requests_total{{{lab},code="{code}"}} {n}'
+                for code, n in sorted(self.refused.items())
+            )
             for name, help_, hist in (
                 ("time_to_first_token_seconds", "Time to first token.", self.ttft),
-                ("time_per_output_token_seconds", "Time per output token after the first.", self.tpot),
+                (
+                    "time_per_output_token_seconds",
+                    "Time per output token after the first.",
+                    self.tpot,
+                ),
                 ("e2e_request_latency_seconds", "End-to-end request latency.", self.e2e),
             ):
                 lines.extend((f"# HELP sgl:{name} {help_}", f"# TYPE sgl:{name} histogram"))

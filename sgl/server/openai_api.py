@@ -59,16 +59,24 @@ from sgl.server.streaming import client_gone, sse, sse_response, until_disconnec
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 _NO_MODEL = {404: "`model` names a model this server does not serve."}
-_STREAMED = ("; with `stream: true`, server-sent events of {}, then `[DONE]` (an error after the stream started is "
-             "an `{{\"error\"}}` event).")
+_STREAMED = (
+    "; with `stream: true`, server-sent events of {}, then `[DONE]` (an error after the stream started is "
+    'an `{{"error"}}` event).'
+)
 CHAT_RESPONSES = {
-    **sse_responses(ChatCompletionChunk, ErrorResponse,
-                    description="The completion" + _STREAMED.format("`chat.completion.chunk` objects")),
+    **sse_responses(
+        ChatCompletionChunk,
+        ErrorResponse,
+        description="The completion" + _STREAMED.format("`chat.completion.chunk` objects"),
+    ),
     **error_responses(400, 404, descriptions=_NO_MODEL),
 }
 COMPLETION_RESPONSES = {
-    **sse_responses(CompletionChunk, ErrorResponse,
-                    description="The completion" + _STREAMED.format("`text_completion` chunks")),
+    **sse_responses(
+        CompletionChunk,
+        ErrorResponse,
+        description="The completion" + _STREAMED.format("`text_completion` chunks"),
+    ),
     **error_responses(400, 404, descriptions=_NO_MODEL),
 }
 
@@ -79,7 +87,12 @@ _RENAME_COMMON = {
     "json_schema": "response_format",
     "json_object": "response_format",
 }
-_RENAME_CHAT = {**_RENAME_COMMON, "prompt": "messages", "input_ids": "messages", "top_logprobs_num": "top_logprobs"}
+_RENAME_CHAT = {
+    **_RENAME_COMMON,
+    "prompt": "messages",
+    "input_ids": "messages",
+    "top_logprobs_num": "top_logprobs",
+}
 _RENAME_COMPLETION = {**_RENAME_COMMON, "input_ids": "prompt", "top_logprobs_num": "logprobs"}
 
 # /v1 field -> engine name (from the parameter table); max_tokens and n are read by hand.
@@ -89,7 +102,9 @@ _PASSTHROUGH = {v1: name for v1, name in V1_TO_ENGINE.items() if v1 not in ("max
 # ---------------------------------------------------------------------------- shared helpers
 
 
-def _sampling(req: OpenAISamplingFields, max_tokens: int | None, response_format: Any) -> dict[str, Any]:
+def _sampling(
+    req: OpenAISamplingFields, max_tokens: int | None, response_format: Any
+) -> dict[str, Any]:
     """The engine's sampling params. max_tokens None: max_new_tokens None, which the engine
     reads as "as many as fit in the context (and the KV pool, shared by the n samples)"."""
     sp: dict[str, Any] = {"n": req.n, "max_new_tokens": max_tokens}
@@ -103,8 +118,11 @@ def _sampling(req: OpenAISamplingFields, max_tokens: int | None, response_format
         else:
             spec = response_format.json_schema
             if spec is None or spec.schema_ is None:
-                raise APIError(400, "response_format of type json_schema needs json_schema.schema (a JSON schema object)",
-                               "response_format.json_schema.schema")
+                raise APIError(
+                    400,
+                    "response_format of type json_schema needs json_schema.schema (a JSON schema object)",
+                    "response_format.json_schema.schema",
+                )
             sp["json_schema"] = spec.schema_
     return sp
 
@@ -143,7 +161,9 @@ class _Choices:
     n: int  # samples per prompt: choice k * n + i is prompt k's sample i
     # meta_info -> the choice's logprobs; None: not asked for (awaited: it may decode off the loop)
     logprobs: Callable[[dict[str, Any]], Awaitable[Any]] | None = None
-    leads: list[str] = field(default_factory=list)  # text before each prompt's choices (completions' echo)
+    leads: list[str] = field(
+        default_factory=list
+    )  # text before each prompt's choices (completions' echo)
     # chat: a choice's text -> message fields (tool calls, reasoning); None: the text is the content
     output: Callable[[], ChoiceOutput] | None = None
     _outputs: dict[int, ChoiceOutput] = field(default_factory=dict)
@@ -161,7 +181,11 @@ class _Choices:
     def whole(self, index: int, text: str) -> dict[str, Any]:
         if self.chat:
             out = self._output(index)
-            return {"message": out.whole(text) if out is not None else {"role": "assistant", "content": text}}
+            return {
+                "message": out.whole(text)
+                if out is not None
+                else {"role": "assistant", "content": text}
+            }
         return {"text": self.lead(index) + text}
 
     def piece(self, index: int, text: str, first: bool, last: bool) -> dict[str, Any]:
@@ -189,13 +213,26 @@ class _Choices:
             meta = out["meta_info"]
             reason, matched = _finish(meta)
             whole = self.whole(index, out["text"])
-            choices.append({"index": index, **whole, "logprobs": await self.choice_logprobs(meta),
-                            "finish_reason": self.finish_reason(index, reason), "matched_stop": matched})
-        return {**head, "object": self.object, "choices": choices,
-                "usage": _usage([o["meta_info"] for o in outs], self.n), "system_fingerprint": None}
+            choices.append(
+                {
+                    "index": index,
+                    **whole,
+                    "logprobs": await self.choice_logprobs(meta),
+                    "finish_reason": self.finish_reason(index, reason),
+                    "matched_stop": matched,
+                }
+            )
+        return {
+            **head,
+            "object": self.object,
+            "choices": choices,
+            "usage": _usage([o["meta_info"] for o in outs], self.n),
+            "system_fingerprint": None,
+        }
 
-    async def events(self, head: dict[str, Any], chunks: AsyncIterator[dict], include_usage: bool
-                     ) -> AsyncIterator[str]:
+    async def events(
+        self, head: dict[str, Any], chunks: AsyncIterator[dict], include_usage: bool
+    ) -> AsyncIterator[str]:
         """The engine's chunks (one call: all choices interleaved, each with its "index") as
         SSE events of one choice each; then the usage event if asked for."""
         base: dict[str, Any] = {**head, "object": self.chunk_object}
@@ -220,8 +257,12 @@ class _Choices:
                 if not piece:
                     piece = {"delta": {}} if self.chat else {"text": ""}
                 # Each event carries the logprobs of its own tokens, as OpenAI streams them.
-                choice: dict[str, Any] = {"index": index, **piece, "logprobs": await self.choice_logprobs(meta),
-                                          "finish_reason": self.finish_reason(index, reason)}
+                choice: dict[str, Any] = {
+                    "index": index,
+                    **piece,
+                    "logprobs": await self.choice_logprobs(meta),
+                    "finish_reason": self.finish_reason(index, reason),
+                }
                 if reason is not None:
                     finals[index] = meta
                     choice["matched_stop"] = matched
@@ -229,20 +270,40 @@ class _Choices:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
         if include_usage:
-            yield sse({**base, "choices": [], "usage": _usage([finals[i] for i in sorted(finals)], self.n)})
+            yield sse(
+                {
+                    **base,
+                    "choices": [],
+                    "usage": _usage([finals[i] for i in sorted(finals)], self.n),
+                }
+            )
 
 
-async def _complete(request: Request, state: ServerState, choices: _Choices, cid: str, rid: str | list[str],
-                    stream: bool, include_usage: bool, rename: dict[str, str], **engine_kwargs: Any) -> Response:
+async def _complete(
+    request: Request,
+    state: ServerState,
+    choices: _Choices,
+    cid: str,
+    rid: str | list[str],
+    stream: bool,
+    include_usage: bool,
+    rename: dict[str, str],
+    **engine_kwargs: Any,
+) -> Response:
     """One engine call for the whole request (every prompt and sample), answered whole or streamed."""
     head = {"id": cid, "created": int(time.time()), "model": state.served_model_name}
     engine = state.engine
     try:
         if stream:
             chunks = await engine.async_generate(rid=rid, stream=True, **engine_kwargs)
-            rids = rid if isinstance(rid, list) else [rid]  # an abandoned stream is aborted by id, even unstarted
-            return sse_response(request, choices.events(head, chunks, include_usage),
-                                lambda: [engine.abort(r) for r in rids])
+            rids = (
+                rid if isinstance(rid, list) else [rid]
+            )  # an abandoned stream is aborted by id, even unstarted
+            return sse_response(
+                request,
+                choices.events(head, chunks, include_usage),
+                lambda: [engine.abort(r) for r in rids],
+            )
         out = await until_disconnected(request, engine.async_generate(rid=rid, **engine_kwargs))
     except InvalidRequestError as e:
         raise from_invalid_request(e, rename) from e
@@ -269,14 +330,23 @@ async def retrieve_model(model_id: str, request: Request) -> JSONBody:
     """OpenAI's retrieve model: the served model's card; 404 for any other id."""
     state = get_state(request)
     if model_id != state.served_model_name:
-        raise APIError(404, f"The model '{model_id}' does not exist; this server serves '{state.served_model_name}'",
-                       param="model")
+        raise APIError(
+            404,
+            f"The model '{model_id}' does not exist; this server serves '{state.served_model_name}'",
+            param="model",
+        )
     return JSONBody(_model_card(state))
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
-    return {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "sgl",
-            "root": state.model_path, "max_model_len": state.context_len}
+    return {
+        "id": state.served_model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "sgl",
+        "root": state.model_path,
+        "max_model_len": state.context_len,
+    }
 
 
 # ---------------------------------------------------------------------------- chat
@@ -295,7 +365,10 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     an assistant's tool calls and a tool message's call id kept."""
     out = []
     for m in messages:
-        msg: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": _message_text(m)}
+        msg: dict[str, Any] = {
+            "role": "system" if m.role == "developer" else m.role,
+            "content": _message_text(m),
+        }
         if m.tool_calls:
             msg["tool_calls"] = [c.model_dump() for c in m.tool_calls]
         if m.tool_call_id is not None:
@@ -314,7 +387,9 @@ def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
     content = []
     tops = meta.get("output_top_logprobs") or repeat(None)
     for (lp, _tid, text), top in zip(meta.get("output_token_logprobs") or [], tops):
-        content.append({**entry(lp, text), "top_logprobs": [entry(tlp, ttext) for tlp, _t, ttext in top or []]})
+        content.append(
+            {**entry(lp, text), "top_logprobs": [entry(tlp, ttext) for tlp, _t, ttext in top or []]}
+        )
     return {"content": content}
 
 
@@ -329,43 +404,72 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
     state.check_model(req.model)
     if req.top_logprobs and not req.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    tools = parse_tools([t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
-                        req.tool_choice.model_dump() if isinstance(req.tool_choice, NamedToolChoice) else req.tool_choice,
-                        req.parallel_tool_calls)
+    tools = parse_tools(
+        [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None,
+        req.tool_choice.model_dump()
+        if isinstance(req.tool_choice, NamedToolChoice)
+        else req.tool_choice,
+        req.parallel_tool_calls,
+    )
     thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True) is not False
     sampling, rename = _chat_sampling(req, state, tools, thinking)
     parser = state.tool_call_parser if tools is not None and tools.choice != "none" else None
     reasoning = state.reasoning_parser if req.separate_reasoning and thinking else None
     validators = tools.validators() if parser else None
-    choices = _Choices("chat.completion", "chat.completion.chunk", chat=True, n=req.n,
-                       logprobs=_achat_logprobs if req.logprobs else None,
-                       output=(lambda: ChoiceOutput(parser, reasoning, validators)) if parser or reasoning else None)
+    choices = _Choices(
+        "chat.completion",
+        "chat.completion.chunk",
+        chat=True,
+        n=req.n,
+        logprobs=_achat_logprobs if req.logprobs else None,
+        output=(lambda: ChoiceOutput(parser, reasoning, validators))
+        if parser or reasoning
+        else None,
+    )
     try:
-        prompt = await asyncio.to_thread(_render_chat, state, chat_messages(req.messages), tools,
-                                         req.chat_template_kwargs)
+        prompt = await asyncio.to_thread(
+            _render_chat, state, chat_messages(req.messages), tools, req.chat_template_kwargs
+        )
     except InvalidRequestError as e:
         raise from_invalid_request(e, rename) from e
     cid = f"chatcmpl-{uuid.uuid4().hex}"
     return await _complete(
-        request, state, choices, cid, req.rid or cid, req.stream,
-        _include_usage(req), rename, prompt=prompt,
-        sampling_params=sampling, return_logprob=req.logprobs,
-        top_logprobs_num=req.top_logprobs or 0, return_text_in_logprobs=True)
+        request,
+        state,
+        choices,
+        cid,
+        req.rid or cid,
+        req.stream,
+        _include_usage(req),
+        rename,
+        prompt=prompt,
+        sampling_params=sampling,
+        return_logprob=req.logprobs,
+        top_logprobs_num=req.top_logprobs or 0,
+        return_text_in_logprobs=True,
+    )
 
 
-def _chat_sampling(req: ChatCompletionRequest, state: ServerState, tools: ToolRequest | None,
-                   thinking: bool) -> tuple[dict[str, Any], dict[str, str]]:
+def _chat_sampling(
+    req: ChatCompletionRequest, state: ServerState, tools: ToolRequest | None, thinking: bool
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The engine's sampling params (tool calls as a structural tag; with a reasoning model
     every constraint after its reasoning) and the renames of its fields for errors."""
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
     sampling = _sampling(req, max_tokens, req.response_format)
     rename = _RENAME_CHAT
     if tools is not None:
         tag, tag_fields = tool_constraint(tools, state.tool_call_parser)
         if tag is not None:
             if "json_schema" in sampling or "json_object" in sampling:
-                raise APIError(400, "response_format cannot be combined with tools (the calls are constrained "
-                                    "already); use tool_choice 'none' to constrain the text", "response_format")
+                raise APIError(
+                    400,
+                    "response_format cannot be combined with tools (the calls are constrained "
+                    "already); use tool_choice 'none' to constrain the text",
+                    "response_format",
+                )
             sampling["structural_tag"] = tag
             rename = {**rename, **tag_fields}
     if state.reasoning_parser is not None and thinking:
@@ -373,23 +477,32 @@ def _chat_sampling(req: ChatCompletionRequest, state: ServerState, tools: ToolRe
     return sampling, rename
 
 
-def _render_chat(state: ServerState, messages: list[dict[str, Any]], tools: ToolRequest | None,
-                 template_kwargs: dict[str, Any] | None) -> str:
+def _render_chat(
+    state: ServerState,
+    messages: list[dict[str, Any]],
+    tools: ToolRequest | None,
+    template_kwargs: dict[str, Any] | None,
+) -> str:
     """The prompt: the model's template with the tools where it takes them; else the tools
     in a system message and the calls and results written as text."""
     engine = state.engine
     if template_takes_tools(engine.tokenizer):
-        return engine.render_messages(history_for_template(messages),
-                                      tools=list(tools.given) if tools is not None else None,
-                                      template_kwargs=template_kwargs)
-    return engine.render_messages(history_as_text(messages, tools, state.tool_call_parser),
-                                  template_kwargs=template_kwargs)
+        return engine.render_messages(
+            history_for_template(messages),
+            tools=list(tools.given) if tools is not None else None,
+            template_kwargs=template_kwargs,
+        )
+    return engine.render_messages(
+        history_as_text(messages, tools, state.tool_call_parser), template_kwargs=template_kwargs
+    )
 
 
 # ---------------------------------------------------------------------------- completions
 
 
-def _completion_logprobs(meta: dict[str, Any], echo: bool, top_k: int, texts: dict[int, str]) -> dict[str, Any]:
+def _completion_logprobs(
+    meta: dict[str, Any], echo: bool, top_k: int, texts: dict[int, str]
+) -> dict[str, Any]:
     """OpenAI's legacy logprobs; `texts` has the text of the tokens whose entry lacks it."""
     entries = list(meta.get("output_token_logprobs") or [])
     tops = list(meta.get("output_top_logprobs") or [None] * len(entries))
@@ -403,18 +516,35 @@ def _completion_logprobs(meta: dict[str, Any], echo: bool, top_k: int, texts: di
         pos += len(t)
     top_logprobs = None
     if top_k > 0:
-        top_logprobs = [{(text or ""): lp for lp, _tid, text in top} if top else None for top in tops]
-    return {"tokens": tokens, "token_logprobs": [lp for lp, _tid, _text in entries], "top_logprobs": top_logprobs,
-            "text_offset": offsets}
+        top_logprobs = [
+            {(text or ""): lp for lp, _tid, text in top} if top else None for top in tops
+        ]
+    return {
+        "tokens": tokens,
+        "token_logprobs": [lp for lp, _tid, _text in entries],
+        "top_logprobs": top_logprobs,
+        "text_offset": offsets,
+    }
 
 
-def _completion_logprobs_for(engine: Any, echo: bool, top_k: int) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+def _completion_logprobs_for(
+    engine: Any, echo: bool, top_k: int
+) -> Callable[[dict[str, Any]], Awaitable[Any]]:
     async def logprobs(meta: dict[str, Any]) -> dict[str, Any]:
         # The first prompt token has no logprob and comes without its text: decoded off the loop.
         entries = (meta.get("input_token_logprobs") or []) if echo else []
-        missing = sorted({tid for _lp, tid, text in [*entries, *(meta.get("output_token_logprobs") or [])]
-                          if text is None})
-        texts = await asyncio.to_thread(lambda: {t: engine.decode([t]) for t in missing}) if missing else {}
+        missing = sorted(
+            {
+                tid
+                for _lp, tid, text in [*entries, *(meta.get("output_token_logprobs") or [])]
+                if text is None
+            }
+        )
+        texts = (
+            await asyncio.to_thread(lambda: {t: engine.decode([t]) for t in missing})
+            if missing
+            else {}
+        )
         return _completion_logprobs(meta, echo, top_k, texts)
 
     return logprobs
@@ -438,20 +568,40 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
             leads = list(prompt) if batch else [prompt]  # type: ignore[list-item]
         else:
             id_lists = list(prompt) if batch else [prompt]
-            vocab = engine.model_config.vocab_size  # checked before decoding, as the engine checks them
+            vocab = (
+                engine.model_config.vocab_size
+            )  # checked before decoding, as the engine checks them
             if any(not 0 <= t < vocab for ids in id_lists for t in ids):  # type: ignore[union-attr]
                 raise APIError(400, f"prompt token ids must be integers in [0, {vocab})", "prompt")
             leads = await asyncio.to_thread(lambda: [engine.decode(list(ids)) for ids in id_lists])
     want_lp = req.logprobs is not None
-    lp_kwargs: dict[str, Any] = {"return_logprob": want_lp, "top_logprobs_num": req.logprobs or 0,
-                                 "return_text_in_logprobs": True}
+    lp_kwargs: dict[str, Any] = {
+        "return_logprob": want_lp,
+        "top_logprobs_num": req.logprobs or 0,
+        "return_text_in_logprobs": True,
+    }
     if want_lp and req.echo:
         lp_kwargs["logprob_start_len"] = 0
-    choices = _Choices("text_completion", "text_completion", chat=False, n=req.n, leads=leads,
-                       logprobs=_completion_logprobs_for(engine, req.echo, req.logprobs or 0) if want_lp else None)
+    choices = _Choices(
+        "text_completion",
+        "text_completion",
+        chat=False,
+        n=req.n,
+        leads=leads,
+        logprobs=_completion_logprobs_for(engine, req.echo, req.logprobs or 0) if want_lp else None,
+    )
     cid = f"cmpl-{uuid.uuid4().hex}"
     rid = req.rid or cid
     return await _complete(
-        request, state, choices, cid, rid if count == 1 else [f"{rid}-p{k}" for k in range(count)], req.stream,
-        _include_usage(req), _RENAME_COMPLETION, **({"prompt": prompt} if texts else {"input_ids": prompt}),
-        sampling_params=_sampling(req, req.max_tokens, req.response_format), **lp_kwargs)
+        request,
+        state,
+        choices,
+        cid,
+        rid if count == 1 else [f"{rid}-p{k}" for k in range(count)],
+        req.stream,
+        _include_usage(req),
+        _RENAME_COMPLETION,
+        **({"prompt": prompt} if texts else {"input_ids": prompt}),
+        sampling_params=_sampling(req, req.max_tokens, req.response_format),
+        **lp_kwargs,
+    )

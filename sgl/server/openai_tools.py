@@ -44,19 +44,26 @@ class ToolRequest:
     choice: str  # "none", "auto", "required", or "function" (then `named` is the one)
     named: str | None
     parallel: bool
-    given: tuple[dict[str, Any], ...]  # the tools as the request gave them: what a chat template reads
+    given: tuple[
+        dict[str, Any], ...
+    ]  # the tools as the request gave them: what a chat template reads
 
     def validators(self) -> dict[str, Any]:
         """A `jsonschema` validator of each callable function's parameters (what its calls
         are checked against): built once per request, shared by its choices."""
-        return {f.name: jsonschema.validators.validator_for(f.parameters)(f.parameters) for f in self.calls_allowed}
+        return {
+            f.name: jsonschema.validators.validator_for(f.parameters)(f.parameters)
+            for f in self.calls_allowed
+        }
 
     @property
     def calls_allowed(self) -> tuple[Function, ...]:
         return tuple(f for f in self.functions if self.named is None or f.name == self.named)
 
 
-def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None) -> ToolRequest | None:
+def parse_tools(
+    tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool | None
+) -> ToolRequest | None:
     """The request's tools, or None without any; APIError 400 naming the field."""
     if not tools:
         if tool_choice not in (None, "none"):
@@ -67,13 +74,23 @@ def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: 
     functions, names = [], set()
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
-            raise APIError(400, "each tool must be {\"type\": \"function\", \"function\": {name, parameters}}",
-                           f"tools[{i}]")
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type", "function") != "function"
+            or not isinstance(fn, dict)
+        ):
+            raise APIError(
+                400,
+                'each tool must be {"type": "function", "function": {name, parameters}}',
+                f"tools[{i}]",
+            )
         name = fn.get("name")
         if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-            raise APIError(400, "a function name is 1-64 characters of letters, digits, _ . -",
-                           f"tools[{i}].function.name")
+            raise APIError(
+                400,
+                "a function name is 1-64 characters of letters, digits, _ . -",
+                f"tools[{i}].function.name",
+            )
         if name in names:
             raise APIError(400, f"two tools are named {name!r}", f"tools[{i}].function.name")
         names.add(name)
@@ -83,18 +100,25 @@ def parse_tools(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: 
         except ValueError as e:
             raise APIError(400, str(e), f"tools[{i}].function.parameters") from None
         if params is None:
-            raise APIError(400, "parameters must be a JSON schema object", f"tools[{i}].function.parameters")
+            raise APIError(
+                400, "parameters must be a JSON schema object", f"tools[{i}].function.parameters"
+            )
         try:
             jsonschema.validators.validator_for(params).check_schema(params)
         except jsonschema.SchemaError as e:
-            raise APIError(400, f"parameters is not a valid JSON schema: {e.message}",
-                           f"tools[{i}].function.parameters") from None
+            raise APIError(
+                400,
+                f"parameters is not a valid JSON schema: {e.message}",
+                f"tools[{i}].function.parameters",
+            ) from None
         description = fn.get("description") or ""
         if not isinstance(description, str):
             raise APIError(400, "description must be a string", f"tools[{i}].function.description")
         functions.append(Function(name, description, params, i))
     choice, named = _choice(tool_choice, names)
-    return ToolRequest(tuple(functions), choice, named, True if parallel is None else bool(parallel), tuple(tools))
+    return ToolRequest(
+        tuple(functions), choice, named, True if parallel is None else bool(parallel), tuple(tools)
+    )
 
 
 def _choice(tool_choice: Any, names: set[str]) -> tuple[str, str | None]:
@@ -103,19 +127,32 @@ def _choice(tool_choice: Any, names: set[str]) -> tuple[str, str | None]:
     if tool_choice in ("none", "auto", "required"):
         return tool_choice, None
     fn = tool_choice.get("function") if isinstance(tool_choice, dict) else None
-    if not isinstance(fn, dict) or tool_choice.get("type") != "function" or not isinstance(fn.get("name"), str):
-        raise APIError(400, "tool_choice is 'none', 'auto', 'required' or {\"type\": \"function\", "
-                            "\"function\": {\"name\": ...}}", "tool_choice")
+    if (
+        not isinstance(fn, dict)
+        or tool_choice.get("type") != "function"
+        or not isinstance(fn.get("name"), str)
+    ):
+        raise APIError(
+            400,
+            "tool_choice is 'none', 'auto', 'required' or {\"type\": \"function\", "
+            '"function": {"name": ...}}',
+            "tool_choice",
+        )
     if fn["name"] not in names:
-        raise APIError(400, f"tool_choice names {fn['name']!r}, which is not among the tools",
-                       "tool_choice.function.name")
+        raise APIError(
+            400,
+            f"tool_choice names {fn['name']!r}, which is not among the tools",
+            "tool_choice.function.name",
+        )
     return "function", fn["name"]
 
 
 # ---------------------------------------------------------------------- call syntax
 
 
-def tool_constraint(tools: ToolRequest, parser: str) -> tuple[dict[str, Any] | None, dict[str, str]]:
+def tool_constraint(
+    tools: ToolRequest, parser: str
+) -> tuple[dict[str, Any] | None, dict[str, str]]:
     """(the structural tag for the engine in the format's syntax, or None; engine field ->
     request field for its errors). "none" leaves the output free."""
     if tools.choice == "none":
@@ -138,9 +175,13 @@ def constrain_after_reasoning(sampling: dict[str, Any]) -> dict[str, str]:
     the engine field -> request field renames. Regex and EBNF cannot be moved (400)."""
     for field in ("regex", "ebnf"):
         if sampling.get(field) is not None:
-            raise APIError(400, f"{field} would constrain the reasoning too; with a reasoning model use "
-                                "response_format or tools, or turn thinking off "
-                                "(chat_template_kwargs: {\"enable_thinking\": false})", field)
+            raise APIError(
+                400,
+                f"{field} would constrain the reasoning too; with a reasoning model use "
+                "response_format or tools, or turn thinking off "
+                '(chat_template_kwargs: {"enable_thinking": false})',
+                field,
+            )
     if "structural_tag" in sampling:
         sampling["structural_tag"] = {**sampling["structural_tag"], "start_after": THINK_CLOSE}
         return {}
@@ -149,9 +190,17 @@ def constrain_after_reasoning(sampling: dict[str, Any]) -> dict[str, str]:
         schema = {"type": "object"}
     if schema is None:
         return {}
-    sampling["structural_tag"] = {"type": "structural_tag", "structures": [{"begin": "", "schema": schema, "end": ""}],
-                                  "free_text": False, "max_structures": 1, "start_after": THINK_CLOSE}
-    return {"structural_tag.structures[0].schema": "response_format", "structural_tag": "response_format"}
+    sampling["structural_tag"] = {
+        "type": "structural_tag",
+        "structures": [{"begin": "", "schema": schema, "end": ""}],
+        "free_text": False,
+        "max_structures": 1,
+        "start_after": THINK_CLOSE,
+    }
+    return {
+        "structural_tag.structures[0].schema": "response_format",
+        "structural_tag": "response_format",
+    }
 
 
 # ---------------------------------------------------------------------- the prompt
@@ -163,8 +212,13 @@ def template_takes_tools(tokenizer: Any) -> bool:
 
 
 def openai_tools(tools: ToolRequest) -> list[dict[str, Any]]:
-    return [{"type": "function", "function": {"name": f.name, "description": f.description,
-                                              "parameters": f.parameters}} for f in tools.functions]
+    return [
+        {
+            "type": "function",
+            "function": {"name": f.name, "description": f.description, "parameters": f.parameters},
+        }
+        for f in tools.functions
+    ]
 
 
 def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,24 +226,42 @@ def history_for_template(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
     out = []
     for m in messages:
         if m.get("tool_calls"):
-            calls = [{**c, "function": {**c["function"], "arguments": _as_object(c["function"].get("arguments"))}}
-                     for c in m["tool_calls"]]
+            calls = [
+                {
+                    **c,
+                    "function": {
+                        **c["function"],
+                        "arguments": _as_object(c["function"].get("arguments")),
+                    },
+                }
+                for c in m["tool_calls"]
+            ]
             m = {**m, "tool_calls": calls}
         out.append(m)
     return out
 
 
-def history_as_text(messages: list[dict[str, Any]], tools: ToolRequest | None, parser: str) -> list[dict[str, Any]]:
+def history_as_text(
+    messages: list[dict[str, Any]], tools: ToolRequest | None, parser: str
+) -> list[dict[str, Any]]:
     """The conversation for a template without tool support: the tools in the system
     message, calls written into the assistant's text, results as user messages."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(call_text(parser, c["function"]["name"], _as_text(c["function"].get("arguments")))
-                              for c in m["tool_calls"])
-            m = {"role": "assistant", "content": ((m.get("content") or "") + "\n" + calls).lstrip("\n")}
+            calls = "\n".join(
+                call_text(parser, c["function"]["name"], _as_text(c["function"].get("arguments")))
+                for c in m["tool_calls"]
+            )
+            m = {
+                "role": "assistant",
+                "content": ((m.get("content") or "") + "\n" + calls).lstrip("\n"),
+            }
         elif m["role"] == "tool":
-            m = {"role": "user", "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+            m = {
+                "role": "user",
+                "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>",
+            }
         else:
             m = {k: v for k, v in m.items() if k in ("role", "content")}
         out.append(m)
@@ -231,8 +303,9 @@ class ChoiceOutput:
     line: a call that fails is not returned as a tool call, its text goes to the end of
     the content instead."""
 
-    def __init__(self, parser: str | None, reasoning: str | None,
-                 validators: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, parser: str | None, reasoning: str | None, validators: dict[str, Any] | None = None
+    ) -> None:
         self.parser_name = parser
         self.tool_parser = get_parser(parser) if parser else None
         self.reasoning = ReasoningParser(reasoning) if reasoning else None
@@ -256,8 +329,14 @@ class ChoiceOutput:
         self.calls = len(calls)
         fields["content"] = content if content or not calls else None
         if calls:
-            fields["tool_calls"] = [{"id": new_call_id(), "type": "function",
-                                     "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+            fields["tool_calls"] = [
+                {
+                    "id": new_call_id(),
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in calls
+            ]
         return fields
 
     def _accept(self, name: str, arguments: str) -> bool:
@@ -303,8 +382,12 @@ class ChoiceOutput:
             if self._index[d.index] is None:
                 return None
             self.calls += 1
-            return {"index": self._index[d.index], "id": new_call_id(), "type": "function",
-                    "function": {"name": d.name, "arguments": d.arguments}}
+            return {
+                "index": self._index[d.index],
+                "id": new_call_id(),
+                "type": "function",
+                "function": {"name": d.name, "arguments": d.arguments},
+            }
         if self._index.get(d.index) is None:
             return None
         return {"index": self._index[d.index], "function": {"arguments": d.arguments}}

@@ -48,12 +48,23 @@ from sgl.server.streaming import client_gone, sse, sse_response
 
 router = APIRouter(tags=["programs"])
 RESPONSES = {
-    **sse_responses(ProgramTextEvent, ProgramResultEvent, ErrorResponse, description=(
-        "One program's result, or a list in order for a batch (a failed program's item is an error body); "
-        "with `stream: true`, server-sent events `{var, text}` as pieces are produced (`{var, text, branch}` "
-        "for fork branches' text), then `{result}` (or `{error}`), then `[DONE]`.")),
-    **error_responses(400, 404, descriptions={404: "A session the program's generations ran in was closed "
-                                                   "under it (it timed out)."}),
+    **sse_responses(
+        ProgramTextEvent,
+        ProgramResultEvent,
+        ErrorResponse,
+        description=(
+            "One program's result, or a list in order for a batch (a failed program's item is an error body); "
+            "with `stream: true`, server-sent events `{var, text}` as pieces are produced (`{var, text, branch}` "
+            "for fork branches' text), then `{result}` (or `{error}`), then `[DONE]`."
+        ),
+    ),
+    **error_responses(
+        400,
+        404,
+        descriptions={
+            404: "A session the program's generations ran in was closed under it (it timed out)."
+        },
+    ),
 }
 MAX_NODES = 20_000  # in one request, all programs and branches together
 MAX_PROGRAMS = 1024
@@ -115,19 +126,33 @@ def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | Non
     """(each program's nodes, its arguments, the defaults), or APIError 400 naming the field."""
     if (req.program is None) == (req.programs is None):
         raise APIError(400, "give exactly one of program and programs", "program")
-    if req.program is not None and isinstance(req.arguments, list):  # the batch form: one program, many sets
+    if req.program is not None and isinstance(
+        req.arguments, list
+    ):  # the batch form: one program, many sets
         if len(req.arguments) > MAX_PROGRAMS:
-            raise APIError(400, f"at most {MAX_PROGRAMS} argument sets per request; split the batch", "arguments")
+            raise APIError(
+                400,
+                f"at most {MAX_PROGRAMS} argument sets per request; split the batch",
+                "arguments",
+            )
         raw, args = [req.program], req.arguments
     else:
         raw = [req.program] if req.program is not None else req.programs
         if len(raw) > MAX_PROGRAMS:
-            raise APIError(400, f"at most {MAX_PROGRAMS} programs per request; split the batch", "programs")
+            raise APIError(
+                400, f"at most {MAX_PROGRAMS} programs per request; split the batch", "programs"
+            )
         args = req.arguments if isinstance(req.arguments, list) else [req.arguments] * len(raw)
         if len(args) != len(raw):
-            raise APIError(400, f"arguments has {len(args)} entries for {len(raw)} programs", "arguments")
+            raise APIError(
+                400, f"arguments has {len(args)} entries for {len(raw)} programs", "arguments"
+            )
     if req.stream and not _is_single(req):
-        raise APIError(400, "stream takes one program and one argument set; send a batch without stream", "stream")
+        raise APIError(
+            400,
+            "stream takes one program and one argument set; send a batch without stream",
+            "stream",
+        )
     defaults = dict(req.sampling or {})
     unknown = sorted(set(defaults) - set(ir.SAMPLING_KEYS) - set(ir.LOGPROB_KEYS))
     if unknown:
@@ -141,10 +166,16 @@ def _parse(req: RunProgramRequest) -> tuple[list[list[ir.Expr]], list[dict | Non
             raise APIError(400, f"{where}.{e.path}: {e.detail}", f"{where}.{e.path}") from e
         _check_gens(programs[-1], defaults, f"{where}.nodes")
     label = "program" if req.program is not None else "programs[{}]"
-    runs = len(args) if req.program is not None else 1  # the batch form runs its one program per set
+    runs = (
+        len(args) if req.program is not None else 1
+    )  # the batch form runs its one program per set
     nodes = sum(_count(p, f"{label.format(k)}.nodes") for k, p in enumerate(programs))
     if nodes * runs > MAX_NODES:
-        raise APIError(400, f"the programs have more than {MAX_NODES} nodes together; split the request", "programs")
+        raise APIError(
+            400,
+            f"the programs have more than {MAX_NODES} nodes together; split the request",
+            "programs",
+        )
     return programs * runs, args, defaults
 
 
@@ -160,8 +191,11 @@ def _count(nodes: list[ir.Expr], path: str) -> int:
         total += 1
         if isinstance(n, ir.Fork):
             if len(n.branches) > MAX_BRANCHES:
-                raise APIError(400, f"a fork has at most {MAX_BRANCHES} branches, this one {len(n.branches)}",
-                               f"{path}[{i}].branches")
+                raise APIError(
+                    400,
+                    f"a fork has at most {MAX_BRANCHES} branches, this one {len(n.branches)}",
+                    f"{path}[{i}].branches",
+                )
             total += sum(_count(b, f"{path}[{i}].branches[{k}]") for k, b in enumerate(n.branches))
     return total
 
@@ -174,7 +208,9 @@ def _check_gens(nodes: list[ir.Expr], defaults: dict[str, Any], path: str) -> No
             try:
                 SamplingParams.from_dict({**base, **n.sampling})
             except InvalidRequestError as e:
-                raise APIError(400, f"{path}[{i}]: {e.message}", f"{path}[{i}].sampling.{e.param}") from e
+                raise APIError(
+                    400, f"{path}[{i}]: {e.message}", f"{path}[{i}].sampling.{e.param}"
+                ) from e
         elif isinstance(n, ir.Fork):
             for b, branch in enumerate(n.branches):
                 _check_gens(branch, defaults, f"{path}[{i}].branches[{b}]")
@@ -182,8 +218,12 @@ def _check_gens(nodes: list[ir.Expr], defaults: dict[str, Any], path: str) -> No
 
 def _result(state: Any) -> dict[str, Any]:
     ex = state.stream_executor
-    return {"text": ex.text_, "messages": [dict(m) for m in ex.messages_], "variables": dict(ex.variables),
-            "meta_info": dict(ex.meta_info)}
+    return {
+        "text": ex.text_,
+        "messages": [dict(m) for m in ex.messages_],
+        "variables": dict(ex.variables),
+        "meta_info": dict(ex.meta_info),
+    }
 
 
 def _error_of(future: Any) -> dict[str, Any] | None:
@@ -205,13 +245,18 @@ def _error(e: BaseException) -> dict[str, Any]:
     return internal_error_body(e, "/run_program")
 
 
-@router.post("/run_program", response_model=Union[ProgramResult, list[ProgramResult | ErrorResponse]],  # noqa: UP007 (runtime value)
-             responses=RESPONSES)
+@router.post(
+    "/run_program",
+    response_model=Union[ProgramResult, list[ProgramResult | ErrorResponse]],  # noqa: UP007 (runtime value)
+    responses=RESPONSES,
+)
 async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Response:
     """Run a shipped program (or a batch of them) on the server's engine; see the module doc."""
     programs, args, defaults = _parse(req)
     engine = get_state(request).engine
-    backends = [CancellableBackend(engine) for _ in programs]  # one per program: its usage, and cancel all
+    backends = [
+        CancellableBackend(engine) for _ in programs
+    ]  # one per program: its usage, and cancel all
 
     def cancel() -> None:
         for b in backends:
@@ -229,11 +274,15 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
             return run_one(0)
         if not programs:
             return []
-        template = backends[0].chat_template()  # the batch's shared opening, computed into the cache once
+        template = backends[
+            0
+        ].chat_template()  # the batch's shared opening, computed into the cache once
         prefix = shared_prefix([leading_text(p, template) for p in programs])
         if len(programs) > 1 and prefix:
             backends[0].cache_prefix(prefix)
-        with ThreadPoolExecutor(max_workers=min(64, len(programs)), thread_name_prefix="sgl-run-program") as pool:
+        with ThreadPoolExecutor(
+            max_workers=min(64, len(programs)), thread_name_prefix="sgl-run-program"
+        ) as pool:
             futures = [pool.submit(run_one, k) for k in range(len(programs))]
         return [_error_of(f) or f.result() for f in futures]
 
@@ -254,15 +303,21 @@ async def run_program_endpoint(req: RunProgramRequest, request: Request) -> Resp
         return JSONBody(body, status_code=body["error"]["code"], headers=headers)
 
 
-async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: dict | None,
-                  defaults: dict[str, Any]) -> AsyncIterator[str]:
+async def _stream(
+    backend: CancellableBackend,
+    nodes: list[ir.Expr],
+    arguments: dict | None,
+    defaults: dict[str, Any],
+) -> AsyncIterator[str]:
     """The program's text events as produced: the root state's `{var, text}` and its fork
     branches' `{var, text, branch}` (`branch`: per fork level [which fork of the parent state,
     which branch]), in the order they happen; then the result (or the error). Producers are
     the program's threads; they hand events to this loop, so waiting holds no thread."""
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    root_done: list[BaseException | None] = []  # set (with the root's error or None) when its events end
+    root_done: list[
+        BaseException | None
+    ] = []  # set (with the root's error or None) when its events end
 
     def put(item: Any) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is closed: the server is going away
@@ -271,8 +326,9 @@ async def _stream(backend: CancellableBackend, nodes: list[ir.Expr], arguments: 
     def on_branch(path: tuple[tuple[int, int], ...], var: str | None, text: str) -> None:
         put({"var": var, "text": text, "branch": [list(level) for level in path]})
 
-    state = await asyncio.to_thread(run_program, replay, backend, (nodes, arguments), {}, defaults, True, None,
-                                    on_branch)
+    state = await asyncio.to_thread(
+        run_program, replay, backend, (nodes, arguments), {}, defaults, True, None, on_branch
+    )
 
     def pump_root() -> None:
         error: BaseException | None = None

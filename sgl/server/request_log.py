@@ -41,5 +41,11 @@ class RequestLogMiddleware:
         try:
             await self.app(scope, logged_receive, logged_send)
         finally:
-            logger.info("%s %s -> %s\n  request: %s\n  response: %s", scope.get("method"), scope.get("path"), status[0],
-                        body.decode("utf-8", "replace"), out.decode("utf-8", "replace"))
+            logger.info(
+                "%s %s -> %s\n  request: %s\n  response: %s",
+                scope.get("method"),
+                scope.get("path"),
+                status[0],
+                body.decode("utf-8", "replace"),
+                out.decode("utf-8", "replace"),
+            )

@@ -26,13 +26,22 @@ router = APIRouter(tags=["sessions"])
 async def open_session(req: OpenSessionReqInput, request: Request) -> JSONBody:
     """Open a session; the body is its id (a JSON string), as SGLang returns it."""
     engine = get_state(request).engine
-    return JSONBody(await engine.async_open_session(req.capacity_tokens, req.session_id, req.timeout))
+    return JSONBody(
+        await engine.async_open_session(req.capacity_tokens, req.session_id, req.timeout)
+    )
 
 
-@router.post("/close_session", response_model=SuccessResponse,
-             responses=error_responses(400, 404, descriptions={404: "No such session is open (closed or timed out)."}))
+@router.post(
+    "/close_session",
+    response_model=SuccessResponse,
+    responses=error_responses(
+        400, 404, descriptions={404: "No such session is open (closed or timed out)."}
+    ),
+)
 async def close_session(req: CloseSessionReqInput, request: Request) -> JSONBody:
     """Close a session and unpin its KV. 404 if it is not open (closed or timed out)."""
     if not await get_state(request).engine.async_close_session(req.session_id):
-        raise APIError(404, f"no open session {req.session_id!r} (closed or timed out)", "session_id")
+        raise APIError(
+            404, f"no open session {req.session_id!r} (closed or timed out)", "session_id"
+        )
     return JSONBody({"success": True})

@@ -67,8 +67,11 @@ class _SSEResponse(StreamingResponse):
     the body never started (the client left before the headers went out)."""
 
     def __init__(self, body: AsyncIterator[str], on_abandon: Callable[[], None] | None) -> None:
-        super().__init__(body, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        super().__init__(
+            body,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
         self.on_abandon = on_abandon
         self.completed = False
 
@@ -80,8 +83,9 @@ class _SSEResponse(StreamingResponse):
                 self.on_abandon()
 
 
-def sse_response(request: Request, events: AsyncIterator[str], on_abandon: Callable[[], None] | None = None
-                 ) -> StreamingResponse:
+def sse_response(
+    request: Request, events: AsyncIterator[str], on_abandon: Callable[[], None] | None = None
+) -> StreamingResponse:
     """Stream `events` (already framed), then `data: [DONE]`. An error mid-stream becomes an
     error event. If the stream does not run to its end, `on_abandon` (abort the requests)
     runs before `events` is closed."""

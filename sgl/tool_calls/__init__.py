@@ -18,15 +18,15 @@ from sgl.tool_calls.formats.pythonic import PythonicParser, pythonic_constraint
 from sgl.tool_calls.functions import function_tool
 from sgl.tool_calls.reasoning import REASONING_STYLES, ReasoningParser, ReasoningStreamer
 from sgl.tool_calls.registry import (
-                                     FORMATS,
-                                     PARSERS,
-                                     SYNTAX,
-                                     call_text,
-                                     detect_parser,
-                                     get_format,
-                                     get_parser,
-                                     structural_tag,
-                                     tools_prompt,
+    FORMATS,
+    PARSERS,
+    SYNTAX,
+    call_text,
+    detect_parser,
+    get_format,
+    get_parser,
+    structural_tag,
+    tools_prompt,
 )
 from sgl.tool_calls.syntax import CallSyntax
 

@@ -72,7 +72,9 @@ class ToolFormat:
     `sgl.tool_calls.formats` and found by name through `sgl.tool_calls.registry`."""
 
     parser: type[ToolParser]  # reads the format out of a model's output
-    aliases: tuple[str, ...] = ()  # SGLang's names for the same format, taken by `--tool-call-parser`
+    aliases: tuple[
+        str, ...
+    ] = ()  # SGLang's names for the same format, taken by `--tool-call-parser`
 
     @property
     def name(self) -> str:

@@ -10,8 +10,12 @@ import typing
 from collections.abc import Callable
 from typing import Any
 
-_SCALARS = {str: {"type": "string"}, int: {"type": "integer"}, float: {"type": "number"},
-            bool: {"type": "boolean"}}
+_SCALARS = {
+    str: {"type": "string"},
+    int: {"type": "integer"},
+    float: {"type": "number"},
+    bool: {"type": "boolean"},
+}
 
 
 def function_tool(fn: Callable[..., Any] | dict[str, Any]) -> dict[str, Any]:
@@ -20,8 +24,12 @@ def function_tool(fn: Callable[..., Any] | dict[str, Any]) -> dict[str, Any]:
     needs an annotation from str, int, float, bool, list[...], dict, Literal[...] and
     Optional[...] (TypeError naming the parameter otherwise)."""
     if isinstance(fn, dict):
-        if not isinstance(fn.get("function"), dict) or not isinstance(fn["function"].get("name"), str):
-            raise TypeError("a tool dict must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
+        if not isinstance(fn.get("function"), dict) or not isinstance(
+            fn["function"].get("name"), str
+        ):
+            raise TypeError(
+                "a tool dict must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}"
+            )
         return fn
     if not callable(fn):
         raise TypeError(f"a tool is a function or an OpenAI tool dict, got {type(fn).__name__}")
@@ -35,10 +43,21 @@ def function_tool(fn: Callable[..., Any] | dict[str, Any]) -> dict[str, Any]:
         properties[name] = _schema(hints[name], f"{fn.__name__}({name})")
         if p.default is p.empty:
             required.append(name)
-    params = {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+    params = {
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": False,
+    }
     doc = inspect.getdoc(fn) or ""
-    return {"type": "function", "function": {"name": fn.__name__, "description": doc.split("\n\n")[0],
-                                             "parameters": params}}
+    return {
+        "type": "function",
+        "function": {
+            "name": fn.__name__,
+            "description": doc.split("\n\n")[0],
+            "parameters": params,
+        },
+    }
 
 
 def _schema(hint: Any, where: str) -> dict[str, Any]:
@@ -57,5 +76,7 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
         if len(options) < len(args):
             schemas.append({"type": "null"})
         return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
-    raise TypeError(f"tool {where}: cannot describe the annotation {hint!r} as JSON (use str, int, float, bool, "
-                    "list[...], dict, Literal[...] or Optional[...])")
+    raise TypeError(
+        f"tool {where}: cannot describe the annotation {hint!r} as JSON (use str, int, float, bool, "
+        "list[...], dict, Literal[...] or Optional[...])"
+    )

@@ -75,7 +75,9 @@ def bracket_end(text: str, start: int, final: bool, memo: Memo | None = None) ->
     while pos < len(text):
         if in_string:
             pos = _run_end(text, pos, _JSON_STRING_BODY)
-            if pos == len(text) or text[pos] == "\\":  # the string goes on (or ends in a lone backslash)
+            if (
+                pos == len(text) or text[pos] == "\\"
+            ):  # the string goes on (or ends in a lone backslash)
                 break
             pos, in_string = pos + 1, False
             continue
@@ -105,16 +107,16 @@ def _walk(src: str, open_: str, close: str, keyed: bool) -> list[tuple[Any, Any,
         raise ValueError(f"expected {open_!r}")
     members: list[tuple[Any, Any, str]] = []
     i = _run_end(src, 1, _JSON_WS)
-    while src[i:i + 1] != close:
+    while src[i : i + 1] != close:
         if members:  # after a member: ',' then the next one
-            if src[i:i + 1] != ",":
+            if src[i : i + 1] != ",":
                 raise ValueError("expected ',' or the closing bracket")
             i = _run_end(src, i + 1, _JSON_WS)
         key = None
         if keyed:
             key, i = _DECODER.raw_decode(src, i)
             i = _run_end(src, i, _JSON_WS)
-            if not isinstance(key, str) or src[i:i + 1] != ":":
+            if not isinstance(key, str) or src[i : i + 1] != ":":
                 raise ValueError("expected a string key and ':'")
             i = _run_end(src, i + 1, _JSON_WS)
         value, end = _DECODER.raw_decode(src, i)

@@ -27,8 +27,9 @@ class MarkerParser(ToolParser):
 
     marker: str = ""
 
-    def _match_block(self, text: str, start: int, final: bool,
-                     memo: Memo | None = None) -> Block | Need | None:
+    def _match_block(
+        self, text: str, start: int, final: bool, memo: Memo | None = None
+    ) -> Block | Need | None:
         """The calls of the block whose marker starts at text[start]; MORE if not known yet."""
         raise NotImplementedError
 
@@ -39,8 +40,9 @@ class MarkerParser(ToolParser):
     def streamer(self) -> ToolStreamer:
         return MarkerStreamer(self)
 
-    def _scan(self, text: str, pos: int, after_call: bool, final: bool,
-              memo: Memo | None) -> tuple[str, list[ToolCall], int, bool]:
+    def _scan(
+        self, text: str, pos: int, after_call: bool, final: bool, memo: Memo | None
+    ) -> tuple[str, list[ToolCall], int, bool]:
         """Consume text[pos:] as far as it is decided -> (content, calls, new pos, after_call).
 
         It stops, without consuming, where the answer depends on text not seen yet, so running
@@ -76,7 +78,7 @@ class MarkerParser(ToolParser):
                 calls.extend(found.calls)
                 pos, after_call = found.end, True
             else:  # not a call: the marker (and the whitespace before it) is content
-                content.append(text[pos:start + len(self.marker)])
+                content.append(text[pos : start + len(self.marker)])
                 pos, after_call = start + len(self.marker), False
         return "".join(content), calls, pos, after_call
 
@@ -99,8 +101,9 @@ class MarkerStreamer(ToolStreamer):
         return self._run(final=True)
 
     def _run(self, final: bool) -> tuple[str, list[ToolCallDelta]]:
-        content, calls, pos, self._after_call = self._parser._scan(self._buf, 0, self._after_call, final,
-                                                                   self._memo)
+        content, calls, pos, self._after_call = self._parser._scan(
+            self._buf, 0, self._after_call, final, self._memo
+        )
         self._buf = self._buf[pos:]
         out = deltas(calls, self._count)
         self._count += len(calls)

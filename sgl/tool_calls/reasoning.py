@@ -27,7 +27,9 @@ def reasoning_parser_names() -> dict[str, str]:
 
 def _check_style(style: str) -> str:
     if style not in REASONING_STYLES:
-        raise ValueError(f"unknown reasoning parser {style!r}; known: {', '.join(REASONING_STYLES)}")
+        raise ValueError(
+            f"unknown reasoning parser {style!r}; known: {', '.join(REASONING_STYLES)}"
+        )
     return style
 
 
@@ -48,13 +50,13 @@ class ReasoningParser:
     def parse(self, text: str) -> tuple[str | None, str]:
         s = text.lstrip()
         opened = s.startswith(THINK_OPEN)
-        body = s[len(THINK_OPEN):] if opened else text
+        body = s[len(THINK_OPEN) :] if opened else text
         c = body.find(THINK_CLOSE)
         if c < 0:
             if not ALWAYS_THINKS[self.style] and not opened:  # thinking was off
                 return None, text
             return body.strip() or None, ""
-        return body[:c].strip() or None, body[c + len(THINK_CLOSE):].lstrip("\n")
+        return body[:c].strip() or None, body[c + len(THINK_CLOSE) :].lstrip("\n")
 
     def streamer(self) -> ReasoningStreamer:
         return ReasoningStreamer(self.style)
@@ -96,7 +98,7 @@ class ReasoningStreamer:
     def _step_start(self, final: bool) -> None:
         s = self._buf.lstrip()
         if s.startswith(THINK_OPEN):
-            self._buf, self._state = s[len(THINK_OPEN):], "reasoning"
+            self._buf, self._state = s[len(THINK_OPEN) :], "reasoning"
         elif final or not THINK_OPEN.startswith(s):
             self._state = "reasoning" if ALWAYS_THINKS[self.style] else "undecided"
 
@@ -113,12 +115,14 @@ class ReasoningStreamer:
         c = self._buf.find(THINK_CLOSE)
         if c >= 0:
             self._emit_reasoning(self._buf[:c].rstrip())
-            self._buf, self._state = self._buf[c + len(THINK_CLOSE):], "content"
+            self._buf, self._state = self._buf[c + len(THINK_CLOSE) :], "content"
             return
         keep = 0 if final else _partial_len(self._buf, THINK_CLOSE)
-        ready = self._buf[:len(self._buf) - keep].rstrip()  # trailing whitespace: dropped before </think>
+        ready = self._buf[
+            : len(self._buf) - keep
+        ].rstrip()  # trailing whitespace: dropped before </think>
         self._emit_reasoning(ready)
-        self._buf = "" if final else self._buf[len(ready):]
+        self._buf = "" if final else self._buf[len(ready) :]
 
     def _emit_reasoning(self, text: str) -> None:
         if not self._reasoning_started:

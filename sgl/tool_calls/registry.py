@@ -14,25 +14,36 @@ from sgl.tool_calls.base import Functions, ToolFormat, ToolParser
 from sgl.tool_calls.formats import hermes, llama3_json, mistral, pythonic
 from sgl.tool_calls.syntax import CallSyntax, JsonCallFormat
 
-FORMATS: dict[str, ToolFormat] = {m.FORMAT.name: m.FORMAT for m in (hermes, llama3_json, mistral, pythonic)}
-DEFAULT_FORMAT = "hermes"  # when a chat template names none, and for a name we do not know in `call_text`
+FORMATS: dict[str, ToolFormat] = {
+    m.FORMAT.name: m.FORMAT for m in (hermes, llama3_json, mistral, pythonic)
+}
+DEFAULT_FORMAT = (
+    "hermes"  # when a chat template names none, and for a name we do not know in `call_text`
+)
 # The order templates are tested in: pythonic before llama3_json, as Llama 4 templates also mention ipython.
 DETECTION_ORDER = ("hermes", "mistral", "pythonic", "llama3_json")
 
 PARSERS: dict[str, type[ToolParser]] = {name: f.parser for name, f in FORMATS.items()}
-SYNTAX: dict[str, CallSyntax] = {name: f.syntax for name, f in FORMATS.items() if isinstance(f, JsonCallFormat)}
+SYNTAX: dict[str, CallSyntax] = {
+    name: f.syntax for name, f in FORMATS.items() if isinstance(f, JsonCallFormat)
+}
 
 
 def parser_names() -> dict[str, str]:
     """Every name `--tool-call-parser` takes (ours, then SGLang's aliases) -> the format's name."""
-    return {**{name: name for name in FORMATS}, **{a: name for name, f in FORMATS.items() for a in f.aliases}}
+    return {
+        **{name: name for name in FORMATS},
+        **{a: name for name, f in FORMATS.items() for a in f.aliases},
+    }
 
 
 def get_format(name: str) -> ToolFormat:
     """A format by its name; ValueError naming the known ones otherwise."""
     fmt = FORMATS.get(name)
     if fmt is None:
-        raise ValueError(f"unknown tool-call parser {name!r}; known parsers: {', '.join(sorted(FORMATS))}")
+        raise ValueError(
+            f"unknown tool-call parser {name!r}; known parsers: {', '.join(sorted(FORMATS))}"
+        )
     return fmt
 
 
@@ -53,7 +64,9 @@ def call_text(parser: str, name: str, arguments: str) -> str:
     return FORMATS.get(parser, FORMATS[DEFAULT_FORMAT]).call_text(name, arguments)
 
 
-def structural_tag(functions: Functions, free_text: bool, one_call: bool, parser: str) -> dict[str, Any]:
+def structural_tag(
+    functions: Functions, free_text: bool, one_call: bool, parser: str
+) -> dict[str, Any]:
     """The constraint for calls to `functions` ((name, parameters schema) pairs) in the
     format: free text with calls in it (`free_text`), or calls only; at most one call
     (`one_call`) or any number. KeyError for a format without a JSON call syntax."""
@@ -65,6 +78,8 @@ def tools_prompt(tools: list[dict[str, Any]], parser: str = DEFAULT_FORMAT) -> s
     system prompt for a chat template that takes no tools."""
     lines = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
     example = FORMATS.get(parser, FORMATS[DEFAULT_FORMAT]).prompt_example()
-    return ("You can call functions to help answer. These are the functions, one JSON signature a line:\n"
-            f"{lines}\n\nTo call a function, write exactly:\n{example}\n"
-            "You may write several calls one after another. The results come back in the next message.")
+    return (
+        "You can call functions to help answer. These are the functions, one JSON signature a line:\n"
+        f"{lines}\n\nTo call a function, write exactly:\n{example}\n"
+        "You may write several calls one after another. The results come back in the next message."
+    )

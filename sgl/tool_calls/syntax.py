@@ -26,11 +26,19 @@ class CallSyntax:
     def call_text(self, name: str, arguments: str) -> str:
         return self.begin.format(name=json.dumps(name)) + arguments + self.end
 
-    def structural_tag(self, functions: Functions, free_text: bool, one_call: bool) -> dict[str, Any]:
+    def structural_tag(
+        self, functions: Functions, free_text: bool, one_call: bool
+    ) -> dict[str, Any]:
         tag: dict[str, Any] = {
             "type": "structural_tag",
-            "structures": [{"begin": self.begin.format(name=json.dumps(name)), "schema": object_schema(params, name),
-                            "end": self.end} for name, params in functions],
+            "structures": [
+                {
+                    "begin": self.begin.format(name=json.dumps(name)),
+                    "schema": object_schema(params, name),
+                    "end": self.end,
+                }
+                for name, params in functions
+            ],
             "triggers": [self.trigger],
             "free_text": free_text,
             "separator": self.separator,

@@ -17,9 +17,16 @@ def random_prompts(n: int, vocab: int, lo: int = 3, hi: int = 60, seed: int = 0)
 def greedy_top2(engine, prompts: list[list[int]], new_tokens: int | list[int]) -> list[dict]:
     counts = new_tokens if isinstance(new_tokens, list) else [new_tokens] * len(prompts)
     sp = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in counts]
-    outs = engine.generate(input_ids=prompts, sampling_params=sp, return_logprob=True, top_logprobs_num=2)
+    outs = engine.generate(
+        input_ids=prompts, sampling_params=sp, return_logprob=True, top_logprobs_num=2
+    )
     return [
-        {"ids": o["output_ids"], "top2": [[(lp, tid) for lp, tid, _ in step] for step in o["meta_info"]["output_top_logprobs"]]}
+        {
+            "ids": o["output_ids"],
+            "top2": [
+                [(lp, tid) for lp, tid, _ in step] for step in o["meta_info"]["output_top_logprobs"]
+            ],
+        }
         for o in outs
     ]
 
@@ -29,7 +36,9 @@ def assert_same_greedy(ref: list[dict], got: list[dict], lp_tol: float, tie_marg
     `tie_margin` (a near-tie: either token is a correct greedy choice); until then the chosen
     tokens' logprobs must agree within `lp_tol`."""
     for i, (a, b) in enumerate(zip(ref, got)):
-        assert len(a["ids"]) == len(b["ids"]), f"prompt {i}: {len(a['ids'])} vs {len(b['ids'])} tokens"
+        assert len(a["ids"]) == len(b["ids"]), (
+            f"prompt {i}: {len(a['ids'])} vs {len(b['ids'])} tokens"
+        )
         for step, (ta, tb) in enumerate(zip(a["ids"], b["ids"])):
             (lp1, _), (lp2, _) = a["top2"][step][:2]
             if ta != tb:

@@ -44,7 +44,9 @@ def make_backend(name: str, dtype: torch.dtype):
 class Setup:
     """A one-layer pool and table holding each request's prefix K/V at scattered slots."""
 
-    def __init__(self, backend, dtype: torch.dtype, prefix: list[int], ext: list[int], extra_rows: int = 0) -> None:
+    def __init__(
+        self, backend, dtype: torch.dtype, prefix: list[int], ext: list[int], extra_rows: int = 0
+    ) -> None:
         self.pool = TokenToKVPool(8192, 1, KV_HEADS, HEAD_DIM, dtype, "cuda")
         self.table = ReqToTokenPool(len(prefix) + extra_rows + 1, 2048, "cuda")
         self.backend = backend
@@ -58,8 +60,12 @@ class Setup:
             self.table.write(row, 0, slots)
             if p:
                 pre = slots[:p].cuda()
-                self.pool.k_buffers[0][pre] = torch.randn(p, KV_HEADS, HEAD_DIM, device="cuda").to(dtype)
-                self.pool.v_buffers[0][pre] = torch.randn(p, KV_HEADS, HEAD_DIM, device="cuda").to(dtype)
+                self.pool.k_buffers[0][pre] = torch.randn(p, KV_HEADS, HEAD_DIM, device="cuda").to(
+                    dtype
+                )
+                self.pool.v_buffers[0][pre] = torch.randn(p, KV_HEADS, HEAD_DIM, device="cuda").to(
+                    dtype
+                )
             self.rows.append(row)
             new_slots.append(slots[p:])
         self.out_cache_loc = torch.cat(new_slots).cuda()
@@ -98,7 +104,10 @@ class Setup:
             vv = self.pool.v_buffers[0][slots].double().repeat_interleave(group, dim=1)
             qq = self.q[start : start + e].double()
             scores = torch.einsum("qhd,khd->hqk", qq, kk) * HEAD_DIM**-0.5
-            allowed = torch.arange(p + e, device="cuda")[None, :] <= (p + torch.arange(e, device="cuda"))[:, None]
+            allowed = (
+                torch.arange(p + e, device="cuda")[None, :]
+                <= (p + torch.arange(e, device="cuda"))[:, None]
+            )
             scores = scores.masked_fill(~allowed, float("-inf"))
             outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv))
             start += e
@@ -152,7 +161,8 @@ def test_cuda_graph_hooks_match_eager_decode(name, dtype, bs):
         input_ids=torch.zeros(size, dtype=torch.int64, device="cuda"),
         positions=torch.zeros(size, dtype=torch.int64, device="cuda"),
         out_cache_loc=loc,
-        req_rows=[padding_row] * size,  # placeholders: inside a graph backends read the hook buffers
+        req_rows=[padding_row]
+        * size,  # placeholders: inside a graph backends read the hook buffers
         prefix_lens=[0] * size,
         extend_lens=[1] * size,
         kv_pool=s.pool,

@@ -21,11 +21,20 @@ TOLERANCES = {"float32": (1e-2, 1e-2), "bfloat16": (0.5, 0.5)}
 
 @pytest.mark.parametrize(
     "backend, dtype",
-    [("dense_test", "float32"), ("triton", "float32"), ("triton", "bfloat16"), ("flashinfer", "bfloat16")],
+    [
+        ("dense_test", "float32"),
+        ("triton", "float32"),
+        ("triton", "bfloat16"),
+        ("flashinfer", "bfloat16"),
+    ],
 )
 def test_graph_replay_matches_eager(backend, dtype, monkeypatch):
     if backend == "dense_test":
-        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): DenseDecodeBackend())
+        monkeypatch.setattr(
+            runner_mod,
+            "create_attention_backend",
+            lambda name, device, dtype=None, needs=frozenset(): DenseDecodeBackend(),
+        )
         name = "torch_native"
     elif backend == "triton" and not attn.triton_available():
         pytest.skip("the triton backend is not installed")
@@ -34,9 +43,26 @@ def test_graph_replay_matches_eager(backend, dtype, monkeypatch):
     else:
         name = backend
     prompts = random_prompts(7, 49152, seed=2)
-    new_tokens = [12, 3, 9, 20, 1, 15, 6]  # rows finish at different steps: 7 -> 1 rows, padded to 8, 4, 2, 1
-    kw = dict(model_path="smollm2-135m", load_format="dummy", random_seed=0, device="cuda", dtype=dtype,
-              attention_backend=name, max_total_tokens=16384, context_length=256, cuda_graph_max_bs=16)
+    new_tokens = [
+        12,
+        3,
+        9,
+        20,
+        1,
+        15,
+        6,
+    ]  # rows finish at different steps: 7 -> 1 rows, padded to 8, 4, 2, 1
+    kw = dict(
+        model_path="smollm2-135m",
+        load_format="dummy",
+        random_seed=0,
+        device="cuda",
+        dtype=dtype,
+        attention_backend=name,
+        max_total_tokens=16384,
+        context_length=256,
+        cuda_graph_max_bs=16,
+    )
     with sgl.Engine(disable_cuda_graph=True, **kw) as eager:
         sharpen(eager)
         ref = greedy_top2(eager, prompts, new_tokens)

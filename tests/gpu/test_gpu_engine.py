@@ -50,15 +50,29 @@ def test_gpu_float32_greedy_matches_cpu():
 
 def test_bfloat16_is_the_cuda_default_and_the_pool_is_sized_after_the_weights():
     fraction = 0.3
-    with sgl.Engine(model_path="smollm2-135m", load_format="dummy", device="cuda", mem_fraction_static=fraction,
-                    max_running_requests=32, chunked_prefill_size=512, cuda_graph_max_bs=8) as engine:
+    with sgl.Engine(
+        model_path="smollm2-135m",
+        load_format="dummy",
+        device="cuda",
+        mem_fraction_static=fraction,
+        max_running_requests=32,
+        chunked_prefill_size=512,
+        cuda_graph_max_bs=8,
+    ) as engine:
         info = engine.get_server_info()
         plan = info["memory_plan"]
-        out = engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4, "temperature": 0})
+        out = engine.generate(
+            input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 4, "temperature": 0}
+        )
         free_now, _ = torch.cuda.mem_get_info()
     free_cuda()
     assert info["dtype"] == "bfloat16"
-    expected = kv_pool_tokens(plan["free_bytes_after_weights"], fraction, plan["kv_bytes_per_token"], plan["headroom_bytes"])
+    expected = kv_pool_tokens(
+        plan["free_bytes_after_weights"],
+        fraction,
+        plan["kv_bytes_per_token"],
+        plan["headroom_bytes"],
+    )
     assert info["max_total_tokens"] == plan["max_total_tokens"] == expected
     # 30 layers x 3 KV heads x 64 dims x K/V x 2 bytes
     assert plan["kv_bytes_per_token"] == 30 * 3 * 64 * 2 * 2
@@ -72,8 +86,15 @@ def test_the_scheduler_in_its_own_process_on_the_gpu():
     tokens as the scheduler on a thread, and no process left after shutdown."""
     import os
 
-    kw = dict(model_path="smollm2-135m", load_format="dummy", random_seed=0, device="cuda", dtype="float32",
-              max_total_tokens=8192, context_length=512)
+    kw = dict(
+        model_path="smollm2-135m",
+        load_format="dummy",
+        random_seed=0,
+        device="cuda",
+        dtype="float32",
+        max_total_tokens=8192,
+        context_length=512,
+    )
     prompts = random_prompts(4, 49152, seed=2)
     with sgl.Engine(**kw) as threaded:
         ref = greedy_top2(threaded, prompts, 12)
@@ -84,4 +105,6 @@ def test_the_scheduler_in_its_own_process_on_the_gpu():
         info = proc.get_server_info()
     assert info["scheduler_process"] and info["device"].startswith("cuda")
     assert_same_greedy(ref, got, lp_tol=1e-3, tie_margin=1e-3)
-    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z")
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split(") ")[
+        1
+    ].startswith("Z")

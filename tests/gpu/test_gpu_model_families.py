@@ -41,15 +41,19 @@ def test_triton_grouped_experts_match_torch_path_at_qwen3_30b_a3b_shape(rows):
     torch.manual_seed(rows)
     experts_mod = StackedExperts(128, 2048, 768, "silu").cuda()
     with torch.no_grad():
-        experts_mod.gate_up_proj.normal_(0, 2048 ** -0.5)
-        experts_mod.down_proj.normal_(0, 768 ** -0.5)
+        experts_mod.gate_up_proj.normal_(0, 2048**-0.5)
+        experts_mod.down_proj.normal_(0, 768**-0.5)
     x = torch.randn(rows, 2048, device="cuda")
     weights, experts = torch.randn(rows, 128, device="cuda").softmax(-1).topk(8, -1)
     with torch.no_grad():
-        got32 = grouped_experts(x, experts_mod.gate_up_proj, experts_mod.down_proj, experts, weights, "silu")
+        got32 = grouped_experts(
+            x, experts_mod.gate_up_proj, experts_mod.down_proj, experts, weights, "silu"
+        )
         gate_up16, down16 = experts_mod.gate_up_proj.bfloat16(), experts_mod.down_proj.bfloat16()
         got16 = grouped_experts(x.bfloat16(), gate_up16, down16, experts, weights, "silu")
-        ref = experts_mod.double().grouped_matmuls(x.double(), experts, weights.double())  # (in place: last)
+        ref = experts_mod.double().grouped_matmuls(
+            x.double(), experts, weights.double()
+        )  # (in place: last)
     torch.testing.assert_close(got32.double(), ref, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(got16.double(), ref, atol=3e-2, rtol=3e-2)
     free_cuda()

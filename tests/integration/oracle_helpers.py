@@ -50,7 +50,9 @@ def load_hf_model() -> Any:
 
 
 def chat(tokenizer: Any, user: str) -> str:
-    return tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def greedy_prompts(tokenizer: Any) -> list[str]:
@@ -112,7 +114,9 @@ def assert_same_greedy(
     n = min(len(want), len(got))
     k = next((i for i in range(n) if want[i] != got[i]), None)
     if k is None:
-        assert len(want) == len(got), f"{what}: same tokens but lengths differ: want {want}, got {got}"
+        assert len(want) == len(got), (
+            f"{what}: same tokens but lengths differ: want {want}, got {got}"
+        )
         return
     gap, top2 = top2_gap(hf, list(prompt_ids) + want[:k])
     assert gap < NEAR_TIE and sorted(top2) == sorted([want[k], got[k]]), (

@@ -35,8 +35,12 @@ class ServerThread:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))  # bound here, so no other process can take the port
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5)
+        )
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
 
     def __enter__(self) -> str:
         self.thread.start()
@@ -67,7 +71,7 @@ def sse_events(resp: requests.Response) -> Iterator[Any]:
         if not line:
             continue
         assert line.startswith("data: "), line
-        payload = line[len("data: "):]
+        payload = line[len("data: ") :]
         yield payload if payload == "[DONE]" else json.loads(payload)
 
 
@@ -109,9 +113,13 @@ def parse_metrics(text: str) -> dict[str, float]:
     """`name{labels} value` / `name value` lines -> {"name{labels}": value}; asserts the format."""
     import re
 
-    line_re = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$')
+    line_re = re.compile(
+        r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? (\S+)$'
+    )
     out: dict[str, float] = {}
-    for line in text.split("\n"):  # the exposition format's line ending (str.splitlines splits more)
+    for line in text.split(
+        "\n"
+    ):  # the exposition format's line ending (str.splitlines splits more)
         if not line or line.startswith("#"):
             continue
         m = line_re.match(line)

@@ -32,12 +32,20 @@ programs = load_programs(FRONTEND)
 outcome = {}
 for name in NAMES:
     fn = getattr(programs, name)
-    kwargs = {"check_answer": False} if "check_answer" in fn.__code__.co_varnames[: fn.__code__.co_argcount] else {}
+    kwargs = (
+        {"check_answer": False}
+        if "check_answer" in fn.__code__.co_varnames[: fn.__code__.co_argcount]
+        else {}
+    )
     try:
         fn(**kwargs)
         outcome[name] = "ok"
     except AssertionError as e:  # the assert statement of test_programs.py that failed
-        frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename.endswith("test_programs.py")]
+        frames = [
+            f
+            for f in traceback.extract_tb(e.__traceback__)
+            if f.filename.endswith("test_programs.py")
+        ]
         outcome[name] = f"assertion: {frames[-1].line if frames else repr(e)}"[:300]
     except BaseException as e:  # noqa: BLE001 - every failure is reported, by kind
         outcome[name] = f"error: {type(e).__name__}: {e}"[:300]

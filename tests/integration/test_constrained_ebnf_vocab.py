@@ -44,7 +44,9 @@ def json_grammar(vocab):
 def allowed(m, vocab) -> np.ndarray:
     row = torch.zeros((vocab.vocab_size + 31) // 32, dtype=torch.int32)
     m.fill_mask(row)
-    return np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[: vocab.vocab_size].astype(bool)
+    return np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[: vocab.vocab_size].astype(
+        bool
+    )
 
 
 def finish(m, vocab) -> bytes:
@@ -81,7 +83,9 @@ def test_json_walks_on_real_vocab_are_json_objects(json_grammar, vocab):
             ok = allowed(m, vocab)
             # prefer short tokens so the walk builds structure, not just long strings
             pool = np.flatnonzero(ok & short) if rng.random() < 0.7 else np.flatnonzero(ok)
-            pool = [int(t) for t in pool if int(t) not in eos] or [int(t) for t in np.flatnonzero(ok)]
+            pool = [int(t) for t in pool if int(t) not in eos] or [
+                int(t) for t in np.flatnonzero(ok)
+            ]
             tid = rng.choice(pool)
             if tid in eos:
                 break
@@ -95,8 +99,17 @@ def test_json_walks_on_real_vocab_are_json_objects(json_grammar, vocab):
 
 def test_real_documents_tokenized_by_the_model_are_allowed_at_every_step(json_grammar, vocab, tok):
     docs = [
-        {"name": "Alice", "age": 31, "tags": ["a", "b\n\u00e9"], "nested": {"x": [1, 2.5, -3e4, {"deep": [[], {}]}]}},
-        {"q": "Wie geht's? \u65e5\u672c\u8a9e \U0001F600 \"quoted\" \\ back", "list": list(range(12)), "ok": True},
+        {
+            "name": "Alice",
+            "age": 31,
+            "tags": ["a", "b\n\u00e9"],
+            "nested": {"x": [1, 2.5, -3e4, {"deep": [[], {}]}]},
+        },
+        {
+            "q": 'Wie geht\'s? \u65e5\u672c\u8a9e \U0001f600 "quoted" \\ back',
+            "list": list(range(12)),
+            "ok": True,
+        },
     ]
     for doc in docs:
         for indent in (None, 2):
@@ -110,7 +123,16 @@ def test_real_documents_tokenized_by_the_model_are_allowed_at_every_step(json_gr
 
 
 def test_fill_mask_agrees_with_accept_on_every_token(json_grammar, vocab):
-    prefixes = ["", "{", '{"ke', '{"key": ', '{"key": "va\\', '{"a": [1, 2.', '{"a": {"b": [tr', '{"a": "\u00e9']
+    prefixes = [
+        "",
+        "{",
+        '{"ke',
+        '{"key": ',
+        '{"key": "va\\',
+        '{"a": [1, 2.',
+        '{"a": {"b": [tr',
+        '{"a": "\u00e9',
+    ]
     for prefix in prefixes:
         m = json_grammar.matcher()
         assert m.accept_text(prefix)
@@ -126,7 +148,9 @@ def test_regular_grammar_is_exact_against_regex_partial_matching(vocab):
     ident ::= [a-z_] [a-z0-9_]{0,7}
     num   ::= "-"? [0-9]{1,3}
     """
-    pattern = regex.compile(r'let [a-z_][a-z0-9_]{0,7} = \[(?:-?[0-9]{1,3}(?:, ?-?[0-9]{1,3}){0,3})?\];|none')
+    pattern = regex.compile(
+        r"let [a-z_][a-z0-9_]{0,7} = \[(?:-?[0-9]{1,3}(?:, ?-?[0-9]{1,3}){0,3})?\];|none"
+    )
     grammar = compile_ebnf(gbnf, vocab)
     token_text = []
     for tb in vocab.token_bytes:
@@ -145,7 +169,9 @@ def test_regular_grammar_is_exact_against_regex_partial_matching(vocab):
                 if t is not None and pattern.fullmatch(text + t, partial=True):
                     want[tid] = True
             want[eos] = pattern.fullmatch(text) is not None
-            assert np.array_equal(ok, want), [vocab.token_bytes[i] for i in np.flatnonzero(ok != want)[:10]]
+            assert np.array_equal(ok, want), [
+                vocab.token_bytes[i] for i in np.flatnonzero(ok != want)[:10]
+            ]
             choices = [int(t) for t in np.flatnonzero(ok) if t != eos]
             if not choices:
                 break

@@ -128,8 +128,10 @@ def test_ebnf_outputs_parse(engines, mode):
 
 def test_json_object_mode_gives_a_json_object(engines):
     engine = engines["on"]
-    out = engine.generate(chat(engine, "Give me a JSON object about a cat."),
-                          {"json_object": True, "temperature": 0.7, "max_new_tokens": 160, "seed": 1})
+    out = engine.generate(
+        chat(engine, "Give me a JSON object about a cat."),
+        {"json_object": True, "temperature": 0.7, "max_new_tokens": 160, "seed": 1},
+    )
     if out["meta_info"]["finish_reason"]["type"] != "length":
         assert isinstance(json.loads(out["text"]), dict)
 
@@ -139,8 +141,10 @@ def test_jump_forward_takes_fewer_steps_and_same_greedy_output(engines):
     for mode, engine in engines.items():
         engine.flush_cache()
         before = engine.get_server_info()["forward_steps"]
-        out = engine.generate(chat(engine, "Describe an admin user as JSON."),
-                              {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96})
+        out = engine.generate(
+            chat(engine, "Describe an admin user as JSON."),
+            {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96},
+        )
         results[mode] = (engine.get_server_info()["forward_steps"] - before, out)
     (steps_on, out_on), (steps_off, out_off) = results["on"], results["off"]
     jsonschema.validate(json.loads(out_on["text"]), PERSON)
@@ -155,17 +159,27 @@ def test_cut_by_max_new_tokens_reports_length(engines):
     assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 5, "incomplete": True}
     assert out["meta_info"]["completion_tokens"] <= 5
     free = engine.generate(chat(engine, "Hi"), {"max_new_tokens": 3, "ignore_eos": True})
-    assert free["meta_info"]["finish_reason"] == {"type": "length", "length": 3}  # no constraint: nothing to be cut
+    assert free["meta_info"]["finish_reason"] == {
+        "type": "length",
+        "length": 3,
+    }  # no constraint: nothing to be cut
 
 
 def test_n_samples_and_stop_strings_with_constraints(engines):
     engine = engines["on"]
-    outs = engine.generate(chat(engine, "A number:"), {"regex": "[0-9]{3}-[0-9]{3}", "n": 3, "temperature": 1.0,
-                                                        "max_new_tokens": 20})
+    outs = engine.generate(
+        chat(engine, "A number:"),
+        {"regex": "[0-9]{3}-[0-9]{3}", "n": 3, "temperature": 1.0, "max_new_tokens": 20},
+    )
     assert len(outs) == 3 and all(re.fullmatch("[0-9]{3}-[0-9]{3}", o["text"]) for o in outs)
-    out = engine.generate(chat(engine, "A number:"), {"regex": "[0-9]{3}-[0-9]{3}", "stop": ["-"],
-                                                       "temperature": 0, "max_new_tokens": 20})
-    assert re.fullmatch("[0-9]{3}", out["text"]) and out["meta_info"]["finish_reason"]["matched"] == "-"
+    out = engine.generate(
+        chat(engine, "A number:"),
+        {"regex": "[0-9]{3}-[0-9]{3}", "stop": ["-"], "temperature": 0, "max_new_tokens": 20},
+    )
+    assert (
+        re.fullmatch("[0-9]{3}", out["text"])
+        and out["meta_info"]["finish_reason"]["matched"] == "-"
+    )
 
 
 @pytest.mark.parametrize(
@@ -188,7 +202,9 @@ def test_bad_constraints_rejected_at_submit(engines, params, param):
 
 
 def test_constraint_over_the_compile_limit_is_a_bad_request_and_the_engine_serves_on():
-    with sgl.Engine(model_path="default", max_total_tokens=2000, constraint_compile_timeout=1.0) as engine:
+    with sgl.Engine(
+        model_path="default", max_total_tokens=2000, constraint_compile_timeout=1.0
+    ) as engine:
         with pytest.raises(sgl.InvalidRequestError, match="compile time limit") as e:
             engine.generate("x", {"regex": "(a|b)*a(a|b){24}", "max_new_tokens": 4})
         assert e.value.param == "regex"
@@ -206,17 +222,22 @@ def test_external_grammar_backends_constrain_and_jump_forward(backend):
         assert engine.get_server_info()["grammar_backend"] == backend
         outs = engine.generate(  # greedy: xgrammar's bounded strings admit control characters (see the unit tests)
             [chat(engine, f"Describe user number {i} as JSON.") for i in range(3)],
-            {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96})
+            {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96},
+        )
         for o in outs:
             assert o["meta_info"]["finish_reason"]["type"] == "stop", o
             jsonschema.validate(json.loads(o["text"]), PERSON)
         before = engine.get_server_info()["forward_steps"]
-        one = engine.generate(chat(engine, "Describe an admin user as JSON."),
-                              {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96})
+        one = engine.generate(
+            chat(engine, "Describe an admin user as JSON."),
+            {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96},
+        )
         steps = engine.get_server_info()["forward_steps"] - before
         # One request alone takes a step per sampled token (plus prefill): forced keys take none.
         assert steps < one["meta_info"]["completion_tokens"], (steps, one)
-        out = engine.generate(chat(engine, "Pick a colour."), {"regex": "(red|green|blue)!", "max_new_tokens": 8})
+        out = engine.generate(
+            chat(engine, "Pick a colour."), {"regex": "(red|green|blue)!", "max_new_tokens": 8}
+        )
         assert re.fullmatch("(red|green|blue)!", out["text"]), out["text"]
         with pytest.raises(sgl.InvalidRequestError) as e:
             engine.generate("x", {"regex": "(unclosed", "max_new_tokens": 4})
@@ -279,7 +300,9 @@ def _complete(check, text: str) -> bool:
 
 
 @pytest.mark.parametrize("constraint,shortest,check", BUDGET_LANGUAGES)
-def test_budget_aware_outputs_are_complete_at_1_2x_the_shortest(engines, constraint, shortest, check):
+def test_budget_aware_outputs_are_complete_at_1_2x_the_shortest(
+    engines, constraint, shortest, check
+):
     engine = engines["on"]
     n_short = len(engine.tokenizer(shortest, add_special_tokens=False).input_ids) + 1  # + EOS
     budget = max(n_short + 1, round(1.2 * n_short))
@@ -302,8 +325,13 @@ WIDE_SCHEMA = {"type": "object", "properties": {f"f{i:02d}": {"type": "integer" 
 ADD = {"type": "object", "properties": {"description": {"type": "string"}, "first_operand": {"type": "integer"},
        "second_operand": {"type": "integer"}}, "required": ["description", "first_operand", "second_operand"],
        "additionalProperties": False}  # fmt: skip
-ADD_CALLS = {"type": "structural_tag", "free_text": False, "separator": " ", "triggers": ["<function="],
-             "structures": [{"begin": "<function=add_numbers>", "end": "</function>", "schema": ADD}]}
+ADD_CALLS = {
+    "type": "structural_tag",
+    "free_text": False,
+    "separator": " ",
+    "triggers": ["<function="],
+    "structures": [{"begin": "<function=add_numbers>", "end": "</function>", "schema": ADD}],
+}
 CALL = r"<function=add_numbers>(\{.*?\})</function>"
 ITEM = r'\{"id": [0-9]+, "tags": \[("[a-z]+"(,"[a-z]+")*)?\]\}'
 TIGHT_GRAMMAR_LANGUAGES = {
@@ -327,13 +355,23 @@ def test_grammar_route_outputs_are_complete_whenever_a_member_fits(engines, name
     from sgl.constrained.compiler import REGEX_ROUTE_MAX_TEXT
     from sgl.constrained.json_schema import json_schema_to_rx
 
-    assert len(json_schema_to_rx(WIDE_SCHEMA).text) > REGEX_ROUTE_MAX_TEXT  # it takes the grammar route
+    assert (
+        len(json_schema_to_rx(WIDE_SCHEMA).text) > REGEX_ROUTE_MAX_TEXT
+    )  # it takes the grammar route
     constraint, member, check = TIGHT_GRAMMAR_LANGUAGES[name]
     for mode, engine in engines.items():
         fits = len(engine.tokenizer(member, add_special_tokens=False).input_ids) + 1
         prompt = chat(engine, "Write one long example with many items. Be verbose.")
         for budget in (fits, fits + 3):
-            outs = engine.generate(prompt, {**constraint, "temperature": 1.0, "max_new_tokens": budget, "n": 8,
-                                            "seed": budget})
+            outs = engine.generate(
+                prompt,
+                {
+                    **constraint,
+                    "temperature": 1.0,
+                    "max_new_tokens": budget,
+                    "n": 8,
+                    "seed": budget,
+                },
+            )
             incomplete = [o["text"] for o in outs if not _complete(check, o["text"])]
             assert not incomplete, (mode, budget, incomplete)

@@ -71,7 +71,9 @@ def test_every_id_decodes_like_the_tokenizer(tokenizer, vocab: TokenVocabulary) 
 def test_encodings_concatenate_to_the_text(tokenizer, vocab: TokenVocabulary) -> None:
     rng = random.Random(0)
     alphabet = "".join(sorted(set("".join(TEXTS))))
-    texts = TEXTS + ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 60))) for _ in range(500)]
+    texts = TEXTS + [
+        "".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 60))) for _ in range(500)
+    ]
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False).input_ids
         assert b"".join(vocab.token_bytes[i] for i in ids) == text.encode("utf-8"), text  # type: ignore[misc]
@@ -92,7 +94,9 @@ SCHEMA = {
 
 
 def _walk(grammar, vocab: TokenVocabulary, rng: random.Random, max_steps: int = 300) -> str:
-    closing_ids = {t for t, b in enumerate(vocab.token_bytes) if b and any(c in b for c in b'@."],}0123456789')}
+    closing_ids = {
+        t for t, b in enumerate(vocab.token_bytes) if b and any(c in b for c in b'@."],}0123456789')
+    }
     m = grammar.matcher()
     row = allocate_bitmask(1, vocab.vocab_size)
     data = b""

@@ -44,8 +44,12 @@ def _engine(**kwargs):
 
 
 def _prompt_logprobs(engine, ids: list[int]) -> torch.Tensor:
-    res = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                          logprob_start_len=0)
+    res = engine.generate(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+    )
     return torch.tensor([e[0] for e in res["meta_info"]["input_token_logprobs"][1:]])
 
 
@@ -56,7 +60,9 @@ def _hf_prompt_logprobs(hf, ids: list[int]) -> torch.Tensor:
 
 
 def _errors(engine, hf, prompts) -> tuple[float, float]:
-    diffs = torch.cat([(_prompt_logprobs(engine, ids) - _hf_prompt_logprobs(hf, ids)).abs() for ids in prompts])
+    diffs = torch.cat(
+        [(_prompt_logprobs(engine, ids) - _hf_prompt_logprobs(hf, ids)).abs() for ids in prompts]
+    )
     return float(diffs.max()), float(diffs.mean())
 
 
@@ -65,7 +71,9 @@ def test_bf16_logprobs_track_hf_bf16(hf_model, prompts):
     from sgl.runtime.model.cpu_packed import packing_applies
 
     with _engine(dtype="bfloat16", quantization="none") as engine:
-        layouts = engine.get_server_info()["weight_layouts"]  # prepacked for oneDNN where bf16 is native
+        layouts = engine.get_server_info()[
+            "weight_layouts"
+        ]  # prepacked for oneDNN where bf16 is native
         packed = packing_applies(torch.bfloat16, torch.device("cpu"))
         assert set(layouts) == ({"dense_packed", "dense"} if packed else {"dense"}), layouts
         worst, mean = _errors(engine, hf16, prompts)
@@ -110,16 +118,25 @@ def test_default_engine_agrees_with_hf_greedy_teacher_forced(hf_model, prompts):
         checked = near_ties = 0
         for ids in prompts:
             seq = ids + hf_greedy(hf_model, ids, MAX_NEW)
-            res = engine.generate(input_ids=seq, sampling_params={"max_new_tokens": 0}, return_logprob=True,
-                                  logprob_start_len=0, top_logprobs_num=1)
+            res = engine.generate(
+                input_ids=seq,
+                sampling_params={"max_new_tokens": 0},
+                return_logprob=True,
+                logprob_start_len=0,
+                top_logprobs_num=1,
+            )
             ours = [top[0][1] for top in res["meta_info"]["input_top_logprobs"][1:]]
             with torch.no_grad():
                 logp = torch.log_softmax(hf_logits(hf_model, seq), dim=-1)
             for t in range(len(ids) - 1, len(seq) - 1):  # positions predicting HF's continuation
                 pick = ours[t]
                 gap = float(logp[t].max() - logp[t, pick])
-                assert gap <= NEAR_TIE_LOGPROB, f"position {t}: ours {pick}, HF {int(logp[t].argmax())}, gap {gap:.3f}"
+                assert gap <= NEAR_TIE_LOGPROB, (
+                    f"position {t}: ours {pick}, HF {int(logp[t].argmax())}, gap {gap:.3f}"
+                )
                 checked += 1
                 near_ties += pick != int(logp[t].argmax())
-    print(f"dtype={info['dtype']} layouts={info['weight_layouts']}: {checked} positions, {near_ties} near ties")
+    print(
+        f"dtype={info['dtype']} layouts={info['weight_layouts']}: {checked} positions, {near_ties} near ties"
+    )
     assert checked >= 6 * 10

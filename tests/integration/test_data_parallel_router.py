@@ -22,7 +22,9 @@ from server_helpers import wait_until
 import sgl
 
 pytestmark = pytest.mark.integration
-sglang_router = pytest.importorskip("sglang_router", reason="the router extra: pip install 'sgl[router]'")
+sglang_router = pytest.importorskip(
+    "sglang_router", reason="the router extra: pip install 'sgl[router]'"
+)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
@@ -73,9 +75,25 @@ class Cluster:
         self.url = f"http://127.0.0.1:{self.port}"
         self.workers = [f"http://127.0.0.1:{self.port + 1 + i}" for i in range(2)]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sgl.launch_server", "--model-path", "default", "--dp-size", "2",
-             "--host", "127.0.0.1", "--port", str(self.port), "--max-total-tokens", "8192", "--log-level", "warning"],
-            cwd=ROOT)
+            [
+                sys.executable,
+                "-m",
+                "sgl.launch_server",
+                "--model-path",
+                "default",
+                "--dp-size",
+                "2",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--max-total-tokens",
+                "8192",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+        )
 
     def info(self, i: int) -> dict:
         return requests.get(self.workers[i] + "/get_server_info", timeout=30).json()
@@ -85,8 +103,14 @@ class Cluster:
 def cluster():
     c = Cluster()
     try:
-        assert wait_until(lambda: c.proc.poll() is not None or (
-            all(_healthy(w) for w in c.workers) and _routes_to_both(c.url, c.workers)), timeout=600, interval=0.5)
+        assert wait_until(
+            lambda: (
+                c.proc.poll() is not None
+                or (all(_healthy(w) for w in c.workers) and _routes_to_both(c.url, c.workers))
+            ),
+            timeout=600,
+            interval=0.5,
+        )
         assert c.proc.poll() is None, "the supervisor exited while starting"
         yield c
     finally:
@@ -109,14 +133,21 @@ def _worker_pid(c: Cluster, i: int) -> int | None:
 
 
 def _generate(url: str, text: str, n: int = 12) -> dict:
-    r = requests.post(url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
-                      timeout=300)
+    r = requests.post(
+        url + "/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
+        timeout=300,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
 
 def _routed_ok(url: str, text: str) -> bool:
-    r = requests.post(url + "/generate", json={"text": text, "sampling_params": {"max_new_tokens": 4}}, timeout=300)
+    r = requests.post(
+        url + "/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": 4}},
+        timeout=300,
+    )
     return r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 4
 
 
@@ -138,16 +169,30 @@ def test_generate_through_router_equals_one_worker(cluster):
     assert routed["text"] == direct["text"] and routed["output_ids"] == direct["output_ids"]
     body = {"model": "default", "prompt": text, "max_tokens": 12, "temperature": 0}
     completion = requests.post(cluster.url + "/v1/completions", json=body, timeout=300)
-    assert completion.status_code == 200 and completion.json()["choices"][0]["text"] == direct["text"]
+    assert (
+        completion.status_code == 200 and completion.json()["choices"][0]["text"] == direct["text"]
+    )
 
 
 def test_generate_takes_fields_sglang_clients_add(cluster):
     """The router's and SGLang 0.5 clients' extra fields are accepted; a misspelt real one is not."""
-    extras = {"model": "default", "background": False, "no_logs": False, "return_bytes": False,
-              "return_entropy": False, "priority": None, "bootstrap_host": None, "data_parallel_rank": None}
+    extras = {
+        "model": "default",
+        "background": False,
+        "no_logs": False,
+        "return_bytes": False,
+        "return_entropy": False,
+        "priority": None,
+        "bootstrap_host": None,
+        "data_parallel_rank": None,
+    }
     body = {"text": "Hi", "sampling_params": {"max_new_tokens": 2}, **extras}
-    assert requests.post(cluster.workers[0] + "/generate", json=body, timeout=120).status_code == 200
-    bad = requests.post(cluster.workers[0] + "/generate", json={"text": "Hi", "strem": True}, timeout=30)
+    assert (
+        requests.post(cluster.workers[0] + "/generate", json=body, timeout=120).status_code == 200
+    )
+    bad = requests.post(
+        cluster.workers[0] + "/generate", json={"text": "Hi", "strem": True}, timeout=30
+    )
     assert bad.status_code == 400 and "did you mean 'stream'" in bad.json()["error"]["message"]
 
 
@@ -194,9 +239,16 @@ def _served(c: Cluster) -> list[int]:
 def test_cache_aware_routing_keeps_tenants_on_their_worker(cluster):
     """Two tenants' long prefixes, one request at a time and then concurrently: the prefix hits
     over both workers are >= 80% of what one worker would hit, and both workers get work."""
-    tenants = [("You are a legal assistant. " + "Cite the statute. " * 60), ("You are a chef. " + "Name the dish. " * 60)]
-    ids = [requests.post(cluster.workers[0] + "/tokenize", json={"text": t}, timeout=30).json()["input_ids"]
-           for t in tenants]
+    tenants = [
+        ("You are a legal assistant. " + "Cite the statute. " * 60),
+        ("You are a chef. " + "Name the dish. " * 60),
+    ]
+    ids = [
+        requests.post(cluster.workers[0] + "/tokenize", json={"text": t}, timeout=30).json()[
+            "input_ids"
+        ]
+        for t in tenants
+    ]
     for w in cluster.workers:
         requests.post(w + "/flush_cache", timeout=30)
     before_cached, before_served = _cached(cluster), _served(cluster)
@@ -204,14 +256,20 @@ def test_cache_aware_routing_keeps_tenants_on_their_worker(cluster):
     for q in questions[:5]:
         for t in tenants:
             _generate(cluster.url, t + q, n=2)
-    threads = [threading.Thread(target=_generate, args=(cluster.url, t + q, 2)) for q in questions[5:] for t in tenants]
+    threads = [
+        threading.Thread(target=_generate, args=(cluster.url, t + q, 2))
+        for q in questions[5:]
+        for t in tenants
+    ]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
     cached = sum(_cached(cluster)) - sum(before_cached)
     served = [a - b for a, b in zip(_served(cluster), before_served)]
-    one_worker = sum(len(i) - 1 for i in ids) * (len(questions) - 1)  # all but each tenant's first request hit
+    one_worker = sum(len(i) - 1 for i in ids) * (
+        len(questions) - 1
+    )  # all but each tenant's first request hit
     assert min(served) > 0, served
     assert cached >= 0.8 * one_worker, (cached, one_worker)
 
@@ -219,12 +277,17 @@ def test_cache_aware_routing_keeps_tenants_on_their_worker(cluster):
 def test_a_killed_worker_fails_its_requests_and_comes_back(cluster):
     victim = 1
     pid = _worker_pid(cluster, victim)
-    body = {"text": "Count to a thousand:", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+    body = {
+        "text": "Count to a thousand:",
+        "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
+    }
     result: dict = {}
 
     def long_request() -> None:  # straight to the victim, so it is surely in flight there
         try:
-            result["status"] = requests.post(cluster.workers[victim] + "/generate", json=body, timeout=300).status_code
+            result["status"] = requests.post(
+                cluster.workers[victim] + "/generate", json=body, timeout=300
+            ).status_code
         except requests.RequestException as e:
             result["error"] = e
 
@@ -237,6 +300,10 @@ def test_a_killed_worker_fails_its_requests_and_comes_back(cluster):
     # the router sends to the dead worker until its health checks fail (a 500 each, never a hang),
     # then serves from the other
     assert wait_until(lambda: _routed_ok(cluster.url, "Still serving:"), timeout=120, interval=0.5)
-    assert wait_until(lambda: _worker_pid(cluster, victim) not in (None, pid), timeout=600, interval=1.0)
-    assert wait_until(lambda: _routes_to_both(cluster.url, cluster.workers), timeout=300, interval=1.0)
+    assert wait_until(
+        lambda: _worker_pid(cluster, victim) not in (None, pid), timeout=600, interval=1.0
+    )
+    assert wait_until(
+        lambda: _routes_to_both(cluster.url, cluster.workers), timeout=300, interval=1.0
+    )
     assert _generate(cluster.workers[victim], "Back:", n=2)["meta_info"]["completion_tokens"] == 2

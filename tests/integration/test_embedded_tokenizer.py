@@ -108,7 +108,10 @@ def loads(cache_dir: Path) -> dict:
     path = _gguf_path()
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_load_in_child, args=(str(path), str(cache_dir), queue)) for _ in range(2)]
+    procs = [
+        ctx.Process(target=_load_in_child, args=(str(path), str(cache_dir), queue))
+        for _ in range(2)
+    ]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -130,7 +133,9 @@ def cached(loads: dict) -> object:
     return loads["tok"]
 
 
-def test_second_load_hits_cache(loads: dict, cache_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_second_load_hits_cache(
+    loads: dict, cache_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     assert any(not child["hit"] for child in loads["children"])  # someone converted
     assert loads["hit"] is True
     entry = gguf_tokenizer_cache_dir(loads["path"])
@@ -141,22 +146,30 @@ def test_second_load_hits_cache(loads: dict, cache_dir: Path, caplog: pytest.Log
     # The public entry point uses the same cache (it says so in the log).
     with caplog.at_level(logging.INFO, logger="sgl.runtime.tokenizer"):
         tok = load_tokenizer(str(loads["path"].parent), gguf_file=GGUF_NAME)
-    assert any("from cache" in r.getMessage() and str(entry) in r.getMessage() for r in caplog.records)
+    assert any(
+        "from cache" in r.getMessage() and str(entry) in r.getMessage() for r in caplog.records
+    )
     assert encode(tok, TEXTS[0]) == encode(loads["tok"], TEXTS[0])
 
 
-def test_cached_encodes_like_fresh_conversion(cached: object, loads: dict, reference: object) -> None:
+def test_cached_encodes_like_fresh_conversion(
+    cached: object, loads: dict, reference: object
+) -> None:
     # The freshly converted tokenizers (in the child processes) match too.
     for child in loads["children"]:
         assert child["ids"] == [reference(t).input_ids for t in TEXTS]
     texts = list(TEXTS)
-    texts.append(reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True))
+    texts.append(
+        reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
+    )
     assert len(texts) >= 20
     for text in texts:
         want = reference(text).input_ids
         assert encode(cached, text) == want, text
         assert cached.decode(want) == reference.decode(want)
-        assert cached.decode(want, skip_special_tokens=True) == reference.decode(want, skip_special_tokens=True)
+        assert cached.decode(want, skip_special_tokens=True) == reference.decode(
+            want, skip_special_tokens=True
+        )
     assert len(cached) == len(reference)
     assert cached.all_special_ids == reference.all_special_ids
     assert (cached.bos_token, cached.eos_token) == (reference.bos_token, reference.eos_token)
@@ -167,11 +180,15 @@ def test_chat_template_survives_cache(cached: object, reference: object) -> None
     assert template and cached.chat_template == template == reference.chat_template
     for gen in (True, False):
         got = cached.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=gen)
-        assert got == reference.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=gen)
+        assert got == reference.apply_chat_template(
+            MESSAGES, tokenize=False, add_generation_prompt=gen
+        )
     assert "<|im_start|>assistant\n" in got or not gen
 
 
-def _stream(tok: object, ids: list[int], rng: random.Random, skip: bool, prompt: list[int] | None = None) -> list[str]:
+def _stream(
+    tok: object, ids: list[int], rng: random.Random, skip: bool, prompt: list[int] | None = None
+) -> list[str]:
     detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip)
     pieces, i = [], 0
     while i < len(ids):
@@ -204,7 +221,13 @@ def test_detok_random_ids(cached: object, skip: bool) -> None:
         ids = []
         for _ in range(rng.randint(0, 50)):
             r = rng.random()
-            ids.append(rng.choice(specials) if r < 0.05 else rng.choice(byteish) if r < 0.4 else rng.randrange(vocab))
+            ids.append(
+                rng.choice(specials)
+                if r < 0.05
+                else rng.choice(byteish)
+                if r < 0.4
+                else rng.randrange(vocab)
+            )
         _assert_oracle(cached, ids, _stream(cached, ids, rng, skip), skip)
 
 
@@ -232,7 +255,10 @@ def test_detok_real_texts_and_prompt_context(cached: object) -> None:
 def test_detok_into_stop_strings(cached: object) -> None:
     text = "Sure! Here is the answer: 42 ✅\n</answer>\nIgnored tail"
     ids = encode(cached, text)
-    for stops, want in [(["</answer>"], "Sure! Here is the answer: 42 ✅\n"), (["✅", "42"], "Sure! Here is the answer: ")]:
+    for stops, want in [
+        (["</answer>"], "Sure! Here is the answer: 42 ✅\n"),
+        (["✅", "42"], "Sure! Here is the answer: "),
+    ]:
         detok = IncrementalDetokenizer(cached)
         matcher = StopStringMatcher(stops)
         out, matched = [], False

@@ -71,7 +71,9 @@ def test_radix_reuse_between_two_requests(engine, hf_model):
     assert expected >= len(shared)
     assert second["meta_info"]["cached_tokens"] == expected
     # The reused K/V is right: the continuation equals HF's.
-    assert_same_greedy(hf_model, b, truncate_at_eos(hf_greedy(hf_model, b, 4)), second["output_ids"], "cached b")
+    assert_same_greedy(
+        hf_model, b, truncate_at_eos(hf_greedy(hf_model, b, 4)), second["output_ids"], "cached b"
+    )
 
 
 def test_radix_reuse_text_prompts(engine):
@@ -90,10 +92,14 @@ def test_radix_reuse_text_prompts(engine):
 def test_shared_prefix_across_concurrent_requests(engine, hf_model):
     assert engine.flush_cache() is True
     prefix = engine.encode(long_text(3))[:300]
-    suffixes = [engine.encode(f" Question {i}: what happened in year {1400 + 7 * i}?") for i in range(48)]
+    suffixes = [
+        engine.encode(f" Question {i}: what happened in year {1400 + 7 * i}?") for i in range(48)
+    ]
     prompts = [prefix + s for s in suffixes]
     before = engine.get_server_info()
-    outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 2})
+    outs = engine.generate(
+        input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 2}
+    )
     after = engine.get_server_info()
     cached = [o["meta_info"]["cached_tokens"] for o in outs]
     assert sum(c >= 300 for c in cached) >= 47, cached  # only the first computes the prefix
@@ -103,7 +109,9 @@ def test_shared_prefix_across_concurrent_requests(engine, hf_model):
     assert after["cached_tokens"] - before["cached_tokens"] == sum(cached)
     for i in (0, 17, 47):  # the shared K/V gives HF's continuation
         want = truncate_at_eos(hf_greedy(hf_model, prompts[i], 2))
-        assert_same_greedy(hf_model, prompts[i], want, outs[i]["output_ids"], f"shared-prefix request {i}")
+        assert_same_greedy(
+            hf_model, prompts[i], want, outs[i]["output_ids"], f"shared-prefix request {i}"
+        )
     assert wait_until(lambda: kv_all_returned(engine))
 
 
@@ -120,7 +128,9 @@ def test_kv_returns_after_every_kind_of_request(tiny_engine):
         e.generate(prompt, {"temperature": 0, "max_new_tokens": 8}),
         e.generate(chat(e.tokenizer, "What is 2+2?"), {"temperature": 0, "max_new_tokens": 40}),
         e.generate(prompt, {"temperature": 0, "max_new_tokens": 40, "stop": [" the", ".", ","]}),
-        e.generate(prompt, {"temperature": 0, "max_new_tokens": 40, "stop_token_ids": e.encode(" the")}),
+        e.generate(
+            prompt, {"temperature": 0, "max_new_tokens": 40, "stop_token_ids": e.encode(" the")}
+        ),
     ]
     reasons = [r["meta_info"]["finish_reason"] for r in reasons]
     assert reasons[0]["type"] == "length" and reasons[1] == {"type": "stop", "matched": EOS}
@@ -128,7 +138,9 @@ def test_kv_returns_after_every_kind_of_request(tiny_engine):
     assert wait_until(lambda: kv_all_returned(e))
 
     # aborted mid-stream (the consumer walks away)
-    stream = e.generate(prompt, {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}, stream=True)
+    stream = e.generate(
+        prompt, {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}, stream=True
+    )
     for i, _ in enumerate(stream):
         if i == 2:
             break
@@ -137,7 +149,10 @@ def test_kv_returns_after_every_kind_of_request(tiny_engine):
 
     # retracted: more KV than the pool holds
     before = e.get_server_info()["retractions"]
-    prompts = [f"Request number {i} asks the model to keep writing a long story about dragons." for i in range(8)]
+    prompts = [
+        f"Request number {i} asks the model to keep writing a long story about dragons."
+        for i in range(8)
+    ]
     outs = e.generate(prompts, {"temperature": 0, "max_new_tokens": 60, "ignore_eos": True})
     assert e.get_server_info()["retractions"] > before
     assert all(len(o["output_ids"]) == 60 for o in outs)
@@ -163,7 +178,10 @@ def test_kv_returns_after_every_kind_of_request(tiny_engine):
     box = {}
     t = threading.Thread(
         target=lambda: box.setdefault(
-            "out", e.generate(long_prompts, {"temperature": 0, "max_new_tokens": 60, "ignore_eos": True}, rid=rids)
+            "out",
+            e.generate(
+                long_prompts, {"temperature": 0, "max_new_tokens": 60, "ignore_eos": True}, rid=rids
+            ),
         )
     )
     t.start()
@@ -182,7 +200,9 @@ def test_kv_returns_after_every_kind_of_request(tiny_engine):
 
 
 def test_flush_refused_while_running(engine):
-    stream = engine.generate("Count from one to one hundred:", {"max_new_tokens": 300, "ignore_eos": True}, stream=True)
+    stream = engine.generate(
+        "Count from one to one hundred:", {"max_new_tokens": 300, "ignore_eos": True}, stream=True
+    )
     first = next(stream)
     assert first["meta_info"]["finish_reason"] is None
     assert engine.flush_cache() is False
@@ -203,10 +223,16 @@ def test_seed_determinism(engine):
     # Same seed inside a batch of unrelated, unseeded requests: still the same tokens.
     batch = engine.generate(
         [prompt, "Hello", prompt],
-        [{"temperature": 1.0, "max_new_tokens": 16}, {"temperature": 0.7, "max_new_tokens": 5}, params],
+        [
+            {"temperature": 1.0, "max_new_tokens": 16},
+            {"temperature": 0.7, "max_new_tokens": 5},
+            params,
+        ],
     )
     assert batch[2]["output_ids"] == a["output_ids"]
-    others = {tuple(engine.generate(prompt, dict(params, seed=s))["output_ids"]) for s in (1, 2, 3, 4)}
+    others = {
+        tuple(engine.generate(prompt, dict(params, seed=s))["output_ids"]) for s in (1, 2, 3, 4)
+    }
     assert len(others | {tuple(a["output_ids"])}) > 1
 
 
@@ -227,7 +253,9 @@ def _dist_check(samples: list[int], probs: torch.Tensor, what: str) -> None:
     dof = len(expected) - 1
     # Wilson-Hilferty approximation of the chi-square quantile at upper tail 1e-6 (z = 4.75).
     crit = dof * (1 - 2 / (9 * dof) + 4.75 * math.sqrt(2 / (9 * dof))) ** 3
-    assert chi2 <= crit, f"{what}: chi2 {chi2:.1f} > {crit:.1f}; observed {observed}, expected {expected}"
+    assert chi2 <= crit, (
+        f"{what}: chi2 {chi2:.1f} > {crit:.1f}; observed {observed}, expected {expected}"
+    )
 
 
 def test_sampling_distribution_matches_hf(engine, hf_model):
@@ -319,7 +347,12 @@ def test_stop_string_completed_by_the_last_allowed_token(engine, greedy_refs):
     tok = engine.tokenizer
     for i, ref in enumerate(greedy_refs.hf_outputs):  # noqa: B007 (i is read after the break)
         full = tok.decode(ref, skip_special_tokens=True)
-        if len(ref) == GREEDY_MAX_NEW and EOS not in ref and full[-3:].isascii() and full.find(full[-2:]) == len(full) - 2:
+        if (
+            len(ref) == GREEDY_MAX_NEW
+            and EOS not in ref
+            and full[-3:].isascii()
+            and full.find(full[-2:]) == len(full) - 2
+        ):
             break
     else:
         raise AssertionError("no reference output ends with a fresh 2-char tail")
@@ -363,7 +396,9 @@ def test_min_new_tokens_prevents_early_eos(engine, hf_model, greedy_refs):
     i = _index_of(greedy_refs, lambda o: o[-1] == EOS and len(o) <= 20)
     prompt, ids, ref = _ref(greedy_refs, i)
     min_new = len(ref) + 3
-    out = engine.generate(prompt, {"temperature": 0, "max_new_tokens": min_new + 4, "min_new_tokens": min_new})
+    out = engine.generate(
+        prompt, {"temperature": 0, "max_new_tokens": min_new + 4, "min_new_tokens": min_new}
+    )
     oids = out["output_ids"]
     assert len(oids) >= min_new and EOS not in oids[:min_new]
     # Where greedy would emit EOS, the engine takes HF's best non-EOS token.
@@ -413,14 +448,19 @@ def test_stream_never_splits_characters(engine):
             assert "\ufffd" not in chunks[-1]["text"]
         if any(tok.decode(ids[:k]).endswith("\ufffd") for k in range(1, len(ids))):
             split_somewhere = True
-    assert wide_chars and split_somewhere and clean_end  # the prompts did exercise multi-token characters
+    assert (
+        wide_chars and split_somewhere and clean_end
+    )  # the prompts did exercise multi-token characters
 
 
 def test_stream_break_aborts_request(engine):
     assert wait_until(lambda: kv_all_returned(engine))
     start = engine.get_server_info()
-    stream = engine.generate("Write a very long essay about the sea.", {"max_new_tokens": 1000, "ignore_eos": True},
-                             stream=True)
+    stream = engine.generate(
+        "Write a very long essay about the sea.",
+        {"max_new_tokens": 1000, "ignore_eos": True},
+        stream=True,
+    )
     n = 0
     for _chunk in stream:
         n += 1
@@ -430,7 +470,9 @@ def test_stream_break_aborts_request(engine):
     assert wait_until(lambda: kv_all_returned(engine), timeout=120)
     info = engine.get_server_info()
     assert info["finished_requests"] == start["finished_requests"] + 1
-    assert 0 < info["decode_tokens"] - start["decode_tokens"] < 999  # aborted, not run to its 1,000 tokens
+    assert (
+        0 < info["decode_tokens"] - start["decode_tokens"] < 999
+    )  # aborted, not run to its 1,000 tokens
 
 
 def test_async_stream(engine, greedy_refs):
@@ -441,7 +483,9 @@ def test_async_stream(engine, greedy_refs):
         return [c async for c in it]
 
     chunks = asyncio.run(run())
-    assert [t for c in chunks for t in c["output_ids"]] == engine.generate(prompt, GREEDY)["output_ids"]
+    assert [t for c in chunks for t in c["output_ids"]] == engine.generate(prompt, GREEDY)[
+        "output_ids"
+    ]
     assert chunks[-1]["meta_info"]["finish_reason"] is not None
 
 
@@ -466,8 +510,19 @@ VOCAB = 49152
         (dict(prompt="Hi", sampling_params={"stop_token_ids": [VOCAB]}), "stop_token_ids"),
         (dict(prompt=["fine", "also fine"], sampling_params=[{}, {"top_k": -5}]), "top_k"),
     ],
-    ids=["unknown-key", "neg-temperature", "top_p-0", "id-too-big", "id-negative", "empty-text", "empty-ids",
-         "over-context", "logprob-start", "stop-id", "batch-one-bad"],
+    ids=[
+        "unknown-key",
+        "neg-temperature",
+        "top_p-0",
+        "id-too-big",
+        "id-negative",
+        "empty-text",
+        "empty-ids",
+        "over-context",
+        "logprob-start",
+        "stop-id",
+        "batch-one-bad",
+    ],
 )
 def test_invalid_requests_are_rejected(engine, kwargs, param):
     before = engine.get_server_info()["finished_requests"]
@@ -483,7 +538,9 @@ def test_engine_serves_after_errors(engine, hf_model, greedy_refs):
         with pytest.raises(sgl.InvalidRequestError):
             engine.generate("Hi", bad)
     prompt, ids, ref = _ref(greedy_refs, 0)
-    assert_same_greedy(hf_model, ids, ref, engine.generate(prompt, GREEDY)["output_ids"], "after errors")
+    assert_same_greedy(
+        hf_model, ids, ref, engine.generate(prompt, GREEDY)["output_ids"], "after errors"
+    )
 
 
 # --------------------------------------------------------------------------- concurrency
@@ -510,16 +567,30 @@ def test_threads_get_sequential_greedy_results(engine, hf_model, greedy_refs):
     assert not errors and len(results) == 16
     for k, res in results.items():
         i = k % n
-        assert_same_greedy(hf_model, greedy_refs.prompt_ids[i], greedy_refs.hf_outputs[i], res["output_ids"], f"thread {k}")
+        assert_same_greedy(
+            hf_model,
+            greedy_refs.prompt_ids[i],
+            greedy_refs.hf_outputs[i],
+            res["output_ids"],
+            f"thread {k}",
+        )
 
 
 def test_async_generate_gather(engine, hf_model, greedy_refs):
     async def run():
-        return await asyncio.gather(*(engine.async_generate(p, GREEDY) for p in greedy_refs.prompts[:8]))
+        return await asyncio.gather(
+            *(engine.async_generate(p, GREEDY) for p in greedy_refs.prompts[:8])
+        )
 
     outs = asyncio.run(run())
     for i, res in enumerate(outs):
-        assert_same_greedy(hf_model, greedy_refs.prompt_ids[i], greedy_refs.hf_outputs[i], res["output_ids"], f"async {i}")
+        assert_same_greedy(
+            hf_model,
+            greedy_refs.prompt_ids[i],
+            greedy_refs.hf_outputs[i],
+            res["output_ids"],
+            f"async {i}",
+        )
 
 
 def _run_in_thread(fn):
@@ -539,7 +610,9 @@ def _run_in_thread(fn):
 def test_abort_long_request(engine):
     rid = "abort-me-long"
     t, box = _run_in_thread(
-        lambda: engine.generate("Tell me everything.", {"max_new_tokens": 4000, "ignore_eos": True}, rid=rid)
+        lambda: engine.generate(
+            "Tell me everything.", {"max_new_tokens": 4000, "ignore_eos": True}, rid=rid
+        )
     )
     assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] == 1)
     engine.abort(rid)
@@ -553,7 +626,9 @@ def test_abort_long_request(engine):
 
 def test_async_cancel_aborts_request(engine):
     async def run():
-        coro = engine.async_generate("Tell me everything.", {"max_new_tokens": 4000, "ignore_eos": True})
+        coro = engine.async_generate(
+            "Tell me everything.", {"max_new_tokens": 4000, "ignore_eos": True}
+        )
         with pytest.raises(asyncio.TimeoutError):
             await asyncio.wait_for(coro, timeout=1.0)
 
@@ -562,10 +637,14 @@ def test_async_cancel_aborts_request(engine):
 
 
 def test_duplicate_rids_in_one_batch_do_not_hang(engine):
-    t, box = _run_in_thread(lambda: engine.generate(["Hi", "Hello"], {"max_new_tokens": 2}, rid=["dup", "dup"]))
+    t, box = _run_in_thread(
+        lambda: engine.generate(["Hi", "Hello"], {"max_new_tokens": 2}, rid=["dup", "dup"])
+    )
     t.join(timeout=8)
     assert not t.is_alive(), "generate(rid=['dup', 'dup']) never returned"
-    assert "out" in box or (isinstance(box.get("err"), sgl.InvalidRequestError) and box["err"].param == "rid")
+    assert "out" in box or (
+        isinstance(box.get("err"), sgl.InvalidRequestError) and box["err"].param == "rid"
+    )
 
 
 def test_oversized_top_logprobs_num_fails_alone(engine):
@@ -574,8 +653,13 @@ def test_oversized_top_logprobs_num_fails_alone(engine):
     try:
         assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] == 1)
         try:
-            res = engine.generate("Hello there", {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0,
-                                  top_logprobs_num=VOCAB + 1)
+            res = engine.generate(
+                "Hello there",
+                {"max_new_tokens": 1},
+                return_logprob=True,
+                logprob_start_len=0,
+                top_logprobs_num=VOCAB + 1,
+            )
         except sgl.InvalidRequestError as exc:
             assert exc.param == "top_logprobs_num"
         else:
@@ -589,8 +673,11 @@ def test_oversized_top_logprobs_num_fails_alone(engine):
 def test_abort_by_rid_with_n_greater_than_one(engine):
     rid = "abort-me-n2"
     t, box = _run_in_thread(
-        lambda: engine.generate("Tell me everything.", {"max_new_tokens": 4000, "ignore_eos": True, "n": 2,
-                                                        "temperature": 0.8}, rid=rid)
+        lambda: engine.generate(
+            "Tell me everything.",
+            {"max_new_tokens": 4000, "ignore_eos": True, "n": 2, "temperature": 0.8},
+            rid=rid,
+        )
     )
     try:
         assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] == 2)

@@ -57,7 +57,9 @@ def _check_greedy_outputs(hf, refs, outs, what, max_new=GREEDY_MAX_NEW):
     for i, (ids, want, out) in enumerate(zip(refs.prompt_ids, refs.hf_outputs, outs)):
         want = truncate_at_eos(want[:max_new])
         assert_same_greedy(hf, ids, want, out["output_ids"], f"{what}, prompt {i}")
-        assert out["text"] == refs.tokenizer.decode(out["output_ids"], skip_special_tokens=True), f"{what}, prompt {i}"
+        assert out["text"] == refs.tokenizer.decode(out["output_ids"], skip_special_tokens=True), (
+            f"{what}, prompt {i}"
+        )
 
 
 # --------------------------------------------------------------------------- logprobs
@@ -90,9 +92,13 @@ def _check_top(logp_row: torch.Tensor, top: list, n: int, what: str) -> None:
     assert len(top) == n, what
     for r, entry in enumerate(top):
         value, tid = entry[0], entry[1]
-        assert abs(value - float(vals[r])) <= LOGPROB_ATOL, f"{what} rank {r}: {value} vs HF {float(vals[r])}"
+        assert abs(value - float(vals[r])) <= LOGPROB_ATOL, (
+            f"{what} rank {r}: {value} vs HF {float(vals[r])}"
+        )
         if tid != int(idx[r]):  # only a tie may reorder: the engine's id must score the same in HF
-            assert abs(float(logp_row[tid]) - float(vals[r])) < NEAR_TIE, f"{what} rank {r}: id {tid} vs HF {int(idx[r])}"
+            assert abs(float(logp_row[tid]) - float(vals[r])) < NEAR_TIE, (
+                f"{what} rank {r}: id {tid} vs HF {int(idx[r])}"
+            )
     assert len({e[1] for e in top}) == n, f"{what}: duplicate ids in top list"
 
 
@@ -100,7 +106,10 @@ def _check_top(logp_row: torch.Tensor, top: list, n: int, what: str) -> None:
 def test_input_logprobs_match_hf(engine, hf_model, greedy_refs, which):
     ids = greedy_refs.prompt_ids[which]
     res = engine.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=0,
         top_logprobs_num=5,
     )
     assert res["output_ids"] == []
@@ -111,12 +120,15 @@ def test_input_logprobs_match_hf(engine, hf_model, greedy_refs, which):
 def test_output_logprobs_match_hf(engine, hf_model, greedy_refs):
     ids = greedy_refs.prompt_ids[1]
     res = engine.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}, return_logprob=True,
-        logprob_start_len=0, top_logprobs_num=4,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 1, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=4,
     )
     _check_input_logprobs(hf_model, ids, res, 0, 4)
     logp = torch.log_softmax(hf_logits(hf_model, ids)[-1], dim=-1)
-    (value, tid, _), = res["meta_info"]["output_token_logprobs"]
+    ((value, tid, _),) = res["meta_info"]["output_token_logprobs"]
     assert res["output_ids"] == [tid]
     assert abs(float(logp[tid]) - float(logp.max())) < NEAR_TIE  # greedy picked HF's argmax
     assert abs(value - float(logp[tid])) <= LOGPROB_ATOL
@@ -128,8 +140,11 @@ def test_long_prompt_logprobs_chunked_match_hf(chunked_engine, hf_model):
     ids = chunked_engine.encode(long_text(3))
     assert len(ids) > 300
     res = chunked_engine.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}, return_logprob=True,
-        logprob_start_len=0, top_logprobs_num=3,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 1, "temperature": 0},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
     )
     _check_input_logprobs(hf_model, ids, res, 0, 3)
     logp = torch.log_softmax(hf_logits(hf_model, ids)[-1], dim=-1)
@@ -145,7 +160,10 @@ def test_logprobs_after_cached_prefix_chunked_match_hf(chunked_engine, hf_model)
     ids = base + e.encode(" To sum up, the printing press changed how people learned and argued.")
     start = len(base) - 5
     res = e.generate(
-        input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start,
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 0},
+        return_logprob=True,
+        logprob_start_len=start,
         top_logprobs_num=2,
     )
     assert res["meta_info"]["cached_tokens"] == start - 1
@@ -209,7 +227,9 @@ def test_greedy_without_radix_cache(hf_model, greedy_refs, batch_outputs):
         for outs, what in ((first, "no-radix"), (second, "no-radix again")):
             _check_greedy_outputs(hf_model, greedy_refs, outs, what)
             for ids, a, b in zip(greedy_refs.prompt_ids, batch_outputs, outs):
-                assert_same_greedy(hf_model, ids, a["output_ids"], b["output_ids"], f"radix vs {what}")
+                assert_same_greedy(
+                    hf_model, ids, a["output_ids"], b["output_ids"], f"radix vs {what}"
+                )
         assert e.get_server_info()["available_kv_tokens"] == e.get_server_info()["max_total_tokens"]
     finally:
         e.shutdown()
@@ -277,6 +297,8 @@ def test_retraction_keeps_greedy_outputs(engine, tiny_engine, hf_model):
     for x, a, b in zip(ids, ref, outs):
         assert len(b["output_ids"]) == 64
         assert b["meta_info"]["finish_reason"] == {"type": "length", "length": 64}
-        assert_same_greedy(hf_model, x, a["output_ids"], b["output_ids"], "unconstrained vs tiny pool")
+        assert_same_greedy(
+            hf_model, x, a["output_ids"], b["output_ids"], "unconstrained vs tiny pool"
+        )
         assert b["text"] == tiny_engine.tokenizer.decode(b["output_ids"], skip_special_tokens=True)
     assert_pool_whole_after_flush(tiny_engine)

@@ -15,17 +15,24 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 def test_engine_quickstart_runs():
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "engine_quickstart.py")], capture_output=True, text=True, timeout=300
+        [sys.executable, str(EXAMPLES / "engine_quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     assert "{'type': 'length', 'length': 12}" in lines[0]
     assert sum("cached prompt tokens" in line for line in lines) == 3
     # The system prompt is shared: the second and third chat requests hit the cache.
-    cached = [int(line.rsplit(": ", 1)[1].rstrip(")")) for line in lines if "cached prompt tokens" in line]
+    cached = [
+        int(line.rsplit(": ", 1)[1].rstrip(")")) for line in lines if "cached prompt tokens" in line
+    ]
     assert cached[0] == 0 and cached[1] > 0 and cached[2] > 0
     assert any(line.startswith("stream:") for line in lines)
-    assert "8" not in next(line for line in lines if line.startswith("stream:"))  # the stop string is trimmed
+    assert "8" not in next(
+        line for line in lines if line.startswith("stream:")
+    )  # the stop string is trimmed
 
 
 def test_constrained_decoding_example_outputs_are_in_their_languages():
@@ -33,21 +40,33 @@ def test_constrained_decoding_example_outputs_are_in_their_languages():
     import re
 
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "constrained_decoding.py")], capture_output=True, text=True, timeout=300
+        [sys.executable, str(EXAMPLES / "constrained_decoding.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in proc.stdout.splitlines() if ":" in line}
+    lines = {
+        line.split(":", 1)[0]: line.split(":", 1)[1].strip()
+        for line in proc.stdout.splitlines()
+        if ":" in line
+    }
     assert re.fullmatch(r"([01][0-9]|2[0-3]):[0-5][0-9]", lines["regex"])
     items = lines["ebnf"].split(" {")[0]
     assert re.fullmatch(r'\["[a-z]+"(,"[a-z]+")*\]', items) and json.loads(items)
     assert "city" in lines["json_schema"]
-    email = r"[a-z]+@[a-z]+\.(com|org)"  # the example's, written out: 8 tokens, sampled, yet complete
+    email = (
+        r"[a-z]+@[a-z]+\.(com|org)"  # the example's, written out: 8 tokens, sampled, yet complete
+    )
     assert all(re.fullmatch(email, t) for t in json.loads(lines["budget"]))
 
 
 def test_cpu_quantized_example_reports_each_layout():
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "cpu_quantized.py")], capture_output=True, text=True, timeout=300
+        [sys.executable, str(EXAMPLES / "cpu_quantized.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
@@ -61,12 +80,17 @@ def test_cpu_quantized_example_reports_each_layout():
 
 def test_model_families_example_loads_each_and_refuses_an_unknown_key():
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "model_families.py")], capture_output=True, text=True, timeout=300
+        [sys.executable, str(EXAMPLES / "model_families.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split(":")[0]: line for line in proc.stdout.splitlines() if ":" in line}
     assert "features=['logit_cap', 'sliding_window']" in lines["Gemma2ForCausalLM"]
     assert "features=['sliding_window']" in lines["MistralForCausalLM"]
-    assert "experts=4" in lines["MixtralForCausalLM"] and "experts=8" in lines["Qwen3MoeForCausalLM"]
+    assert (
+        "experts=4" in lines["MixtralForCausalLM"] and "experts=8" in lines["Qwen3MoeForCausalLM"]
+    )
     assert sum(line.endswith("tokens=8") for line in lines.values()) == 7
     assert "config key 'hidden_act' = 'relu'" in lines["refused"]

@@ -24,7 +24,11 @@ EXAMPLES = ROOT / "examples"
 
 def run_example(name: str) -> list[str]:
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / name)], cwd=ROOT, capture_output=True, text=True, timeout=240
+        [sys.executable, str(EXAMPLES / name)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, f"exit code {proc.returncode}\n{proc.stderr[-3000:]}"
     return proc.stdout.splitlines()
@@ -37,7 +41,9 @@ def values(lines: list[str], prefix: str) -> list[str]:
 
 def load_example(name: str):
     """Import an example as a module (only `import sgl` runs; no model is started)."""
-    spec = importlib.util.spec_from_file_location(f"lang_example_{Path(name).stem}", EXAMPLES / name)
+    spec = importlib.util.spec_from_file_location(
+        f"lang_example_{Path(name).stem}", EXAMPLES / name
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -68,7 +74,9 @@ def test_few_shot_qa():
     module = load_example("few_shot_qa.py")
     assert len(topics) == 5 and all(x.rsplit(" -> ", 1)[1] in module.TOPICS for x in topics)
     numbers = values(lines, "gen_int:")
-    assert len(numbers) == 3 and all(re.fullmatch(r"-?\d+", x.rsplit(" -> ", 1)[1]) for x in numbers)
+    assert len(numbers) == 3 and all(
+        re.fullmatch(r"-?\d+", x.rsplit(" -> ", 1)[1]) for x in numbers
+    )
 
 
 def test_json_extraction_outputs_validate_against_the_schema():
@@ -99,7 +107,11 @@ def test_parallel_fork():
 
 def test_run_batch_dataset_prints_one_result_per_input_line_in_order():
     lines = run_example("run_batch_dataset.py")
-    rows = [json.loads(x) for x in (EXAMPLES / "data" / "questions.jsonl").read_text().splitlines() if x.strip()]
+    rows = [
+        json.loads(x)
+        for x in (EXAMPLES / "data" / "questions.jsonl").read_text().splitlines()
+        if x.strip()
+    ]
     assert len(rows) >= 10
     results = [x for x in lines if x.startswith("result ")]
     assert len(results) == len(rows)
@@ -123,6 +135,8 @@ def test_tool_agent_calls_declared_functions_with_valid_arguments():
         name, rest = line.split(" ", 1)
         arguments, result = rest.split(" -> ")
         fn = module.BY_NAME[name]
-        jsonschema.validate(json.loads(arguments), module.function_tool(fn)["function"]["parameters"])
+        jsonschema.validate(
+            json.loads(arguments), module.function_tool(fn)["function"]["parameters"]
+        )
         assert json.loads(result) == fn(**json.loads(arguments))
     assert len(values(lines, "answer:")) == 2

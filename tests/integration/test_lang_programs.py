@@ -39,7 +39,9 @@ def few_shot_qa(s, question):
 
 
 def test_few_shot_qa_with_stop_equals_hf_greedy(backend, engine, hf_model):
-    state = few_shot_qa.run(question="What is the capital of France?", temperature=0, backend=backend)
+    state = few_shot_qa.run(
+        question="What is the capital of France?", temperature=0, backend=backend
+    )
     answer = state["answer"]
     assert "\n" not in answer
     meta = state.get_meta_info("answer")
@@ -72,7 +74,10 @@ def test_select_matches_hf_scores(backend, engine, hf_model):
 
     state = classify.run(text="I loved this film, it was wonderful!", backend=backend)
     prompt = "Text: I loved this film, it was wonderful!\nSentiment (positive or negative):"
-    scores = {c: _hf_choice_logprobs(hf_model, engine, prompt, c) for c in (" positive", " negative", " neutral")}
+    scores = {
+        c: _hf_choice_logprobs(hf_model, engine, prompt, c)
+        for c in (" positive", " negative", " neutral")
+    }
     expected = max(scores, key=lambda c: sum(scores[c]) / len(scores[c]))
     assert state["label"] == expected
     meta = state.get_meta_info("label")
@@ -87,10 +92,16 @@ def test_select_methods_and_gen_choices(backend):
         s += "The opposite of hot is"
         s += sgl.gen("word", choices=[" cold", " warm", " blue"], choices_method=method)
 
-    for method in (sgl.token_length_normalized, sgl.greedy_token_selection, sgl.unconditional_likelihood_normalized):
+    for method in (
+        sgl.token_length_normalized,
+        sgl.greedy_token_selection,
+        sgl.unconditional_likelihood_normalized,
+    ):
         state = pick.run(method=method, backend=backend)
         assert state["word"] in (" cold", " warm", " blue")
-    meta = pick.run(method=sgl.unconditional_likelihood_normalized, backend=backend).get_meta_info("word")
+    meta = pick.run(method=sgl.unconditional_likelihood_normalized, backend=backend).get_meta_info(
+        "word"
+    )
     assert len(meta["unconditional_token_logprobs"]) == 3
 
 
@@ -105,12 +116,18 @@ def test_gen_dtypes_match_their_regex(backend, dtype):
     for _ in range(3):
         state = typed.run(backend=backend)
         value = state["v"]
-        if state.get_meta_info("v")["finish_reason"]["type"] == "length":  # cut: a prefix of the language
+        if (
+            state.get_meta_info("v")["finish_reason"]["type"] == "length"
+        ):  # cut: a prefix of the language
             assert regex.fullmatch(pattern, value, partial=True), value
             continue
-        assert re.fullmatch(pattern, value) and value.strip() == value, value  # an ending blank is a stop, cut
+        assert re.fullmatch(pattern, value) and value.strip() == value, (
+            value
+        )  # an ending blank is a stop, cut
         # the oracle: Python reads it back as that type, and numbers and strings are JSON literals
-        assert type(ast.literal_eval(value)) is dtype or (dtype is float and "." not in value), value
+        assert type(ast.literal_eval(value)) is dtype or (dtype is float and "." not in value), (
+            value
+        )
         if dtype is not bool:
             assert type(json.loads(value)) in ((int, float) if dtype is float else (dtype,)), value
 
@@ -289,7 +306,11 @@ def test_run_batch_of_32_with_threads_and_progress_bar(backend, engine, capsys):
     questions = [f"What is {i} plus {i}?" for i in range(32)]
     before = engine.get_server_info()
     states = few_shot_qa.run_batch(
-        [{"question": q} for q in questions], temperature=0, num_threads=8, progress_bar=True, backend=backend
+        [{"question": q} for q in questions],
+        temperature=0,
+        num_threads=8,
+        progress_bar=True,
+        backend=backend,
     )
     assert len(states) == 32
     for q, st in zip(questions, states):
@@ -299,7 +320,9 @@ def test_run_batch_of_32_with_threads_and_progress_bar(backend, engine, capsys):
     assert "32/32" in capsys.readouterr().err  # the progress bar ran to the end
     after = engine.get_server_info()
     # The constant few-shot prefix was computed once up front: most prompt tokens were cached.
-    assert after["cached_tokens"] - before["cached_tokens"] >= 32 * len(engine.encode(FEW_SHOT)) * 0.8
+    assert (
+        after["cached_tokens"] - before["cached_tokens"] >= 32 * len(engine.encode(FEW_SHOT)) * 0.8
+    )
 
     # One failing item does not sink the others.
     items = [{"question": "ok?"}, {"question": None}, {"question": "fine?"}]
@@ -318,7 +341,9 @@ def test_default_backend_is_the_embedded_engine():
     result = {}
 
     def run():
-        result["state"] = few_shot_qa.run(question="What is the capital of Spain?", temperature=0, max_new_tokens=4)
+        result["state"] = few_shot_qa.run(
+            question="What is the capital of Spain?", temperature=0, max_new_tokens=4
+        )
         done.set()
 
     with api.swapped_default_backend(None):  # none set: the program builds the embedded model
@@ -328,5 +353,7 @@ def test_default_backend_is_the_embedded_engine():
         backend = sgl.get_default_backend()
         assert isinstance(backend, sgl.EngineBackend)
         assert result["state"]["answer"]
-        assert sgl.get_server_info()["finished_requests"] >= 1  # the engine the program built, not a fresh one
+        assert (
+            sgl.get_server_info()["finished_requests"] >= 1
+        )  # the engine the program built, not a fresh one
         backend.shutdown()

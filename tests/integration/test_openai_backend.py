@@ -126,7 +126,8 @@ def test_select_and_dtype_equal_native_with_logprob_scoring(text_api, native):
     meta = got.get_meta_info("label")
     assert meta["select_method"] == "logprobs"
     assert meta["normalized_prompt_logprobs"] == pytest.approx(
-        want.get_meta_info("label")["normalized_prompt_logprobs"], abs=1e-3)
+        want.get_meta_info("label")["normalized_prompt_logprobs"], abs=1e-3
+    )
     assert re.fullmatch(r"[-+]?[0-9]{1,18}", got["score"])
 
 
@@ -159,8 +160,10 @@ def test_select_on_chat_model_by_each_method(server_url, chat_api):
 
 def test_fork_and_run_batch_equal_native(text_api, chat_api, native):
     for mode in ("gather_variable", "concate_and_append"):
-        _same(branches.run(mode=mode, temperature=0, backend=text_api),
-              branches.run(mode=mode, temperature=0, backend=native))
+        _same(
+            branches.run(mode=mode, temperature=0, backend=text_api),
+            branches.run(mode=mode, temperature=0, backend=native),
+        )
     questions = [{"question": q} for q in ("Name a fruit.", "Name a color.", "Name a river.")]
     got = chat.run_batch(questions, temperature=0, backend=chat_api)
     want = chat.run_batch(questions, temperature=0, backend=native)
@@ -176,7 +179,10 @@ def test_streaming_equals_whole(mode, chat_api, text_api):
     assert len(pieces) > 2
     whole = chat.run(question="Name a fruit.", temperature=0, backend=api)
     assert "".join(pieces) == state["answer"] == whole["answer"]
-    assert state.get_meta_info("answer")["completion_tokens"] == whole.get_meta_info("answer")["completion_tokens"]
+    assert (
+        state.get_meta_info("answer")["completion_tokens"]
+        == whole.get_meta_info("answer")["completion_tokens"]
+    )
 
 
 SEPARATED = "a\u2028b\u0085c"  # str.splitlines breaks at both; SSE does not
@@ -223,29 +229,50 @@ def test_chat_model_refuses_gen_after_text_in_assistant_turn(chat_api):
         s += sgl.assistant(sgl.gen("a", max_tokens=4))
 
     calls = chat_api.token_usage.snapshot()["calls"]
-    for program, where in ((mid_turn, "after text already in the assistant turn"), (outside, "outside any role"),
-                           (loose, "text outside any role")):
+    for program, where in (
+        (mid_turn, "after text already in the assistant turn"),
+        (outside, "outside any role"),
+        (loose, "text outside any role"),
+    ):
         with pytest.raises(sgl.ProgramError, match="chat model") as info:
             program.run(backend=chat_api)
-        assert where in str(info.value.__cause__) and "is_chat_model=False" in str(info.value.__cause__)
+        assert where in str(info.value.__cause__) and "is_chat_model=False" in str(
+            info.value.__cause__
+        )
     assert chat_api.token_usage.snapshot()["calls"] == calls  # refused before any request
 
 
 def test_unenforceable_constraints_are_refused_naming_the_parameter(server_url):
     url = server_url + "/v1"
     cases = [
-        (sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
-         sgl.gen("x", regex=r"\d+", max_tokens=4), "regex"),
-        (sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
-         sgl.gen_int("x", max_tokens=4), "dtype=int"),
-        (sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
-         sgl.gen("x", json_schema=PERSON, max_tokens=4), "json_schema"),
-        (sgl.OpenAI("default", base_url=url, server_kind="llama.cpp", is_chat_model=False),
-         sgl.gen("x", regex=r"\d+", max_tokens=4), "regex"),
-        (sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
-         sgl.gen("x", top_k=5, max_tokens=4), "top_k"),
+        (
+            sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
+            sgl.gen("x", regex=r"\d+", max_tokens=4),
+            "regex",
+        ),
+        (
+            sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
+            sgl.gen_int("x", max_tokens=4),
+            "dtype=int",
+        ),
+        (
+            sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
+            sgl.gen("x", json_schema=PERSON, max_tokens=4),
+            "json_schema",
+        ),
+        (
+            sgl.OpenAI("default", base_url=url, server_kind="llama.cpp", is_chat_model=False),
+            sgl.gen("x", regex=r"\d+", max_tokens=4),
+            "regex",
+        ),
+        (
+            sgl.OpenAI("default", base_url=url, server_kind="openai", is_chat_model=False),
+            sgl.gen("x", top_k=5, max_tokens=4),
+            "top_k",
+        ),
     ]
     for api, expr, param in cases:
+
         @sgl.function
         def program(s, expr=expr):
             s += "Q: " + expr
@@ -253,7 +280,9 @@ def test_unenforceable_constraints_are_refused_naming_the_parameter(server_url):
         with pytest.raises(sgl.ProgramError) as info:
             program.run(backend=api)
         cause = info.value.__cause__
-        assert isinstance(cause, UnsupportedParameterError) and cause.param == param.split("=")[0], cause
+        assert (
+            isinstance(cause, UnsupportedParameterError) and cause.param == param.split("=")[0]
+        ), cause
         assert param in str(cause)
         assert api.token_usage.snapshot()["calls"] == 0
 
@@ -264,7 +293,11 @@ def test_unenforceable_constraints_are_refused_naming_the_parameter(server_url):
 @sgl.function(num_api_spec_tokens=48)
 def people(s, age_label):
     s += "Name: Alice\nAge: 30\nCity: Paris\n\nName: Bob\nAge: 25\nCity: London\n\nName:"
-    s += sgl.gen("name", max_tokens=8, stop="\n") + f"\n{age_label}:" + sgl.gen("age", max_tokens=4, stop="\n")
+    s += (
+        sgl.gen("name", max_tokens=8, stop="\n")
+        + f"\n{age_label}:"
+        + sgl.gen("age", max_tokens=4, stop="\n")
+    )
     s += "\nCity:" + sgl.gen("city", max_tokens=8, stop="\n")
 
 
@@ -305,15 +338,28 @@ class _Stub:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802
-                stub.requests.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+                stub.requests.append(
+                    json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                )
                 if stub.failures:
                     status, headers = stub.failures.pop(0)
-                    payload = json.dumps({"error": {"message": "busy", "type": "server_error"}}).encode()
+                    payload = json.dumps(
+                        {"error": {"message": "busy", "type": "server_error"}}
+                    ).encode()
                 else:
                     status, headers = 200, {}
-                    payload = json.dumps({"id": "c1", "object": "text_completion", "choices": [
-                        {"index": 0, "text": " 4", "finish_reason": "stop"}],
-                        "usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}}).encode()
+                    payload = json.dumps(
+                        {
+                            "id": "c1",
+                            "object": "text_completion",
+                            "choices": [{"index": 0, "text": " 4", "finish_reason": "stop"}],
+                            "usage": {
+                                "prompt_tokens": 5,
+                                "completion_tokens": 2,
+                                "total_tokens": 7,
+                            },
+                        }
+                    ).encode()
                 self.send_response(status)
                 for k, v in {"Content-Type": "application/json", **headers}.items():
                     self.send_header(k, v)
@@ -344,23 +390,38 @@ def arithmetic(s):
 
 def test_retries_429_and_503_then_answers():
     with _Stub([(429, {"Retry-After": "0"}), (503, {})]) as stub:
-        api = sgl.OpenAI("m", base_url=stub.url, server_kind="openai", is_chat_model=False, retry_backoff=0.001)
+        api = sgl.OpenAI(
+            "m", base_url=stub.url, server_kind="openai", is_chat_model=False, retry_backoff=0.001
+        )
         state = arithmetic.run(temperature=0, backend=api)
         assert state["a"] == " 4"
         assert len(stub.requests) == 3 and stub.requests[0] == stub.requests[2]
-        assert api.token_usage.snapshot() == {"calls": 1, "prompt_tokens": 5, "completion_tokens": 2, "retries": 2}
+        assert api.token_usage.snapshot() == {
+            "calls": 1,
+            "prompt_tokens": 5,
+            "completion_tokens": 2,
+            "retries": 2,
+        }
 
 
 def test_gives_up_after_max_retries_and_never_retries_a_400():
     with _Stub([(503, {})] * 3) as stub:
-        api = sgl.OpenAI("m", base_url=stub.url, server_kind="openai", is_chat_model=False, retry_backoff=0.001,
-                         max_retries=1)
+        api = sgl.OpenAI(
+            "m",
+            base_url=stub.url,
+            server_kind="openai",
+            is_chat_model=False,
+            retry_backoff=0.001,
+            max_retries=1,
+        )
         with pytest.raises(sgl.ProgramError) as info:
             arithmetic.run(backend=api)
         assert isinstance(info.value.__cause__, RemoteError) and info.value.__cause__.status == 503
         assert len(stub.requests) == 2
     with _Stub([(400, {})]) as stub:
-        api = sgl.OpenAI("m", base_url=stub.url, server_kind="openai", is_chat_model=False, retry_backoff=0.001)
+        api = sgl.OpenAI(
+            "m", base_url=stub.url, server_kind="openai", is_chat_model=False, retry_backoff=0.001
+        )
         with pytest.raises(sgl.ProgramError) as info:
             arithmetic.run(backend=api)
         assert info.value.__cause__.status == 400 and len(stub.requests) == 1
@@ -372,8 +433,12 @@ def test_example_runs_against_the_server(server_url):
     from pathlib import Path
 
     example = Path(__file__).resolve().parents[2] / "examples" / "openai_backend.py"
-    proc = subprocess.run([sys.executable, str(example), "--base-url", server_url + "/v1"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(example), "--base-url", server_url + "/v1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = {line.split(":", 1)[0]: line for line in proc.stdout.splitlines()}
     assert lines["server kind"].endswith("sgl")
@@ -388,7 +453,9 @@ def test_example_runs_against_the_server(server_url):
 def test_programs_run_with_the_frontend_alone(server_url):
     """What `pip install sgl` gives (no torch, transformers, numpy, fastapi...: made unimportable
     here) runs programs against a server, natively (a shipped batch included) and through /v1."""
-    program = BLOCK_RUNTIME + f"""
+    program = (
+        BLOCK_RUNTIME
+        + f"""
 import json, re, sgl
 
 @sgl.function
@@ -410,8 +477,14 @@ reply = chat.run(backend=sgl.OpenAI("default", base_url={server_url + "/v1"!r}),
 print(json.dumps({{"n": [one["n"]] + [b["n"] for b in batch], "big": [one["big"]] + [b["big"] for b in batch],
                   "reply": reply["reply"]}}))
 """
-    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(out["n"]) == 3 and all(re.fullmatch(r"[0-9]{1,3}", n) for n in out["n"]), out

@@ -61,26 +61,38 @@ def _same(a: sgl.ProgramState, b: sgl.ProgramState) -> None:
 
 
 def test_chat_select_and_forks_match_in_process(remote, local):
-    _same(chat.run(question="Name a planet.", temperature=0, backend=remote),
-          chat.run(question="Name a planet.", temperature=0, backend=local))
+    _same(
+        chat.run(question="Name a planet.", temperature=0, backend=remote),
+        chat.run(question="Name a planet.", temperature=0, backend=local),
+    )
     r = classify.run(text="Great food, lovely staff.", temperature=0, backend=remote)
     lo = classify.run(text="Great food, lovely staff.", temperature=0, backend=local)
     _same(r, lo)
     assert r.get_meta_info("label")["normalized_prompt_logprobs"] == pytest.approx(
-        lo.get_meta_info("label")["normalized_prompt_logprobs"], abs=1e-4)
+        lo.get_meta_info("label")["normalized_prompt_logprobs"], abs=1e-4
+    )
     for mode in ("gather_variable", "concate_and_append"):
-        _same(branches.run(mode=mode, temperature=0, backend=remote), branches.run(mode=mode, temperature=0, backend=local))
+        _same(
+            branches.run(mode=mode, temperature=0, backend=remote),
+            branches.run(mode=mode, temperature=0, backend=local),
+        )
 
 
 def test_streaming_over_http(remote, local):
     state = chat.run(question="Name a fruit.", temperature=0, stream=True, backend=remote)
     pieces = list(state.text_iter())
     assert len(pieces) > 2
-    assert "".join(pieces) == state.text() == chat.run(question="Name a fruit.", temperature=0, backend=local).text()
+    assert (
+        "".join(pieces)
+        == state.text()
+        == chat.run(question="Name a fruit.", temperature=0, backend=local).text()
+    )
 
 
 def test_run_batch_over_http(remote, local):
-    items = [{"question": f"Give a word that rhymes with {w}."} for w in ("cat", "sun", "tree", "cake")]
+    items = [
+        {"question": f"Give a word that rhymes with {w}."} for w in ("cat", "sun", "tree", "cake")
+    ]
     remote_states = chat.run_batch(items, temperature=0, backend=remote)
     local_states = chat.run_batch(items, temperature=0, backend=local)
     assert [s["answer"] for s in remote_states] == [s["answer"] for s in local_states]
@@ -97,7 +109,9 @@ def test_remote_errors_and_abandoned_streams(remote, engine):
     assert cause.status == 400 and "regex" in str(cause).lower()
 
     # A stream abandoned after its first piece: the connection closes and the server aborts.
-    pieces = remote.generate_stream("Once upon a time", {"max_new_tokens": 200, "ignore_eos": True}, {})
+    pieces = remote.generate_stream(
+        "Once upon a time", {"max_new_tokens": 200, "ignore_eos": True}, {}
+    )
     next(pieces)
     pieces.close()
     assert wait_until(lambda: kv_all_returned(engine), timeout=30)

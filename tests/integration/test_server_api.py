@@ -42,7 +42,9 @@ def post(url: str, path: str, body: dict, **kw) -> requests.Response:
 
 
 def chat_prompt(engine, messages: list[dict]) -> str:
-    return engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
 
 
 def same_result(got: dict, want: dict) -> None:
@@ -72,11 +74,23 @@ def test_generate_equals_engine(url, engine):
 
 def test_generate_input_ids_with_logprobs(url, engine):
     ids = engine.encode("Once upon a time")
-    req = {"input_ids": ids, "sampling_params": {**GREEDY, "max_new_tokens": 6}, "return_logprob": True,
-           "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True}
+    req = {
+        "input_ids": ids,
+        "sampling_params": {**GREEDY, "max_new_tokens": 6},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    }
     got = post(url, "/generate", req).json()
-    want = engine.generate(input_ids=ids, sampling_params=req["sampling_params"], return_logprob=True,
-                           logprob_start_len=0, top_logprobs_num=2, return_text_in_logprobs=True)
+    want = engine.generate(
+        input_ids=ids,
+        sampling_params=req["sampling_params"],
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+    )
     same_result(got, want)
     for key in ("output_token_logprobs", "input_token_logprobs"):
         g, w = got["meta_info"][key], want["meta_info"][key]
@@ -90,7 +104,10 @@ def test_generate_input_ids_with_logprobs(url, engine):
 
 
 def test_generate_stream_is_cumulative(url, engine):
-    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+    body = {
+        "text": "The capital of France is",
+        "sampling_params": {"max_new_tokens": 16, "temperature": 0},
+    }
     want = engine.generate(body["text"], body["sampling_params"])
     with post(url, "/generate", {**body, "stream": True}, stream=True) as resp:
         assert resp.status_code == 200
@@ -115,7 +132,9 @@ def test_generate_stream_of_a_batch_with_n_samples(url, engine):
     sp = {"max_new_tokens": 8, "temperature": 0.8, "seed": 5, "n": 2}
     wants = engine.generate(prompts, sp)
     assert len(wants) == 4
-    with post(url, "/generate", {"text": prompts, "sampling_params": sp, "stream": True}, stream=True) as resp:
+    with post(
+        url, "/generate", {"text": prompts, "sampling_params": sp, "stream": True}, stream=True
+    ) as resp:
         assert resp.status_code == 200, resp.text
         events = list(sse_events(resp))
     assert events[-1] == "[DONE]"
@@ -125,27 +144,37 @@ def test_generate_stream_of_a_batch_with_n_samples(url, engine):
     assert sorted(by_index) == [0, 1, 2, 3]
     for i, chunks in by_index.items():
         for a, b in zip(chunks, chunks[1:]):
-            assert b["text"].startswith(a["text"]) and b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
+            assert (
+                b["text"].startswith(a["text"])
+                and b["output_ids"][: len(a["output_ids"])] == a["output_ids"]
+            )
             assert a["meta_info"]["finish_reason"] is None
         same_result(chunks[-1], wants[i])
 
 
 def test_tokenize(url, engine):
-    assert post(url, "/tokenize", {"text": "Hello world"}).json() == {"input_ids": engine.encode("Hello world")}
+    assert post(url, "/tokenize", {"text": "Hello world"}).json() == {
+        "input_ids": engine.encode("Hello world")
+    }
     texts = ["a b c", "<|im_start|>user"]
-    assert post(url, "/tokenize", {"text": texts}).json() == {"input_ids": [engine.encode(t) for t in texts]}
-
+    assert post(url, "/tokenize", {"text": texts}).json() == {
+        "input_ids": [engine.encode(t) for t in texts]
+    }
 
 
 def test_tokenize_in_sglangs_and_vllms_bodies(url, engine):
     tok = engine.tokenizer
     for prompt, special in (("Hello world", True), ("Hello world", False)):
         want = list(tok(prompt, add_special_tokens=special).input_ids)
-        got = post(url, "/tokenize", {"model": MODEL, "prompt": prompt, "add_special_tokens": special}).json()
+        got = post(
+            url, "/tokenize", {"model": MODEL, "prompt": prompt, "add_special_tokens": special}
+        ).json()
         assert got == {"tokens": want, "count": len(want), "max_model_len": engine.context_len}
     texts = ["a b c", "<|im_start|>user"]
     got = post(url, "/v1/tokenize", {"prompt": texts}).json()
-    assert got["tokens"] == [list(tok(t).input_ids) for t in texts] and got["count"] == [len(t) for t in got["tokens"]]
+    assert got["tokens"] == [list(tok(t).input_ids) for t in texts] and got["count"] == [
+        len(t) for t in got["tokens"]
+    ]
     msgs = [{"role": "user", "content": "Hi there"}]
     rendered = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     got = post(url, "/tokenize", {"model": MODEL, "messages": msgs}).json()
@@ -158,15 +187,26 @@ def test_detokenize_round_trips_tokenize(url, engine):
     ids = post(url, "/tokenize", {"prompt": "The quick brown fox"}).json()["tokens"]
     want = engine.tokenizer.decode(ids, skip_special_tokens=True)
     assert want.strip() == "The quick brown fox"
-    assert post(url, "/detokenize", {"model": MODEL, "tokens": ids}).json() == {"text": want, "prompt": want}
+    assert post(url, "/detokenize", {"model": MODEL, "tokens": ids}).json() == {
+        "text": want,
+        "prompt": want,
+    }
     eos = engine.tokenizer.eos_token_id
-    both = post(url, "/v1/detokenize", {"tokens": [ids, ids + [eos]], "skip_special_tokens": False}).json()
-    assert both["text"] == [engine.tokenizer.decode(ids), engine.tokenizer.decode(ids + [eos])] == both["prompt"]
+    both = post(
+        url, "/v1/detokenize", {"tokens": [ids, ids + [eos]], "skip_special_tokens": False}
+    ).json()
+    assert (
+        both["text"]
+        == [engine.tokenizer.decode(ids), engine.tokenizer.decode(ids + [eos])]
+        == both["prompt"]
+    )
     assert_error(post(url, "/detokenize", {"tokens": "abc"}), 400, "tokens")
     vocab = engine.model_config.vocab_size
     for bad in ([vocab], [[1], [-1]]):
-        assert str(bad[-1][0] if isinstance(bad[-1], list) else bad[-1]) in \
-            assert_error(post(url, "/detokenize", {"tokens": bad}), 400, "tokens")["message"]
+        assert (
+            str(bad[-1][0] if isinstance(bad[-1], list) else bad[-1])
+            in assert_error(post(url, "/detokenize", {"tokens": bad}), 400, "tokens")["message"]
+        )
 
 
 def test_retrieve_model(url):
@@ -176,8 +216,10 @@ def test_retrieve_model(url):
     assert "no-such/model" in err["message"]
 
 
-CUSTOM_TEMPLATE = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]\n{% endfor %}"
-                   "{% if add_generation_prompt %}[assistant]{% endif %}")
+CUSTOM_TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}[/{{ m['role'] }}]\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant]{% endif %}"
+)
 
 
 def test_chat_template_file_sets_the_served_template(engine, tmp_path):
@@ -189,18 +231,26 @@ def test_chat_template_file_sets_the_served_template(engine, tmp_path):
     try:
         use_chat_template(tok, read_chat_template(str(path)))
         msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
-        assert engine.render_messages(msgs) == "[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]"
+        assert (
+            engine.render_messages(msgs)
+            == "[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]"
+        )
         roles = ChatTemplate.from_hf_tokenizer(tok)
         assert (roles.prefix["user"], roles.suffix["user"]) == ("[user]", "[/user]\n")
         with ServerThread(create_app(engine, MODEL)) as templated:
             got = post(templated, "/tokenize", {"messages": msgs}).json()["tokens"]
-            assert got == list(tok("[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]",
-                                   add_special_tokens=False).input_ids)
+            assert got == list(
+                tok(
+                    "[system]Be brief.[/system]\n[user]Hi[/user]\n[assistant]",
+                    add_special_tokens=False,
+                ).input_ids
+            )
             body = {"messages": msgs, "max_tokens": 1, "temperature": 0}
             usage = post(templated, "/v1/chat/completions", body).json()["usage"]
             assert usage["prompt_tokens"] == len(engine.encode(engine.render_messages(msgs)))
     finally:
         tok.chat_template = before
+
 
 def test_model_and_server_info(url, engine):
     info = requests.get(url + "/get_model_info", timeout=30).json()
@@ -211,7 +261,11 @@ def test_model_and_server_info(url, engine):
     assert info["vocab_size"] == engine.model_config.vocab_size
     assert info["context_length"] == engine.context_len
     assert info["eos_token_ids"] == list(engine.eos_token_ids)
-    assert info["chat_roles"] == {"prefix": tmpl.prefix, "suffix": tmpl.suffix, "default_system": tmpl.default_system}
+    assert info["chat_roles"] == {
+        "prefix": tmpl.prefix,
+        "suffix": tmpl.suffix,
+        "default_system": tmpl.default_system,
+    }
 
     server = requests.get(url + "/get_server_info", timeout=30).json()
     direct = engine.get_server_info()
@@ -232,8 +286,11 @@ def test_abort_request_ends_a_running_generation(url, engine):
     result: dict = {}
 
     def run() -> None:
-        body = {"text": "Count:", "rid": rid,
-                "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0}}
+        body = {
+            "text": "Count:",
+            "rid": rid,
+            "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True, "temperature": 0},
+        }
         result["out"] = post(url, "/generate", body).json()
 
     t = threading.Thread(target=run)
@@ -247,8 +304,15 @@ def test_abort_request_ends_a_running_generation(url, engine):
 
 def test_openapi_describes_the_api(url):
     spec = requests.get(url + "/openapi.json", timeout=30).json()
-    for path in ("/generate", "/tokenize", "/v1/chat/completions", "/v1/completions", "/v1/extract",
-                 "/get_model_info", "/metrics"):
+    for path in (
+        "/generate",
+        "/tokenize",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/extract",
+        "/get_model_info",
+        "/metrics",
+    ):
         assert path in spec["paths"], path
     chat_schema = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     for field in ("messages", "max_tokens", "response_format", "stream_options", "regex", "top_k"):
@@ -265,8 +329,11 @@ def test_openapi_declares_400_not_fastapi_422_for_invalid_bodies(url):
             if op.get("requestBody"):
                 assert "400" in op["responses"], (method, path)
     # the server does answer an invalid body with 400, as declared
-    resp = requests.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": "many"}},
-                         timeout=30)
+    resp = requests.post(
+        url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": "many"}},
+        timeout=30,
+    )
     assert resp.status_code == 400 and resp.json()["error"]["param"]
     assert "422" in spec["paths"]["/v1/extract"]["post"]["responses"]  # its own: output cut short
 
@@ -274,7 +341,10 @@ def test_openapi_declares_400_not_fastapi_422_for_invalid_bodies(url):
 # ---------------------------------------------------------------------------- OpenAI
 
 
-MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fruit."}]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a fruit."},
+]
 
 
 def test_chat_completion_equals_engine_on_templated_prompt(url, engine):
@@ -294,8 +364,11 @@ def test_chat_completion_equals_engine_on_templated_prompt(url, engine):
     assert resp["model"] == MODEL and resp["object"] == "chat.completion"
 
     # "default" names the served model too; max_completion_tokens is max_tokens' newer name
-    alt = post(url, "/v1/chat/completions", {"model": "default", "messages": MESSAGES,
-                                             "max_completion_tokens": 12, "temperature": 0}).json()
+    alt = post(
+        url,
+        "/v1/chat/completions",
+        {"model": "default", "messages": MESSAGES, "max_completion_tokens": 12, "temperature": 0},
+    ).json()
     assert alt["choices"][0]["message"]["content"] == want["text"]
 
 
@@ -313,7 +386,9 @@ def test_chat_stream_pieces_concatenate_to_the_answer(url):
     text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
     assert text == full["choices"][0]["message"]["content"]
     reasons = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
-    assert reasons[-1] == full["choices"][0]["finish_reason"] and all(r is None for r in reasons[:-1])
+    assert reasons[-1] == full["choices"][0]["finish_reason"] and all(
+        r is None for r in reasons[:-1]
+    )
     usage_chunk = chunks[-1]
     assert usage_chunk["choices"] == []
     for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
@@ -327,7 +402,9 @@ def test_chat_n_samples_streamed_and_not(url):
     assert [c["index"] for c in resp["choices"]] == [0, 1]
     assert 2 <= resp["usage"]["completion_tokens"] <= 2 * 6  # both samples counted
     again = post(url, "/v1/chat/completions", body).json()  # same seed, same samples
-    assert [c["message"]["content"] for c in again["choices"]] == [c["message"]["content"] for c in resp["choices"]]
+    assert [c["message"]["content"] for c in again["choices"]] == [
+        c["message"]["content"] for c in resp["choices"]
+    ]
 
     with post(url, "/v1/chat/completions", {**body, "stream": True}, stream=True) as r:
         chunks = [e for e in sse_events(r) if e != "[DONE]"]
@@ -340,7 +417,10 @@ def test_chat_response_format_json_schema_and_json_object(url):
         "messages": [{"role": "user", "content": "Invent a person. Answer in JSON."}],
         "max_tokens": 64,
         "temperature": 0,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
     }
     resp = post(url, "/v1/chat/completions", body).json()
     assert resp["choices"][0]["finish_reason"] == "stop", resp
@@ -360,7 +440,13 @@ def test_chat_response_format_json_schema_and_json_object(url):
 
 
 def test_chat_logprobs(url):
-    body = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 6,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 3,
+    }
     resp = post(url, "/v1/chat/completions", body).json()
     ChatCompletionResponse.model_validate(resp)
     content = resp["choices"][0]["logprobs"]["content"]
@@ -377,22 +463,33 @@ def test_completions_equal_engine(url, engine):
     body = {"model": MODEL, "prompt": prompts, "max_tokens": 8, "temperature": 0, "stop": ["\n"]}
     resp = post(url, "/v1/completions", body).json()
     CompletionResponse.model_validate(resp)
-    wants = [engine.generate(p, {"max_new_tokens": 8, "temperature": 0, "stop": ["\n"]}) for p in prompts]
+    wants = [
+        engine.generate(p, {"max_new_tokens": 8, "temperature": 0, "stop": ["\n"]}) for p in prompts
+    ]
     assert [c["text"] for c in resp["choices"]] == [w["text"] for w in wants]
     assert resp["usage"]["prompt_tokens"] == sum(w["meta_info"]["prompt_tokens"] for w in wants)
-    assert resp["usage"]["completion_tokens"] == sum(w["meta_info"]["completion_tokens"] for w in wants)
+    assert resp["usage"]["completion_tokens"] == sum(
+        w["meta_info"]["completion_tokens"] for w in wants
+    )
 
     # token-id prompt, logprobs, echo
     ids = engine.encode(prompts[0])
-    resp = post(url, "/v1/completions", {"prompt": ids, "max_tokens": 4, "temperature": 0, "logprobs": 2}).json()
+    resp = post(
+        url, "/v1/completions", {"prompt": ids, "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    ).json()
     lp = resp["choices"][0]["logprobs"]
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 4
     assert "".join(lp["tokens"]) == resp["choices"][0]["text"]
-    assert all(len(top) <= 2 and max(top.values()) >= tlp - 1e-6
-               for top, tlp in zip(lp["top_logprobs"], lp["token_logprobs"]))
+    assert all(
+        len(top) <= 2 and max(top.values()) >= tlp - 1e-6
+        for top, tlp in zip(lp["top_logprobs"], lp["token_logprobs"])
+    )
 
-    resp = post(url, "/v1/completions", {"prompt": prompts[0], "max_tokens": 4, "temperature": 0, "echo": True,
-                                         "logprobs": 1}).json()
+    resp = post(
+        url,
+        "/v1/completions",
+        {"prompt": prompts[0], "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1},
+    ).json()
     choice = resp["choices"][0]
     assert choice["text"].startswith(prompts[0])
     assert len(choice["logprobs"]["tokens"]) == len(ids) + 4
@@ -411,22 +508,36 @@ def test_unset_max_tokens_is_as_many_as_fit(tiny_engine):
         assert [c["finish_reason"] for c in resp["choices"]] == ["length", "length"], resp
         assert resp["usage"]["completion_tokens"] == 2 * (room // 2)
         msgs = [{"role": "user", "content": "Count: " + "1 2 3 " * 40}]
-        resp = post(small_url, "/v1/chat/completions", {"messages": msgs, "temperature": 0, "ignore_eos": True}).json()
+        resp = post(
+            small_url,
+            "/v1/chat/completions",
+            {"messages": msgs, "temperature": 0, "ignore_eos": True},
+        ).json()
         used = resp["usage"]["prompt_tokens"]
         assert resp["choices"][0]["finish_reason"] == "length", resp
-        assert resp["usage"]["completion_tokens"] == tiny_engine.get_server_info()["max_total_tokens"] - 1 - used
+        assert (
+            resp["usage"]["completion_tokens"]
+            == tiny_engine.get_server_info()["max_total_tokens"] - 1 - used
+        )
         assert wait_until(lambda: kv_whole(small_url), timeout=60)
 
 
 def test_completions_stream(url):
     body = {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0}
     full = post(url, "/v1/completions", body).json()
-    with post(url, "/v1/completions", {**body, "stream": True, "stream_options": {"include_usage": True}},
-              stream=True) as r:
+    with post(
+        url,
+        "/v1/completions",
+        {**body, "stream": True, "stream_options": {"include_usage": True}},
+        stream=True,
+    ) as r:
         events = list(sse_events(r))
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == full["choices"][0]["text"]
+    assert (
+        "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        == full["choices"][0]["text"]
+    )
     assert chunks[-1]["usage"]["completion_tokens"] == full["usage"]["completion_tokens"]
 
 
@@ -443,13 +554,23 @@ def test_extract_returns_schema_valid_data(url):
     assert usage["prompt_tokens"] > 0 and usage["completion_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
-    body = {"messages": [{"role": "user", "content": "I'm Bob."}, {"role": "assistant", "content": "Hi Bob!"},
-                         {"role": "user", "content": "I turned 27 today."}],
-            "schema": PERSON, "instructions": "Extract the user's name and age."}
+    body = {
+        "messages": [
+            {"role": "user", "content": "I'm Bob."},
+            {"role": "assistant", "content": "Hi Bob!"},
+            {"role": "user", "content": "I turned 27 today."},
+        ],
+        "schema": PERSON,
+        "instructions": "Extract the user's name and age.",
+    }
     out = post(url, "/v1/extract", body).json()
     jsonschema.validate(out["data"], PERSON)
 
-    schema = {"type": "array", "items": {"type": "string", "enum": ["red", "green", "blue"]}, "maxItems": 3}
+    schema = {
+        "type": "array",
+        "items": {"type": "string", "enum": ["red", "green", "blue"]},
+        "maxItems": 3,
+    }
     out = post(url, "/v1/extract", {"text": "The flag is red and blue.", "schema": schema}).json()
     jsonschema.validate(out["data"], schema)
 
@@ -461,7 +582,10 @@ def test_extract_cut_by_token_limit_is_422(url):
 
 
 def test_extract_bad_input_is_400(url):
-    bad_schema = {"type": "object", "properties": {"a": {"type": "array", "contains": {"type": "string"}}}}
+    bad_schema = {
+        "type": "object",
+        "properties": {"a": {"type": "array", "contains": {"type": "string"}}},
+    }
     err = assert_error(post(url, "/v1/extract", {"text": "x", "schema": bad_schema}), 400, "schema")
     assert "contains" in err["message"]
     assert_error(post(url, "/v1/extract", {"schema": PERSON}), 400, "text")
@@ -474,21 +598,36 @@ def test_extract_bad_input_is_400(url):
 
 def test_metrics_parse_and_count_requests(url):
     before = parse_metrics(requests.get(url + "/metrics", timeout=30).text)
-    for name in ("sgl:num_running_reqs", "sgl:num_waiting_reqs", "sgl:token_usage", "sgl:cache_hit_rate",
-                 "sgl:prompt_tokens_total", "sgl:generation_tokens_total", "sgl:cached_tokens_total",
-                 "sgl:num_requests_total", "sgl:time_to_first_token_seconds_count",
-                 "sgl:time_per_output_token_seconds_count", "sgl:e2e_request_latency_seconds_count"):
+    for name in (
+        "sgl:num_running_reqs",
+        "sgl:num_waiting_reqs",
+        "sgl:token_usage",
+        "sgl:cache_hit_rate",
+        "sgl:prompt_tokens_total",
+        "sgl:generation_tokens_total",
+        "sgl:cached_tokens_total",
+        "sgl:num_requests_total",
+        "sgl:time_to_first_token_seconds_count",
+        "sgl:time_per_output_token_seconds_count",
+        "sgl:e2e_request_latency_seconds_count",
+    ):
         metric(before, name)
-    out = post(url, "/generate", {"text": "Hello there", "sampling_params": {"max_new_tokens": 4}}).json()
+    out = post(
+        url, "/generate", {"text": "Hello there", "sampling_params": {"max_new_tokens": 4}}
+    ).json()
     post(url, "/v1/chat/completions", {"messages": MESSAGES, "max_tokens": 3}).raise_for_status()
     resp = requests.get(url + "/metrics", timeout=30)
     assert resp.headers["content-type"].startswith("text/plain")
     after = parse_metrics(resp.text)
     assert metric(after, "sgl:num_requests_total") == metric(before, "sgl:num_requests_total") + 2
-    assert metric(after, "sgl:prompt_tokens_total") >= metric(before, "sgl:prompt_tokens_total") + \
-        out["meta_info"]["prompt_tokens"]
-    assert metric(after, "sgl:generation_tokens_total") >= metric(before, "sgl:generation_tokens_total") + \
-        out["meta_info"]["completion_tokens"]
+    assert (
+        metric(after, "sgl:prompt_tokens_total")
+        >= metric(before, "sgl:prompt_tokens_total") + out["meta_info"]["prompt_tokens"]
+    )
+    assert (
+        metric(after, "sgl:generation_tokens_total")
+        >= metric(before, "sgl:generation_tokens_total") + out["meta_info"]["completion_tokens"]
+    )
     for h in ("time_to_first_token_seconds", "e2e_request_latency_seconds"):
         assert metric(after, f"sgl:{h}_count") == metric(before, f"sgl:{h}_count") + 2
         inf = [v for k, v in after.items() if k.startswith(f"sgl:{h}_bucket") and 'le="+Inf"' in k]
@@ -507,8 +646,11 @@ def test_concurrent_streaming_clients(url):
     n = CONCURRENT_CLIENTS
 
     def body(i: int) -> dict:
-        return {"messages": [{"role": "user", "content": f"Say the number {i}."}], "max_tokens": 8,
-                "temperature": 0}
+        return {
+            "messages": [{"role": "user", "content": f"Say the number {i}."}],
+            "max_tokens": 8,
+            "temperature": 0,
+        }
 
     # the oracle: each request alone, not streamed
     wants = [post(url, "/v1/chat/completions", body(i)).json() for i in range(n)]
@@ -541,11 +683,15 @@ def test_concurrent_streaming_clients(url):
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in with_choices)
         assert text == want["choices"][0]["message"]["content"], (i, text, want)
         reasons = [c["choices"][0]["finish_reason"] for c in with_choices]
-        assert reasons[-1] == want["choices"][0]["finish_reason"] and all(r is None for r in reasons[:-1]), i
+        assert reasons[-1] == want["choices"][0]["finish_reason"] and all(
+            r is None for r in reasons[:-1]
+        ), i
         usage = chunks[-1]["usage"]
         assert chunks[-1]["choices"] == []
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             assert usage[key] == want["usage"][key], (i, key)
         assert usage["completion_tokens"] <= 8
     assert len({events[0]["id"] for events in results}) == n
-    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(
+        url + "/get_server_info", timeout=30
+    ).json()

@@ -10,8 +10,11 @@ from server_helpers import ServerThread
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
-PREFLIGHT = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
-             "Access-Control-Request-Headers": "authorization,content-type"}
+PREFLIGHT = {
+    "Origin": "https://app.example",
+    "Access-Control-Request-Method": "POST",
+    "Access-Control-Request-Headers": "authorization,content-type",
+}
 
 
 def test_no_cors_headers_by_default(engine):
@@ -23,13 +26,32 @@ def test_no_cors_headers_by_default(engine):
 
 
 def test_configured_origins_only_and_the_key_still_required(engine):
-    with ServerThread(create_app(engine, "m", api_key="k", cors_allow_origins=["https://app.example"])) as url:
+    with ServerThread(
+        create_app(engine, "m", api_key="k", cors_allow_origins=["https://app.example"])
+    ) as url:
         pre = requests.options(url + "/v1/chat/completions", headers=PREFLIGHT, timeout=30)
-        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
-        other = requests.options(url + "/v1/chat/completions", headers={**PREFLIGHT, "Origin": "https://evil.example"},
-                                 timeout=30)
+        assert (
+            pre.status_code == 200
+            and pre.headers["access-control-allow-origin"] == "https://app.example"
+        )
+        other = requests.options(
+            url + "/v1/chat/completions",
+            headers={**PREFLIGHT, "Origin": "https://evil.example"},
+            timeout=30,
+        )
         assert other.headers.get("access-control-allow-origin") != "https://evil.example"
-        assert requests.get(url + "/v1/models", headers={"Origin": "https://app.example"}, timeout=30).status_code == 401
-        ok = requests.get(url + "/v1/models", headers={"Origin": "https://app.example", "Authorization": "Bearer k"},
-                          timeout=30)
-        assert ok.status_code == 200 and ok.headers["access-control-allow-origin"] == "https://app.example"
+        assert (
+            requests.get(
+                url + "/v1/models", headers={"Origin": "https://app.example"}, timeout=30
+            ).status_code
+            == 401
+        )
+        ok = requests.get(
+            url + "/v1/models",
+            headers={"Origin": "https://app.example", "Authorization": "Bearer k"},
+            timeout=30,
+        )
+        assert (
+            ok.status_code == 200
+            and ok.headers["access-control-allow-origin"] == "https://app.example"
+        )

@@ -51,16 +51,27 @@ MAX_EXAMPLES = int(os.environ.get("SGL_FUZZ_MAX_EXAMPLES", "40"))
 # seed (SGL_FUZZ_SEED) to explore other bodies.
 SEED = os.environ.get("SGL_FUZZ_SEED")
 # Streams are read to their end (at most 4 x 8 tokens per prompt, so a few hundred events).
-CONFIG = schemathesis.Config.from_dict({"seed": int(SEED or 0), "request-timeout": 60, "max-stream-events": 100_000})
+CONFIG = schemathesis.Config.from_dict(
+    {"seed": int(SEED or 0), "request-timeout": 60, "max-stream-events": 100_000}
+)
 # Hypothesis: no example database, no `explain` phase; its health checks about slowness are
 # off (a generation is a real forward pass), none else.
 SETTINGS = hypothesis.settings(
-    max_examples=MAX_EXAMPLES, derandomize=SEED is None, database=None, deadline=None,
-    suppress_health_check=[hypothesis.HealthCheck.too_slow], print_blob=False,
+    max_examples=MAX_EXAMPLES,
+    derandomize=SEED is None,
+    database=None,
+    deadline=None,
+    suppress_health_check=[hypothesis.HealthCheck.too_slow],
+    print_blob=False,
     phases=[hypothesis.Phase.explicit, hypothesis.Phase.generate, hypothesis.Phase.shrink],
 )
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
-          response_headers_conformance]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+    response_headers_conformance,
+]
 # Each call, by operation label ("POST /generate") and status: the proof that every operation was driven.
 CALLS: collections.Counter = collections.Counter()
 STREAMS: collections.Counter = collections.Counter()  # streamed answers whose events were validated
@@ -72,9 +83,16 @@ def fuzz_engine():
     import sgl
 
     engine = sgl.Engine(
-        model_path="tiny-llama", load_format="dummy", random_seed=0, context_length=256, max_total_tokens=4096,
+        model_path="tiny-llama",
+        load_format="dummy",
+        random_seed=0,
+        context_length=256,
+        max_total_tokens=4096,
         # Every generation short: a larger max_tokens / n is a 413 (itself under test).
-        max_new_tokens_limit=8, max_n=4, max_running_requests=16, max_queued_requests=16,
+        max_new_tokens_limit=8,
+        max_n=4,
+        max_running_requests=16,
+        max_queued_requests=16,
     )
     yield engine
     engine.shutdown()
@@ -105,18 +123,24 @@ def sse_events_conform(openapi: dict, case, response) -> None:
     (schemathesis validates the event envelope; the JSON inside is this check's.)"""
     if not response.headers.get("content-type", [""])[0].startswith("text/event-stream"):
         return
-    declared = openapi["paths"][case.operation.path][case.method.lower()]["responses"][str(response.status_code)]
+    declared = openapi["paths"][case.operation.path][case.method.lower()]["responses"][
+        str(response.status_code)
+    ]
     data_schema = declared["content"]["text/event-stream"]["itemSchema"]["properties"]["data"]
     (json_branch,) = [b for b in data_schema["anyOf"] if "contentSchema" in b]
     validator = jsonschema.Draft202012Validator(json_branch["contentSchema"])
     text = response.content.decode("utf-8")
-    assert not response.stream_cut_short, "raise max-stream-events: the stream was not read to its end"
-    datas = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    assert not response.stream_cut_short, (
+        "raise max-stream-events: the stream was not read to its end"
+    )
+    datas = [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
     assert datas and datas[-1] == "[DONE]", f"the stream does not end with [DONE]: {datas[-3:]}"
     assert "[DONE]" not in datas[:-1]
     for data in datas[:-1]:
         errors = sorted(validator.iter_errors(json.loads(data)), key=lambda e: list(e.path))
-        assert not errors, f"an event does not match its declared schema: {errors[0].message}\n{data[:2000]}"
+        assert not errors, (
+            f"an event does not match its declared schema: {errors[0].message}\n{data[:2000]}"
+        )
     STREAMS[case.operation.label] += 1
 
 
@@ -153,9 +177,12 @@ def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
     (hypothesis shrinks each to a minimal body first). Then: enough real requests, every
     operation among them, and the server healthy with its whole KV pool free once flushed."""
     schema = schemathesis.openapi.from_url(server + "/openapi.json", config=CONFIG)
-    operations = [result.ok() for result in schema.get_all_operations()]  # a malformed definition raises here
+    operations = [
+        result.ok() for result in schema.get_all_operations()
+    ]  # a malformed definition raises here
     assert {op.label for op in operations} == {
-        f"{method.upper()} {path}" for path, ops in openapi["paths"].items() for method in ops}
+        f"{method.upper()} {path}" for path, ops in openapi["paths"].items() for method in ops
+    }
     failures: list[str] = []
     for operation in operations:
         for example in operation.get_strategies_from_examples():  # the documented examples first
@@ -170,8 +197,10 @@ def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
             except (AssertionError, FailureGroup) as e:
                 failures.append(f"{operation.label} (example): {e}")
         coverage = schema.iter_coverage_cases(
-            operation, generation_modes=list(GenerationMode),
-            generation_config=schema.config.generation_for(operation=operation, phase="coverage"))
+            operation,
+            generation_modes=list(GenerationMode),
+            generation_config=schema.config.generation_for(operation=operation, phase="coverage"),
+        )
         for case in coverage:
             try:
                 _call(case, server, http, openapi)
@@ -179,6 +208,7 @@ def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
                 failures.append(f"{operation.label} (coverage): {e}")
         modes = list(GenerationMode) if _has_inputs(operation) else [GenerationMode.POSITIVE]
         for mode in modes:
+
             @SETTINGS
             @hypothesis.given(case=operation.as_strategy(generation_mode=mode))
             def fuzz(case):
@@ -196,14 +226,20 @@ def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
     by_operation: collections.Counter = collections.Counter()
     for (label, _status), n in CALLS.items():
         by_operation[label] += n
-    print(f"\n{sum(CALLS.values())} requests: {dict(sorted(by_operation.items()))}; streamed: {dict(STREAMS)}")
+    print(
+        f"\n{sum(CALLS.values())} requests: {dict(sorted(by_operation.items()))}; streamed: {dict(STREAMS)}"
+    )
     assert set(by_operation) >= {op.label for op in operations}
     assert sum(CALLS.values()) >= MIN_REQUESTS, dict(by_operation)
     assert not [key for key in CALLS if key[1] >= 500]
 
     assert requests.get(server + "/health", timeout=30).status_code == 200
-    for sid in OPENED_SESSIONS:  # an open session's finished turns pin their KV (404: the fuzz closed it)
-        assert requests.post(server + "/close_session", json={"session_id": sid}, timeout=30).status_code in (200, 404)
+    for (
+        sid
+    ) in OPENED_SESSIONS:  # an open session's finished turns pin their KV (404: the fuzz closed it)
+        assert requests.post(
+            server + "/close_session", json={"session_id": sid}, timeout=30
+        ).status_code in (200, 404)
     # Nothing leaked: once idle and flushed, every KV slot is free (a request the fuzz
     # abandoned may still be finishing: wait for it, up to a deadline).
     deadline = time.monotonic() + 60
@@ -214,7 +250,11 @@ def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
             break
         assert time.monotonic() < deadline, f"the KV pool is not whole after the fuzz: {info}"
         time.sleep(0.2)
-    assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_open_sessions"] == 0
+    assert (
+        info["num_running_reqs"] == 0
+        and info["num_waiting_reqs"] == 0
+        and info["num_open_sessions"] == 0
+    )
 
 
 # ---------------------------------------------------------------------------- regressions
@@ -240,24 +280,57 @@ def assert_declared(openapi: dict, method: str, path: str, resp: requests.Respon
 def test_completion_echo_of_token_ids_out_of_the_vocabulary_is_a_400(server, openapi):
     """Was a 500: echo decoded the prompt's token ids before the engine checked them, and the
     tokenizer overflowed on 99999999999."""
-    body = {"budget_aware": None, "prompt": [99999999999, -681, 1013589942421990, -9858, -8195, 4881212, 15737685, 879,
-                                             129519, 15, -37937820, 14884034061, 21407, -7863, 4939853, 99020],
-            "echo": True, "repetition_penalty": None}
+    body = {
+        "budget_aware": None,
+        "prompt": [
+            99999999999,
+            -681,
+            1013589942421990,
+            -9858,
+            -8195,
+            4881212,
+            15737685,
+            879,
+            129519,
+            15,
+            -37937820,
+            14884034061,
+            21407,
+            -7863,
+            4939853,
+            99020,
+        ],
+        "echo": True,
+        "repetition_penalty": None,
+    }
     resp = requests.post(server + "/v1/completions", json=body, timeout=60)
     assert_error(resp, 400, "prompt")
     assert_declared(openapi, "post", "/v1/completions", resp)
-    batch = requests.post(server + "/v1/completions", json={"prompt": [[1, 2], [3, 49152]], "echo": True}, timeout=60)
+    batch = requests.post(
+        server + "/v1/completions", json={"prompt": [[1, 2], [3, 49152]], "echo": True}, timeout=60
+    )
     assert_error(batch, 400, "prompt")
-    ok = requests.post(server + "/v1/completions", json={"prompt": [1, 2, 3], "echo": True, "max_tokens": 2},
-                       timeout=60)
+    ok = requests.post(
+        server + "/v1/completions",
+        json={"prompt": [1, 2, 3], "echo": True, "max_tokens": 2},
+        timeout=60,
+    )
     assert ok.status_code == 200, ok.text
     assert_declared(openapi, "post", "/v1/completions", ok)
 
 
 def test_extract_for_an_unknown_model_is_a_declared_404(server, openapi):
     """Was undocumented: /v1/extract answers 404 for a model it does not serve."""
-    body = {"instructions": None, "max_tokens": 1, "messages": [], "model": "", "schema": {}, "seed": None,
-            "temperature": None, "text": None}
+    body = {
+        "instructions": None,
+        "max_tokens": 1,
+        "messages": [],
+        "model": "",
+        "schema": {},
+        "seed": None,
+        "temperature": None,
+        "text": None,
+    }
     resp = requests.post(server + "/v1/extract", json=body, timeout=60)
     assert_error(resp, 404, "model")
     assert_declared(openapi, "post", "/v1/extract", resp)
@@ -267,14 +340,30 @@ def test_a_streamed_chat_completion_is_a_declared_event_stream(server, openapi):
     """Was undocumented: `stream: true` answers text/event-stream, which the operation did not
     declare. Now declared, each event's JSON a `chat.completion.chunk`. (The fuzz's body, less
     the fields whose values its report withheld; max_tokens keeps the answer short.)"""
-    body = {"model": None, "n": 1, "stream": True, "stream_options": None, "logit_bias": {},
-            "messages": [{"role": "tool"}], "logprobs": False, "top_logprobs": 0, "response_format": None,
-            "tools": [], "tool_choice": None, "separate_reasoning": True, "max_tokens": 4}
+    body = {
+        "model": None,
+        "n": 1,
+        "stream": True,
+        "stream_options": None,
+        "logit_bias": {},
+        "messages": [{"role": "tool"}],
+        "logprobs": False,
+        "top_logprobs": 0,
+        "response_format": None,
+        "tools": [],
+        "tool_choice": None,
+        "separate_reasoning": True,
+        "max_tokens": 4,
+    }
     resp = requests.post(server + "/v1/chat/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     assert_declared(openapi, "post", "/v1/chat/completions", resp)
-    data = openapi["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]
-    (json_branch,) = [b for b in data["itemSchema"]["properties"]["data"]["anyOf"] if "contentSchema" in b]
+    data = openapi["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"][
+        "text/event-stream"
+    ]
+    (json_branch,) = [
+        b for b in data["itemSchema"]["properties"]["data"]["anyOf"] if "contentSchema" in b
+    ]
     events = list(sse_events(resp))
     assert events[-1] == "[DONE]" and len(events) > 1
     for event in events[:-1]:
@@ -300,15 +389,22 @@ def test_every_operation_declares_what_any_route_may_answer(fuzz_engine, openapi
     answers them, and declares them (the fuzz's server has no key, no small cap, no drain).
     (429, at capacity, needs requests held in flight: test_server_admission has it; its body
     is the same error response, declared by the same table.)"""
-    app = create_app(fuzz_engine, MODEL, api_key="k", max_request_bytes=1024, metrics_require_api_key=True)
+    app = create_app(
+        fuzz_engine, MODEL, api_key="k", max_request_bytes=1024, metrics_require_api_key=True
+    )
     key = {"Authorization": "Bearer k"}
     with ServerThread(app) as url:
         for path, ops in openapi["paths"].items():
             for method in ops:
                 no_key = requests.request(method, url + path, timeout=30)
-                assert no_key.status_code == (200 if path == "/health" else 401), (path, no_key.text)
+                assert no_key.status_code == (200 if path == "/health" else 401), (
+                    path,
+                    no_key.text,
+                )
                 assert_declared(openapi, method, path, no_key)
-                too_large = requests.request(method, url + path, data=b"x" * 2048, headers=key, timeout=30)
+                too_large = requests.request(
+                    method, url + path, data=b"x" * 2048, headers=key, timeout=30
+                )
                 assert_error(too_large, 413)
                 assert_declared(openapi, method, path, too_large)
         app.state.sgl.lifecycle.start_drain()
@@ -340,25 +436,44 @@ def test_a_profile_directory_the_file_system_cannot_take_is_a_400(server, openap
     assert os.path.isfile(trace) and os.sep + os.path.join("fuzz", "é") + os.sep in trace
 
 
-@pytest.mark.parametrize("path,body,param", [
-    ("/generate", {"text": "x\ud800y", "sampling_params": {"max_new_tokens": 2}}, "text"),
-    ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2, "stop": ["\udc00"]}}, "sampling_params"),
-    ("/tokenize", {"text": ["a", "x\ud800y"]}, "text"),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x\ud800y"}], "max_tokens": 2}, "messages"),
-    ("/v1/completions", {"prompt": "x\ud800y", "max_tokens": 2, "echo": True}, "prompt"),
-    ("/v1/extract", {"text": "\udc00", "schema": {}}, "text"),
-    ("/run_program", {"program": {"format_version": 1, "nodes": [{"type": "text", "text": "\ud800"}]}}, "program"),
-    ("/open_session", {"session_id": "x\ud800y"}, "session_id"),
-    ("/close_session", {"session_id": "\udc00"}, "session_id"),
-    ("/abort_request", {"rid": "\udc00"}, "rid"),
-    ("/start_profile", {"output_dir": "x\ud800y"}, "output_dir"),
-])
+@pytest.mark.parametrize(
+    "path,body,param",
+    [
+        ("/generate", {"text": "x\ud800y", "sampling_params": {"max_new_tokens": 2}}, "text"),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"max_new_tokens": 2, "stop": ["\udc00"]}},
+            "sampling_params",
+        ),
+        ("/tokenize", {"text": ["a", "x\ud800y"]}, "text"),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "x\ud800y"}], "max_tokens": 2},
+            "messages",
+        ),
+        ("/v1/completions", {"prompt": "x\ud800y", "max_tokens": 2, "echo": True}, "prompt"),
+        ("/v1/extract", {"text": "\udc00", "schema": {}}, "text"),
+        (
+            "/run_program",
+            {"program": {"format_version": 1, "nodes": [{"type": "text", "text": "\ud800"}]}},
+            "program",
+        ),
+        ("/open_session", {"session_id": "x\ud800y"}, "session_id"),
+        ("/close_session", {"session_id": "\udc00"}, "session_id"),
+        ("/abort_request", {"rid": "\udc00"}, "rid"),
+        ("/start_profile", {"output_dir": "x\ud800y"}, "output_dir"),
+    ],
+)
 def test_a_string_that_is_not_unicode_is_a_400_naming_the_field(server, openapi, path, body, param):
     """Was a 500 (the tokenizer, the file system or the answer's JSON failed on it): a lone
     surrogate, which a JSON `\\ud800` escape carries. Found probing beside the fuzz, whose
     generated strings are valid Unicode."""
-    resp = requests.post(server + path, data=json.dumps(body), headers={"Content-Type": "application/json"},
-                         timeout=60)
+    resp = requests.post(
+        server + path,
+        data=json.dumps(body),
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
     err = assert_error(resp, 400, param)
     assert "not valid Unicode" in err["message"]
     assert_declared(openapi, "post", path, resp)

@@ -21,7 +21,10 @@ pytestmark = pytest.mark.integration
 
 MODEL = "openai-client-model"
 KEY = "k"
-MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a fruit."}]
+MESSAGES = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": "Name a fruit."},
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,9 @@ def client(url):
 
 
 def chat_prompt(engine, messages: list[dict]) -> str:
-    return engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return engine.tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
 
 
 # ---------------------------------------------------------------------------- models
@@ -69,8 +74,12 @@ def test_models_list_names_the_served_model(client, engine):
 def test_chat_greedy_equals_engine_on_templated_prompt(client, engine, max_tokens):
     """3 tokens: cut by the limit ('length'); 48: long enough for the model to end its answer.
     Either way the server must report what the engine reports."""
-    resp = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=max_tokens, temperature=0)
-    want = engine.generate(chat_prompt(engine, MESSAGES), {"max_new_tokens": max_tokens, "temperature": 0})
+    resp = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=max_tokens, temperature=0
+    )
+    want = engine.generate(
+        chat_prompt(engine, MESSAGES), {"max_new_tokens": max_tokens, "temperature": 0}
+    )
     assert resp.object == "chat.completion" and resp.model == MODEL
     assert len(resp.choices) == 1
     choice = resp.choices[0]
@@ -81,10 +90,16 @@ def test_chat_greedy_equals_engine_on_templated_prompt(client, engine, max_token
     assert engine_reason in ("stop", "length")
     assert choice.finish_reason == engine_reason
     # 'length' exactly when the limit was reached
-    assert (choice.finish_reason == "length") == (want["meta_info"]["completion_tokens"] == max_tokens)
+    assert (choice.finish_reason == "length") == (
+        want["meta_info"]["completion_tokens"] == max_tokens
+    )
     assert resp.usage.prompt_tokens == want["meta_info"]["prompt_tokens"]
     assert resp.usage.prompt_tokens == len(engine.encode(chat_prompt(engine, MESSAGES)))
-    assert resp.usage.completion_tokens == want["meta_info"]["completion_tokens"] == len(want["output_ids"])
+    assert (
+        resp.usage.completion_tokens
+        == want["meta_info"]["completion_tokens"]
+        == len(want["output_ids"])
+    )
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
 
 
@@ -94,7 +109,11 @@ def test_chat_stream_deltas_concatenate_to_the_greedy_answer(client, engine):
     want = engine.generate(chat_prompt(engine, MESSAGES), {"max_new_tokens": 16, "temperature": 0})
     assert full.choices[0].message.content == want["text"]
 
-    chunks = list(client.chat.completions.create(**params, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            **params, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert len(chunks) >= 3  # role/first piece, more pieces, the usage chunk
     assert all(c.object == "chat.completion.chunk" and c.model == MODEL for c in chunks)
     assert len({c.id for c in chunks}) == 1
@@ -107,8 +126,14 @@ def test_chat_stream_deltas_concatenate_to_the_greedy_answer(client, engine):
 
     final = chunks[-1]
     assert final.choices == [] and final.usage is not None
-    assert final.usage.prompt_tokens == full.usage.prompt_tokens == want["meta_info"]["prompt_tokens"]
-    assert final.usage.completion_tokens == full.usage.completion_tokens == want["meta_info"]["completion_tokens"]
+    assert (
+        final.usage.prompt_tokens == full.usage.prompt_tokens == want["meta_info"]["prompt_tokens"]
+    )
+    assert (
+        final.usage.completion_tokens
+        == full.usage.completion_tokens
+        == want["meta_info"]["completion_tokens"]
+    )
     assert final.usage.total_tokens == final.usage.prompt_tokens + final.usage.completion_tokens
     assert all(c.usage is None for c in chunks[:-1])
 
@@ -120,25 +145,39 @@ def test_chat_response_format_json_schema_strict(client, engine):
         messages=messages,
         max_tokens=64,
         temperature=0,
-        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}},
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
     )
     assert resp.choices[0].finish_reason == "stop", resp
     content = resp.choices[0].message.content
     jsonschema.validate(json.loads(content), PERSON)
-    want = engine.generate(chat_prompt(engine, messages), {"max_new_tokens": 64, "temperature": 0, "json_schema": PERSON})
+    want = engine.generate(
+        chat_prompt(engine, messages),
+        {"max_new_tokens": 64, "temperature": 0, "json_schema": PERSON},
+    )
     assert content == want["text"]
 
 
 def test_chat_response_format_json_object(client, engine):
     # a prompt whose greedy JSON answer closes well within the limit (a vaguer one can nest forever)
-    messages = [{"role": "user", "content": "Give a JSON object with keys name and age for Bob, 30."}]
+    messages = [
+        {"role": "user", "content": "Give a JSON object with keys name and age for Bob, 30."}
+    ]
     resp = client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=64, temperature=0, response_format={"type": "json_object"},
+        model=MODEL,
+        messages=messages,
+        max_tokens=64,
+        temperature=0,
+        response_format={"type": "json_object"},
     )
     assert resp.choices[0].finish_reason == "stop", resp
     content = resp.choices[0].message.content
     assert isinstance(json.loads(content), dict)
-    want = engine.generate(chat_prompt(engine, messages), {"max_new_tokens": 64, "temperature": 0, "json_object": True})
+    want = engine.generate(
+        chat_prompt(engine, messages), {"max_new_tokens": 64, "temperature": 0, "json_object": True}
+    )
     assert content == want["text"]
 
 
@@ -147,15 +186,26 @@ def test_chat_response_format_json_object(client, engine):
 
 def test_completions_n_samples_are_indexed_and_seeded(client, engine):
     prompt = "My favourite animal is the"
-    params = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 1234, "n": 3}
+    params = {
+        "model": MODEL,
+        "prompt": prompt,
+        "max_tokens": 6,
+        "temperature": 1.0,
+        "seed": 1234,
+        "n": 3,
+    }
     resp = client.completions.create(**params)
     assert resp.object == "text_completion"
     assert [c.index for c in resp.choices] == [0, 1, 2]
     # oracle: the engine's own n == 3 sampling with the same seed (sample i is seeded seed + i)
     wants = engine.generate(prompt, {"max_new_tokens": 6, "temperature": 1.0, "seed": 1234, "n": 3})
     assert [c.text for c in resp.choices] == [w["text"] for w in wants]
-    assert [c.finish_reason for c in resp.choices] == [w["meta_info"]["finish_reason"]["type"] for w in wants]
-    assert resp.usage.prompt_tokens == wants[0]["meta_info"]["prompt_tokens"]  # the prompt counted once
+    assert [c.finish_reason for c in resp.choices] == [
+        w["meta_info"]["finish_reason"]["type"] for w in wants
+    ]
+    assert (
+        resp.usage.prompt_tokens == wants[0]["meta_info"]["prompt_tokens"]
+    )  # the prompt counted once
     assert resp.usage.completion_tokens == sum(w["meta_info"]["completion_tokens"] for w in wants)
     again = client.completions.create(**params)
     assert [c.text for c in again.choices] == [c.text for c in resp.choices]
@@ -163,9 +213,16 @@ def test_completions_n_samples_are_indexed_and_seeded(client, engine):
 
 def test_completions_logprobs_equal_engine(client, engine):
     prompt = "The opposite of hot is"
-    resp = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2)
-    want = engine.generate(prompt, {"max_new_tokens": 6, "temperature": 0}, return_logprob=True,
-                           top_logprobs_num=2, return_text_in_logprobs=True)
+    resp = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=2
+    )
+    want = engine.generate(
+        prompt,
+        {"max_new_tokens": 6, "temperature": 0},
+        return_logprob=True,
+        top_logprobs_num=2,
+        return_text_in_logprobs=True,
+    )
     choice = resp.choices[0]
     assert choice.text == want["text"]
     lp = choice.logprobs
@@ -176,7 +233,9 @@ def test_completions_logprobs_equal_engine(client, engine):
     for got, (wlp, _tid, _text) in zip(lp.token_logprobs, want_lp):
         assert got == pytest.approx(wlp, abs=1e-4)
     assert len(lp.top_logprobs) == len(lp.tokens)
-    for top, tlp, wtop in zip(lp.top_logprobs, lp.token_logprobs, want["meta_info"]["output_top_logprobs"]):
+    for top, tlp, wtop in zip(
+        lp.top_logprobs, lp.token_logprobs, want["meta_info"]["output_top_logprobs"]
+    ):
         assert 1 <= len(top) <= 2
         assert max(top.values()) == pytest.approx(tlp, abs=1e-4)  # greedy took the top token
         assert sorted(top.values()) == pytest.approx(sorted(w for w, _t, _x in wtop), abs=1e-4)
@@ -198,7 +257,9 @@ def test_unknown_model_is_not_found(client):
 
 def test_bad_regex_is_bad_request_with_param(client):
     with pytest.raises(openai.BadRequestError) as exc:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"regex": "("})
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=4, extra_body={"regex": "("}
+        )
     err = exc.value
     assert err.status_code == 400
     body = err.response.json()
@@ -224,7 +285,9 @@ def test_api_key(keyed_url, engine):
 
     right = make_client(keyed_url, api_key=KEY)
     assert [m.id for m in right.models.list().data] == [MODEL]
-    resp = right.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0)
+    resp = right.chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=4, temperature=0
+    )
     want = engine.generate(chat_prompt(engine, MESSAGES), {"max_new_tokens": 4, "temperature": 0})
     assert resp.choices[0].message.content == want["text"]
     right.close()

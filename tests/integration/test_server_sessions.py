@@ -16,8 +16,10 @@ from sgl.server import create_app
 pytestmark = pytest.mark.integration
 
 GREEDY = {"max_new_tokens": 8, "temperature": 0}
-STORY = ("The lighthouse keeper wrote in her log every evening: the weather, the ships that passed, "
-         "the birds on the rocks, and the colour of the sea at dusk. ") * 4
+STORY = (
+    "The lighthouse keeper wrote in her log every evening: the weather, the ships that passed, "
+    "the birds on the rocks, and the colour of the sea at dusk. "
+) * 4
 
 
 @pytest.fixture(scope="module")
@@ -44,13 +46,29 @@ def server_info(url: str) -> dict:
 def test_turns_continue_history_like_the_whole_tokens_sent_at_once(url, engine):
     sid = post(url, "/open_session", {}).json()
     assert isinstance(sid, str) and sid
-    t1 = post(url, "/generate", {"text": STORY + "Q: What did she write about?\nA:", "sampling_params": GREEDY,
-                                 "session_params": {"id": sid}}).json()
+    t1 = post(
+        url,
+        "/generate",
+        {
+            "text": STORY + "Q: What did she write about?\nA:",
+            "sampling_params": GREEDY,
+            "session_params": {"id": sid},
+        },
+    ).json()
     follow = "\nQ: And at dawn?\nA:"
-    t2 = post(url, "/generate", {"text": follow, "sampling_params": GREEDY,
-                                 "session_params": {"id": sid, "rid": t1["meta_info"]["id"]}}).json()
+    t2 = post(
+        url,
+        "/generate",
+        {
+            "text": follow,
+            "sampling_params": GREEDY,
+            "session_params": {"id": sid, "rid": t1["meta_info"]["id"]},
+        },
+    ).json()
     history = engine.encode(STORY + "Q: What did she write about?\nA:") + t1["output_ids"]
-    whole = post(url, "/generate", {"input_ids": history + engine.encode(follow), "sampling_params": GREEDY}).json()
+    whole = post(
+        url, "/generate", {"input_ids": history + engine.encode(follow), "sampling_params": GREEDY}
+    ).json()
     assert t2["output_ids"] == whole["output_ids"] and t2["text"] == whole["text"]
     assert t2["meta_info"]["prompt_tokens"] == whole["meta_info"]["prompt_tokens"]
     assert t2["meta_info"]["cached_tokens"] >= len(history) - 1
@@ -61,16 +79,29 @@ def test_turns_continue_history_like_the_whole_tokens_sent_at_once(url, engine):
 
     assert post(url, "/close_session", {"session_id": sid}).json() == {"success": True}
     assert_error(post(url, "/close_session", {"session_id": sid}), 404, "session_id")
-    assert_error(post(url, "/generate", {"text": follow, "sampling_params": GREEDY,
-                                         "session_params": {"id": sid, "rid": t1["meta_info"]["id"]}}),
-                 404, "session_params.id")  # closed: not found
+    assert_error(
+        post(
+            url,
+            "/generate",
+            {
+                "text": follow,
+                "sampling_params": GREEDY,
+                "session_params": {"id": sid, "rid": t1["meta_info"]["id"]},
+            },
+        ),
+        404,
+        "session_params.id",
+    )  # closed: not found
     assert wait_until(lambda: kv_all_returned(engine))
 
 
 def test_session_bad_input_is_a_400_naming_the_field(url):
     sid = post(url, "/open_session", {"capacity_tokens": 64, "timeout": 30}).json()
     cases = [
-        ({"text": "Hi", "session_params": {"id": sid, "rid": "no-such-turn"}}, "session_params.rid"),
+        (
+            {"text": "Hi", "session_params": {"id": sid, "rid": "no-such-turn"}},
+            "session_params.rid",
+        ),
         ({"text": "Hi", "session_params": {"id": sid, "replace": True}}, "session_params.replace"),
         ({"text": "Hi", "session_params": {"id": sid, "colour": 1}}, None),  # unknown field
         ({"text": "Hi " * 80, "session_params": {"id": sid}}, "max_new_tokens"),  # over capacity
@@ -95,9 +126,13 @@ def long_program(s, flood):
 
 def test_remote_program_keeps_its_prefix_cached_under_memory_pressure(small_url, tiny_engine):
     def flood() -> None:
-        for i in range(3):  # ~200 tokens each: beside the ~150 pinned, a 400-token pool keeps nothing else
+        for i in range(
+            3
+        ):  # ~200 tokens each: beside the ~150 pinned, a 400-token pool keeps nothing else
             text = f"Unrelated request {i}: " + " ".join(f"word{i}x{j}" for j in range(40))
-            assert post(small_url, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}).ok
+            assert post(
+                small_url, "/generate", {"text": text, "sampling_params": {"max_new_tokens": 1}}
+            ).ok
 
     remote = sgl.RuntimeEndpoint(small_url)
     state = long_program.run(flood=flood, temperature=0, backend=remote)

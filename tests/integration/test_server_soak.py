@@ -55,8 +55,10 @@ def test_soak_nothing_vanishes_or_leaks(soak_server):
     end = proc_status(pid)
     elapsed = time.monotonic() - t0
     print("\n".join(summary_lines(f)))
-    print(f"test process threads {start['threads']} -> {end['threads']}, RSS {start['rss_kb'] >> 10} -> "
-          f"{end['rss_kb'] >> 10} MB; soak {elapsed:.1f}s")
+    print(
+        f"test process threads {start['threads']} -> {end['threads']}, RSS {start['rss_kb'] >> 10} -> "
+        f"{end['rss_kb'] >> 10} MB; soak {elapsed:.1f}s"
+    )
 
     assert f["specs_sent"] == REQUESTS and not f["stopped_early"]
     assert f["vanished_or_broken"] == 0, json.dumps(f["broken_samples"], indent=1)
@@ -69,12 +71,21 @@ def test_soak_nothing_vanishes_or_leaks(soak_server):
     for endpoint in ("chat", "completions", "generate", "session"):
         assert any(k.startswith(endpoint + "/") for k in kinds), kinds
     assert f["outcomes"]["completed"] > REQUESTS // 2
-    assert f["outcomes"]["disconnected"] > 0 and f["outcomes"]["aborted"] > 0 and f["sessions_opened"] > 0
-    assert f["retractions"] > 0, "the long-output bursts no longer overfill the pool: retune POOL / MIX"
+    assert (
+        f["outcomes"]["disconnected"] > 0
+        and f["outcomes"]["aborted"] > 0
+        and f["sessions_opened"] > 0
+    )
+    assert f["retractions"] > 0, (
+        "the long-output bursts no longer overfill the pool: retune POOL / MIX"
+    )
     # the server settled: idle, abandoned sessions timed out, every KV slot free after a flush
     assert f["checks"]["idle_after_mix"], f
     assert f["checks"]["no_open_sessions_after_timeout"], f
-    assert f["checks"]["kv_pool_full_after_flush"], (f["kv_free_after_flush"], f["max_total_tokens"])
+    assert f["checks"]["kv_pool_full_after_flush"], (
+        f["kv_free_after_flush"],
+        f["max_total_tokens"],
+    )
     assert f["kv_free_after_flush"] == POOL
     # no threads left behind by disconnects, aborts or sessions
     assert end["threads"] <= start["threads"] + THREAD_MARGIN, (start, end)

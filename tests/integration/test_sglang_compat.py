@@ -23,16 +23,42 @@ pytestmark = pytest.mark.integration
 # Every sampling parameter SGLang 0.5's /generate takes, as its frontend sends them
 # (`SglSamplingParams.to_srt_kwargs`: empty lists, nulls) plus the rest of the API's fields.
 SGLANG_SAMPLING = {
-    "max_new_tokens": 6, "min_new_tokens": 0, "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [],
-    "temperature": 0.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0, "ignore_eos": False, "skip_special_tokens": True,
-    "spaces_between_special_tokens": True, "no_stop_trim": False, "regex": None, "json_schema": None, "ebnf": None,
-    "structural_tag": None, "custom_params": {"note": 1}, "stream_interval": None, "logit_bias": {},
+    "max_new_tokens": 6,
+    "min_new_tokens": 0,
+    "n": 1,
+    "stop": [],
+    "stop_token_ids": [],
+    "stop_regex": [],
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "ignore_eos": False,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "regex": None,
+    "json_schema": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "custom_params": {"note": 1},
+    "stream_interval": None,
+    "logit_bias": {},
     "sampling_seed": None,
 }
 # SGLang's other /generate fields, at their "off" values
-SGLANG_OFF_FIELDS = {"log_metrics": True, "return_hidden_states": False, "token_ids_logprob": None, "lora_path": None,
-                     "custom_logit_processor": None, "image_data": None, "modalities": None}
+SGLANG_OFF_FIELDS = {
+    "log_metrics": True,
+    "return_hidden_states": False,
+    "token_ids_logprob": None,
+    "lora_path": None,
+    "custom_logit_processor": None,
+    "image_data": None,
+    "modalities": None,
+}
 PROMPT = "The history of the printing press"
 
 
@@ -50,36 +76,93 @@ def generate(url: str, body: dict) -> dict:
 
 
 def greedy(url: str, n: int, **extra) -> dict:
-    return generate(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0,
-                                                              "ignore_eos": True, **extra}})
+    return generate(
+        url,
+        {
+            "text": PROMPT,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **extra},
+        },
+    )
 
 
 def test_every_sglang_sampling_parameter_is_accepted(url):
     got = generate(url, {"text": PROMPT, "sampling_params": SGLANG_SAMPLING, **SGLANG_OFF_FIELDS})
-    plain = generate(url, {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}})
+    plain = generate(
+        url, {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0}}
+    )
     assert got["text"] == plain["text"]  # [] / null / custom_params change nothing
-    assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"structural_tag": "{}"}},
-                               timeout=30), 400, "structural_tag.structures")
-    err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regexp": "x"}},
-                                     timeout=30), 400, "stop_regexp")
+    assert_error(
+        requests.post(
+            url + "/generate",
+            json={"text": PROMPT, "sampling_params": {"structural_tag": "{}"}},
+            timeout=30,
+        ),
+        400,
+        "structural_tag.structures",
+    )
+    err = assert_error(
+        requests.post(
+            url + "/generate",
+            json={"text": PROMPT, "sampling_params": {"stop_regexp": "x"}},
+            timeout=30,
+        ),
+        400,
+        "stop_regexp",
+    )
     assert "did you mean 'stop_regex'" in err["message"]
-    assert_error(requests.post(url + "/generate", json={"text": PROMPT, "sampling_params": {"stop_regex": "(?<=a)b"}},
-                               timeout=30), 400, "stop_regex")
-    for field, value in (("lora_path", "adapter-1"), ("return_hidden_states", True), ("image_data", "x.png")):
-        err = assert_error(requests.post(url + "/generate", json={"text": PROMPT, field: value}, timeout=30), 400, field)
+    assert_error(
+        requests.post(
+            url + "/generate",
+            json={"text": PROMPT, "sampling_params": {"stop_regex": "(?<=a)b"}},
+            timeout=30,
+        ),
+        400,
+        "stop_regex",
+    )
+    for field, value in (
+        ("lora_path", "adapter-1"),
+        ("return_hidden_states", True),
+        ("image_data", "x.png"),
+    ):
+        err = assert_error(
+            requests.post(url + "/generate", json={"text": PROMPT, field: value}, timeout=30),
+            400,
+            field,
+        )
         assert "not supported" in err["message"]
 
 
 def test_structural_tag_in_sglangs_form(url, engine):
     """SGLang's structural_tag (a JSON string): free text until the trigger, then the
     structure; a bias on "<" makes the model begin segments, which must then be valid."""
-    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
-              "required": ["n"], "additionalProperties": False}
-    tag = json.dumps({"type": "structural_tag", "triggers": ["<n>"],
-                      "structures": [{"begin": "<n>", "schema": schema, "end": "</n>"}]})
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    tag = json.dumps(
+        {
+            "type": "structural_tag",
+            "triggers": ["<n>"],
+            "structures": [{"begin": "<n>", "schema": schema, "end": "</n>"}],
+        }
+    )
     lt = engine.tokenizer("<").input_ids[-1]
-    outs = generate(url, {"text": ["Numbers: ", "Write <n>{\"n\": 5}</n>: "], "sampling_params": {
-        "structural_tag": tag, "max_new_tokens": 48, "temperature": 1.0, "n": 4, "seed": 3, "logit_bias": {str(lt): 6}}})
+    outs = generate(
+        url,
+        {
+            "text": ["Numbers: ", 'Write <n>{"n": 5}</n>: '],
+            "sampling_params": {
+                "structural_tag": tag,
+                "max_new_tokens": 48,
+                "temperature": 1.0,
+                "n": 4,
+                "seed": 3,
+                "logit_bias": {str(lt): 6},
+            },
+        },
+    )
     segments = 0
     for out in outs:
         text = out["text"]
@@ -110,7 +193,7 @@ def test_stop_regex_stops_at_the_first_match_across_tokens_and_trims(url, engine
     # A piece of the output that spans a token boundary, then a class: a regex that must be
     # matched over several tokens' text.
     cut = len(prefixes[4])
-    piece = full["text"][cut - 3: cut + 2]
+    piece = full["text"][cut - 3 : cut + 2]
     pattern = re.escape(piece[:-1]) + r"[^\n]"
     k, m = expected_stop(prefixes, pattern)
     got = greedy(url, 24, stop_regex=pattern)
@@ -118,20 +201,46 @@ def test_stop_regex_stops_at_the_first_match_across_tokens_and_trims(url, engine
     assert got["output_ids"] == ids[:k]
     assert got["meta_info"]["finish_reason"] == {"type": "stop", "matched": m.group(0)}
     kept = greedy(url, 24, stop_regex=[r"never-in-text[0-9]+", pattern], no_stop_trim=True)
-    assert kept["text"] == prefixes[k - 1] and kept["meta_info"]["finish_reason"]["matched"] == m.group(0)
+    assert kept["text"] == prefixes[k - 1] and kept["meta_info"]["finish_reason"][
+        "matched"
+    ] == m.group(0)
     # streamed: the pieces add up to the same trimmed text (text that might still match is held back)
-    events = [e for e in sse_events(requests.post(url + "/generate", json={
-        "text": PROMPT, "stream": True,
-        "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True, "stop_regex": pattern}},
-        stream=True, timeout=120)) if e != "[DONE]"]
-    assert events[-1]["text"] == got["text"] and all(got["text"].startswith(e["text"]) for e in events)
+    events = [
+        e
+        for e in sse_events(
+            requests.post(
+                url + "/generate",
+                json={
+                    "text": PROMPT,
+                    "stream": True,
+                    "sampling_params": {
+                        "max_new_tokens": 24,
+                        "temperature": 0,
+                        "ignore_eos": True,
+                        "stop_regex": pattern,
+                    },
+                },
+                stream=True,
+                timeout=120,
+            )
+        )
+        if e != "[DONE]"
+    ]
+    assert events[-1]["text"] == got["text"] and all(
+        got["text"].startswith(e["text"]) for e in events
+    )
     none = greedy(url, 24, stop_regex="QQQ[0-9]+")
     assert none["text"] == full["text"] and none["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_stream_interval_sends_a_chunk_every_n_tokens(engine):
-    chunks = list(engine.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True,
-                                           "stream_interval": 4}, stream=True))
+    chunks = list(
+        engine.generate(
+            PROMPT,
+            {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True, "stream_interval": 4},
+            stream=True,
+        )
+    )
     whole = engine.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
     assert [len(c["output_ids"]) for c in chunks] == [4, 4, 4]
     assert "".join(c["text"] for c in chunks) == whole["text"]
@@ -152,15 +261,37 @@ def test_streamed_logprobs_come_with_each_chunk_and_add_up(url, engine):
     lp = dict(return_logprob=True, top_logprobs_num=2, logprob_start_len=0)
     whole = engine.generate(PROMPT, sp, **lp)["meta_info"]
     chunks = list(engine.generate(PROMPT, sp, stream=True, **lp))
-    assert [len(c["meta_info"]["output_token_logprobs"]) for c in chunks] == [len(c["output_ids"]) for c in chunks]
-    assert [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]] == whole["output_token_logprobs"]
-    assert [e for c in chunks for e in c["meta_info"]["output_top_logprobs"]] == whole["output_top_logprobs"]
+    assert [len(c["meta_info"]["output_token_logprobs"]) for c in chunks] == [
+        len(c["output_ids"]) for c in chunks
+    ]
+    assert [e for c in chunks for e in c["meta_info"]["output_token_logprobs"]] == whole[
+        "output_token_logprobs"
+    ]
+    assert [e for c in chunks for e in c["meta_info"]["output_top_logprobs"]] == whole[
+        "output_top_logprobs"
+    ]
     assert chunks[0]["meta_info"]["input_token_logprobs"] == whole["input_token_logprobs"]
     assert all("input_token_logprobs" not in c["meta_info"] for c in chunks[1:])
     # the native server: text, ids and logprob entries so far in every event (as SGLang)
-    events = [e for e in sse_events(requests.post(url + "/generate", json={
-        "text": PROMPT, "sampling_params": sp, "stream": True, "return_logprob": True, "top_logprobs_num": 2,
-        "logprob_start_len": 0}, stream=True, timeout=120)) if e != "[DONE]"]
+    events = [
+        e
+        for e in sse_events(
+            requests.post(
+                url + "/generate",
+                json={
+                    "text": PROMPT,
+                    "sampling_params": sp,
+                    "stream": True,
+                    "return_logprob": True,
+                    "top_logprobs_num": 2,
+                    "logprob_start_len": 0,
+                },
+                stream=True,
+                timeout=120,
+            )
+        )
+        if e != "[DONE]"
+    ]
     assert all(len(e["meta_info"]["output_token_logprobs"]) == len(e["output_ids"]) for e in events)
     last = events[-1]["meta_info"]
     assert [list(x) for x in whole["output_token_logprobs"]] == last["output_token_logprobs"]
@@ -168,17 +299,37 @@ def test_streamed_logprobs_come_with_each_chunk_and_add_up(url, engine):
 
 
 def test_openai_stream_carries_each_chunks_logprobs(url):
-    body = {"model": "sgl-test", "messages": [{"role": "user", "content": "Name three fruits."}], "max_tokens": 10,
-            "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    body = {
+        "model": "sgl-test",
+        "messages": [{"role": "user", "content": "Name three fruits."}],
+        "max_tokens": 10,
+        "temperature": 0,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
     whole = requests.post(url + "/v1/chat/completions", json=body, timeout=120).json()["choices"][0]
-    events = [e for e in sse_events(requests.post(url + "/v1/chat/completions", json={**body, "stream": True},
-                                                  stream=True, timeout=120)) if e != "[DONE]"]
-    entries = [t for e in events for c in e["choices"] if c["logprobs"] for t in c["logprobs"]["content"]]
+    events = [
+        e
+        for e in sse_events(
+            requests.post(
+                url + "/v1/chat/completions",
+                json={**body, "stream": True},
+                stream=True,
+                timeout=120,
+            )
+        )
+        if e != "[DONE]"
+    ]
+    entries = [
+        t for e in events for c in e["choices"] if c["logprobs"] for t in c["logprobs"]["content"]
+    ]
     # the same entries (the second run reuses the cached prompt, so logprobs agree to rounding)
-    assert [(t["token"], [x["token"] for x in t["top_logprobs"]]) for t in entries] == \
-        [(t["token"], [x["token"] for x in t["top_logprobs"]]) for t in whole["logprobs"]["content"]]
-    assert [t["logprob"] for t in entries] == pytest.approx([t["logprob"] for t in whole["logprobs"]["content"]],
-                                                            abs=1e-4)
+    assert [(t["token"], [x["token"] for x in t["top_logprobs"]]) for t in entries] == [
+        (t["token"], [x["token"] for x in t["top_logprobs"]]) for t in whole["logprobs"]["content"]
+    ]
+    assert [t["logprob"] for t in entries] == pytest.approx(
+        [t["logprob"] for t in whole["logprobs"]["content"]], abs=1e-4
+    )
     with_text = [c for e in events for c in e["choices"] if c.get("delta", {}).get("content")]
     assert all(c["logprobs"] and c["logprobs"]["content"] for c in with_text)
     assert "".join(c["delta"]["content"] for c in with_text) == whole["message"]["content"]
@@ -201,9 +352,14 @@ def test_server_info_alias_and_a_loadable_model_path(url):
 
 def test_profiler_writes_a_chrome_trace_under_the_profile_dir(url, engine):
     assert_error(requests.post(url + "/stop_profile", timeout=30), 400)
-    assert_error(requests.post(url + "/start_profile", json={"output_dir": "../../elsewhere"}, timeout=30), 400,
-                 "output_dir")
-    r = requests.post(url + "/start_profile", json={"output_dir": "run1", "activities": ["CPU"]}, timeout=60)
+    assert_error(
+        requests.post(url + "/start_profile", json={"output_dir": "../../elsewhere"}, timeout=30),
+        400,
+        "output_dir",
+    )
+    r = requests.post(
+        url + "/start_profile", json={"output_dir": "run1", "activities": ["CPU"]}, timeout=60
+    )
     assert r.status_code == 200, r.text
     assert_error(requests.post(url + "/start_profile", json={}, timeout=30), 400)  # already running
     greedy(url, 4)
@@ -214,7 +370,9 @@ def test_profiler_writes_a_chrome_trace_under_the_profile_dir(url, engine):
     with open(path) as f:
         trace = json.load(f)
     names = {ev.get("name", "") for ev in trace["traceEvents"]}
-    assert any(n.startswith("aten::") for n in names)  # the model's ops, recorded on the scheduler thread
+    assert any(
+        n.startswith("aten::") for n in names
+    )  # the model's ops, recorded on the scheduler thread
 
 
 def test_profiling_off_without_a_profile_dir(engine):
@@ -244,27 +402,56 @@ def test_profiles_ended_in_the_same_second_write_distinct_traces(tmp_path):
 
 def test_output_token_logprobs_length_counts_the_entries_so_far(url):
     """SGLang's meta carries `output_token_logprobs_length` (its frontend's stream consumers read it)."""
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
-            "return_logprob": True}
-    events = [e for e in sse_events(requests.post(url + "/generate", json={**body, "stream": True}, stream=True,
-                                                  timeout=120)) if e != "[DONE]"]
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    events = [
+        e
+        for e in sse_events(
+            requests.post(
+                url + "/generate", json={**body, "stream": True}, stream=True, timeout=120
+            )
+        )
+        if e != "[DONE]"
+    ]
     for e in events:
         meta = e["meta_info"]
-        assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == meta["completion_tokens"]
+        assert (
+            meta["output_token_logprobs_length"]
+            == len(meta["output_token_logprobs"])
+            == meta["completion_tokens"]
+        )
     meta = generate(url, body)["meta_info"]
     assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == 6
-    assert "output_token_logprobs_length" not in generate(url, {**body, "return_logprob": False})["meta_info"]
+    assert (
+        "output_token_logprobs_length"
+        not in generate(url, {**body, "return_logprob": False})["meta_info"]
+    )
 
 
 def test_concate_and_append_request_answers_as_sglang_and_checks_its_body(url):
     """SGLang's RuntimeEndpoint calls it when forks join with mode="concate_and_append" (it
     404'd and the program hung until the client's timeout)."""
-    r = requests.post(url + "/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "p"}, timeout=30)
+    r = requests.post(
+        url + "/concate_and_append_request",
+        json={"src_rids": ["a", "b"], "dst_rid": "p"},
+        timeout=30,
+    )
     assert r.status_code == 200 and r.json()["success"] is True, r.text
-    assert_error(requests.post(url + "/concate_and_append_request", json={"src_rids": [], "dst_rid": "p"},
-                               timeout=30), 400, "src_rids")
-    assert_error(requests.post(url + "/concate_and_append_request", json={"src_rids": ["a"]}, timeout=30),
-                 400, "dst_rid")
+    assert_error(
+        requests.post(
+            url + "/concate_and_append_request", json={"src_rids": [], "dst_rid": "p"}, timeout=30
+        ),
+        400,
+        "src_rids",
+    )
+    assert_error(
+        requests.post(url + "/concate_and_append_request", json={"src_rids": ["a"]}, timeout=30),
+        400,
+        "dst_rid",
+    )
 
 
 def test_runtime_endpoint_endpoint_is_itself(url):

@@ -24,14 +24,21 @@ def backend(engine):
 def test_regex_constants_constrain_gens(backend):
     @sgl.function
     def typed(s):
-        s += "Age of the universe in billions of years: " + sgl.gen("i", regex=sgl.lang.ir.REGEX_INT, max_tokens=8)
+        s += "Age of the universe in billions of years: " + sgl.gen(
+            "i", regex=sgl.lang.ir.REGEX_INT, max_tokens=8
+        )
         s += "\nPi: " + sgl.gen("f", regex=sgl.lang.ir.REGEX_FLOAT, max_tokens=10)
         s += "\nIs water wet? " + sgl.gen("b", regex=sgl.lang.ir.REGEX_BOOL, max_tokens=4)
         s += "\nA color: " + sgl.gen("s", regex=sgl.lang.ir.REGEX_STR, max_tokens=12)
 
     state = typed.run(backend=backend, temperature=0)
     ir = sgl.lang.ir
-    for name, pattern in (("i", ir.REGEX_INT), ("f", ir.REGEX_FLOAT), ("b", ir.REGEX_BOOL), ("s", ir.REGEX_STR)):
+    for name, pattern in (
+        ("i", ir.REGEX_INT),
+        ("f", ir.REGEX_FLOAT),
+        ("b", ir.REGEX_BOOL),
+        ("s", ir.REGEX_STR),
+    ):
         # complete even if cut by max_tokens (budget-aware constraints finish inside the budget)
         assert re.fullmatch(pattern, state[name]), (name, state[name], state.get_meta_info(name))
 
@@ -51,8 +58,9 @@ def test_setitem_sets_a_variable_in_order(backend):
 def test_text_async_iter_with_meta_data_gives_the_meta_so_far(backend):
     @sgl.function
     def prog(s):
-        s += "Write a sentence about rivers:" + sgl.gen("out", max_tokens=16, temperature=0, ignore_eos=True,
-                                                         return_logprob=True)
+        s += "Write a sentence about rivers:" + sgl.gen(
+            "out", max_tokens=16, temperature=0, ignore_eos=True, return_logprob=True
+        )
 
     async def collect(state):
         return [item async for item in state.text_async_iter("out", return_meta_data=True)]
@@ -79,7 +87,9 @@ def test_global_config_default_backend_and_model_name_and_token_usage(backend, e
         s += "Q: 2+2?\nA:" + sgl.gen("x", max_tokens=4, temperature=0)
         s += "\nQ: 3+3?\nA:" + sgl.gen("y", max_tokens=4, temperature=0)
 
-    assert sgl.global_config.default_backend is None or isinstance(sgl.global_config.default_backend, sgl.Backend)
+    assert sgl.global_config.default_backend is None or isinstance(
+        sgl.global_config.default_backend, sgl.Backend
+    )
     before = sgl.global_config.default_backend
     sgl.global_config.default_backend = backend
     try:
@@ -98,6 +108,7 @@ def test_global_config_default_backend_and_model_name_and_token_usage(backend, e
 def test_variables_are_settable_on_a_finished_state(backend, engine):
     """SGLang's `state["x"] = int(state["x"])` on the state run() returned (it raised "this
     program state has ended"); the program is not reopened: its text stays as it was."""
+
     @sgl.function
     def prog(s):
         s += "Count: " + sgl.gen("n", regex=r"[0-9]{2}", max_tokens=4, temperature=0)
@@ -105,7 +116,7 @@ def test_variables_are_settable_on_a_finished_state(backend, engine):
     state = prog.run(backend=backend)
     text = state.text()
     state["n"] = int(state["n"])
-    assert state["n"] == int(text[len("Count: "):]) and state.text() == text
+    assert state["n"] == int(text[len("Count: ") :]) and state.text() == text
     with pytest.raises(sgl.ProgramError, match="ended"):
         state += "more"
     with ServerThread(create_app(engine, "default")) as url:

@@ -56,7 +56,9 @@ def _programs() -> list[str]:
     import ast
 
     tree = ast.parse(PROGRAMS_PY.read_text())
-    names = [n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")]
+    names = [
+        n.name for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    ]
     return [n for n in names if n not in SKIPPED]
 
 
@@ -66,7 +68,9 @@ def sglang_frontend() -> Path:
     if not PROGRAMS_PY.exists():
         if os.environ.get("CI", "").lower() not in ("", "0", "false"):
             pytest.fail(f"SGLang's frontend is missing at {FRONTEND_DIR}: `make setup` installs it")
-        pytest.skip(f"SGLang's frontend is not installed at {FRONTEND_DIR}: run `make setup` (its sglang-frontend step)")
+        pytest.skip(
+            f"SGLang's frontend is not installed at {FRONTEND_DIR}: run `make setup` (its sglang-frontend step)"
+        )
     return FRONTEND_DIR
 
 
@@ -82,10 +86,23 @@ def server_url(sglang_frontend, engine):
 def outcomes(server_url) -> dict[str, dict[str, str]]:
     """Both frontends' runs, at once (the server batches their requests): {frontend: outcome}."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(FRONTEND_DIR), str(Path.cwd())])}
-    procs = {frontend: subprocess.Popen([sys.executable, str(RUNNER), frontend, server_url, ",".join(_programs()),
-                                         str(PROGRAMS_PY)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, env=env)
-             for frontend in ("sglang", "sgl")}
+    procs = {
+        frontend: subprocess.Popen(
+            [
+                sys.executable,
+                str(RUNNER),
+                frontend,
+                server_url,
+                ",".join(_programs()),
+                str(PROGRAMS_PY),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for frontend in ("sglang", "sgl")
+    }
     results = {}
     try:
         for frontend, proc in procs.items():
@@ -104,8 +121,12 @@ def outcomes(server_url) -> dict[str, dict[str, str]]:
 def test_sglang_programs_complete(frontend, outcomes):
     outcome = outcomes[frontend]
     assert set(outcome) == set(_programs())
-    failed = {name: result for name, result in outcome.items()
-              if result != "ok" and not (name in ANSWER_DEPENDENT and result.startswith("assertion"))
-              and result != f"assertion: {KNOWN_FAILURES.get(name)}"
-              and not result.startswith(ANSWER_DEPENDENT_BY_FRONTEND.get((frontend, name), "\0"))}
+    failed = {
+        name: result
+        for name, result in outcome.items()
+        if result != "ok"
+        and not (name in ANSWER_DEPENDENT and result.startswith("assertion"))
+        and result != f"assertion: {KNOWN_FAILURES.get(name)}"
+        and not result.startswith(ANSWER_DEPENDENT_BY_FRONTEND.get((frontend, name), "\0"))
+    }
     assert not failed, failed

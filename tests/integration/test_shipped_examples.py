@@ -25,8 +25,14 @@ CASES = [
     ("json_extraction", "extract_with_schema", {"text": TEXT}),
     ("json_extraction", "extract_with_regex", {"text": TEXT}),
     ("parallel_fork", "tip_suggestion", {"topic": "staying healthy"}),
-    ("quick_start", "multi_turn_question", {"question_1": "What is the capital of France?",
-                                            "question_2": "What is a famous landmark there?"}),
+    (
+        "quick_start",
+        "multi_turn_question",
+        {
+            "question_1": "What is the capital of France?",
+            "question_2": "What is a famous landmark there?",
+        },
+    ),
     ("run_batch_dataset", "answer_question", {"question": "What color is the sky?"}),
 ]
 

@@ -21,8 +21,12 @@ from sgl.lang.tracer import DynamicProgramError, trace_static
 from sgl.server import create_app
 
 pytestmark = pytest.mark.integration
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +86,14 @@ def calls_a_tool(s, city):
     s += sgl.assistant(sgl.gen("call", tools=[_weather], tool_choice="required", max_tokens=60))
 
 
-PROGRAMS = [(chat_then_reuse, {"question": "Name a planet."}), (constrained, {}),
-            (forks_both_modes, {"topic": "the moon"}), (calls_a_tool, {"city": "Rome"})]
+PROGRAMS = [
+    (chat_then_reuse, {"question": "Name a planet."}),
+    (constrained, {}),
+    (forks_both_modes, {"topic": "the moon"}),
+    (calls_a_tool, {"city": "Rome"}),
+]
+
+
 @pytest.mark.parametrize("program,args", PROGRAMS, ids=lambda x: getattr(x, "__name__", ""))
 def test_shipped_equals_client_side(remote, program, args):
     remote.token_usage.reset()
@@ -92,9 +102,13 @@ def test_shipped_equals_client_side(remote, program, args):
     remote.token_usage.reset()
     shipped = program.run(backend=remote, temperature=0, ship=True, **args)
     same_state(shipped, local)
-    shipped_usage = remote.token_usage.snapshot()  # the server counted every gen, unnamed and in branches too
-    assert (shipped_usage["calls"], shipped_usage["completion_tokens"]) == \
-        (client_side_usage["calls"], client_side_usage["completion_tokens"])
+    shipped_usage = (
+        remote.token_usage.snapshot()
+    )  # the server counted every gen, unnamed and in branches too
+    assert (shipped_usage["calls"], shipped_usage["completion_tokens"]) == (
+        client_side_usage["calls"],
+        client_side_usage["completion_tokens"],
+    )
     if program is constrained:
         jsonschema.validate(json.loads(shipped["person"]), PERSON)
     if program is calls_a_tool:  # the calls, parsed on the server: one, valid
@@ -110,7 +124,7 @@ def _sent(remote, monkeypatch) -> list[tuple[str, object]]:
 
     def recording_request(session, method, url, *args, **kwargs):
         if url.startswith(remote.base_url):
-            sent.append((url[len(remote.base_url):], kwargs.get("json")))
+            sent.append((url[len(remote.base_url) :], kwargs.get("json")))
         return request(session, method, url, *args, **kwargs)
 
     monkeypatch.setattr(requests.Session, "request", recording_request)
@@ -122,7 +136,9 @@ def test_run_batch_ships_in_one_request(remote, monkeypatch):
     local = chat_then_reuse.run_batch(items, backend=remote, temperature=0, ship=False)
     sent = _sent(remote, monkeypatch)
     shipped = chat_then_reuse.run_batch(items, backend=remote, temperature=0)
-    assert [path for path, _ in sent] == ["/run_program"] and all(isinstance(s, ShippedState) for s in shipped)
+    assert [path for path, _ in sent] == ["/run_program"] and all(
+        isinstance(s, ShippedState) for s in shipped
+    )
     for a, b in zip(shipped, local):
         same_state(a, b)
 
@@ -147,7 +163,10 @@ def greets_by_language(s, lang, name):
 
 
 def test_run_batch_ships_one_program_with_argument_sets(remote, monkeypatch):
-    items = [{"question": q, "n": n} for n, q in enumerate(("Name a fruit.", "Name a river.", "Name a color."))]
+    items = [
+        {"question": q, "n": n}
+        for n, q in enumerate(("Name a fruit.", "Name a river.", "Name a color."))
+    ]
     local = numbered_question.run_batch(items, backend=remote, temperature=0, ship=False)
     sent = _sent(remote, monkeypatch)
     shipped = numbered_question.run_batch(items, backend=remote, temperature=0)
@@ -167,31 +186,58 @@ def test_run_batch_ships_one_program_with_argument_sets(remote, monkeypatch):
 
 
 def test_batch_form_edges(url):
-    program = {"format_version": 1, "nodes": [{"type": "text", "text": "Say "}, {"type": "argument", "name": "w"},
-                                              {"type": "gen", "name": "a", "sampling": {"max_new_tokens": 2}}]}
+    program = {
+        "format_version": 1,
+        "nodes": [
+            {"type": "text", "text": "Say "},
+            {"type": "argument", "name": "w"},
+            {"type": "gen", "name": "a", "sampling": {"max_new_tokens": 2}},
+        ],
+    }
     for body in ({"programs": []}, {"program": program, "arguments": []}):
         r = requests.post(url + "/run_program", json=body, timeout=30)
         assert r.status_code == 200 and r.json() == []
-    r = requests.post(url + "/run_program", json={"program": program, "arguments": [{"w": "hi"}, {"w": 3}, {}]},
-                      timeout=60)
+    r = requests.post(
+        url + "/run_program",
+        json={"program": program, "arguments": [{"w": "hi"}, {"w": 3}, {}]},
+        timeout=60,
+    )
     assert r.status_code == 200
     first, second, third = r.json()
     assert first["text"].startswith("Say hi") and second["text"].startswith("Say 3")
     assert third["error"]["code"] == 400 and "'w'" in third["error"]["message"]
-    assert_error(requests.post(url + "/run_program", json={"program": program, "arguments": [{"w": "x"}] * 1025},
-                               timeout=30), 400, "arguments")
-    assert_error(requests.post(url + "/run_program", json={"program": program, "arguments": [{"w": "x"}],
-                                                           "stream": True}, timeout=30), 400, "stream")
+    assert_error(
+        requests.post(
+            url + "/run_program",
+            json={"program": program, "arguments": [{"w": "x"}] * 1025},
+            timeout=30,
+        ),
+        400,
+        "arguments",
+    )
+    assert_error(
+        requests.post(
+            url + "/run_program",
+            json={"program": program, "arguments": [{"w": "x"}], "stream": True},
+            timeout=30,
+        ),
+        400,
+        "stream",
+    )
 
 
 def test_streamed_shipped_program(remote):
     local = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", ship=False)
-    state = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True, ship=True)
+    state = chat_then_reuse.run(
+        backend=remote, temperature=0, question="Name a tree.", stream=True, ship=True
+    )
     pieces = list(state.text_iter("a"))
     assert isinstance(state, ShippedState)
     assert "".join(pieces) == state["a"] == local["a"] and len(pieces) > 1
     auto = chat_then_reuse.run(backend=remote, temperature=0, question="Name a tree.", stream=True)
-    assert not isinstance(auto, ShippedState)  # streamed runs stay client-side unless asked: meta per piece
+    assert not isinstance(
+        auto, ShippedState
+    )  # streamed runs stay client-side unless asked: meta per piece
 
 
 def test_streamed_program_carries_each_fork_branch_text(url):
@@ -199,8 +245,12 @@ def test_streamed_program_carries_each_fork_branch_text(url):
     branch's pieces add up to what its state produced (its gathered variable, or the text
     the join appended), and the untagged pieces to the program's text."""
     program = program_to_json(trace_static(forks_both_modes, (), {"topic": "owls"}))
-    r = requests.post(url + "/run_program", json={"program": program, "stream": True, "sampling": {"temperature": 0}},
-                      stream=True, timeout=300)
+    r = requests.post(
+        url + "/run_program",
+        json={"program": program, "stream": True, "sampling": {"temperature": 0}},
+        stream=True,
+        timeout=300,
+    )
     events = [e for e in sse_events(r) if isinstance(e, dict)]
     result = events[-1]["result"]
     branch_text: dict[tuple, str] = {}
@@ -212,17 +262,32 @@ def test_streamed_program_carries_each_fork_branch_text(url):
             if e["var"] is not None:
                 branch_var[path] = branch_var.get(path, "") + e["text"]
     assert "".join(e["text"] for e in events[:-1] if "branch" not in e) == result["text"]
-    assert set(branch_text) == {((0, 0),), ((0, 1),), ((0, 2),), ((0, 0), (0, 0)), ((0, 0), (0, 1)), ((1, 0),),
-                                ((1, 1),)}
-    assert [branch_var[((0, i),)] for i in range(3)] == result["variables"]["fact"]  # gathered into the root
+    assert set(branch_text) == {
+        ((0, 0),),
+        ((0, 1),),
+        ((0, 2),),
+        ((0, 0), (0, 0)),
+        ((0, 0), (0, 1)),
+        ((1, 0),),
+        ((1, 1),),
+    }
+    assert [branch_var[((0, i),)] for i in range(3)] == result["variables"][
+        "fact"
+    ]  # gathered into the root
     for j in range(2):  # the nested fork's branches, appended to facts[0]'s text by their join
         inner = branch_text[((0, 0), (0, j))]
         assert inner.startswith(f" (detail {j})") and inner in branch_text[((0, 0),)]
     for i in range(2):  # the second fork's branches, appended to the program's text
-        assert branch_text[((1, i),)].startswith(f"\nVariant {i}:") and branch_text[((1, i),)] in result["text"]
-    shipped = forks_both_modes.run(backend=sgl.RuntimeEndpoint(url), topic="owls", temperature=0, stream=True,
-                                   ship=True)
-    assert "".join(shipped.text_iter()) == shipped.text() == result["text"]  # text_iter: the program's own text
+        assert (
+            branch_text[((1, i),)].startswith(f"\nVariant {i}:")
+            and branch_text[((1, i),)] in result["text"]
+        )
+    shipped = forks_both_modes.run(
+        backend=sgl.RuntimeEndpoint(url), topic="owls", temperature=0, stream=True, ship=True
+    )
+    assert (
+        "".join(shipped.text_iter()) == shipped.text() == result["text"]
+    )  # text_iter: the program's own text
 
 
 @sgl.function
@@ -236,42 +301,99 @@ def branches_on_answer(s):
 def test_dynamic_program_runs_client_side_and_cannot_be_forced(remote):
     state = branches_on_answer.run(backend=remote, temperature=0)
     assert not isinstance(state, ShippedState) and "more" in state
-    with pytest.raises(DynamicProgramError, match=r"calls \.strip\(\) on the generated value 'x'") as e:
+    with pytest.raises(
+        DynamicProgramError, match=r"calls \.strip\(\) on the generated value 'x'"
+    ) as e:
         branches_on_answer.run(backend=remote, temperature=0, ship=True)
     assert "test_shipped_programs.py" in e.value.where and "startswith" in e.value.where
 
 
 def test_malformed_programs_and_bad_sampling_are_400_with_the_path(url):
-    bad = {"format_version": 1, "nodes": [{"type": "text", "text": "Hi"},
-                                          {"type": "fork", "fork_id": 1, "branches": [[{"type": "gen", "name": "a",
-                                                                                        "dtype": "complex"}]]}]}
-    assert_error(requests.post(url + "/run_program", json={"program": bad}, timeout=30), 400,
-                 "program.nodes[1].branches[0][0].dtype")
-    wrong_temp = {"format_version": 1, "nodes": [{"type": "gen", "name": "a", "sampling": {"temperature": -1}}]}
-    assert_error(requests.post(url + "/run_program", json={"programs": [wrong_temp]}, timeout=30), 400,
-                 "programs[0].nodes[0].sampling.temperature")
-    assert_error(requests.post(url + "/run_program", json={"program": {"format_version": 9, "nodes": []}},
-                               timeout=30), 400, "program.format_version")
+    bad = {
+        "format_version": 1,
+        "nodes": [
+            {"type": "text", "text": "Hi"},
+            {
+                "type": "fork",
+                "fork_id": 1,
+                "branches": [[{"type": "gen", "name": "a", "dtype": "complex"}]],
+            },
+        ],
+    }
+    assert_error(
+        requests.post(url + "/run_program", json={"program": bad}, timeout=30),
+        400,
+        "program.nodes[1].branches[0][0].dtype",
+    )
+    wrong_temp = {
+        "format_version": 1,
+        "nodes": [{"type": "gen", "name": "a", "sampling": {"temperature": -1}}],
+    }
+    assert_error(
+        requests.post(url + "/run_program", json={"programs": [wrong_temp]}, timeout=30),
+        400,
+        "programs[0].nodes[0].sampling.temperature",
+    )
+    assert_error(
+        requests.post(
+            url + "/run_program", json={"program": {"format_version": 9, "nodes": []}}, timeout=30
+        ),
+        400,
+        "program.format_version",
+    )
 
 
 def test_client_leaving_mid_program_frees_its_kv(url, engine):
-    program = {"format_version": 1, "nodes": [
-        {"type": "text", "text": "Count slowly:"},
-        {"type": "fork", "fork_id": 1, "branches": [
-            [{"type": "gen", "name": "c", "sampling": {"max_new_tokens": 4000, "ignore_eos": True}}]] * 2},
-        {"type": "join", "mode": "gather_variable"}]}
-    r = requests.post(url + "/run_program", json={"program": program, "stream": True}, stream=True, timeout=120)
+    program = {
+        "format_version": 1,
+        "nodes": [
+            {"type": "text", "text": "Count slowly:"},
+            {
+                "type": "fork",
+                "fork_id": 1,
+                "branches": [
+                    [
+                        {
+                            "type": "gen",
+                            "name": "c",
+                            "sampling": {"max_new_tokens": 4000, "ignore_eos": True},
+                        }
+                    ]
+                ]
+                * 2,
+            },
+            {"type": "join", "mode": "gather_variable"},
+        ],
+    }
+    r = requests.post(
+        url + "/run_program", json={"program": program, "stream": True}, stream=True, timeout=120
+    )
     assert r.status_code == 200
-    assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] >= 2, timeout=60)  # both branches decode
+    assert wait_until(
+        lambda: engine.get_server_info()["num_running_reqs"] >= 2, timeout=60
+    )  # both branches decode
     r.close()  # the client leaves long before 4000 tokens
-    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(url + "/get_server_info", timeout=30).json()
+    assert wait_until(lambda: kv_whole(url), timeout=60), requests.get(
+        url + "/get_server_info", timeout=30
+    ).json()
 
 
 def test_programs_beyond_the_limits_are_refused(url):
     wide = {"format_version": 1, "nodes": [{"type": "fork", "fork_id": 1, "branches": [[]] * 257}]}
-    assert_error(requests.post(url + "/run_program", json={"program": wide}, timeout=30), 400, "program.nodes[0].branches")
-    assert_error(requests.post(url + "/run_program", json={"programs": [{"format_version": 1, "nodes": []}] * 1025},
-                               timeout=30), 400, "programs")
+    assert_error(
+        requests.post(url + "/run_program", json={"program": wide}, timeout=30),
+        400,
+        "program.nodes[0].branches",
+    )
+    assert_error(
+        requests.post(
+            url + "/run_program",
+            json={"programs": [{"format_version": 1, "nodes": []}] * 1025},
+            timeout=30,
+        ),
+        400,
+        "programs",
+    )
 
 
 LONG_OPENING = "Notes on the harbour town, kept by the lighthouse keeper over one winter. " * 12
@@ -295,21 +417,31 @@ def _computed(engine, run) -> tuple[int, int]:
     before = engine.get_server_info()
     run()
     after = engine.get_server_info()
-    return after["prefill_tokens"] - before["prefill_tokens"], after["cached_tokens"] - before["cached_tokens"]
+    return after["prefill_tokens"] - before["prefill_tokens"], after["cached_tokens"] - before[
+        "cached_tokens"
+    ]
 
 
 def test_shared_prefixes_are_computed_once(url, engine, remote):
     """The cache plan: a shipped fork's prefix and a shipped batch's shared opening are
     computed once; the other branches and items find them in the prefix cache."""
     opening = len(engine.encode(LONG_OPENING))
-    assert wait_until(lambda: kv_whole(url), timeout=60)  # an empty cache: nothing is found from earlier tests
-    computed, cached = _computed(engine, lambda: fork_over_notes.run(n=4, backend=remote, temperature=0,
-                                                                     ship=True).sync())
+    assert wait_until(
+        lambda: kv_whole(url), timeout=60
+    )  # an empty cache: nothing is found from earlier tests
+    computed, cached = _computed(
+        engine, lambda: fork_over_notes.run(n=4, backend=remote, temperature=0, ship=True).sync()
+    )
     assert computed < 2 * opening and cached >= 3 * (opening - 2), (computed, cached, opening)
     assert wait_until(lambda: kv_whole(url), timeout=60)
     items = [{"q": q} for q in range(6)]
-    computed, cached = _computed(engine, lambda: [s.sync() for s in question_on_notes.run_batch(
-        items, backend=remote, temperature=0, ship=True)])
+    computed, cached = _computed(
+        engine,
+        lambda: [
+            s.sync()
+            for s in question_on_notes.run_batch(items, backend=remote, temperature=0, ship=True)
+        ],
+    )
     assert computed < 2 * opening and cached >= 6 * (opening - 2), (computed, cached, opening)
 
 

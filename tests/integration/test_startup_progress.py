@@ -16,7 +16,9 @@ def test_engine_start_logs_weight_loading_with_its_time(caplog):
     try:
         lines = [r.getMessage() for r in caplog.records if r.name == "sgl.runtime.worker"]
         start = [i for i, m in enumerate(lines) if re.fullmatch(r"loading the weights of .+", m)]
-        end = [i for i, m in enumerate(lines) if re.fullmatch(r"loaded the weights in \d+\.\d s", m)]
+        end = [
+            i for i, m in enumerate(lines) if re.fullmatch(r"loaded the weights in \d+\.\d s", m)
+        ]
         assert len(start) == 1 and len(end) == 1 and start[0] < end[0], lines
     finally:
         e.shutdown()

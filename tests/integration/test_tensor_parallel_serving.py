@@ -24,8 +24,12 @@ from sgl.server.app import create_app
 
 pytestmark = pytest.mark.integration
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
-          "required": ["name", "n"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+    "required": ["name", "n"],
+    "additionalProperties": False,
+}
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
 PROMPTS = ["the quick brown", "hello world, structured", "0123456789 the lazy dog"]
 
@@ -37,7 +41,9 @@ def model_dir(tmp_path_factory):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "unit"))
     from tiny_models import save_tiny_engine_dir
 
-    path, _ = save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-tp"), 320, max_position_embeddings=512)
+    path, _ = save_tiny_engine_dir(
+        tmp_path_factory.mktemp("tiny-tp"), 320, max_position_embeddings=512
+    )
     return str(path)
 
 
@@ -63,7 +69,8 @@ def test_tp2_generates_what_tp1_generates(engines):
     assert ids(a) == ids(b)
     for x, y in zip(a, b):
         assert [e[0] for e in x["meta_info"]["output_token_logprobs"]] == pytest.approx(
-            [e[0] for e in y["meta_info"]["output_token_logprobs"]], abs=1e-4)
+            [e[0] for e in y["meta_info"]["output_token_logprobs"]], abs=1e-4
+        )
     a, b = both(engines, "sampled", {"max_new_tokens": 12, "temperature": 0.9, "seed": 5, "n": 3})
     assert ids(a) == ids(b)  # seeded: the same tokens (rank 0 samples, the other takes them)
     stream = list(engines[1].generate(PROMPTS[0], GREEDY, stream=True))
@@ -75,12 +82,18 @@ def a_text(engine, prompt):
 
 
 def test_constraints_and_jump_forward_at_tp2(engines):
-    for params in ({"max_new_tokens": 40, "json_schema": json.dumps(SCHEMA), "temperature": 0},
-                   {"max_new_tokens": 8, "regex": "(fox|dog) [0-9]{2}", "temperature": 0},
-                   {"max_new_tokens": 8, "ebnf": 'root ::= "yes" | "no" " " [a-z]+', "temperature": 0}):
+    for params in (
+        {"max_new_tokens": 40, "json_schema": json.dumps(SCHEMA), "temperature": 0},
+        {"max_new_tokens": 8, "regex": "(fox|dog) [0-9]{2}", "temperature": 0},
+        {"max_new_tokens": 8, "ebnf": 'root ::= "yes" | "no" " " [a-z]+', "temperature": 0},
+    ):
         a, b = both(engines, "answer:", params)
         assert ids(a) == ids(b), params
-    a, b = both(engines, "json:", {"max_new_tokens": 120, "json_schema": json.dumps(SCHEMA), "temperature": 0})
+    a, b = both(
+        engines,
+        "json:",
+        {"max_new_tokens": 120, "json_schema": json.dumps(SCHEMA), "temperature": 0},
+    )
     assert ids(a) == ids(b) and b["meta_info"]["finish_reason"]["type"] == "stop"
     jsonschema.validate(json.loads(b["text"]), SCHEMA)
     info = engines[1].get_server_info()
@@ -103,12 +116,19 @@ def test_programs_sessions_and_aborts_at_tp2(engines):
     b = forked.run(topic="the fox", backend=sgl.as_backend(two))
     assert a["fact"] == b["fact"] and a["pick"] == b["pick"]
     sid = two.open_session(capacity_tokens=300)
-    first = two.generate("hello", {"max_new_tokens": 4, "temperature": 0}, session_params={"id": sid})
-    turn = two.generate(" again", {"max_new_tokens": 4, "temperature": 0},
-                        session_params={"id": sid, "rid": first["meta_info"]["id"]})
+    first = two.generate(
+        "hello", {"max_new_tokens": 4, "temperature": 0}, session_params={"id": sid}
+    )
+    turn = two.generate(
+        " again",
+        {"max_new_tokens": 4, "temperature": 0},
+        session_params={"id": sid, "rid": first["meta_info"]["id"]},
+    )
     assert turn["meta_info"]["cached_tokens"] > 0
     assert two.close_session(sid)
-    stream = two.generate("count", {"max_new_tokens": 300, "ignore_eos": True}, stream=True, rid="tp-long")
+    stream = two.generate(
+        "count", {"max_new_tokens": 300, "ignore_eos": True}, stream=True, rid="tp-long"
+    )
     next(stream)
     two.abort("tp-long")
     last = list(stream)[-1]["meta_info"]
@@ -129,8 +149,13 @@ def test_retraction_at_tp2_gives_tp1s_tokens(engines):
 def test_the_server_and_shipped_programs_at_tp2(engines):
     one, two = engines
     with ServerThread(create_app(two, "tiny")) as url:
-        r = requests.post(url + "/generate", json={"text": PROMPTS[1], "sampling_params": GREEDY}, timeout=120)
-        assert r.status_code == 200 and r.json()["output_ids"] == one.generate(PROMPTS[1], GREEDY)["output_ids"]
+        r = requests.post(
+            url + "/generate", json={"text": PROMPTS[1], "sampling_params": GREEDY}, timeout=120
+        )
+        assert (
+            r.status_code == 200
+            and r.json()["output_ids"] == one.generate(PROMPTS[1], GREEDY)["output_ids"]
+        )
         shipped = forked.run(topic="the dog", backend=sgl.RuntimeEndpoint(url))
         local = forked.run(topic="the dog", backend=sgl.as_backend(one))
         assert shipped["fact"] == local["fact"] and shipped["pick"] == local["pick"]
@@ -141,8 +166,11 @@ def test_a_killed_rank_fails_every_caller_and_stops_the_other(model_dir):
     engine = sgl.Engine(model_path=model_dir, dtype="float32", max_total_tokens=600, tp_size=2)
     pids = engine.scheduler_pids
     caller, outcome = call_in_background(
-        lambda: engine.generate("count", {"max_new_tokens": 400, "ignore_eos": True}))
-    assert wait_until(lambda: engine.get_server_info()["num_running_reqs"] == 1, timeout=120, interval=0.05)
+        lambda: engine.generate("count", {"max_new_tokens": 400, "ignore_eos": True})
+    )
+    assert wait_until(
+        lambda: engine.get_server_info()["num_running_reqs"] == 1, timeout=120, interval=0.05
+    )
     with ServerThread(create_app(engine, "tiny")) as url:
         assert requests.get(url + "/health", timeout=10).status_code == 200
         os.kill(pids[1], signal.SIGKILL)  # not the rank that talks to the engine

@@ -30,8 +30,16 @@ class Case:
     scale: float
 
 
-def make_case(specs: list[tuple[int, int]], kv_heads: int, head_dim: int, dtype: torch.dtype, seed: int = 0,
-              heads: int = HEADS, capacity: int = CAPACITY, max_context: int = MAX_CONTEXT) -> Case:
+def make_case(
+    specs: list[tuple[int, int]],
+    kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    seed: int = 0,
+    heads: int = HEADS,
+    capacity: int = CAPACITY,
+    max_context: int = MAX_CONTEXT,
+) -> Case:
     g = torch.Generator().manual_seed(seed)
     pool = TokenToKVPool(capacity, 1, kv_heads, head_dim, dtype, "cpu")
     table = ReqToTokenPool(max(8, len(specs)), max_context, "cpu")
@@ -72,7 +80,10 @@ def reference(case: Case, sliding_window: int = 0, logit_cap: float = 0.0) -> to
         scores = torch.einsum("qhd,khd->hqk", q, keys) * case.scale
         if logit_cap:
             scores = logit_cap * torch.tanh(scores / logit_cap)
-        key_pos, q_pos = torch.arange(prefix + ext)[None, :], torch.arange(prefix, prefix + ext)[:, None]
+        key_pos, q_pos = (
+            torch.arange(prefix + ext)[None, :],
+            torch.arange(prefix, prefix + ext)[:, None],
+        )
         visible = key_pos <= q_pos
         if sliding_window:
             visible &= key_pos > q_pos - sliding_window

@@ -36,11 +36,15 @@ class DenseDecodeBackend(TorchNativeBackend):
         self.calls.append(("state", max_bs))
         self.cols = torch.arange(max_context_len, device=self.table.req_to_token.device)
 
-    def init_forward_metadata_capture(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> GraphDecodeMetadata:
+    def init_forward_metadata_capture(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> GraphDecodeMetadata:
         self.calls.append(("capture", bs))
         return GraphDecodeMetadata(req_rows, seq_lens)
 
-    def init_forward_metadata_replay(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def init_forward_metadata_replay(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> None:
         self.calls.append(("replay", bs))
 
     def forward(self, q, k, v, layer_id: int, scaling: float, batch: ForwardBatch) -> torch.Tensor:

@@ -42,8 +42,12 @@ CHATML = ChatTemplate(
 )
 
 # What a gen constrained by a dtype regex returns when no reply is scripted.
-DTYPE_REPLY = {DTYPE_REGEX["int"]: "42", DTYPE_REGEX["float"]: "3.25", DTYPE_REGEX["bool"]: "True",
-               DTYPE_REGEX["str"]: '"fake"'}
+DTYPE_REPLY = {
+    DTYPE_REGEX["int"]: "42",
+    DTYPE_REGEX["float"]: "3.25",
+    DTYPE_REGEX["bool"]: "True",
+    DTYPE_REGEX["str"]: '"fake"',
+}
 
 
 class FakeBackendError(RuntimeError):
@@ -79,7 +83,9 @@ class FakeBackend(Backend):
         server_info: dict[str, Any] | None = None,
         sessions: bool = False,
     ) -> None:
-        self.replies = {k: (list(v) if isinstance(v, list) else v) for k, v in (replies or {}).items()}
+        self.replies = {
+            k: (list(v) if isinstance(v, list) else v) for k, v in (replies or {}).items()
+        }
         self.respond = respond
         self.default = default
         self.table = dict(table or {})
@@ -89,7 +95,9 @@ class FakeBackend(Backend):
         self.on_call = on_call
         self.stream_pieces = stream_pieces
         self.rng = random.Random(seed)
-        self.server_info = server_info if server_info is not None else {"model_path": "fake", "version": "0"}
+        self.server_info = (
+            server_info if server_info is not None else {"model_path": "fake", "version": "0"}
+        )
         self.calls: list[Call] = []
         self.flushes = 0
         self.sessions = sessions
@@ -174,15 +182,26 @@ class FakeBackend(Backend):
         call.result = out
         return out, meta
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
-                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         call = self._record(Call("generate", text, dict(sampling), dict(logprobs), session=session))
         return self._complete(call)
 
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        call = self._record(Call("generate_stream", text, dict(sampling), dict(logprobs), session=session))
+        call = self._record(
+            Call("generate_stream", text, dict(sampling), dict(logprobs), session=session)
+        )
         out, meta = self._complete(call)
         pieces = split_pieces(out, self.stream_pieces)
         done = 0
@@ -195,15 +214,27 @@ class FakeBackend(Backend):
 
     def scores(self, choices: list[str], unconditional: bool) -> ChoiceScores:
         cond = [list(self.table.get(c, [-5.0] * len(c))) for c in choices]
-        unc = [list(self.uncond.get(c, [-5.0] * len(lp))) for c, lp in zip(choices, cond)] if unconditional else None
+        unc = (
+            [list(self.uncond.get(c, [-5.0] * len(lp))) for c, lp in zip(choices, cond)]
+            if unconditional
+            else None
+        )
         return ChoiceScores(list(choices), cond, unc)
 
-    def select(self, text: str, choices: list[str], temperature: float, method: ChoicesMethod) -> ChoicesDecision:
-        call = self._record(Call("select", text, choices=list(choices), temperature=temperature, method=method))
+    def select(
+        self, text: str, choices: list[str], temperature: float, method: ChoicesMethod
+    ) -> ChoicesDecision:
+        call = self._record(
+            Call("select", text, choices=list(choices), temperature=temperature, method=method)
+        )
         with self._lock:
             seed = self.rng.random()
-        decision = decide(method, self.scores(choices, method.requires_unconditional), temperature,
-                          random.Random(seed))
+        decision = decide(
+            method,
+            self.scores(choices, method.requires_unconditional),
+            temperature,
+            random.Random(seed),
+        )
         call.result = decision.decision
         return decision
 

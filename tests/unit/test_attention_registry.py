@@ -29,7 +29,9 @@ def test_every_configurable_name_is_registered():
         assert entry.name == name
     for device in ("cpu", "cuda", "mps"):
         assert set(auto_order(torch.device(device))) <= set(REGISTRY)
-        assert auto_order(torch.device(device))[-1] == "torch_native"  # the fallback that always runs
+        assert (
+            auto_order(torch.device(device))[-1] == "torch_native"
+        )  # the fallback that always runs
 
 
 def test_checks_explain_and_torch_native_runs_anywhere():
@@ -57,7 +59,10 @@ def test_cpu_backend_without_its_kernel_is_torch_native(dtype, head_dim):
     backend.bind(case.batch.kv_pool, case.batch.req_to_token, case.q.shape[1])
     assert backend.name == backend_name(backend) == "torch_native" and not backend.uses_kernel
     got = run(backend, case)
-    want = run(TorchNativeBackend(), make_case(MIXED, 2, head_dim, dtype, heads=4, max_context=256, capacity=1200))
+    want = run(
+        TorchNativeBackend(),
+        make_case(MIXED, 2, head_dim, dtype, heads=4, max_context=256, capacity=1200),
+    )
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 

@@ -134,8 +134,15 @@ def test_bounds_at_the_embedded_shape():
     backend = TorchNativeBackend()
     for dtype in (torch.float32, torch.bfloat16):
         bound = backend.reserved_memory_bytes(100_000, dtype=dtype, **EMBEDDED)
-        assert bound == MIRROR_MAX_BYTES // 2 + -(-(MIRROR_MAX_BYTES // 2) // 30)  # 512 MiB + a layer's share
-    assert TorchNativeBackend(use_mirror=False).reserved_memory_bytes(100_000, dtype=torch.float32, **EMBEDDED) == 0
+        assert bound == MIRROR_MAX_BYTES // 2 + -(
+            -(MIRROR_MAX_BYTES // 2) // 30
+        )  # 512 MiB + a layer's share
+    assert (
+        TorchNativeBackend(use_mirror=False).reserved_memory_bytes(
+            100_000, dtype=torch.float32, **EMBEDDED
+        )
+        == 0
+    )
 
 
 class Plain(AttentionBackend):
@@ -160,7 +167,9 @@ def test_cpu_backend_reserves_only_without_its_kernel():
         assert cpu.reserved_memory_bytes(100_000, dtype=dtype, **shape) == want > 0
 
 
-@pytest.mark.skipif(not (shutil.which("c++") or shutil.which("g++")), reason="no C++ compiler for the CPU kernel")
+@pytest.mark.skipif(
+    not (shutil.which("c++") or shutil.which("g++")), reason="no C++ compiler for the CPU kernel"
+)
 def test_cpu_kernel_path_allocates_no_mirror(counting):
     """Decodes, short extends and a row too long for the kernel: nothing is kept beyond the pool."""
     from sgl.runtime.attention.cpu_kernel import load_paged_attention

@@ -125,7 +125,11 @@ def test_triton_on_cpu_needs_the_interpreter(installed, monkeypatch):
     with pytest.raises(ValueError) as e:
         create_attention_backend("triton", "cpu")
     msg = str(e.value)
-    assert "attention_backend='triton'" in msg and "TRITON_INTERPRET=1" in msg and "torch_native" in msg
+    assert (
+        "attention_backend='triton'" in msg
+        and "TRITON_INTERPRET=1" in msg
+        and "torch_native" in msg
+    )
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert type(create_attention_backend("triton", "cpu")) is FakeTriton
     assert type(create_attention_backend("triton", "cuda")) is FakeTriton
@@ -187,8 +191,17 @@ def test_cli_flags_mirror_the_new_options():
     from sgl.server.launch import build_parser, engine_kwargs
 
     args = build_parser().parse_args(
-        ["--load-format", "dummy", "--model-path", "llama3-8b", "--cuda-graph-max-bs", "32",
-         "--disable-cuda-graph", "--attention-backend", "flashinfer"]
+        [
+            "--load-format",
+            "dummy",
+            "--model-path",
+            "llama3-8b",
+            "--cuda-graph-max-bs",
+            "32",
+            "--disable-cuda-graph",
+            "--attention-backend",
+            "flashinfer",
+        ]
     )
     kw = engine_kwargs(args)
     assert kw["load_format"] == "dummy" and kw["model_path"] == "llama3-8b"

@@ -13,10 +13,23 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_gpu_smoke(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "bench_gpu.py"), "--smoke", "--out-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path,
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_gpu.py"),
+            "--smoke",
+            "--out-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result = json.loads((tmp_path / "gpu.json").read_text())

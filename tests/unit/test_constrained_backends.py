@@ -17,14 +17,27 @@ from sgl.constrained import GrammarCompiler, GrammarError
 from sgl.constrained.backends import available_backends
 
 EXTERNAL = [
-    pytest.param(name, marks=pytest.mark.skipif(importlib.util.find_spec(name) is None, reason=f"{name} not installed"))
+    pytest.param(
+        name,
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec(name) is None, reason=f"{name} not installed"
+        ),
+    )
     for name in ("llguidance", "xgrammar")
 ]
-REGEXES = [r"[a-z]{1,6}@x\.(com|org)", r"(ab|cd)*e?", r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", r"é[αβ]{2}[0-9]"]
+REGEXES = [
+    r"[a-z]{1,6}@x\.(com|org)",
+    r"(ab|cd)*e?",
+    r"-?(0|[1-9][0-9]*)(\.[0-9]+)?",
+    r"é[αβ]{2}[0-9]",
+]
 SCHEMA = {
     "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer", "minimum": 0},
-                   "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "n": {"type": "integer", "minimum": 0},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+    },
     "required": ["name", "n"],
     "additionalProperties": False,
 }
@@ -44,7 +57,9 @@ def walk(matcher, vocab, rng: random.Random, steps: int = 80) -> bytes:
         assert allowed, out
         if allowed <= eos or (allowed & eos and rng.random() < 0.3):
             return out
-        closing = sorted(t for t in allowed if vocab.token_bytes[t] in (b'"', b"]", b"}", b")", b","))
+        closing = sorted(
+            t for t in allowed if vocab.token_bytes[t] in (b'"', b"]", b"}", b")", b",")
+        )
         tid = rng.choice(closing if closing and rng.random() < 0.25 else sorted(allowed - eos))
         assert matcher.accept(tid)
         out += vocab.token_bytes[tid]
@@ -67,9 +82,13 @@ def test_regex_masks_equal_brute_force(name: str, pattern: str) -> None:
     data = b""
     for _ in range(12):
         got, want = allowed_set(m, vocab), oracle.expected_mask(vocab, data)
-        if name == "llguidance":  # where the text is forced it allows only the whole-character tokens
+        if (
+            name == "llguidance"
+        ):  # where the text is forced it allows only the whole-character tokens
             assert got <= want and bool(got) == bool(want), (name, pattern, data, want - got)
-            assert {t for t in want - got if vocab.token_bytes[t].decode("utf-8", "replace") != "\ufffd"} == set()
+            assert {
+                t for t in want - got if vocab.token_bytes[t].decode("utf-8", "replace") != "\ufffd"
+            } == set()
         else:
             assert got == want, (name, pattern, data)
         choices = sorted(got - set(vocab.eos_token_ids))
@@ -80,16 +99,25 @@ def test_regex_masks_equal_brute_force(name: str, pattern: str) -> None:
         data += vocab.token_bytes[tid]
 
 
-FINITE = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "n": {"type": "integer", "minimum": 0},
-                                         "ok": {"type": "boolean"}}, "required": ["kind", "n"],
-          "additionalProperties": False}
+FINITE = {
+    "type": "object",
+    "properties": {
+        "kind": {"enum": ["cat", "dog"]},
+        "n": {"type": "integer", "minimum": 0},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["kind", "n"],
+    "additionalProperties": False,
+}
 
 
 @pytest.mark.parametrize("name", EXTERNAL)
 @pytest.mark.parametrize("schema", [FINITE, SCHEMA], ids=["finite", "strings"])
 def test_json_schema_walks_validate(name: str, schema: dict) -> None:
     if name == "xgrammar" and schema is SCHEMA:
-        pytest.skip("xgrammar's strings admit invalid characters: test_json_strings_admit_only_valid_characters")
+        pytest.skip(
+            "xgrammar's strings admit invalid characters: test_json_strings_admit_only_valid_characters"
+        )
     vocab = make_vocab("byte_level")
     grammar = compiler(name).compile("json_schema", schema)
     rng = random.Random(1)
@@ -101,13 +129,23 @@ def test_json_schema_walks_validate(name: str, schema: dict) -> None:
 
 
 XGRAMMAR_UNSOUND = pytest.mark.xfail(
-    importlib.util.find_spec("xgrammar") is not None, strict=True,
-    reason="xgrammar 0.2.9 admits raw control characters in length-bounded strings and UTF-8-encoded surrogates")
+    importlib.util.find_spec("xgrammar") is not None,
+    strict=True,
+    reason="xgrammar 0.2.9 admits raw control characters in length-bounded strings and UTF-8-encoded surrogates",
+)
 
 
 @pytest.mark.parametrize(
-    "name", ["sgl", EXTERNAL[0], pytest.param(*EXTERNAL[1].values, marks=[*EXTERNAL[1].marks, XGRAMMAR_UNSOUND])])
-@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 8}], ids=["free", "bounded"])
+    "name",
+    [
+        "sgl",
+        EXTERNAL[0],
+        pytest.param(*EXTERNAL[1].values, marks=[*EXTERNAL[1].marks, XGRAMMAR_UNSOUND]),
+    ],
+)
+@pytest.mark.parametrize(
+    "schema", [{"type": "string"}, {"type": "string", "maxLength": 8}], ids=["free", "bounded"]
+)
 def test_json_strings_admit_only_valid_characters(name: str, schema: dict) -> None:
     """Inside a JSON string: no raw control character (RFC 8259), and after the lead byte
     0xED no continuation byte of a surrogate (A0-BF: not UTF-8)."""
@@ -115,15 +153,23 @@ def test_json_strings_admit_only_valid_characters(name: str, schema: dict) -> No
     ids = {tb: i for i, tb in enumerate(vocab.token_bytes) if tb}
     m = compiler(name).compile("json_schema", schema).matcher()
     assert m.accept(ids[b'"'])
-    assert not [t for t in allowed_set(m, vocab) if vocab.token_bytes[t] and vocab.token_bytes[t][0] < 0x20]
+    assert not [
+        t for t in allowed_set(m, vocab) if vocab.token_bytes[t] and vocab.token_bytes[t][0] < 0x20
+    ]
     assert m.accept(ids[b"\xed"])
-    assert not [t for t in allowed_set(m, vocab) if vocab.token_bytes[t] and 0xA0 <= vocab.token_bytes[t][0] <= 0xBF]
+    assert not [
+        t
+        for t in allowed_set(m, vocab)
+        if vocab.token_bytes[t] and 0xA0 <= vocab.token_bytes[t][0] <= 0xBF
+    ]
 
 
 @pytest.mark.parametrize("name", EXTERNAL)
 def test_ebnf_walks_are_members(name: str) -> None:
     vocab = make_vocab("byte_level")
-    grammar = compiler(name).compile("ebnf", 'root ::= "(" item ("," item){0,2} ")"\nitem ::= [a-c]{1,3} | "<" [0-9] ">"')
+    grammar = compiler(name).compile(
+        "ebnf", 'root ::= "(" item ("," item){0,2} ")"\nitem ::= [a-c]{1,3} | "<" [0-9] ">"'
+    )
     rng = random.Random(2)
     for _ in range(8):
         text = walk(grammar.matcher(), vocab, rng).decode()
@@ -167,15 +213,23 @@ def test_without_a_tokenizer_the_vocabulary_alone_suffices(name: str) -> None:
     grammar = GrammarCompiler(vocab, backend=name).compile("json_schema", FINITE)
     rng = random.Random(4)
     for _ in range(4):
-        jsonschema.validate(json.loads(walk(grammar.matcher(), vocab, rng, steps=200).decode()), FINITE)
+        jsonschema.validate(
+            json.loads(walk(grammar.matcher(), vocab, rng, steps=200).decode()), FINITE
+        )
 
 
 @pytest.mark.parametrize("name", EXTERNAL)
 def test_json_object_kind_is_an_object(name: str) -> None:
     vocab = make_vocab("byte_level")
     grammar = compiler(name).compile("json_object", "")
-    first = {vocab.token_bytes[t][:1] for t in allowed_set(grammar.matcher(), vocab) if vocab.token_bytes[t]}
-    assert first and first <= {b"{", b" ", b"\n", b"\t", b"\r"}, first  # no arrays, strings, numbers
+    first = {
+        vocab.token_bytes[t][:1]
+        for t in allowed_set(grammar.matcher(), vocab)
+        if vocab.token_bytes[t]
+    }
+    assert first and first <= {b"{", b" ", b"\n", b"\t", b"\r"}, (
+        first
+    )  # no arrays, strings, numbers
     ids = {tb: i for i, tb in enumerate(vocab.token_bytes) if tb}
     m = grammar.matcher()
     for ch in b'{"a": [1, {"b": null}]}':

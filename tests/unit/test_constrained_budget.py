@@ -38,7 +38,9 @@ def compile_for(kind: str, spec):
         import json
 
         vocab = make_vocab("byte_level")
-        return EbnfGrammar(json.dumps(spec), vocab, rules=json_schema_to_rules(spec), kind="json_schema")
+        return EbnfGrammar(
+            json.dumps(spec), vocab, rules=json_schema_to_rules(spec), kind="json_schema"
+        )
     return make_compiler("byte_level").compile(kind, spec)
 
 
@@ -101,10 +103,14 @@ def test_budget_never_adds_tokens_and_is_plain_when_roomy_or_hopeless(kind, spec
     for budget in range(1, 80):
         assert allowed(m, vocab, budget) <= plain
     assert allowed(m, vocab, 10_000) == plain
-    assert allowed(m, vocab, 1) == plain  # nothing fits in one token: the plain mask (a cut is reported)
+    assert (
+        allowed(m, vocab, 1) == plain
+    )  # nothing fits in one token: the plain mask (a cut is reported)
 
 
-@pytest.mark.parametrize("kind,spec", [lang for lang in LANGUAGES if lang[0] in ("ebnf", "json_schema_grammar")])
+@pytest.mark.parametrize(
+    "kind,spec", [lang for lang in LANGUAGES if lang[0] in ("ebnf", "json_schema_grammar")]
+)
 def test_grammar_budget_masks_keep_a_completion_within_budget(kind, spec) -> None:
     """Brute force: whenever a budget narrows the mask, every token it admits leaves a
     completion (found by BFS over the vocabulary) that fits in what is left."""
@@ -123,7 +129,10 @@ def test_grammar_budget_masks_keep_a_completion_within_budget(kind, spec) -> Non
             for t in sorted(admitted - eos):
                 c = m.copy()
                 assert c.accept(t)
-                assert shortest_tokens(grammar, vocab, c) <= budget - 1, (budget, vocab.token_bytes[t])
+                assert shortest_tokens(grammar, vocab, c) <= budget - 1, (
+                    budget,
+                    vocab.token_bytes[t],
+                )
         choices = sorted(plain - eos)
         if not choices:
             break
@@ -137,12 +146,29 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
            "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": False}  # fmt: skip
 ALARM = {"type": "object", "properties": {"hour": {"type": "integer"}, "minute": {"type": "integer"},
          "label": {"type": "string"}}, "required": ["hour", "minute", "label"], "additionalProperties": False}  # fmt: skip
-CALLS = {"type": "structural_tag", "free_text": False, "separator": "\n", "triggers": ["<tool_call>"],
-         "structures": [{"begin": '<tool_call>\n{"name": "get_weather", "arguments": ', "schema": WEATHER,
-                         "end": "}\n</tool_call>"},
-                        {"begin": '<tool_call>\n{"name": "set_alarm", "arguments": ', "schema": ALARM,
-                         "end": "}\n</tool_call>"}]}  # fmt: skip  (tool calls: tool_choice "required", parallel)
-FREE_CALLS = {**CALLS, "free_text": True, "separator": ""}  # tool_choice "auto": text, calls begun must close
+CALLS = {
+    "type": "structural_tag",
+    "free_text": False,
+    "separator": "\n",
+    "triggers": ["<tool_call>"],
+    "structures": [
+        {
+            "begin": '<tool_call>\n{"name": "get_weather", "arguments": ',
+            "schema": WEATHER,
+            "end": "}\n</tool_call>",
+        },
+        {
+            "begin": '<tool_call>\n{"name": "set_alarm", "arguments": ',
+            "schema": ALARM,
+            "end": "}\n</tool_call>",
+        },
+    ],
+}  # fmt: skip  (tool calls: tool_choice "required", parallel)
+FREE_CALLS = {
+    **CALLS,
+    "free_text": True,
+    "separator": "",
+}  # tool_choice "auto": text, calls begun must close
 WIDE = {"type": "object", "properties": {f"f{i}": {"type": ["integer", "boolean"] if i % 2 else "string"}
         for i in range(10)}, "required": [f"f{i}" for i in range(10)], "additionalProperties": False}  # fmt: skip
 TIGHT_LANGUAGES = {  # id: (kind, spec, a shortest member)

@@ -104,7 +104,11 @@ def test_bitmask_helpers() -> None:
     for vocab_size in (1, 31, 32, 33, 100, 1000):
         allowed = torch.rand(3, vocab_size, generator=gen) < 0.3
         mask = allocate_bitmask(3, vocab_size)
-        assert mask.dtype == torch.int32 and mask.shape == (3, (vocab_size + 31) // 32) and not mask.any()
+        assert (
+            mask.dtype == torch.int32
+            and mask.shape == (3, (vocab_size + 31) // 32)
+            and not mask.any()
+        )
         for b in range(3):
             for i in torch.nonzero(allowed[b]).flatten().tolist():
                 word = int(mask[b, i // 32]) & 0xFFFFFFFF
@@ -119,7 +123,9 @@ def test_bitmask_helpers() -> None:
         bitmask_to_bool(allocate_bitmask(1, 32), 33)
 
 
-def test_gc_is_paused_during_a_compile_and_restored_after(compiler: GrammarCompiler, monkeypatch) -> None:
+def test_gc_is_paused_during_a_compile_and_restored_after(
+    compiler: GrammarCompiler, monkeypatch
+) -> None:
     """Compiles run with the cyclic collector off (sgl.constrained.gcpause); it comes back on
     afterwards, also after a failed compile, and stays off if it was off before."""
     import gc

@@ -49,7 +49,9 @@ def make_vocab(pieces, extra_none: int = 2) -> TokenVocabulary:
         if b:
             seen.setdefault(b)
     token_bytes = (None,) * (1 + extra_none) + tuple(seen)
-    return TokenVocabulary(token_bytes=token_bytes, eos_token_ids=(EOS,), vocab_size=len(token_bytes))
+    return TokenVocabulary(
+        token_bytes=token_bytes, eos_token_ids=(EOS,), vocab_size=len(token_bytes)
+    )
 
 
 def alphabet_vocab(
@@ -65,7 +67,9 @@ def alphabet_vocab(
     """All strings over `chars` up to `max_len`, some random longer ones, `extra`, and junk."""
     rng = random.Random(seed)
     pieces = ["".join(p) for n in range(1, max_len + 1) for p in itertools.product(chars, repeat=n)]
-    pieces += ["".join(rng.choice(chars) for _ in range(rng.randint(*long_len))) for _ in range(n_long)]
+    pieces += [
+        "".join(rng.choice(chars) for _ in range(rng.randint(*long_len))) for _ in range(n_long)
+    ]
     if junk:  # never or rarely allowed: other letters, control bytes, invalid UTF-8, non-ASCII
         pieces += ["Z", "zz", " \n", "\x00", b"\xff", b"\xc0\x80", "\u00e9"]
     return make_vocab(list(pieces) + list(extra))
@@ -74,7 +78,11 @@ def alphabet_vocab(
 def split_utf8(ch: str) -> list[bytes]:
     """The single bytes, leading parts and trailing parts of a character's UTF-8 encoding."""
     enc = ch.encode()
-    return [bytes([b]) for b in enc] + [enc[:k] for k in range(1, len(enc))] + [enc[k:] for k in range(1, len(enc))]
+    return (
+        [bytes([b]) for b in enc]
+        + [enc[:k] for k in range(1, len(enc))]
+        + [enc[k:] for k in range(1, len(enc))]
+    )
 
 
 def formable_chars(vocab: TokenVocabulary) -> str:
@@ -84,7 +92,17 @@ def formable_chars(vocab: TokenVocabulary) -> str:
     conts = [b for b in present if 0x80 <= b <= 0xBF]
     out = []
     for lead in present:
-        n = 1 if lead < 0x80 else 2 if 0xC0 <= lead < 0xE0 else 3 if 0xE0 <= lead < 0xF0 else 4 if lead < 0xF8 else 0
+        n = (
+            1
+            if lead < 0x80
+            else 2
+            if 0xC0 <= lead < 0xE0
+            else 3
+            if 0xE0 <= lead < 0xF0
+            else 4
+            if lead < 0xF8
+            else 0
+        )
         if n == 0 or 0x80 <= lead < 0xC0:
             continue
         for tail in itertools.product(conts, repeat=n - 1):
@@ -258,7 +276,15 @@ def REP(e, lo=0, hi=None):
     return ("rep", e, lo, hi)
 
 
-def check_exact(gbnf: str, oracle: dict, vocab: TokenVocabulary, *, text_len: int, walks: int = 30, seed: int = 0):
+def check_exact(
+    gbnf: str,
+    oracle: dict,
+    vocab: TokenVocabulary,
+    *,
+    text_len: int,
+    walks: int = 30,
+    seed: int = 0,
+):
     """At reachable states (prefixes fed byte by byte, and token-level random walks), the
     mask equals the oracle's set. Texts are at most `text_len` bytes."""
     grammar = compile_ebnf(gbnf, vocab)
@@ -297,7 +323,9 @@ def check_exact(gbnf: str, oracle: dict, vocab: TokenVocabulary, *, text_len: in
         while True:
             got = check(m, text)
             checked += 1
-            choices = sorted(i for i in got if i != EOS and len(text + vocab.token_bytes[i]) <= text_len)
+            choices = sorted(
+                i for i in got if i != EOS and len(text + vocab.token_bytes[i]) <= text_len
+            )
             if not choices:
                 break
             tid = rng.choice(choices)
@@ -340,20 +368,20 @@ def sentences(gbnf: str, n: int, chars: str) -> set[str]:
         ('root ::= "a"{2,}', {"aa", "aaa"}),
         ('root ::= "a"{1,2}', {"a", "aa"}),
         ('root ::= "a"{,2}', {"", "a", "aa"}),
-        ('root ::= [a-b]', {"a", "b"}),
-        ('root ::= [^a]', {"b", "c"}),
-        ('root ::= [ac]', {"a", "c"}),
+        ("root ::= [a-b]", {"a", "b"}),
+        ("root ::= [^a]", {"b", "c"}),
+        ("root ::= [ac]", {"a", "c"}),
         ("root ::= .", {"a", "b", "c"}),
         ('root ::= x x\nx ::= "a" | ""', {"", "a", "aa"}),
         ('root ::= "a" | ', {"", "a"}),
         ('root ::= ( "a" | ) "b"', {"b", "ab"}),
         ('root ::= ""', {""}),
         ('root ::= "\\x61" "\\u0062"', {"ab"}),
-        ('root ::= [\\x61-\\x62]{2}', {"aa", "ab", "ba", "bb"}),
+        ("root ::= [\\x61-\\x62]{2}", {"aa", "ab", "ba", "bb"}),
         ('root ::= "a" # comment "b"\n  "c"', {"ac"}),
         ('root ::=\n  "a"\n  | "b" # continuation line starts with |\n', {"a", "b"}),
         ('root::="a"b\nb::="c"', {"ac"}),
-        ("root ::= snake-case\nsnake-case ::= \"b\"", {"b"}),
+        ('root ::= snake-case\nsnake-case ::= "b"', {"b"}),
         ('root ::= ("a" ("b" | "c"))+', {"ab", "ac"}),
     ],
 )
@@ -399,7 +427,10 @@ def test_string_escapes_and_classes():
         ('root ::= "a" **', ["quantifier"]),
         ('root ::= "a"\nroot ::= "b"', ["defined twice"]),
         ('root := "a"', ["line 1"]),
-        ('root ::= expr\nexpr ::= expr "+" "1" | "1"', ["left-recursive", "'expr'", "expr -> expr"]),
+        (
+            'root ::= expr\nexpr ::= expr "+" "1" | "1"',
+            ["left-recursive", "'expr'", "expr -> expr"],
+        ),
         ('root ::= a\na ::= b "x"\nb ::= a | "y"', ["left-recursive", "a -> b -> a"]),
         ('root ::= a\na ::= c a "x" | "y"\nc ::= "z"?', ["left-recursive", "'a'"]),
         ('root ::= "(" root ")"', ["never produce"]),
@@ -423,7 +454,9 @@ def test_unproductive_alternative_is_dropped_and_unused_rules_are_fine():
 
 def test_right_recursion_and_deep_nesting():
     vocab = make_vocab(["(", ")", "a", "((", "))"])
-    g = compile_ebnf('root ::= list\nlist ::= "a" list | ""\n', vocab)  # right recursion: flat stack
+    g = compile_ebnf(
+        'root ::= list\nlist ::= "a" list | ""\n', vocab
+    )  # right recursion: flat stack
     m = g.matcher()
     for _ in range(2000):
         assert m.accept(5)
@@ -502,10 +535,32 @@ tail ::= [^a-z\-!]
 
 
 def _uni_vocab() -> TokenVocabulary:
-    pieces = list("ab1-!é日") + ["ab", "ba", "aé", "é-", "-1", "1!", "日!", "-日", "bé-", "bbb", "z"]
+    pieces = list("ab1-!é日") + [
+        "ab",
+        "ba",
+        "aé",
+        "é-",
+        "-1",
+        "1!",
+        "日!",
+        "-日",
+        "bé-",
+        "bbb",
+        "z",
+    ]
     for ch in "é日":
         pieces += split_utf8(ch)
-    pieces += [b"a\xc3", b"\xa9a", b"-\xe6\x97", b"\xa5!", b"\xed\xa0\x80", b"\xed", b"\xa0", b"\x80", b"\xff"]
+    pieces += [
+        b"a\xc3",
+        b"\xa9a",
+        b"-\xe6\x97",
+        b"\xa5!",
+        b"\xed\xa0\x80",
+        b"\xed",
+        b"\xa0",
+        b"\x80",
+        b"\xff",
+    ]
     return make_vocab(pieces)
 
 
@@ -527,7 +582,12 @@ def _uni4_vocab() -> TokenVocabulary:
     pieces = ["x", ".", "x.", "😀.", "é😀"]
     for ch in "é日旦😀":
         pieces += split_utf8(ch)
-    pieces += [b"\xf0\x9f\x98\x81", b"\xf0\x9f\x98", b"\xe6\x97\xa6", b"\xe6\x97"]  # 😁 and 旦 partials
+    pieces += [
+        b"\xf0\x9f\x98\x81",
+        b"\xf0\x9f\x98",
+        b"\xe6\x97\xa6",
+        b"\xe6\x97",
+    ]  # 😁 and 旦 partials
     return make_vocab(pieces)
 
 
@@ -535,8 +595,20 @@ def _uni4_vocab() -> TokenVocabulary:
     "name, gbnf, oracle, vocab, text_len",
     [
         ("parens", PARENS_GBNF, PARENS_ORACLE, alphabet_vocab("()", max_len=3), 8),
-        ("arith", ARITH_GBNF, ARITH_ORACLE, alphabet_vocab("12+*()", n_long=60, long_len=(3, 4)), 6),
-        ("jsonlite", JSONLITE_GBNF, JSONLITE_ORACLE, alphabet_vocab('{}[]":,1a', n_long=80, long_len=(3, 4)), 6),
+        (
+            "arith",
+            ARITH_GBNF,
+            ARITH_ORACLE,
+            alphabet_vocab("12+*()", n_long=60, long_len=(3, 4)),
+            6,
+        ),
+        (
+            "jsonlite",
+            JSONLITE_GBNF,
+            JSONLITE_ORACLE,
+            alphabet_vocab('{}[]":,1a', n_long=80, long_len=(3, 4)),
+            6,
+        ),
         ("list", LIST_GBNF, LIST_ORACLE, alphabet_vocab("[]abcx, ", long_len=(3, 4)), 6),
         ("unicode", UNI_GBNF, UNI_ORACLE, UNI_VOCAB, 9),
         ("unicode4", UNI4_GBNF, UNI4_ORACLE, _uni4_vocab(), 10),
@@ -584,7 +656,9 @@ def random_grammar(draw):
             s = "".join(sorted(draw(st.sets(st.sampled_from(chars), min_size=1, max_size=2))))
             if draw(st.booleans()):
                 return f"[{s}]", C(s)
-            neg = "".join(c for c in chars if c not in s)  # the vocab only spells a, b, c (junk=False)
+            neg = "".join(
+                c for c in chars if c not in s
+            )  # the vocab only spells a, b, c (junk=False)
             return (f"[^{s}]", C(neg)) if neg else (f"[{s}]", C(s))
         if kind == "ref":
             # reference only later rules (or any rule behind a literal): no left recursion
@@ -600,7 +674,14 @@ def random_grammar(draw):
             return "(" + " | ".join(p[0] for p in parts) + ")", A(*(p[1] for p in parts))
         text, o = expr(depth + 1, rule_index)
         op = draw(st.sampled_from(["*", "+", "?", "{2}", "{1,2}", "{2,}"]))
-        bounds = {"*": (0, None), "+": (1, None), "?": (0, 1), "{2}": (2, 2), "{1,2}": (1, 2), "{2,}": (2, None)}[op]
+        bounds = {
+            "*": (0, None),
+            "+": (1, None),
+            "?": (0, 1),
+            "{2}": (2, 2),
+            "{1,2}": (1, 2),
+            "{2,}": (2, None),
+        }[op]
         return f"({text}){op}", REP(o, *bounds)
 
     lines, oracle = [], {}
@@ -649,7 +730,9 @@ def assert_same_as_python(g, tables, did) -> None:
     assert tables.allowed_bytes(did) == ref.allowed_bytes(ref_did)
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here"
+)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_grammar(), st.integers(0, 1000), st.sampled_from([0, 3, 2048]), st.booleans())
 def test_native_and_python_tables_give_the_same_masks(grammar, seed, dense_switch, kernel_route):
@@ -683,7 +766,9 @@ def test_native_and_python_tables_give_the_same_masks(grammar, seed, dense_switc
         ebnf_runtime.DENSE_SWITCH, ebnf_runtime.KERNEL_ROUTE = old
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here"
+)
 def test_kernel_route_reuses_kernel_walks_under_other_stacks(monkeypatch):
     """The full JSON grammar along a deeply nested document: at every token the kernel
     route's mask equals the Python tables', and the same string and object kernels, met
@@ -692,9 +777,12 @@ def test_kernel_route_reuses_kernel_walks_under_other_stacks(monkeypatch):
 
     assert ebnf_runtime.native_walk() is not None
     monkeypatch.setattr(ebnf, "WARM_BUDGET_S", 0.0)  # every walk made by the document's masks
-    doc = {"a": [{"b": "xy", "c": [1, 2.5, {"d": "é\"q"}]}, {"b": "z", "c": []}], "e": {"f": {"g": ["h", "i"]}}}
+    doc = {
+        "a": [{"b": "xy", "c": [1, 2.5, {"d": 'é"q'}]}, {"b": "z", "c": []}],
+        "e": {"f": {"g": ["h", "i"]}},
+    }
     text = json.dumps(doc)
-    pieces = sorted({text[i:i + n] for n in (1, 2, 3) for i in range(len(text) - n + 1)})
+    pieces = sorted({text[i : i + n] for n in (1, 2, 3) for i in range(len(text) - n + 1)})
     vocab = make_vocab(pieces + ['"}', '"]', '",', '": ', "}]", "]}"])
     g = compile_ebnf(JSON_GRAMMAR, vocab)
     m = g.matcher()
@@ -704,30 +792,40 @@ def test_kernel_route_reuses_kernel_walks_under_other_stacks(monkeypatch):
     while pos < len(text):
         assert m._tables is tables
         assert_same_as_python(g, tables, m._hist[-1])
-        assert m.accept(token_of[text[pos:pos + 1]])
+        assert m.accept(token_of[text[pos : pos + 1]])
         pos += 1
     assert tables.core.lifts(), "returns below the kernels were walked from real states"
     assert tables.core.kernel_walks_done() < len(text) // 3, "kernels met again came from the cache"
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here"
+)
 def test_whole_subtrees_inside_strings_match_python():
     """Inside a string most subtrees of the trie keep the state where it is and are marked
     whole, not walked: with every string of up to 4 bytes over an alphabet that has quotes,
     escapes (deep subtrees, some mixed) and some non-ASCII tokens, the masks at every parse state
     of a document with strings, escapes and nesting equal the Python tables'."""
     assert ebnf_runtime.native_walk() is not None
-    vocab = alphabet_vocab('a"\\:{,}', max_len=4, n_long=60, long_len=(5, 8), junk=False,
-                           extra=["é", "aé", "éa", 'é"', '"é', "aaé", "\\é"])
+    vocab = alphabet_vocab(
+        'a"\\:{,}',
+        max_len=4,
+        n_long=60,
+        long_len=(5, 8),
+        junk=False,
+        extra=["é", "aé", "éa", 'é"', '"é', "aaé", "\\é"],
+    )
     g = compile_ebnf(JSON_GRAMMAR, vocab)
-    text = json.dumps({"a": "a\\\"é", "aa": {"": ["é", "a"]}}, ensure_ascii=False)
+    text = json.dumps({"a": 'a\\"é', "aa": {"": ["é", "a"]}}, ensure_ascii=False)
     m = g.matcher()
     for byte in text.encode():
         assert_same_as_python(g, m._tables, m._hist[-1])
         assert m.accept_text(bytes([byte]))
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here"
+)
 @pytest.mark.parametrize("bound", ["{0,5}", "{2,40}", "{70,100}"])
 def test_whole_subtrees_inside_bounded_strings_match_python(bound):
     """Inside a bounded string each byte moves the count on: a subtree is marked whole only
@@ -736,8 +834,14 @@ def test_whole_subtrees_inside_bounded_strings_match_python(bound):
     Python tables'."""
     assert ebnf_runtime.native_walk() is not None
     # deep subtrees of letters only (marked whole where the count allows), quotes apart
-    vocab = alphabet_vocab("ab", max_len=7, n_long=40, long_len=(8, 30), junk=False,
-                           extra=['"', 'a"', '"a', '",', ",", '","', 'ab"', '"ab', "é", "aé"])
+    vocab = alphabet_vocab(
+        "ab",
+        max_len=7,
+        n_long=40,
+        long_len=(8, 30),
+        junk=False,
+        extra=['"', 'a"', '"a', '",', ",", '","', 'ab"', '"ab', "é", "aé"],
+    )
     gbnf = f'root ::= item ("," item)*\nitem ::= "\\"" [ab]{bound} "\\""'
     g = compile_ebnf(gbnf, vocab)
     lo, hi = (int(x) for x in bound.strip("{}").split(","))
@@ -757,7 +861,9 @@ COUNTED_BODIES = {  # a counted repetition -> members that run it to each end an
 }
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here"
+)
 @pytest.mark.parametrize("body", list(COUNTED_BODIES))
 def test_shared_kernel_walks_of_counted_copies_match_python(body, monkeypatch):
     """The copies of a counted repetition that no token of up to ``share_horizon`` bytes can
@@ -770,8 +876,14 @@ def test_shared_kernel_walks_of_counted_copies_match_python(body, monkeypatch):
 
     assert ebnf_runtime.native_walk() is not None
     monkeypatch.setattr(ebnf, "WARM_BUDGET_S", 0.0)  # every walk made by the document's masks
-    vocab = alphabet_vocab("ab", max_len=7, n_long=40, long_len=(8, 30), junk=False,
-                           extra=['"', 'a"', '"a', '",', ",", '","', 'ab"', "é", "aé", "éa", "é" * 9, "a" * 40 + '"'])
+    vocab = alphabet_vocab(
+        "ab",
+        max_len=7,
+        n_long=40,
+        long_len=(8, 30),
+        junk=False,
+        extra=['"', 'a"', '"a', '",', ",", '","', 'ab"', "é", "aé", "éa", "é" * 9, "a" * 40 + '"'],
+    )
     gbnf = f'root ::= item ("," item)*\nitem ::= "\\"" {body} "\\""'
     text = ",".join(f'"{member}"' for member in COUNTED_BODIES[body])
     walks = {}
@@ -809,7 +921,9 @@ def test_copies_share_a_walk_only_where_no_short_token_tells_them_apart():
         assert all(net.share[s] == s for s in lits)
 
 
-@pytest.mark.skipif(not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here")
+@pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler: the native recognizer cannot be built here"
+)
 def test_compile_walks_the_kernels_ahead(monkeypatch):
     """With the budget to do it all, the compile makes the kernel walk of every kernel in
     ``warm_order``, and a document's masks then make none: every kernel a mask meets is there."""
@@ -899,10 +1013,51 @@ def guided_walk(grammar, vocab: TokenVocabulary, rng: random.Random, steps: int)
 
 JSON_PIECES = [
     *'{}[],:"\\ \n\t0123456789-+.eEtruefalsn/bu',
-    "{", "{\"", "\":", "\": ", "\",", ", \"", "},", "],", "[{", "}]", "[]", "{}", "true", "false", "null",
-    "\\n", "\\\"", "\\u00", "\\u", "e9", "A", "Fz", "12", "3.", ".5", "-0", "e+", "E-",
-    "name", " name", "\u00e9", "\u65e5\u672c", "\U0001F600", b"\xe6", b"\x97\xa5", "\x01", "  ", "\n  ",
-    "key\":", "abc", " x", "\"a\"", "\"\"", "ab\\", "\\\\",
+    "{",
+    '{"',
+    '":',
+    '": ',
+    '",',
+    ', "',
+    "},",
+    "],",
+    "[{",
+    "}]",
+    "[]",
+    "{}",
+    "true",
+    "false",
+    "null",
+    "\\n",
+    '\\"',
+    "\\u00",
+    "\\u",
+    "e9",
+    "A",
+    "Fz",
+    "12",
+    "3.",
+    ".5",
+    "-0",
+    "e+",
+    "E-",
+    "name",
+    " name",
+    "\u00e9",
+    "\u65e5\u672c",
+    "\U0001f600",
+    b"\xe6",
+    b"\x97\xa5",
+    "\x01",
+    "  ",
+    "\n  ",
+    'key":',
+    "abc",
+    " x",
+    '"a"',
+    '""',
+    "ab\\",
+    "\\\\",
 ]
 
 
@@ -923,9 +1078,9 @@ def test_json_grammar_accepts_real_documents_and_rejects_non_objects():
     vocab = make_vocab(JSON_PIECES)
     grammar = compile_ebnf(JSON_GRAMMAR, vocab)
     docs = [
-        {"a": [1, -2.5e3, True, None, {"b": "q\"\\/\n\u00e9\u0001"}], "c": {}},
+        {"a": [1, -2.5e3, True, None, {"b": 'q"\\/\n\u00e9\u0001'}], "c": {}},
         {},
-        {"x": [[[]], [{}]], "y": "\U0001F600 \u65e5\u672c"},
+        {"x": [[[]], [{}]], "y": "\U0001f600 \u65e5\u672c"},
     ]
     for doc in docs:
         for indent in (None, 2):
@@ -950,7 +1105,9 @@ ws     ::= " "?
 
 
 def test_arithmetic_walks_parse_as_python_expressions():
-    vocab = alphabet_vocab("12+-*/%() ,x_", max_len=2, n_long=60, extra=["foo(", ") * (", ".5", "0", "x1", "(-"])
+    vocab = alphabet_vocab(
+        "12+-*/%() ,x_", max_len=2, n_long=60, extra=["foo(", ") * (", ".5", "0", "x1", "(-"]
+    )
     grammar = compile_ebnf(ARITH_PY_GBNF, vocab)
     rng = random.Random(3)
     for _ in range(25):
@@ -980,7 +1137,9 @@ def test_jsonlite_walks_parse_with_lark_earley():
     for _ in range(25):
         text = guided_walk(grammar, vocab, rng, steps=rng.randint(3, 40)).decode()
         oracle.parse(text)
-        for cut in range(len(text) - 1, 0, -1):  # a proper prefix that is not a sentence is rejected
+        for cut in range(
+            len(text) - 1, 0, -1
+        ):  # a proper prefix that is not a sentence is rejected
             m = grammar.matcher()
             assert m.accept_text(text[:cut])
             try:
@@ -1107,7 +1266,9 @@ def test_forced_text_follows_literal_chains():
 def test_token_ids_out_of_range_special_and_vocab_size_padding():
     base = make_vocab(["a", "b", "ab"])
     padded = TokenVocabulary(
-        token_bytes=base.token_bytes + (None,) * 40, eos_token_ids=(EOS,), vocab_size=base.vocab_size + 40
+        token_bytes=base.token_bytes + (None,) * 40,
+        eos_token_ids=(EOS,),
+        vocab_size=base.vocab_size + 40,
     )
     g = compile_ebnf('root ::= ("a" | "b")+', padded)
     m = g.matcher()
@@ -1130,7 +1291,7 @@ def test_fill_mask_ors_into_row_and_keeps_caller_bits():
 def test_bit_31_and_many_words():
     pieces = [f"t{i}" for i in range(100)]
     vocab = make_vocab(pieces, extra_none=0)  # ids 1..100 are t0..t99
-    g = compile_ebnf("root ::= \"t\" [0-9]{1,2}", vocab)
+    g = compile_ebnf('root ::= "t" [0-9]{1,2}', vocab)
     got = allowed_ids(g.matcher(), vocab)
     assert got == set(range(1, 101))
     row = torch.zeros((vocab.vocab_size + 31) // 32, dtype=torch.int32)
@@ -1171,7 +1332,7 @@ def test_repetition_through_recursion_is_exact():
         ('root ::= ("ab" | "c"){2,7}', {"root": REP(A(L("ab"), L("c")), 2, 7)}),
         ('root ::= "x"{5,} "y"', {"root": S(REP(L("x"), 5, None), L("y"))}),
         ('root ::= ([ab]{4}){0,2} "c"', {"root": S(REP(REP(C("ab"), 4, 4), 0, 2), L("c"))}),
-        ('root ::= [abc]{7,8}', {"root": REP(C("abc"), 7, 8)}),
+        ("root ::= [abc]{7,8}", {"root": REP(C("abc"), 7, 8)}),
     ],
 )
 def test_blocked_repetition_is_exact(monkeypatch, gbnf, oracle):
@@ -1181,7 +1342,9 @@ def test_blocked_repetition_is_exact(monkeypatch, gbnf, oracle):
 
     monkeypatch.setattr(ebnf_automaton, "REPEAT_BLOCK", 2)
     monkeypatch.setattr(ebnf_automaton, "BLOCKED_REPEAT", 3)
-    assert "~" in " ".join(compile_ebnf(gbnf, alphabet_vocab("abcxy.", max_len=3))._net.rule_names)  # blocks were used
+    assert "~" in " ".join(
+        compile_ebnf(gbnf, alphabet_vocab("abcxy.", max_len=3))._net.rule_names
+    )  # blocks were used
     assert check_exact(gbnf, oracle, alphabet_vocab("abcxy.", max_len=3), text_len=10) > 20
 
 
@@ -1192,4 +1355,4 @@ def test_long_counted_repetition_compiles_small_and_counts_exactly():
     bounded = compile_ebnf('root ::= [ab]{2,3000} "."', vocab)
     for n, ok in ((1, False), (2, True), (1999, True), (3000, True), (3001, False)):
         m = bounded.matcher()
-        assert (m.accept_text("ab"[: 1] * n + ".") and m.is_accepting()) == ok, n
+        assert (m.accept_text("ab"[:1] * n + ".") and m.is_accepting()) == ok, n

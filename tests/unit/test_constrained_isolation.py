@@ -24,8 +24,15 @@ def test_isolated_masks_equal_in_process_masks(vocab) -> None:
     local = GrammarCompiler(vocab)
     rng = random.Random(0)
     try:
-        for pattern in ("[a-z]+@[a-z]+\\.(com|org)", "(ab|cd){2,4}x?", "[0-9]{1,3}(\\.[0-9]{1,3}){3}"):
-            a, b = isolated.compile("regex", pattern).matcher(), local.compile("regex", pattern).matcher()
+        for pattern in (
+            "[a-z]+@[a-z]+\\.(com|org)",
+            "(ab|cd){2,4}x?",
+            "[0-9]{1,3}(\\.[0-9]{1,3}){3}",
+        ):
+            a, b = (
+                isolated.compile("regex", pattern).matcher(),
+                local.compile("regex", pattern).matcher(),
+            )
             for _ in range(12):
                 allowed = allowed_set(a, vocab)
                 assert allowed == allowed_set(b, vocab)
@@ -50,7 +57,9 @@ def test_time_limit_gives_a_grammar_error_and_the_compiler_recovers(vocab) -> No
 
 
 def test_memory_limit_gives_a_grammar_error_and_the_compiler_recovers(vocab) -> None:
-    comp = GrammarCompiler(vocab, isolate=True, compile_timeout_s=600, compile_memory_bytes=300 << 20)
+    comp = GrammarCompiler(
+        vocab, isolate=True, compile_timeout_s=600, compile_memory_bytes=300 << 20
+    )
     try:
         with pytest.raises(GrammarError, match="compile memory limit") as info:
             comp.compile("regex", EXPLOSIVE)
@@ -69,7 +78,9 @@ def test_a_json_schema_over_the_regex_limits_takes_the_grammar_route(vocab) -> N
         assert isinstance(g, EbnfGrammar) and g.kind == "json_schema"
         m = g.matcher()
         assert m.accept_text('"' + "b" * 5 + "a" + "ab" * 12 + '"') and m.is_accepting()
-        assert not g.matcher().accept_text('"' + "a" + "b" * 25 + '"')  # its 'a' is not 25th from the end
+        assert not g.matcher().accept_text(
+            '"' + "a" + "b" * 25 + '"'
+        )  # its 'a' is not 25th from the end
     finally:
         comp.shutdown()
 
@@ -89,7 +100,16 @@ def test_a_long_regex_skips_the_regex_route(vocab) -> None:
         g = comp.compile("json_schema", wide)
         assert isinstance(g, EbnfGrammar)
         assert g.matcher().accept_text('{"name_3": true, "other": [1]}')
-        assert isinstance(comp.compile("json_schema", {"type": "object", "properties": {"a": {"type": "boolean"}},
-                                                       "additionalProperties": False}), RegexGrammar)
+        assert isinstance(
+            comp.compile(
+                "json_schema",
+                {
+                    "type": "object",
+                    "properties": {"a": {"type": "boolean"}},
+                    "additionalProperties": False,
+                },
+            ),
+            RegexGrammar,
+        )
     finally:
         comp.shutdown()

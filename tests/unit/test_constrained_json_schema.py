@@ -67,7 +67,9 @@ def walk_to_done(matcher, vocab, rng: random.Random, max_steps: int = 120) -> by
             assert matcher.is_accepting()
             return data
         if rng.random() < 0.6:
-            closing = [t for t in choices if any(c in vocab.token_bytes[t] for c in b'"]},0123456789tfn')]
+            closing = [
+                t for t in choices if any(c in vocab.token_bytes[t] for c in b'"]},0123456789tfn')
+            ]
             choices = closing or choices
         tid = rng.choice(choices)
         assert matcher.accept(tid)
@@ -103,7 +105,10 @@ def assert_valid(schema, instances) -> None:
 
 _names = st.sampled_from(["a", "name", "x_y", "é", "k", "id", "with space", 'q"uote'])
 _scalar_values = st.one_of(
-    st.integers(-50, 50), st.booleans(), st.none(), st.sampled_from(["", "a", "ab", "中", 'x"y', "a\\b", "line\nbreak"])
+    st.integers(-50, 50),
+    st.booleans(),
+    st.none(),
+    st.sampled_from(["", "a", "ab", "中", 'x"y', "a\\b", "line\nbreak"]),
 )
 
 
@@ -117,7 +122,9 @@ def _string_schema(draw) -> dict:
         if draw(st.booleans()):
             s["maxLength"] = lo + draw(st.integers(0, 4))
     elif choice == 2:
-        s["pattern"] = draw(st.sampled_from(["^[a-c]+$", "^\\d{2,3}$", 'x"', "^(ab|ba)*$", "é.", "^[^a]$", "q"]))
+        s["pattern"] = draw(
+            st.sampled_from(["^[a-c]+$", "^\\d{2,3}$", 'x"', "^(ab|ba)*$", "é.", "^[^a]$", "q"])
+        )
     elif choice == 3:
         s["format"] = draw(st.sampled_from(["date", "uuid", "ipv4", "date-time"]))
     return s
@@ -131,7 +138,9 @@ def _number_schema(draw) -> dict:
         s["exclusiveMinimum" if draw(st.booleans()) else "minimum"] = lo
         if draw(st.booleans()):
             # a gap of 2 or more: exclusive bounds one apart admit no integer (refused, rightly)
-            s["exclusiveMaximum" if draw(st.booleans()) else "maximum"] = lo + draw(st.integers(2, 200))
+            s["exclusiveMaximum" if draw(st.booleans()) else "maximum"] = lo + draw(
+                st.integers(2, 200)
+            )
     elif draw(st.booleans()):
         s["maximum"] = draw(st.integers(-30, 30))
     return s
@@ -216,7 +225,17 @@ def test_masks_equal_brute_force_on_schema_regex(schema: dict, rnd: random.Rando
 
 def _int_strings() -> list[str]:
     out = [str(i) for i in range(-1200, 1201)]
-    out += ["-0", "00", "01", "-01", "+1", "1.0", "1e2", "12345678901234567890", "-12345678901234567890"]
+    out += [
+        "-0",
+        "00",
+        "01",
+        "-01",
+        "+1",
+        "1.0",
+        "1e2",
+        "12345678901234567890",
+        "-12345678901234567890",
+    ]
     return out
 
 
@@ -253,14 +272,18 @@ def _num_strings() -> list[str]:
     hi_excl=st.booleans(),
 )
 @settings(max_examples=80, deadline=None)
-def test_number_range_is_exact(lo: int | None, lo_excl: bool, span: int | None, hi_excl: bool) -> None:
+def test_number_range_is_exact(
+    lo: int | None, lo_excl: bool, span: int | None, hi_excl: bool
+) -> None:
     hi = None if span is None else (span - 7 if lo is None else lo + span)
     rx = number_range(lo, lo_excl, hi, hi_excl)
     pat = None if rx is None else re.compile(rx.text)
     for s in _num_strings():
         grammar_ok = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", s) is not None
         v = float(s) if grammar_ok else 0.0
-        in_range = (lo is None or (v > lo if lo_excl else v >= lo)) and (hi is None or (v < hi if hi_excl else v <= hi))
+        in_range = (lo is None or (v > lo if lo_excl else v >= lo)) and (
+            hi is None or (v < hi if hi_excl else v <= hi)
+        )
         # "-0", "-0.0" are never generated (they are 0, spelled oddly)
         want = grammar_ok and in_range and not (s.startswith("-") and v == 0)
         got = pat is not None and pat.fullmatch(s) is not None
@@ -288,11 +311,23 @@ PERSON = {
 
 
 def _matches(schema, instance, **dumps) -> bool:
-    return re.fullmatch(json_schema_to_regex(schema), json.dumps(instance, ensure_ascii=False, **dumps)) is not None
+    return (
+        re.fullmatch(
+            json_schema_to_regex(schema), json.dumps(instance, ensure_ascii=False, **dumps)
+        )
+        is not None
+    )
 
 
 def test_person_schema_accepts_and_rejects() -> None:
-    good = {"name": "Ann", "age": 42, "email": "a@b.co", "tags": ["x", "yz"], "active": True, "score": None}
+    good = {
+        "name": "Ann",
+        "age": 42,
+        "email": "a@b.co",
+        "tags": ["x", "yz"],
+        "active": True,
+        "score": None,
+    }
     assert _matches(PERSON, good)
     assert _matches(PERSON, good, separators=(",", ":"))
     assert _matches(PERSON, {"name": "B", "age": 0, "active": False})
@@ -301,7 +336,9 @@ def test_person_schema_accepts_and_rejects() -> None:
     assert not _matches(PERSON, {"name": "", "age": 1, "active": False})  # minLength
     assert not _matches(PERSON, {"name": "B", "age": -1, "active": False})  # minimum
     assert not _matches(PERSON, {"name": "B", "age": 131, "active": False})  # maximum
-    assert not _matches(PERSON, {"name": "B", "age": 1, "active": False, "zz": 1})  # additionalProperties
+    assert not _matches(
+        PERSON, {"name": "B", "age": 1, "active": False, "zz": 1}
+    )  # additionalProperties
     assert not _matches(PERSON, {**good, "tags": ["a", "b", "c", "d"]})  # maxItems
     assert not re.fullmatch(json_schema_to_regex(PERSON), json.dumps(good, indent=2))  # no newlines
 
@@ -323,10 +360,16 @@ def test_string_escapes_and_lengths() -> None:
     # json.dumps's default (ASCII) spelling: \uXXXX escapes, astral characters as surrogate pairs
     for text in ("é中😀", "\x01a", "aé", "x" * 40):
         assert re.fullmatch(rx, json.dumps(text)) is not None
-        assert re.fullmatch(json_schema_to_regex({"type": "string", "minLength": 3}), json.dumps(text + "abc"))
+        assert re.fullmatch(
+            json_schema_to_regex({"type": "string", "minLength": 3}), json.dumps(text + "abc")
+        )
     # ... but not under maxLength (documented: they would multiply the automaton): raw characters only
-    assert _matches(schema, "é中😀") and not re.fullmatch(json_schema_to_regex(schema), json.dumps("é中😀"))
-    assert not re.fullmatch(rx, '"\\ud800"') and not re.fullmatch(rx, '"\\udc00\\ud800"')  # lone surrogates
+    assert _matches(schema, "é中😀") and not re.fullmatch(
+        json_schema_to_regex(schema), json.dumps("é中😀")
+    )
+    assert not re.fullmatch(rx, '"\\ud800"') and not re.fullmatch(
+        rx, '"\\udc00\\ud800"'
+    )  # lone surrogates
 
 
 def test_pattern_is_search_and_json_escaped() -> None:
@@ -355,7 +398,9 @@ def test_enum_const_and_type_lists() -> None:
     assert _matches({"type": ["string", "null"]}, None)
     assert _matches({"type": ["integer", "number"]}, 1.5)
     # Other keywords next to an enum filter its values (decided by the reference validator).
-    assert _matches({"enum": ["a", "abc", 7], "minLength": 2}, "abc") and _matches({"enum": ["a", 7], "minLength": 2}, 7)
+    assert _matches({"enum": ["a", "abc", 7], "minLength": 2}, "abc") and _matches(
+        {"enum": ["a", 7], "minLength": 2}, 7
+    )
     assert not _matches({"enum": ["a", "abc"], "minLength": 2}, "a")
 
 
@@ -365,12 +410,30 @@ def test_refs_defs_and_recursion() -> None:
         "$ref": "#/$defs/node",
     }  # fmt: skip
     assert _matches(tree, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]})
-    assert not _matches(tree, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4, "kids": [{"v": 5}]}]}]}]})
+    assert not _matches(
+        tree,
+        {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3, "kids": [{"v": 4, "kids": [{"v": 5}]}]}]}]},
+    )
     assert_valid(tree, sample_instances(tree, "byte_level", 5))
-    legacy = {"definitions": {"a~b/c": {"type": "boolean"}}, "properties": {"f": {"$ref": "#/definitions/a~0b~1c"}}, "required": ["f"]}
+    legacy = {
+        "definitions": {"a~b/c": {"type": "boolean"}},
+        "properties": {"f": {"$ref": "#/definitions/a~0b~1c"}},
+        "required": ["f"],
+    }
     assert _matches(legacy, {"f": True})
     with pytest.raises(GrammarError, match="required recursive"):
-        json_schema_to_regex({"$defs": {"n": {"type": "object", "properties": {"n": {"$ref": "#/$defs/n"}}, "required": ["n"]}}, "$ref": "#/$defs/n"})
+        json_schema_to_regex(
+            {
+                "$defs": {
+                    "n": {
+                        "type": "object",
+                        "properties": {"n": {"$ref": "#/$defs/n"}},
+                        "required": ["n"],
+                    }
+                },
+                "$ref": "#/$defs/n",
+            }
+        )
     with pytest.raises(GrammarError, match="does not resolve"):
         json_schema_to_regex({"$ref": "#/$defs/missing"})
     with pytest.raises(GrammarError, match="names another document"):
@@ -386,27 +449,48 @@ def test_combinators() -> None:
     tagged = {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind", "x"]},
                         {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind", "y"]}]}  # fmt: skip
     assert _matches(tagged, {"kind": "b", "y": "q"})
-    merged = {"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]}
+    merged = {
+        "allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]
+    }
     assert _matches(merged, {"a": 1}) and not _matches(merged, {})
-    with pytest.raises(GrammarError, match="no value can satisfy"):  # the types intersect to nothing
+    with pytest.raises(
+        GrammarError, match="no value can satisfy"
+    ):  # the types intersect to nothing
         json_schema_to_regex({"allOf": [{"type": "string"}, {"type": "integer"}]})
     narrowed = {"allOf": [{"type": ["object", "null"]}, {"type": "object"}]}
     assert _matches(narrowed, {}) and not _matches(narrowed, None)
     assert _matches({"allOf": [{"type": "number"}, {"type": "integer"}]}, 3)
     assert not _matches({"allOf": [{"type": "number"}, {"type": "integer"}]}, 3.5)
-    two_maps = {"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"a": {"minimum": 2}, "b": {}}}]}
+    two_maps = {
+        "allOf": [
+            {"properties": {"a": {"type": "integer"}}},
+            {"properties": {"a": {"minimum": 2}, "b": {}}},
+        ]
+    }
     assert _matches(two_maps, {"a": 2, "b": 1}) and not _matches(two_maps, {"a": 1})
-    closed_elsewhere = {"allOf": [{"properties": {"a": {}}}, {"additionalProperties": False}]}  # `a` is extra in part 2
+    closed_elsewhere = {
+        "allOf": [{"properties": {"a": {}}}, {"additionalProperties": False}]
+    }  # `a` is extra in part 2
     assert _matches(closed_elsewhere, {}) and not _matches(closed_elsewhere, {"a": 1})
     with pytest.raises(GrammarError, match="interact"):
-        json_schema_to_regex({"allOf": [{"patternProperties": {"^x": {}}}, {"additionalProperties": False}]})
-    distributed = {"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}, {"maxProperties": 5}]}
+        json_schema_to_regex(
+            {"allOf": [{"patternProperties": {"^x": {}}}, {"additionalProperties": False}]}
+        )
+    distributed = {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}},
+        "anyOf": [{"required": ["a"]}, {"maxProperties": 5}],
+    }
     assert _matches(distributed, {"a": 1})
 
 
 def test_optional_members_every_subset_in_order() -> None:
     names = ["a", "b", "c", "d"]
-    schema = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {n: {"type": "integer"} for n in names},
+        "additionalProperties": False,
+    }
     for mask in range(16):
         inst = {n: i for i, n in enumerate(names) if mask >> i & 1}
         assert _matches(schema, inst) and _matches(schema, inst, separators=(",", ":"))
@@ -426,8 +510,10 @@ def test_size_limit_of_the_regex_route_sends_the_schema_to_the_grammar_route() -
     from sgl.constrained.json_schema import json_schema_to_rx
     from sgl.constrained.regex import check_size
 
-    for schema in ({"type": "string", "maxLength": 5000},
-                   {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100}):
+    for schema in (
+        {"type": "string", "maxLength": 5000},
+        {"type": "array", "items": {"type": "string", "maxLength": 100}, "maxItems": 100},
+    ):
         with pytest.raises(ConstraintTooLarge, match="too large") as info:
             check_size(json_schema_to_rx(schema), "json_schema", "the JSON schema")
         assert info.value.param == "json_schema"
@@ -438,12 +524,29 @@ def test_free_form_and_maps() -> None:
     assert _matches({}, {"a": [1, "x"], "c": {"d": None}})
     assert _matches(True, [1, "x", [True]])
     assert not _matches({}, {"a": {"b": {"c": 1}}})  # FREE_DEPTH = 2 levels of containers
-    m = {"type": "object", "additionalProperties": {"type": "integer"}, "minProperties": 1, "maxProperties": 2}
+    m = {
+        "type": "object",
+        "additionalProperties": {"type": "integer"},
+        "minProperties": 1,
+        "maxProperties": 2,
+    }
     assert _matches(m, {"x": 1}) and _matches(m, {"x": 1, "y": 2})
-    assert not _matches(m, {}) and not _matches(m, {"x": 1, "y": 2, "z": 3}) and not _matches(m, {"x": "s"})
-    assert _matches({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False}, [1, "a"])
-    assert not _matches({"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, [1, 2])
-    assert _matches({"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}}, [1, "a", "b"])
+    assert (
+        not _matches(m, {})
+        and not _matches(m, {"x": 1, "y": 2, "z": 3})
+        and not _matches(m, {"x": "s"})
+    )
+    assert _matches(
+        {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "items": False},
+        [1, "a"],
+    )
+    assert not _matches(
+        {"type": "array", "prefixItems": [{"type": "integer"}], "items": False}, [1, 2]
+    )
+    assert _matches(
+        {"type": "array", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}},
+        [1, "a", "b"],
+    )
     assert _matches({"type": "array", "uniqueItems": True, "maxItems": 1}, [3])
 
 
@@ -461,7 +564,10 @@ def test_formats_validate(fmt: str) -> None:
 @pytest.mark.parametrize(
     "schema,keyword",
     [
-        ({"type": "object", "properties": {"xa": {}}, "patternProperties": {"^x": {}}}, "patternProperties"),
+        (
+            {"type": "object", "properties": {"xa": {}}, "patternProperties": {"^x": {}}},
+            "patternProperties",
+        ),
         ({"type": "object", "propertyNames": {"anyOf": [{"pattern": "a"}]}}, "propertyNames"),
         ({"if": {"type": "string", "pattern": "^a"}, "then": {"minLength": 1}}, "pattern"),
         ({"not": {"type": "string", "pattern": "a"}}, "pattern"),
@@ -474,8 +580,15 @@ def test_formats_validate(fmt: str) -> None:
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "dependentRequired"),
         ({"type": "string", "format": "regex"}, "regex"),
         ({"type": "object", "unevaluatedProperties": {"type": "string"}}, "unevaluatedProperties"),
-        ({"type": "object", "properties": {"a": {}}, "minProperties": 2, "propertyNames": {"maxLength": 3}},
-         "minProperties"),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {}},
+                "minProperties": 2,
+                "propertyNames": {"maxLength": 3},
+            },
+            "minProperties",
+        ),
         ({"type": "strin"}, "strin"),
     ],
 )
@@ -498,7 +611,9 @@ def test_bad_json_and_annotations() -> None:
     unknown = {"type": "object", "properties": {"a": {"type": "string", "minLenght": 2, "x-kubernetes-kind": "k"}},
                "readonly": True, "id": "urn:x", "links": [{"rel": "self"}]}  # fmt: skip
     assert _matches(unknown, {"a": "q"}) and not _matches(unknown, {"a": 1})
-    assert _matches({"type": "string", "format": "chickenbutt"}, "anything")  # not a format of the drafts
+    assert _matches(
+        {"type": "string", "format": "chickenbutt"}, "anything"
+    )  # not a format of the drafts
     # A schema given as text compiles to the same (cached) grammar as the dict
     comp = make_compiler("byte_level")
     assert comp.compile("json_schema", json.dumps(PERSON)) is comp.compile("json_schema", PERSON)
@@ -506,7 +621,11 @@ def test_bad_json_and_annotations() -> None:
 
 def test_forced_keys_after_brace() -> None:
     vocab = make_vocab("byte_level")
-    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
     m = make_compiler("byte_level").compile("json_schema", schema).matcher()
     assert m.forced_text() == '{"name":'
     assert m.accept_text("{")
@@ -529,12 +648,18 @@ def test_forced_keys_after_brace() -> None:
 
 def _hostname_ok(s: str) -> bool:  # RFC 1123, the reference for `format: hostname`
     labels = s.split(".")
-    return len(s) <= 253 and all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", lab) for lab in labels)
+    return len(s) <= 253 and all(
+        re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", lab) for lab in labels
+    )
 
 
-def _uri_ok(s: str, reference: bool, iri: bool = False) -> bool:  # RFC 3986 appendix B split + character rules
+def _uri_ok(
+    s: str, reference: bool, iri: bool = False
+) -> bool:  # RFC 3986 appendix B split + character rules
     m = re.fullmatch(r"(?:([A-Za-z][A-Za-z0-9+.-]*):)?(//[^/?#]*)?([^?#]*)(\?[^#]*)?(#.*)?", s)
-    ucschar = "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef\U00010000-\U0001fffd" if iri else ""  # RFC 3987
+    ucschar = (
+        "\u00a0-\ud7ff\uf900-\ufdcf\ufdf0-\uffef\U00010000-\U0001fffd" if iri else ""
+    )  # RFC 3987
     allowed = rf"[A-Za-z0-9\-._~!$&'()*+,;=:@/?#%\[\]{ucschar}]*"
     if not m or not re.fullmatch(allowed, s) or re.search(r"%(?![0-9A-Fa-f]{2})", s):
         return False
@@ -542,111 +667,359 @@ def _uri_ok(s: str, reference: bool, iri: bool = False) -> bool:  # RFC 3986 app
         return False
     if m.group(2) and not re.fullmatch(r"//([^@]*@)?[^:]*(:[0-9]*)?", m.group(2)):
         return False
-    return not (m.group(1) is None and ":" in m.group(3).split("/")[0])  # a relative path's first segment has no ':'
+    return not (
+        m.group(1) is None and ":" in m.group(3).split("/")[0]
+    )  # a relative path's first segment has no ':'
 
 
-EXTRA_CHECKS = {"hostname": _hostname_ok, "uri": lambda s: _uri_ok(s, False), "uri-reference": lambda s: _uri_ok(s, True),
-                "iri": lambda s: _uri_ok(s, False, iri=True), "iri-reference": lambda s: _uri_ok(s, True, iri=True)}
+EXTRA_CHECKS = {
+    "hostname": _hostname_ok,
+    "uri": lambda s: _uri_ok(s, False),
+    "uri-reference": lambda s: _uri_ok(s, True),
+    "iri": lambda s: _uri_ok(s, False, iri=True),
+    "iri-reference": lambda s: _uri_ok(s, True, iri=True),
+}
 
 KEYWORD_CASES = [  # (schema, must accept, must reject)
     # undeclared members, after the declared ones, where additionalProperties allows them
-    ({"type": "object", "properties": {"a": {"type": "integer"}}},
-     [{"a": 1, "zz": [1, "x"], "y": {"b": None}}, {"zz": "s"}, {}, {"a": 1, "": 2, "aa": 3}],
-     [{"a": "s"}, {"a": 1.5, "b": {"a": "s"}, "c": []}]),
-    ({"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
-     [{"a": "s", "b": 1}, {"b": 1, "c": 2}], [{"a": 1, "b": "s"}, {"b": None}]),
-    ({"type": "object", "properties": {"a": {}}, "minProperties": 2, "maxProperties": 3},
-     [{"a": 1, "b": 2}, {"x": 1, "y": 2}, {"a": 1, "x": 1, "y": 2}], [{"a": 1}, {}, {"a": 1, "w": 1, "x": 1, "y": 2}]),
-    ({"type": "object", "properties": {"a": {}}, "dependentRequired": {"b": ["a"]}},
-     [{"a": 1, "c": 2}, {"c": 2}], [{"b": 1}, {"c": 1, "b": 2}]),
-    ({"type": "object", "patternProperties": {"^x_[a-z]+$": {"type": "integer"}}, "additionalProperties": False},
-     [{"x_ab": 1}, {}, {"x_a": 1, "x_b": 2}], [{"x_ab": "s"}, {"y": 1}, {"x_": 1}]),
-    ({"type": "object", "patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}}, "maxProperties": 2},
-     [{"a1": 1, "b": "s"}], [{"a": "s"}, {"a": 1, "b": "s", "a2": 3}]),
-    ({"type": "object", "propertyNames": {"pattern": "^[a-z]{1,3}$"}, "additionalProperties": {"type": "boolean"}},
-     [{"abc": True}, {}], [{"abcd": True}, {"A": True}, {"ab": 1}]),
-    ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
-      "dependentRequired": {"a": ["b"]}}, [{"b": 1}, {"a": 1, "b": 2}, {}], [{"a": 1}, {"a": 1, "c": 2}]),
-    ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"c": ["a"]}},
-     [{"a": 1, "c": 2}, {"b": 1}], [{"b": 1, "c": 2}]),
-    ({"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "minProperties": 2, "maxProperties": 2},
-     [{"a": 1, "c": 2}, {"b": 1, "c": 2}], [{"a": 1}, {"a": 1, "b": 2, "c": 3}, {}]),
+    (
+        {"type": "object", "properties": {"a": {"type": "integer"}}},
+        [{"a": 1, "zz": [1, "x"], "y": {"b": None}}, {"zz": "s"}, {}, {"a": 1, "": 2, "aa": 3}],
+        [{"a": "s"}, {"a": 1.5, "b": {"a": "s"}, "c": []}],
+    ),
+    (
+        {"type": "object", "properties": {"a": {}}, "additionalProperties": {"type": "integer"}},
+        [{"a": "s", "b": 1}, {"b": 1, "c": 2}],
+        [{"a": 1, "b": "s"}, {"b": None}],
+    ),
+    (
+        {"type": "object", "properties": {"a": {}}, "minProperties": 2, "maxProperties": 3},
+        [{"a": 1, "b": 2}, {"x": 1, "y": 2}, {"a": 1, "x": 1, "y": 2}],
+        [{"a": 1}, {}, {"a": 1, "w": 1, "x": 1, "y": 2}],
+    ),
+    (
+        {"type": "object", "properties": {"a": {}}, "dependentRequired": {"b": ["a"]}},
+        [{"a": 1, "c": 2}, {"c": 2}],
+        [{"b": 1}, {"c": 1, "b": 2}],
+    ),
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^x_[a-z]+$": {"type": "integer"}},
+            "additionalProperties": False,
+        },
+        [{"x_ab": 1}, {}, {"x_a": 1, "x_b": 2}],
+        [{"x_ab": "s"}, {"y": 1}, {"x_": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "patternProperties": {"^a": {"type": "integer"}, "^b": {"type": "string"}},
+            "maxProperties": 2,
+        },
+        [{"a1": 1, "b": "s"}],
+        [{"a": "s"}, {"a": 1, "b": "s", "a2": 3}],
+    ),
+    (
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[a-z]{1,3}$"},
+            "additionalProperties": {"type": "boolean"},
+        },
+        [{"abc": True}, {}],
+        [{"abcd": True}, {"A": True}, {"ab": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}, "c": {}},
+            "dependentRequired": {"a": ["b"]},
+        },
+        [{"b": 1}, {"a": 1, "b": 2}, {}],
+        [{"a": 1}, {"a": 1, "c": 2}],
+    ),
+    (
+        {"type": "object", "properties": {"a": {}, "b": {}, "c": {}}, "dependencies": {"c": ["a"]}},
+        [{"a": 1, "c": 2}, {"b": 1}],
+        [{"b": 1, "c": 2}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}, "c": {}},
+            "minProperties": 2,
+            "maxProperties": 2,
+        },
+        [{"a": 1, "c": 2}, {"b": 1, "c": 2}],
+        [{"a": 1}, {"a": 1, "b": 2, "c": 3}, {}],
+    ),
     ({"not": {"type": "string"}}, [1, None, {"a": 1}, [True]], ["s"]),
-    ({"type": "string", "not": {"enum": ["red", "green"]}}, ["blue", "re", "redd", "", "gree"], ["red", "green"]),
+    (
+        {"type": "string", "not": {"enum": ["red", "green"]}},
+        ["blue", "re", "redd", "", "gree"],
+        ["red", "green"],
+    ),
     ({"enum": ["a", "b", "c"], "not": {"const": "b"}}, ["a", "c"], ["b"]),
     ({"type": ["boolean", "null"], "not": {"const": True}}, [False, None], [True]),
-    ({"type": "string", "format": "ipv6"}, ["::1", "fe80::1", "1:2:3:4:5:6:7:8", "::"],
-     ["1:2:3:4:5:6:7:8:9", "::g", "1.2.3.4", "1:::2"]),
-    ({"type": "string", "format": "hostname"}, ["example.com", "a-b.c", "x"], ["-a.com", "a..b", "a_b", ""]),
-    ({"type": "string", "format": "uri"}, ["https://example.com/a?b=1#f", "urn:isbn:0451450523", "mailto:x@y.z"],
-     ["example.com", "/relative", "http://a b", "1http://x"]),
-    ({"type": "string", "format": "uri-reference"}, ["/relative/path?q", "../x", "https://a.b", ""],
-     ["a b", "%zz", "a:b:c d"]),
-    ({"type": "string", "format": "iri"}, ["https://例え.jp/パス?q=値#f", "urn:isbn:0451450523", "http://ü.de"],
-     ["/relative", "http://a b", "例://x"]),
-    ({"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
-      "patternProperties": {"^X-": {"type": "integer"}}, "additionalProperties": False, "maxProperties": 2},
-     [{"name": "a"}, {"name": "a", "X-b": 1}], [{"X-b": 1}, {"name": "a", "X-b": "s"}, {"name": "a", "Y": 1},
-                                               {"name": "a", "X-b": 1, "X-c": 2}]),
-    ({"type": "object", "properties": {"body": {}, "bodyValue": {}, "id": {"type": "string"}},
-      "not": {"required": ["body", "bodyValue"]}},
-     [{"body": 1}, {"bodyValue": 2, "id": "x"}, {}], [{"body": 1, "bodyValue": 2}, {"body": 1, "bodyValue": 2, "id": "x"}]),
-    ({"properties": {"a": {"type": "integer"}}, "not": {"propertyNames": False}}, [{"a": 1}], [{}, 3, "s"]),
-    ({"type": "string", "format": "iri-reference"}, ["/chemin/é", "../ü", "https://a.b", ""], ["a b", "%zz"]),
+    (
+        {"type": "string", "format": "ipv6"},
+        ["::1", "fe80::1", "1:2:3:4:5:6:7:8", "::"],
+        ["1:2:3:4:5:6:7:8:9", "::g", "1.2.3.4", "1:::2"],
+    ),
+    (
+        {"type": "string", "format": "hostname"},
+        ["example.com", "a-b.c", "x"],
+        ["-a.com", "a..b", "a_b", ""],
+    ),
+    (
+        {"type": "string", "format": "uri"},
+        ["https://example.com/a?b=1#f", "urn:isbn:0451450523", "mailto:x@y.z"],
+        ["example.com", "/relative", "http://a b", "1http://x"],
+    ),
+    (
+        {"type": "string", "format": "uri-reference"},
+        ["/relative/path?q", "../x", "https://a.b", ""],
+        ["a b", "%zz", "a:b:c d"],
+    ),
+    (
+        {"type": "string", "format": "iri"},
+        ["https://例え.jp/パス?q=値#f", "urn:isbn:0451450523", "http://ü.de"],
+        ["/relative", "http://a b", "例://x"],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"name": {"type": "string"}},
+            "required": ["name"],
+            "patternProperties": {"^X-": {"type": "integer"}},
+            "additionalProperties": False,
+            "maxProperties": 2,
+        },
+        [{"name": "a"}, {"name": "a", "X-b": 1}],
+        [
+            {"X-b": 1},
+            {"name": "a", "X-b": "s"},
+            {"name": "a", "Y": 1},
+            {"name": "a", "X-b": 1, "X-c": 2},
+        ],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"body": {}, "bodyValue": {}, "id": {"type": "string"}},
+            "not": {"required": ["body", "bodyValue"]},
+        },
+        [{"body": 1}, {"bodyValue": 2, "id": "x"}, {}],
+        [{"body": 1, "bodyValue": 2}, {"body": 1, "bodyValue": 2, "id": "x"}],
+    ),
+    (
+        {"properties": {"a": {"type": "integer"}}, "not": {"propertyNames": False}},
+        [{"a": 1}],
+        [{}, 3, "s"],
+    ),
+    (
+        {"type": "string", "format": "iri-reference"},
+        ["/chemin/é", "../ü", "https://a.b", ""],
+        ["a b", "%zz"],
+    ),
     # if/then/else: (if and then) or (not if and else), "not if" pushed down the keywords
-    ({"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
-      "if": {"properties": {"kind": {"const": "a"}}}, "then": {"required": ["x"]}, "else": {"properties": {"x": False}}},
-     [{"kind": "a", "x": 1}, {"kind": "b"}, {"x": 2}], [{"kind": "a"}, {"kind": "b", "x": 1}, {}]),
-    ({"type": "object", "properties": {"t": {"enum": ["x", "y", "z"]}, "v": {}}, "allOf": [
-        {"if": {"properties": {"t": {"const": "x"}}}, "then": {"properties": {"v": {"type": "integer"}}}},
-        {"if": {"properties": {"t": {"const": "y"}}}, "then": {"properties": {"v": {"type": "string"}}}},
-        {"if": {"properties": {"t": {"const": "z"}}, "required": ["t"]}, "then": {"required": ["v"]}}]},
-     [{"t": "x", "v": 1}, {"t": "y", "v": "s"}, {"t": "z", "v": None}, {}], [{"t": "x", "v": "s"}, {"t": "z"}, {"v": 1}]),
-    ({"type": "object", "properties": {"b": {"type": ["string", "null"]}, "t": {"type": ["string", "null"]}},
-      "allOf": [{"if": {"not": {"properties": {"b": {"const": None}}}}, "then": {"properties": {"t": {"const": None}}}},
-                {"if": {"not": {"properties": {"t": {"const": None}}}}, "then": {"properties": {"b": {"const": None}}}}]},
-     [{}, {"b": "x"}, {"t": "y"}, {"b": "x", "t": None}, {"b": None, "t": None}], [{"b": "x", "t": "y"}]),
-    ({"type": "string", "if": {"maxLength": 2}, "then": {"pattern": "^a.*$"}, "else": {"pattern": "^b.*$"}},
-     ["a", "ab", "bcd"], ["b", "acd"]),
-    ({"type": ["integer", "string"], "if": {"minimum": 10}, "then": {"maximum": 100}}, [20, 3, "s", -5], [150]),
+    (
+        {
+            "type": "object",
+            "properties": {"kind": {"enum": ["a", "b"]}, "x": {"type": "integer"}},
+            "if": {"properties": {"kind": {"const": "a"}}},
+            "then": {"required": ["x"]},
+            "else": {"properties": {"x": False}},
+        },
+        [{"kind": "a", "x": 1}, {"kind": "b"}, {"x": 2}],
+        [{"kind": "a"}, {"kind": "b", "x": 1}, {}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"t": {"enum": ["x", "y", "z"]}, "v": {}},
+            "allOf": [
+                {
+                    "if": {"properties": {"t": {"const": "x"}}},
+                    "then": {"properties": {"v": {"type": "integer"}}},
+                },
+                {
+                    "if": {"properties": {"t": {"const": "y"}}},
+                    "then": {"properties": {"v": {"type": "string"}}},
+                },
+                {
+                    "if": {"properties": {"t": {"const": "z"}}, "required": ["t"]},
+                    "then": {"required": ["v"]},
+                },
+            ],
+        },
+        [{"t": "x", "v": 1}, {"t": "y", "v": "s"}, {"t": "z", "v": None}, {}],
+        [{"t": "x", "v": "s"}, {"t": "z"}, {"v": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "properties": {"b": {"type": ["string", "null"]}, "t": {"type": ["string", "null"]}},
+            "allOf": [
+                {
+                    "if": {"not": {"properties": {"b": {"const": None}}}},
+                    "then": {"properties": {"t": {"const": None}}},
+                },
+                {
+                    "if": {"not": {"properties": {"t": {"const": None}}}},
+                    "then": {"properties": {"b": {"const": None}}},
+                },
+            ],
+        },
+        [{}, {"b": "x"}, {"t": "y"}, {"b": "x", "t": None}, {"b": None, "t": None}],
+        [{"b": "x", "t": "y"}],
+    ),
+    (
+        {
+            "type": "string",
+            "if": {"maxLength": 2},
+            "then": {"pattern": "^a.*$"},
+            "else": {"pattern": "^b.*$"},
+        },
+        ["a", "ab", "bcd"],
+        ["b", "acd"],
+    ),
+    (
+        {"type": ["integer", "string"], "if": {"minimum": 10}, "then": {"maximum": 100}},
+        [20, 3, "s", -5],
+        [150],
+    ),
     # not over anything whose failure is a union of schemas
     ({"not": {"anyOf": [{"type": "string"}, {"type": "null"}]}}, [1, True, {}], ["s", None]),
     ({"type": "integer", "not": {"minimum": 5}}, [4, -3], [5, 7]),
     ({"type": "number", "not": {"enum": [0, 3]}}, [1, -2, 0.5, 3.25, 2.9, 30], [0, 3, 3.0, -0.0]),
     ({"type": "integer", "minimum": -5, "not": {"const": 0}}, [1, -1, -5], [0, -6]),
-    ({"type": "object", "properties": {"a": {}, "b": {}}, "not": {"required": ["a"], "properties": {"b": {"const": 1}}}},
-     [{"b": 1}, {"a": 1, "b": 2}, {}], [{"a": 0, "b": 1}, {"a": 0}]),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}},
+            "not": {"required": ["a"], "properties": {"b": {"const": 1}}},
+        },
+        [{"b": 1}, {"a": 1, "b": 2}, {}],
+        [{"a": 0, "b": 1}, {"a": 0}],
+    ),
     # `not` next to a union: the union's branches are not dropped (they were, before not)
-    ({"type": ["string", "null"], "not": {"const": None}, "anyOf": [{"maxLength": 2}]}, ["ab", ""], ["abc", None]),
+    (
+        {"type": ["string", "null"], "not": {"const": None}, "anyOf": [{"maxLength": 2}]},
+        ["ab", ""],
+        ["abc", None],
+    ),
     # $ref by $anchor, by a draft 7 "$id": "#name", by a subschema's $id (relative to the root's),
     # and a pointer read in the resource of the nested $id it is under
-    ({"$defs": {"a": {"$anchor": "pos", "type": "integer", "minimum": 0}}, "type": "object",
-      "properties": {"n": {"$ref": "#pos"}}, "required": ["n"], "additionalProperties": False}, [{"n": 1}], [{"n": -1}]),
-    ({"$schema": "http://json-schema.org/draft-07/schema#", "definitions": {"a": {"$id": "#pos", "type": "integer",
-      "minimum": 0}}, "type": "object", "properties": {"n": {"$ref": "#pos"}}, "required": ["n"],
-      "additionalProperties": False}, [{"n": 1}], [{"n": -1}]),
-    ({"$id": "https://example.com/root.json", "$defs": {"item": {"$id": "item.json", "type": "string", "maxLength": 3}},
-      "type": "array", "items": {"$ref": "item.json"}}, [["ab"], []], [["abcd"], [1]]),
-    ({"$id": "https://example.com/s/root.json", "$ref": "https://example.com/t/item.json",
-      "$defs": {"item": {"$id": "https://example.com/t/item.json", "$defs": {"n": {"type": "integer"}}, "type": "array",
-                         "items": {"$ref": "#/$defs/n"}}}}, [[1, 2]], [["x"]]),
-    ({"$id": "urn:example:root", "$defs": {"a": {"type": "integer"}}, "type": "object",
-      "properties": {"n": {"$ref": "#/$defs/a"}}}, [{"n": 1}], [{"n": "x"}]),  # a fragment under a URN base
+    (
+        {
+            "$defs": {"a": {"$anchor": "pos", "type": "integer", "minimum": 0}},
+            "type": "object",
+            "properties": {"n": {"$ref": "#pos"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        },
+        [{"n": 1}],
+        [{"n": -1}],
+    ),
+    (
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "definitions": {"a": {"$id": "#pos", "type": "integer", "minimum": 0}},
+            "type": "object",
+            "properties": {"n": {"$ref": "#pos"}},
+            "required": ["n"],
+            "additionalProperties": False,
+        },
+        [{"n": 1}],
+        [{"n": -1}],
+    ),
+    (
+        {
+            "$id": "https://example.com/root.json",
+            "$defs": {"item": {"$id": "item.json", "type": "string", "maxLength": 3}},
+            "type": "array",
+            "items": {"$ref": "item.json"},
+        },
+        [["ab"], []],
+        [["abcd"], [1]],
+    ),
+    (
+        {
+            "$id": "https://example.com/s/root.json",
+            "$ref": "https://example.com/t/item.json",
+            "$defs": {
+                "item": {
+                    "$id": "https://example.com/t/item.json",
+                    "$defs": {"n": {"type": "integer"}},
+                    "type": "array",
+                    "items": {"$ref": "#/$defs/n"},
+                }
+            },
+        },
+        [[1, 2]],
+        [["x"]],
+    ),
+    (
+        {
+            "$id": "urn:example:root",
+            "$defs": {"a": {"type": "integer"}},
+            "type": "object",
+            "properties": {"n": {"$ref": "#/$defs/a"}},
+        },
+        [{"n": 1}],
+        [{"n": "x"}],
+    ),  # a fragment under a URN base
     # dependentSchemas and schema-form dependencies (draft 7)
-    ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentSchemas": {"a": {"required": ["b"]}}},
-     [{"a": 1, "b": 2}, {"b": 1}, {}], [{"a": 1}]),
-    ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
-      "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
-      "dependencies": {"a": {"properties": {"b": {"minimum": 3}}}, "b": ["a"]}},
-     [{"a": "x", "b": 3}, {"a": "x"}, {}], [{"a": "x", "b": 2}, {"b": 5}]),
+    (
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}},
+            "dependentSchemas": {"a": {"required": ["b"]}},
+        },
+        [{"a": 1, "b": 2}, {"b": 1}, {}],
+        [{"a": 1}],
+    ),
+    (
+        {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"a": {"type": "string"}, "b": {"type": "integer"}},
+            "dependencies": {"a": {"properties": {"b": {"minimum": 3}}}, "b": ["a"]},
+        },
+        [{"a": "x", "b": 3}, {"a": "x"}, {}],
+        [{"a": "x", "b": 2}, {"b": 5}],
+    ),
     # allOf parts with properties and additionalProperties: each part's additionalProperties
     # values the names the other parts declare
-    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
-                {"properties": {"b": {"type": "string"}}}]}, [{"a": 1}, {}], [{"b": "x"}, {"a": "s"}, {"c": 1}]),
-    ({"type": "object", "allOf": [
-        {"properties": {"a": {"type": "integer"}}, "additionalProperties": {"type": "string"}},
-        {"properties": {"b": {"type": "string"}}, "additionalProperties": {"maxLength": 2}}]},
-     [{"a": 1, "b": "xyz"}, {"c": "ab"}], [{"b": 1}, {"c": "abc"}, {"a": "s"}, {"c": 1}]),
+    (
+        {
+            "allOf": [
+                {
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}},
+                    "additionalProperties": False,
+                },
+                {"properties": {"b": {"type": "string"}}},
+            ]
+        },
+        [{"a": 1}, {}],
+        [{"b": "x"}, {"a": "s"}, {"c": 1}],
+    ),
+    (
+        {
+            "type": "object",
+            "allOf": [
+                {
+                    "properties": {"a": {"type": "integer"}},
+                    "additionalProperties": {"type": "string"},
+                },
+                {"properties": {"b": {"type": "string"}}, "additionalProperties": {"maxLength": 2}},
+            ],
+        },
+        [{"a": 1, "b": "xyz"}, {"c": "ab"}],
+        [{"b": 1}, {"c": "abc"}, {"a": "s"}, {"c": 1}],
+    ),
 ]
 
 
@@ -677,7 +1050,11 @@ def test_string_exclusion_covers_escaped_spellings() -> None:
     rx = json_schema_to_regex({"type": "string", "not": {"enum": ["red", "a/b"]}})
     for spelled in ['"red"', '"r\\u0065d"', '"\\u0072ed"', '"a\\/b"', '"a/b"']:
         assert re.fullmatch(rx, spelled) is None, spelled
-    assert re.fullmatch(rx, '"réd"') and re.fullmatch(rx, '"a\\\\b"') and re.fullmatch(rx, '"reé\\u00e9"')
+    assert (
+        re.fullmatch(rx, '"réd"')
+        and re.fullmatch(rx, '"a\\\\b"')
+        and re.fullmatch(rx, '"reé\\u00e9"')
+    )
     # Stricter, by design: a value may leave the excluded words' trie by a raw character only.
     assert re.fullmatch(rx, '"r\\u00e9d"') is None
 
@@ -686,7 +1063,10 @@ def test_translation_budget_refuses_exponential_schemas() -> None:
     # Each level references the previous one four times: 4**12 expansions if inlined.
     defs = {"d0": {"type": "integer"}}
     for i in range(1, 13):
-        defs[f"d{i}"] = {"type": "object", "properties": {k: {"$ref": f"#/$defs/d{i - 1}"} for k in "abcd"}}
+        defs[f"d{i}"] = {
+            "type": "object",
+            "properties": {k: {"$ref": f"#/$defs/d{i - 1}"} for k in "abcd"},
+        }
     with pytest.raises(GrammarError, match="too large") as info:
         json_schema_to_regex({"$defs": defs, "$ref": "#/$defs/d12"})
     assert info.value.param == "json_schema"
@@ -699,7 +1079,28 @@ def test_translation_budget_refuses_exponential_schemas() -> None:
 
 def _decimal_strings() -> list[str]:
     out = []
-    for i in (0, 1, 2, 5, 7, 8, 10, 15, 16, 24, 25, 40, 99, 100, 125, 1000, 1016, 2032, 4096, 123456):
+    for i in (
+        0,
+        1,
+        2,
+        5,
+        7,
+        8,
+        10,
+        15,
+        16,
+        24,
+        25,
+        40,
+        99,
+        100,
+        125,
+        1000,
+        1016,
+        2032,
+        4096,
+        123456,
+    ):
         for frac in ("", ".0", ".00", ".5", ".05", ".07", ".10", ".123", ".250", ".001"):
             out += [f"{i}{frac}", f"-{i}{frac}"]
     return out + ["1e2", "00", "01", "-", ".5"]
@@ -725,13 +1126,23 @@ def test_multiple_of_is_exact_in_decimal(schema: dict) -> None:
 
     pat = re.compile(json_schema_to_regex(schema))
     step = Decimal(repr(schema["multipleOf"]))
-    bounds = {"minimum": Decimal.__ge__, "maximum": Decimal.__le__, "exclusiveMinimum": Decimal.__gt__}
+    bounds = {
+        "minimum": Decimal.__ge__,
+        "maximum": Decimal.__le__,
+        "exclusiveMinimum": Decimal.__gt__,
+    }
     for s in _decimal_strings():
-        spelled = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", s) is not None and not re.fullmatch(r"-0(\.0*)?", s)
+        spelled = re.fullmatch(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?", s) is not None and not re.fullmatch(
+            r"-0(\.0*)?", s
+        )
         if schema["type"] == "integer":
             spelled = spelled and "." not in s
         v = Decimal(s) if spelled else Decimal(0)
-        want = spelled and v % step == 0 and all(op(v, Decimal(repr(schema[k]))) for k, op in bounds.items() if k in schema)
+        want = (
+            spelled
+            and v % step == 0
+            and all(op(v, Decimal(repr(schema[k]))) for k, op in bounds.items() if k in schema)
+        )
         assert (pat.fullmatch(s) is not None) == want, (schema, s)
 
 
@@ -746,13 +1157,22 @@ def test_multiple_of_is_exact_in_decimal(schema: dict) -> None:
     ],
 )
 def test_pattern_with_length_bounds_is_exact(pattern: str, lo: int | None, hi: int | None) -> None:
-    schema: dict = {"type": "string", "pattern": pattern, **({} if lo is None else {"minLength": lo}), "maxLength": hi}
+    schema: dict = {
+        "type": "string",
+        "pattern": pattern,
+        **({} if lo is None else {"minLength": lo}),
+        "maxLength": hi,
+    }
     pat = re.compile(json_schema_to_regex(schema))
     rng = random.Random(7)
     alphabet = "abcxz_.()-09htps:/A"
     cands = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 14))) for _ in range(6000)]
     cands += ["http://" + "a" * k for k in range(8)] + ["https://" + "b" * k for k in range(8)]
-    cands += ["a" * k for k in range(10)] + ["ab" + "c" * k + "-1" for k in range(6)] + ["ab" * k + "12" for k in range(4)]
+    cands += (
+        ["a" * k for k in range(10)]
+        + ["ab" + "c" * k + "-1" for k in range(6)]
+        + ["ab" * k + "12" for k in range(4)]
+    )
     cands += ["a" + "b" * k + "c" for k in range(4)]
     valid = 0
     for c in cands:
@@ -779,21 +1199,50 @@ def test_unsupported_shapes_say_why(schema: dict, message: str) -> None:
 
 LISTED_CASES = [  # an enum/const next to keywords the translator cannot express: each value decided
     ({"enum": [1, 2, 3, 4, 6], "not": {"multipleOf": 2}}, [1, 3], [2, 4, 6, 5]),
-    ({"allOf": [{"enum": [[1, 2], [1, 1], [], "x"]}, {"type": "array", "uniqueItems": True, "minItems": 1}]},
-     [[1, 2]], [[1, 1], [], "x"]),
-    ({"enum": ["x", "y", "zz"], "if": {"const": "x"}, "then": False, "else": {"maxLength": 1}}, ["y"], ["x", "zz"]),
-    ({"$defs": {"small": {"maximum": 10}}, "allOf": [{"$ref": "#/$defs/small"}, {"enum": [5, 50, "s"]}]},
-     [5, "s"], [50]),
-    ({"allOf": [{"enum": [{"foo": "baz"}, {"foo": "baz", "bar": 1}]},
-                {"not": {"not": {"properties": {"bar": {"type": "integer"}}, "required": ["bar"]}}}]},
-     [{"foo": "baz", "bar": 1}], [{"foo": "baz"}]),
+    (
+        {
+            "allOf": [
+                {"enum": [[1, 2], [1, 1], [], "x"]},
+                {"type": "array", "uniqueItems": True, "minItems": 1},
+            ]
+        },
+        [[1, 2]],
+        [[1, 1], [], "x"],
+    ),
+    (
+        {"enum": ["x", "y", "zz"], "if": {"const": "x"}, "then": False, "else": {"maxLength": 1}},
+        ["y"],
+        ["x", "zz"],
+    ),
+    (
+        {
+            "$defs": {"small": {"maximum": 10}},
+            "allOf": [{"$ref": "#/$defs/small"}, {"enum": [5, 50, "s"]}],
+        },
+        [5, "s"],
+        [50],
+    ),
+    (
+        {
+            "allOf": [
+                {"enum": [{"foo": "baz"}, {"foo": "baz", "bar": 1}]},
+                {"not": {"not": {"properties": {"bar": {"type": "integer"}}, "required": ["bar"]}}},
+            ]
+        },
+        [{"foo": "baz", "bar": 1}],
+        [{"foo": "baz"}],
+    ),
 ]
 
 
 @pytest.mark.parametrize("schema,accept,reject", LISTED_CASES)
-def test_enum_next_to_any_keyword_is_decided_per_value(schema: dict, accept: list, reject: list) -> None:
+def test_enum_next_to_any_keyword_is_decided_per_value(
+    schema: dict, accept: list, reject: list
+) -> None:
     for inst in accept:
-        assert jsonschema.Draft202012Validator(schema).is_valid(inst), inst  # the case list itself is right
+        assert jsonschema.Draft202012Validator(schema).is_valid(inst), (
+            inst
+        )  # the case list itself is right
         assert _matches(schema, inst), inst
     for inst in reject:
         assert not _matches(schema, inst), inst
@@ -801,18 +1250,57 @@ def test_enum_next_to_any_keyword_is_decided_per_value(schema: dict, accept: lis
 
 ONE_OF_PROVEN = [  # oneOf as anyOf: proven exclusive from the keywords or on exact automata
     {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
-    {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind"]},
-               {"type": "object", "properties": {"kind": {"enum": ["b", "c"]}, "y": {}}, "required": ["kind"]}]},
-    {"oneOf": [{"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
-                "additionalProperties": False},
-               {"type": "object", "properties": {"src": {"type": "string"}}, "required": ["src"]}]},
+    {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+                "required": ["kind"],
+            },
+            {
+                "type": "object",
+                "properties": {"kind": {"enum": ["b", "c"]}, "y": {}},
+                "required": ["kind"],
+            },
+        ]
+    },
+    {
+        "oneOf": [
+            {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+                "additionalProperties": False,
+            },
+            {"type": "object", "properties": {"src": {"type": "string"}}, "required": ["src"]},
+        ]
+    },
     {"oneOf": [{"type": "string", "maxLength": 3}, {"type": "string", "minLength": 5}]},
 ]
 ONE_OF_UNPROVEN = [  # overlaps that the generated languages alone would hide
-    {"oneOf": [{"type": "integer"}, {"maxLength": 3}]},  # 5 is valid for both: maxLength ignores numbers
-    {"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-               {"type": "object", "properties": {"a": {"type": "integer"}, "c": {}}, "required": ["a", "c"]}]},
-    {"oneOf": [{"type": "array"}, {"type": "array", "items": {"type": "array", "items": {"type": "array"}}, "minItems": 1}]},
+    {
+        "oneOf": [{"type": "integer"}, {"maxLength": 3}]
+    },  # 5 is valid for both: maxLength ignores numbers
+    {
+        "oneOf": [
+            {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+            {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "c": {}},
+                "required": ["a", "c"],
+            },
+        ]
+    },
+    {
+        "oneOf": [
+            {"type": "array"},
+            {
+                "type": "array",
+                "items": {"type": "array", "items": {"type": "array"}},
+                "minItems": 1,
+            },
+        ]
+    },
     # We generate URIs without userinfo: "http://a@b" is a URI the first branch accepts, not one it generates.
     {"oneOf": [{"type": "string", "format": "uri"}, {"type": "string", "pattern": "^http://a@b$"}]},
 ]
@@ -829,14 +1317,21 @@ def test_one_of_that_cannot_be_proven_is_refused(schema: dict) -> None:
         json_schema_to_regex(schema)
 
 
-@pytest.mark.parametrize("pattern", ["^(http)|(https)://(.*)$", "^a|b$", "^x$|yz", "(^a[0-9]$)", "^(ab)$|^(x-[a-z]*)$"])
+@pytest.mark.parametrize(
+    "pattern", ["^(http)|(https)://(.*)$", "^a|b$", "^x$|yz", "(^a[0-9]$)", "^(ab)$|^(x-[a-z]*)$"]
+)
 def test_pattern_anchors_per_alternative_are_search_exact(pattern: str) -> None:
     pat = re.compile(json_schema_to_regex({"type": "string", "pattern": pattern}))
     rng = random.Random(11)
-    cands = ["".join(rng.choice("abxyz0htps:/") for _ in range(rng.randint(0, 9))) for _ in range(4000)]
+    cands = [
+        "".join(rng.choice("abxyz0htps:/") for _ in range(rng.randint(0, 9))) for _ in range(4000)
+    ]
     cands += ["http", "https://", "a", "b", "x", "yz", "a5", "za", "bz"]
     for c in cands:
-        assert (pat.fullmatch(json.dumps(c)) is not None) == (re.search(pattern, c) is not None), (pattern, c)
+        assert (pat.fullmatch(json.dumps(c)) is not None) == (re.search(pattern, c) is not None), (
+            pattern,
+            c,
+        )
 
 
 def test_huge_enum_next_to_other_keywords_is_refused_not_validated_value_by_value() -> None:
@@ -845,4 +1340,6 @@ def test_huge_enum_next_to_other_keywords_is_refused_not_validated_value_by_valu
     values = [f"v{i}" for i in range(MAX_DECIDED_VALUES + 1)]
     with pytest.raises(GrammarError, match="enum"):
         json_schema_to_regex({"enum": values, "minLength": 3})
-    assert _matches({"enum": values[:50], "minLength": 3}, "v10") and not _matches({"enum": values[:50], "minLength": 3}, "v1")
+    assert _matches({"enum": values[:50], "minLength": 3}, "v10") and not _matches(
+        {"enum": values[:50], "minLength": 3}, "v1"
+    )

@@ -19,16 +19,43 @@ from sgl.constrained.vocab import TokenVocabulary
 from sgl.tool_calls import get_parser, pythonic_constraint
 
 EOS = 0
-PIECES = list(string.printable) + ["get_weather(", "get_time(", "city=", "days=", "unit=", "True", "False", "None",
-                                   '"Paris"', '"celsius"', ", ", ")]", "[get", "12", "true", "null", "\u00e9"]
-VOCAB = TokenVocabulary(token_bytes=(None,) + tuple(dict.fromkeys(p.encode() for p in PIECES)), eos_token_ids=(EOS,),
-                        vocab_size=1 + len(dict.fromkeys(PIECES)))
+PIECES = list(string.printable) + [
+    "get_weather(",
+    "get_time(",
+    "city=",
+    "days=",
+    "unit=",
+    "True",
+    "False",
+    "None",
+    '"Paris"',
+    '"celsius"',
+    ", ",
+    ")]",
+    "[get",
+    "12",
+    "true",
+    "null",
+    "\u00e9",
+]
+VOCAB = TokenVocabulary(
+    token_bytes=(None,) + tuple(dict.fromkeys(p.encode() for p in PIECES)),
+    eos_token_ids=(EOS,),
+    vocab_size=1 + len(dict.fromkeys(PIECES)),
+)
 ID = {b.decode(): i for i, b in enumerate(VOCAB.token_bytes) if b is not None}
-WEATHER = {"type": "object", "properties": {
-    "city": {"type": "string", "maxLength": 6}, "days": {"type": "integer", "minimum": 1, "maximum": 9},
-    "unit": {"enum": ["celsius", "fahrenheit", None]}, "exact": {"type": "boolean"},
-    "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2}},
-    "required": ["city"], "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 6},
+        "days": {"type": "integer", "minimum": 1, "maximum": 9},
+        "unit": {"enum": ["celsius", "fahrenheit", None]},
+        "exact": {"type": "boolean"},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 3}, "maxItems": 2},
+    },
+    "required": ["city"],
+    "additionalProperties": False,
+}
 FUNCTIONS = [("get_weather", WEATHER), ("get_time", {"type": "object", "properties": {}})]
 SCHEMAS = dict(FUNCTIONS)
 
@@ -59,7 +86,9 @@ def allowed(m):
 
 
 def grammar(free_text: bool, one_call: bool):
-    return GrammarCompiler(VOCAB).compile("structural_tag", pythonic_constraint(FUNCTIONS, free_text, one_call))
+    return GrammarCompiler(VOCAB).compile(
+        "structural_tag", pythonic_constraint(FUNCTIONS, free_text, one_call)
+    )
 
 
 def feeds(g, text: str) -> bool:
@@ -86,16 +115,31 @@ def test_random_walks_end_in_valid_calls(free_text, one_call):
     assert done >= 10
 
 
-@pytest.mark.parametrize("text", [
-    '[get_weather(city="Paris")]', '[get_weather(city="Rome", days=3, unit=None, exact=True, tags=["a", "b"])]',
-    '[get_time()]', '[get_time(), get_weather(city="x", unit="celsius")]', '  [get_time()]',
-    '[get_weather(days=3)]', '[get_weather(city="Paris", exact=true)]', '[get_weather(days=3, city="x")]',
-    '[get_weather(city="Paris", days=10)]', '[nope()]', '[get_weather("Paris")]', "Hello [get_time()]",
-    "Just text.", "[1, 2]",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[get_weather(city="Paris")]',
+        '[get_weather(city="Rome", days=3, unit=None, exact=True, tags=["a", "b"])]',
+        "[get_time()]",
+        '[get_time(), get_weather(city="x", unit="celsius")]',
+        "  [get_time()]",
+        "[get_weather(days=3)]",
+        '[get_weather(city="Paris", exact=true)]',
+        '[get_weather(days=3, city="x")]',
+        '[get_weather(city="Paris", days=10)]',
+        "[nope()]",
+        '[get_weather("Paris")]',
+        "Hello [get_time()]",
+        "Just text.",
+        "[1, 2]",
+    ],
+)
 def test_texts_are_accepted_exactly_when_the_oracle_accepts_them(text):
     for free_text in (False, True):
-        assert feeds(grammar(free_text, False), text) == oracle(text, free_text, False), (text, free_text)
+        assert feeds(grammar(free_text, False), text) == oracle(text, free_text, False), (
+            text,
+            free_text,
+        )
 
 
 def test_functions_that_cannot_be_keyword_calls_are_refused_naming_them():

@@ -29,6 +29,7 @@ from sgl.constrained.regex import RegexGrammar
 
 HYPO = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
+
 def check_walk(pattern: str, kind: str, rng: random.Random, steps: int = 6) -> None:
     """At every state of a random walk, the mask equals the brute-force allowed set."""
     vocab = make_vocab(kind)
@@ -88,7 +89,20 @@ def test_masks_equal_brute_force_examples(kind: str, pattern: str) -> None:
 # ---------------------------------------------------------------------------
 
 TINY = TokenVocabulary(
-    token_bytes=(b"a", b"b", b"c", b"ab", b"bc", b"abc", b"x", b"\xc3", b"\xa9", "é".encode(), None, b""),
+    token_bytes=(
+        b"a",
+        b"b",
+        b"c",
+        b"ab",
+        b"bc",
+        b"abc",
+        b"x",
+        b"\xc3",
+        b"\xa9",
+        "é".encode(),
+        None,
+        b"",
+    ),
     eos_token_ids=(10,),
     vocab_size=12,
 )
@@ -114,7 +128,9 @@ def _tiny_allowed(pattern: str, prefix_ids: list[int]) -> list[int]:
         ("a?", [], [0, 10]),  # a pattern matching "" (no universal start state in outlines)
     ],
 )
-def test_outlines_boundary_bugs_are_worked_around(pattern: str, prefix: list[int], expected: list[int]) -> None:
+def test_outlines_boundary_bugs_are_worked_around(
+    pattern: str, prefix: list[int], expected: list[int]
+) -> None:
     assert _tiny_allowed(pattern, prefix) == expected
 
 
@@ -191,7 +207,9 @@ def test_empty_language_size_limit_and_non_string() -> None:
 @pytest.mark.parametrize("kind", TOKENIZER_KINDS)
 def test_rollback_and_copy_restore_masks_exactly(kind: str) -> None:
     vocab = make_vocab(kind)
-    grammar = make_compiler(kind).compile("regex", r'\{"k": \[(?:\d+, ){0,5}\d+\], "s": "[^"]{0,12}"\}')
+    grammar = make_compiler(kind).compile(
+        "regex", r'\{"k": \[(?:\d+, ){0,5}\d+\], "s": "[^"]{0,12}"\}'
+    )
     rng = random.Random(7)
     m = grammar.matcher()
     masks = [allowed_set(m, vocab)]
@@ -222,7 +240,9 @@ def test_eos_special_tokens_and_done() -> None:
     vocab = make_vocab("byte_level")
     m = make_compiler("byte_level").compile("regex", "ab?").matcher()
     eos = vocab.eos_token_ids[0]
-    specials = [i for i, b in enumerate(vocab.token_bytes) if b is None and i not in vocab.eos_token_ids]
+    specials = [
+        i for i, b in enumerate(vocab.token_bytes) if b is None and i not in vocab.eos_token_ids
+    ]
     assert specials
     assert not m.accept(eos)  # not accepting yet
     assert not any(m.accept(s) for s in specials)
@@ -274,5 +294,11 @@ def test_oracle_respells_negated_classes_the_regex_module_mismatches() -> None:
 
     from test_constrained_support import Oracle
 
-    for pattern, text in [("(?:a|(?:[^a]|[^0]))", "0"), ("(?:x[^a]|x[^0])", "x0"), ("[^\\w]|\\D", "a")]:
-        assert Oracle(pattern).full(text) == bool(re.fullmatch(pattern, text, flags=re.ASCII)), pattern
+    for pattern, text in [
+        ("(?:a|(?:[^a]|[^0]))", "0"),
+        ("(?:x[^a]|x[^0])", "x0"),
+        ("[^\\w]|\\D", "a"),
+    ]:
+        assert Oracle(pattern).full(text) == bool(re.fullmatch(pattern, text, flags=re.ASCII)), (
+            pattern
+        )

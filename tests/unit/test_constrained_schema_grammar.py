@@ -41,7 +41,9 @@ SAME_LANGUAGE = [  # no free values and no $ref: both routes generate exactly th
 
 
 def grammar_of(schema, vocab) -> EbnfGrammar:
-    return EbnfGrammar(json.dumps(schema), vocab, rules=json_schema_to_rules(schema), kind="json_schema")
+    return EbnfGrammar(
+        json.dumps(schema), vocab, rules=json_schema_to_rules(schema), kind="json_schema"
+    )
 
 
 @pytest.mark.parametrize("schema", SAME_LANGUAGE)
@@ -84,8 +86,12 @@ def _accepting(g: EbnfGrammar, text: str) -> bool:
 
 
 def test_compiler_takes_the_grammar_route_past_the_regex_limit() -> None:
-    schema = {"type": "object", "properties": {"note": {"type": "string", "maxLength": MAX_POSITIONS + 500}},
-              "required": ["note"], "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"note": {"type": "string", "maxLength": MAX_POSITIONS + 500}},
+        "required": ["note"],
+        "additionalProperties": False,
+    }
     g = make_compiler("byte_level").compile("json_schema", schema)
     assert isinstance(g, EbnfGrammar) and g.kind == "json_schema"
     assert _accepting(g, json.dumps({"note": "x" * (MAX_POSITIONS + 500)}))
@@ -93,7 +99,10 @@ def test_compiler_takes_the_grammar_route_past_the_regex_limit() -> None:
 
 
 def test_free_values_are_any_depth_in_the_grammar_route() -> None:
-    g = grammar_of({"type": "object", "properties": {"meta": {}}, "required": ["meta"]}, make_vocab("byte_level"))
+    g = grammar_of(
+        {"type": "object", "properties": {"meta": {}}, "required": ["meta"]},
+        make_vocab("byte_level"),
+    )
     assert _accepting(g, json.dumps({"meta": [[[[{"a": [1, {"b": None}]}]]]]}))
     assert not _accepting(g, '{"meta": [1,]}')
 
@@ -103,6 +112,10 @@ def test_too_large_for_both_routes_names_json_schema_and_both_limits(monkeypatch
 
     # Long counts are built from blocks (a few hundred states here): a small state limit stands in.
     monkeypatch.setattr(ebnf_automaton, "MAX_STATES", 300)
-    with pytest.raises(GrammarError, match="as a grammar") as info:  # 1.1M bounded positions: past both limits
-        make_compiler("byte_level").compile("json_schema", {"type": "string", "maxLength": 1_100_000})
+    with pytest.raises(
+        GrammarError, match="as a grammar"
+    ) as info:  # 1.1M bounded positions: past both limits
+        make_compiler("byte_level").compile(
+            "json_schema", {"type": "string", "maxLength": 1_100_000}
+        )
     assert info.value.param == "json_schema" and "too large" in str(info.value)

@@ -21,18 +21,55 @@ from sgl.constrained.vocab import TokenVocabulary
 
 EOS = 0
 PIECES = list(string.printable) + [
-    "<tool_call>", "<tool", "_call>", "</tool_call>", ">\n{", '{"name": "', '"arguments": ', "}\n</", "call",
-    "get_weather", "get_time", '"city"', '"days"', "Paris", "Rome", "12", "true", "unit", "celsius", "\u00e9", "ok",
-    " the", " tool", "<", "<<", "<t", "tool_", "_c", "all>", "<tool_call>\n{", "</t>",
+    "<tool_call>",
+    "<tool",
+    "_call>",
+    "</tool_call>",
+    ">\n{",
+    '{"name": "',
+    '"arguments": ',
+    "}\n</",
+    "call",
+    "get_weather",
+    "get_time",
+    '"city"',
+    '"days"',
+    "Paris",
+    "Rome",
+    "12",
+    "true",
+    "unit",
+    "celsius",
+    "\u00e9",
+    "ok",
+    " the",
+    " tool",
+    "<",
+    "<<",
+    "<t",
+    "tool_",
+    "_c",
+    "all>",
+    "<tool_call>\n{",
+    "</t>",
 ]
-VOCAB = TokenVocabulary(token_bytes=(None, None) + tuple(dict.fromkeys(p.encode() for p in PIECES)),
-                        eos_token_ids=(EOS,), vocab_size=2 + len(dict.fromkeys(PIECES)))
+VOCAB = TokenVocabulary(
+    token_bytes=(None, None) + tuple(dict.fromkeys(p.encode() for p in PIECES)),
+    eos_token_ids=(EOS,),
+    vocab_size=2 + len(dict.fromkeys(PIECES)),
+)
 ID = {b.decode(): i for i, b in enumerate(VOCAB.token_bytes) if b is not None}
 
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 99},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city"], "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 8},
+        "days": {"type": "integer", "minimum": 1, "maximum": 99},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city"],
+    "additionalProperties": False,
+}
 TIME = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -40,9 +77,14 @@ def call(name: str) -> str:
     return '<tool_call>\n{"name": "' + name + '", "arguments": '
 
 
-TAG = {"type": "structural_tag", "triggers": ["<tool_call>"],
-       "structures": [{"begin": call("get_weather"), "schema": WEATHER, "end": "}\n</tool_call>"},
-                      {"begin": call("get_time"), "schema": TIME, "end": "}\n</tool_call>"}]}
+TAG = {
+    "type": "structural_tag",
+    "triggers": ["<tool_call>"],
+    "structures": [
+        {"begin": call("get_weather"), "schema": WEATHER, "end": "}\n</tool_call>"},
+        {"begin": call("get_time"), "schema": TIME, "end": "}\n</tool_call>"},
+    ],
+}
 
 
 def oracle(text: str, tag: dict) -> bool:
@@ -50,11 +92,13 @@ def oracle(text: str, tag: dict) -> bool:
     whitespace before it) is valid against its schema; at most max_structures of them; with
     free_text false, only segments joined by the separator."""
     free, limit = tag.get("free_text", True), tag.get("max_structures")
-    if tag.get("start_after"):  # reasoning first: free text up to the first marker, a little whitespace
+    if tag.get(
+        "start_after"
+    ):  # reasoning first: free text up to the first marker, a little whitespace
         cut = text.find(tag["start_after"])
         if cut < 0:
             return False
-        rest = text[cut + len(tag["start_after"]):]
+        rest = text[cut + len(tag["start_after"]) :]
         body = rest.lstrip(" \t\r\n")
         if len(rest) - len(body) > 8:
             return False
@@ -86,7 +130,9 @@ def oracle(text: str, tag: dict) -> bool:
                 jsonschema.validate(value, s["schema"])
             except (ValueError, jsonschema.ValidationError):
                 continue
-            if text.startswith(s["end"], end) and segments_from(end + len(s["end"]), count + 1, False):
+            if text.startswith(s["end"], end) and segments_from(
+                end + len(s["end"]), count + 1, False
+            ):
                 return True
         return False
 
@@ -134,11 +180,21 @@ TAGS = {
     "auto, one call": {**TAG, "max_structures": 1},
     "required": {**TAG, "free_text": False, "separator": "\n"},
     "required, one call": {**TAG, "free_text": False, "max_structures": 1},
-    "after reasoning, required": {**TAG, "free_text": False, "separator": "\n", "start_after": "</t>"},
+    "after reasoning, required": {
+        **TAG,
+        "free_text": False,
+        "separator": "\n",
+        "start_after": "</t>",
+    },
     "after reasoning, auto": {**TAG, "start_after": "</t>"},
-    "two triggers": {"type": "structural_tag", "triggers": ["<t", "<<"],
-                     "structures": [{"begin": "<tool_call>", "schema": TIME, "end": "</tool_call>"},
-                                    {"begin": "<<", "schema": {"type": "integer"}, "end": ">>"}]},
+    "two triggers": {
+        "type": "structural_tag",
+        "triggers": ["<t", "<<"],
+        "structures": [
+            {"begin": "<tool_call>", "schema": TIME, "end": "</tool_call>"},
+            {"begin": "<<", "schema": {"type": "integer"}, "end": ">>"},
+        ],
+    },
 }
 
 
@@ -157,7 +213,12 @@ VALID_AUTO = [
     "",
     "No call needed.",
     "Let me check. " + call("get_weather") + '{"city": "Paris", "days": 3}' + "}\n</tool_call>",
-    call("get_time") + "{}" + "}\n</tool_call>\n" + call("get_weather") + '{"city": "Rome"}' + "}\n</tool_call>",
+    call("get_time")
+    + "{}"
+    + "}\n</tool_call>\n"
+    + call("get_weather")
+    + '{"city": "Rome"}'
+    + "}\n</tool_call>",
     "a <tool or <tool_cal is not a call; << neither",
 ]
 INVALID_AUTO = [
@@ -192,26 +253,53 @@ def test_start_after_leaves_the_reasoning_free():
     one = call("get_time") + "{}" + "}\n</tool_call>"
     tag = TAGS["after reasoning, required"]
     grammar = compile_tag(tag)
-    for text in ("hmm <tool_call> maybe</t>\n\n" + one, "</t>" + one, "a</t>" + one + "\n" + one,
-                 "x</t>  " + one, "no marker " + one, "x</t>text", "x</t>" + " " * 9 + one, "x</t>" + one + "</t>"):
+    for text in (
+        "hmm <tool_call> maybe</t>\n\n" + one,
+        "</t>" + one,
+        "a</t>" + one + "\n" + one,
+        "x</t>  " + one,
+        "no marker " + one,
+        "x</t>text",
+        "x</t>" + " " * 9 + one,
+        "x</t>" + one + "</t>",
+    ):
         assert feeds(grammar, text) == oracle(text, tag), text
 
 
-@pytest.mark.parametrize("spec,field", [
-    ("not json", "structural_tag"),
-    ({"structures": []}, "structural_tag.structures"),
-    ({"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<b"]}, "structural_tag.structures[0].begin"),
-    ({"structures": [{"begin": "<a>", "end": "</a>", "schema": 3}], "triggers": ["<a"]},
-     "structural_tag.structures[0].schema"),
-    ({"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": []}, "structural_tag.triggers"),
-    ({**TAG, "max_structures": 0}, "structural_tag.max_structures"),
-    ({**TAG, "extra": 1}, "structural_tag.extra"),
-    ({**TAG, "start_after": ""}, "structural_tag.start_after"),
-    ({**TAG, "max_structures": 30}, "structural_tag.max_structures"),  # 31 copies of an 11-state automaton
-    ({**TAG, "triggers": ["<" + "x" * 130]}, "structural_tag.triggers"),
-    ({"structures": [{"begin": "<a>", "end": "</a>", "schema": {"type": "nonsense"}}], "triggers": ["<a"]},
-     "structural_tag.structures[0].schema"),
-])
+@pytest.mark.parametrize(
+    "spec,field",
+    [
+        ("not json", "structural_tag"),
+        ({"structures": []}, "structural_tag.structures"),
+        (
+            {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": ["<b"]},
+            "structural_tag.structures[0].begin",
+        ),
+        (
+            {"structures": [{"begin": "<a>", "end": "</a>", "schema": 3}], "triggers": ["<a"]},
+            "structural_tag.structures[0].schema",
+        ),
+        (
+            {"structures": [{"begin": "<a>", "end": "</a>"}], "triggers": []},
+            "structural_tag.triggers",
+        ),
+        ({**TAG, "max_structures": 0}, "structural_tag.max_structures"),
+        ({**TAG, "extra": 1}, "structural_tag.extra"),
+        ({**TAG, "start_after": ""}, "structural_tag.start_after"),
+        (
+            {**TAG, "max_structures": 30},
+            "structural_tag.max_structures",
+        ),  # 31 copies of an 11-state automaton
+        ({**TAG, "triggers": ["<" + "x" * 130]}, "structural_tag.triggers"),
+        (
+            {
+                "structures": [{"begin": "<a>", "end": "</a>", "schema": {"type": "nonsense"}}],
+                "triggers": ["<a"],
+            },
+            "structural_tag.structures[0].schema",
+        ),
+    ],
+)
 def test_bad_tags_name_the_field(spec, field):
     with pytest.raises(GrammarError) as e:
         compile_tag(spec)

@@ -38,7 +38,7 @@ CORPUS = [
     "中文文本测试，你好世界。日本語のテキスト、こんにちは。한국어 텍스트 안녕하세요.",
     "Emoji: 😀 😃 🎉 👍🏽 🚀 and symbols ∑ ∫ √ ≤ ≥ € £ ¥. ∞ ≠ ±",
     "def f(x):\n    return x ** 2  # square\n\tindent\ttabs   spaces [1, 2, 3] {true, false, null}",
-    "2024-01-31T12:30:00Z 555-123-4567 a@b.co 0.5 -17 3.14159e10 \"quoted\" back\\slash",
+    '2024-01-31T12:30:00Z 555-123-4567 a@b.co 0.5 -17 3.14159e10 "quoted" back\\slash',
 ]
 TEXT_ALPHABET = "".join(sorted(set("".join(CORPUS)))) + "Ωж🦀ẞ\x01\x7f"
 
@@ -63,7 +63,10 @@ def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
         )
         tok.train_from_iterator(_corpus(), trainer)
         return PreTrainedTokenizerFast(
-            tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>"
+            tokenizer_object=tok,
+            bos_token="<|im_start|>",
+            eos_token="<|im_end|>",
+            unk_token="<|endoftext|>",
         )
     if kind == "sentencepiece":
         tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
@@ -72,7 +75,10 @@ def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
             [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="always")]
         )
         trainer = trainers.BpeTrainer(
-            vocab_size=400, limit_alphabet=60, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+            vocab_size=400,
+            limit_alphabet=60,
+            special_tokens=["<unk>", "<s>", "</s>"],
+            show_progress=False,
         )
         tok.train_from_iterator(_corpus(), trainer)
         data = json.loads(tok.to_str())
@@ -82,7 +88,9 @@ def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
             vocab[f"<0x{b:02X}>"] = next_id
             next_id += 1
         tok = Tokenizer.from_str(json.dumps(data))
-        return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+        return PreTrainedTokenizerFast(
+            tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+        )
     raise ValueError(kind)
 
 
@@ -169,8 +177,11 @@ def _boundaries(pattern: str) -> list[int]:
     return sorted(p for p in points if p <= 0x10FFFF)
 
 
-_CATEGORY_SETS = {"DIGIT": "0123456789", "WORD": "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_",
-                  "SPACE": " \t\n\r\f\v"}  # ASCII semantics
+_CATEGORY_SETS = {
+    "DIGIT": "0123456789",
+    "WORD": "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_",
+    "SPACE": " \t\n\r\f\v",
+}  # ASCII semantics
 
 
 def _class_ranges(op, av) -> list[tuple[int, int]] | None:
@@ -191,8 +202,13 @@ def _class_ranges(op, av) -> list[tuple[int, int]] | None:
                 return None  # a negated category inside a negated class: left as it is
             else:
                 return None
-    elif str(op) == "IN" and len(av) == 1 and str(av[0][0]) == "CATEGORY" and str(av[0][1]).startswith("CATEGORY_NOT_"):
-        chars.update(map(ord, _CATEGORY_SETS[str(av[0][1])[len("CATEGORY_NOT_"):]]))
+    elif (
+        str(op) == "IN"
+        and len(av) == 1
+        and str(av[0][0]) == "CATEGORY"
+        and str(av[0][1]).startswith("CATEGORY_NOT_")
+    ):
+        chars.update(map(ord, _CATEGORY_SETS[str(av[0][1])[len("CATEGORY_NOT_") :]]))
     else:
         return None
     out, start = [], 0
@@ -224,9 +240,13 @@ def _emit(items) -> str:
                 elif str(sop) == "RANGE":
                     parts.append(f"\\U{sav[0]:08x}-\\U{sav[1]:08x}")
                 else:  # a category
-                    parts.append({"DIGIT": "\\d", "WORD": "\\w", "SPACE": "\\s"}[str(sav).split("_")[-1]]
-                                 if not str(sav).startswith("CATEGORY_NOT_") else
-                                 {"DIGIT": "\\D", "WORD": "\\W", "SPACE": "\\S"}[str(sav).split("_")[-1]])
+                    parts.append(
+                        {"DIGIT": "\\d", "WORD": "\\w", "SPACE": "\\s"}[str(sav).split("_")[-1]]
+                        if not str(sav).startswith("CATEGORY_NOT_")
+                        else {"DIGIT": "\\D", "WORD": "\\W", "SPACE": "\\S"}[
+                            str(sav).split("_")[-1]
+                        ]
+                    )
             out.append("[" + "".join(parts) + "]")
         elif name == "BRANCH":
             out.append("(?:" + "|".join(_emit(alt) for alt in av[1]) + ")")
@@ -234,9 +254,18 @@ def _emit(items) -> str:
             out.append("(?:" + _emit(av[-1]) + ")")
         elif name in ("MAX_REPEAT", "MIN_REPEAT"):
             lo, hi, sub = av
-            out.append("(?:" + _emit(sub) + ")" + f"{{{lo},{'' if hi == _sre_p.MAXREPEAT else hi}}}")
+            out.append(
+                "(?:" + _emit(sub) + ")" + f"{{{lo},{'' if hi == _sre_p.MAXREPEAT else hi}}}"
+            )
         elif name == "AT":
-            out.append({"AT_BEGINNING": "^", "AT_BEGINNING_STRING": "\\A", "AT_END": "$", "AT_END_STRING": "\\Z"}[str(av)])
+            out.append(
+                {
+                    "AT_BEGINNING": "^",
+                    "AT_BEGINNING_STRING": "\\A",
+                    "AT_END": "$",
+                    "AT_END_STRING": "\\Z",
+                }[str(av)]
+            )
         else:
             raise ValueError(f"oracle: construct {name} not handled")
     return "".join(out)
@@ -247,7 +276,11 @@ def oracle_pattern(pattern: str) -> str:
     module mis-matches alternations of negated classes (``(?:[^a]|[^0])`` matches nothing,
     2024.11 to 2026.11). Patterns with inline flags are kept as they are."""
     parsed = _sre_p.parse(pattern)
-    if parsed.state.flags & ~(_sre_p.SRE_FLAG_UNICODE if hasattr(_sre_p, "SRE_FLAG_UNICODE") else 0) & 0xFF:
+    if (
+        parsed.state.flags
+        & ~(_sre_p.SRE_FLAG_UNICODE if hasattr(_sre_p, "SRE_FLAG_UNICODE") else 0)
+        & 0xFF
+    ):
         return pattern
     try:
         return _emit(list(parsed))
@@ -325,7 +358,15 @@ def _split(data: bytes) -> tuple[str | None, bytes]:
         tail = data[cut:]
         if not tail:
             return text, b""
-        need = 2 if tail[0] >> 5 == 0b110 else 3 if tail[0] >> 4 == 0b1110 else 4 if tail[0] >> 3 == 0b11110 else 0
+        need = (
+            2
+            if tail[0] >> 5 == 0b110
+            else 3
+            if tail[0] >> 4 == 0b1110
+            else 4
+            if tail[0] >> 3 == 0b11110
+            else 0
+        )
         if need > len(tail) and all(b & 0xC0 == 0x80 for b in tail[1:]):
             return text, tail
         return None, b""
@@ -350,7 +391,9 @@ def _completions(tail: bytes) -> tuple[int, int] | None:
     return lo, hi
 
 
-def walk_random(matcher, vocab: TokenVocabulary, rng: random.Random, steps: int, *, prefer: bytes = b"") -> bytes:
+def walk_random(
+    matcher, vocab: TokenVocabulary, rng: random.Random, steps: int, *, prefer: bytes = b""
+) -> bytes:
     """Accept up to ``steps`` random allowed non-EOS tokens; returns the bytes accepted."""
     out = b""
     eos = set(vocab.eos_token_ids)
@@ -371,7 +414,26 @@ def walk_random(matcher, vocab: TokenVocabulary, rng: random.Random, steps: int,
 # A generator of small regexes (Python syntax)
 # ---------------------------------------------------------------------------
 
-CHARS = ["a", "b", "c", "x", "0", "1", "9", " ", ".", "-", '"', "\\", "é", "ж", "中", "😀", "\n", "_"]
+CHARS = [
+    "a",
+    "b",
+    "c",
+    "x",
+    "0",
+    "1",
+    "9",
+    " ",
+    ".",
+    "-",
+    '"',
+    "\\",
+    "é",
+    "ж",
+    "中",
+    "😀",
+    "\n",
+    "_",
+]
 
 
 def _esc(c: str) -> str:
@@ -403,4 +465,6 @@ def _extend(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
     )
 
 
-regexes = st.recursive(st.one_of(_literal, _literal, _char_class(), _shorthand), _extend, max_leaves=6)
+regexes = st.recursive(
+    st.one_of(_literal, _literal, _char_class(), _shorthand), _extend, max_leaves=6
+)

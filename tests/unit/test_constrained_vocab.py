@@ -85,7 +85,10 @@ def test_cached_per_tokenizer() -> None:
 def test_raw_tokenizers_object_and_cache_release() -> None:
     raw = make_tokenizer("byte_level").backend_tokenizer
     vocab = TokenVocabulary.from_tokenizer(raw)
-    assert vocab.token_bytes == TokenVocabulary.from_tokenizer(make_tokenizer("byte_level")).token_bytes
+    assert (
+        vocab.token_bytes
+        == TokenVocabulary.from_tokenizer(make_tokenizer("byte_level")).token_bytes
+    )
     assert vocab.eos_token_ids == ()
     gc.collect()
 

@@ -17,7 +17,9 @@ from attention_cases import make_case, reference, run
 from sgl.runtime.attention.torch_native import TorchNativeBackend
 
 if not (shutil.which("c++") or shutil.which("g++")):
-    pytest.skip("no C++ compiler: the CPU attention kernel cannot be built here", allow_module_level=True)
+    pytest.skip(
+        "no C++ compiler: the CPU attention kernel cannot be built here", allow_module_level=True
+    )
 
 from sgl.runtime.attention.cpu_kernel import load_paged_attention  # noqa: E402
 
@@ -29,7 +31,13 @@ DECODE = [(0, 1), (36, 1), (99, 1), (7, 1), (16, 1)]
 PREFILL = [(0, 37), (0, 5), (0, 1)]
 MIXED = [(20, 17), (45, 1), (0, 1), (0, 23), (63, 3), (31, 16)]
 JUMP_FORWARD = [(40, 1), (41, 4), (38, 1), (50, 6), (12, 1), (70, 2)]  # decodes + short extends
-LONG = [(10, KERNEL_MAX_EXTEND + 9), (0, 1), (30, KERNEL_MAX_EXTEND), (0, 90), (5, 2)]  # SDPA for the long rows
+LONG = [
+    (10, KERNEL_MAX_EXTEND + 9),
+    (0, 1),
+    (30, KERNEL_MAX_EXTEND),
+    (0, 90),
+    (5, 2),
+]  # SDPA for the long rows
 
 
 def bound(backend: CpuBackend, case) -> CpuBackend:
@@ -53,7 +61,9 @@ def bound(backend: CpuBackend, case) -> CpuBackend:
     ],
 )
 def test_matches_float64_reference_and_torch_native(specs, heads, kv_heads, head_dim):
-    case = make_case(specs, kv_heads, head_dim, torch.float32, heads=heads, max_context=256, capacity=1200)
+    case = make_case(
+        specs, kv_heads, head_dim, torch.float32, heads=heads, max_context=256, capacity=1200
+    )
     expected = reference(case)
     backend = bound(CpuBackend(paged_attention), case)
     assert backend.uses_kernel
@@ -61,23 +71,36 @@ def test_matches_float64_reference_and_torch_native(specs, heads, kv_heads, head
     assert got.shape == case.q.shape and got.dtype == torch.float32
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
     pool, loc = case.batch.kv_pool, case.batch.out_cache_loc  # the new K/V landed in their slots
-    assert torch.equal(pool.k_buffers[0][loc], case.k) and torch.equal(pool.v_buffers[0][loc], case.v)
+    assert torch.equal(pool.k_buffers[0][loc], case.k) and torch.equal(
+        pool.v_buffers[0][loc], case.v
+    )
     torch.testing.assert_close(got, run(TorchNativeBackend(), case), rtol=1e-5, atol=1e-5)
 
 
-FEATURES = [dict(sliding_window=1), dict(sliding_window=5), dict(sliding_window=40), dict(logit_cap=0.7),
-            dict(sliding_window=8, logit_cap=0.3)]
+FEATURES = [
+    dict(sliding_window=1),
+    dict(sliding_window=5),
+    dict(sliding_window=40),
+    dict(logit_cap=0.7),
+    dict(sliding_window=8, logit_cap=0.3),
+]
 
 
-@pytest.mark.parametrize("features", FEATURES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
-@pytest.mark.parametrize("specs", [DECODE, MIXED, JUMP_FORWARD, LONG], ids=["decode", "mixed", "jump", "long"])
+@pytest.mark.parametrize(
+    "features", FEATURES, ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items())
+)
+@pytest.mark.parametrize(
+    "specs", [DECODE, MIXED, JUMP_FORWARD, LONG], ids=["decode", "mixed", "jump", "long"]
+)
 def test_sliding_window_and_logit_cap_match_reference(specs, features):
     """Windows shorter and longer than the contexts, caps that bend the scores: the kernel rows,
     the SDPA rows (LONG) and torch_native with and without its mirror, against float64."""
     case = make_case(specs, 2, 32, torch.float32, heads=6, max_context=256, capacity=1200, seed=11)
     expected = reference(case, **features)
     backend = bound(CpuBackend(paged_attention), case)
-    torch.testing.assert_close(run(backend, case, **features).double(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        run(backend, case, **features).double(), expected, rtol=1e-5, atol=1e-5
+    )
     for mirror in (True, False):
         got = run(TorchNativeBackend(use_mirror=mirror), case, **features)
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
@@ -94,12 +117,21 @@ def test_random_batches_match_reference():
     """Random mixes of decodes, short extends over cached prefixes and fresh prompts."""
     rng = random.Random(7)
     for seed in range(6):
-        specs = [(rng.choice([0, rng.randint(1, 150)]), rng.choice([1, 1, 1, rng.randint(2, 12), rng.randint(13, 80)]))
-                 for _ in range(rng.randint(1, 12))]
-        case = make_case(specs, 3, 64, torch.float32, seed=seed, heads=9, max_context=256, capacity=3000)
+        specs = [
+            (
+                rng.choice([0, rng.randint(1, 150)]),
+                rng.choice([1, 1, 1, rng.randint(2, 12), rng.randint(13, 80)]),
+            )
+            for _ in range(rng.randint(1, 12))
+        ]
+        case = make_case(
+            specs, 3, 64, torch.float32, seed=seed, heads=9, max_context=256, capacity=3000
+        )
         expected = reference(case)
         got = run(bound(CpuBackend(paged_attention), case), case)
-        torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m, specs=specs: f"{specs}: {m}")
+        torch.testing.assert_close(
+            got.double(), expected, rtol=1e-5, atol=1e-5, msg=lambda m, specs=specs: f"{specs}: {m}"
+        )
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
@@ -141,7 +173,9 @@ def test_kernel_checks_its_inputs():
     }
     for rows in bad_rows.values():
         with pytest.raises(RuntimeError, match="out of range"):
-            paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], table, torch.tensor(rows), 0.125)
+            paged_attention(
+                q, pool.k_buffers[0], pool.v_buffers[0], table, torch.tensor(rows), 0.125
+            )
     table[case.batch.req_rows[0], 0] = pool.k_buffers[0].shape[0]  # a slot past the pool
     with pytest.raises(RuntimeError, match="outside the KV pool"):
         paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
@@ -153,7 +187,9 @@ def test_kernel_checks_its_inputs():
         k48 = torch.zeros(pool.k_buffers[0].shape[0], 2, 48)
         paged_attention(torch.zeros(len(q), 4, 48), k48, k48, table, ok, 0.125)
     with pytest.raises(RuntimeError, match="multiple of kv heads"):
-        paged_attention(torch.zeros(len(q), 3, 64), pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125)
+        paged_attention(
+            torch.zeros(len(q), 3, 64), pool.k_buffers[0], pool.v_buffers[0], table, ok, 0.125
+        )
 
 
 # ---------------------------------------------------------------------------- end to end
@@ -179,17 +215,25 @@ def test_engine_greedy_tokens_equal_hf(tiny_dir):
     batch = [shared + [rng.randrange(1, VOCAB) for _ in range(n)] for n in (5, 90, 1)]
     batch += [[rng.randrange(1, VOCAB) for _ in range(n)] for n in (3, 120)]
     params = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
-    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, chunked_prefill_size=100) as engine:
-        assert engine.get_server_info()["attention_backend"] == "cpu"  # the kernel runs (head_dim 16)
+    with sgl.Engine(
+        model_path=str(path), dtype="float32", max_total_tokens=4096, chunked_prefill_size=100
+    ) as engine:
+        assert (
+            engine.get_server_info()["attention_backend"] == "cpu"
+        )  # the kernel runs (head_dim 16)
         engine.generate(input_ids=batch[:1], sampling_params=params)  # the shared prefix is cached
         outs = engine.generate(input_ids=batch, sampling_params=params)
     for ids, out in zip(batch, outs):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-        assert out["output_ids"] == want[0, len(ids):].tolist()
+            want = hf.generate(
+                torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0
+            )
+        assert out["output_ids"] == want[0, len(ids) :].tolist()
 
 
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3), (torch.float16, 1e-3)])
+@pytest.mark.parametrize(
+    "dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 8e-3), (torch.float16, 1e-3)]
+)
 def test_prefill_chunks_after_cached_prefixes_match_reference(dtype, tol):
     """Long rows over a cached prefix (attended as a prefix block and a causal block merged by
     their log-sum-exps): prefixes shorter, equal to and longer than the chunk, one key of prefix."""
@@ -208,7 +252,9 @@ from sgl.runtime.attention.cpu_kernel import load_prefill_attention  # noqa: E40
 from sgl.runtime.cpu_features import cpu_flags  # noqa: E402
 
 needs_prefill_kernel = pytest.mark.skipif(
-    not {"avx512f", "avx512_bf16"} <= cpu_flags(), reason="the prefill kernel needs AVX512-BF16 (this CPU lacks it)")
+    not {"avx512f", "avx512_bf16"} <= cpu_flags(),
+    reason="the prefill kernel needs AVX512-BF16 (this CPU lacks it)",
+)
 
 
 class CountingOp:
@@ -232,7 +278,16 @@ def test_prefill_kernel_matches_reference(heads, kv_heads, head_dim):
     op = load_prefill_attention()
     assert op is not None  # AVX512-BF16 and a compiler: the kernel must build
     specs = [(0, 65), (1, 70), (300, 120), (97, 97), (0, 1), (33, 300), (64, 128), (20, 1)]
-    case = make_case(specs, kv_heads, head_dim, torch.bfloat16, heads=heads, max_context=512, capacity=2000, seed=7)
+    case = make_case(
+        specs,
+        kv_heads,
+        head_dim,
+        torch.bfloat16,
+        heads=heads,
+        max_context=512,
+        capacity=2000,
+        seed=7,
+    )
     counting = CountingOp(op)
     got = run(bound(CpuBackend(paged_attention, counting), case), case)
     assert counting.calls == sum(e > KERNEL_MAX_EXTEND for _, e in specs)
@@ -264,6 +319,11 @@ def test_prefill_kernel_checks_its_inputs():
     with pytest.raises(RuntimeError, match="keys .* >= queries"):
         op(q, k[:3], k[:3], 0.125)
     with pytest.raises(RuntimeError, match="multiple of kv heads"):
-        op(q, torch.zeros(6, 3, 64, dtype=torch.bfloat16), torch.zeros(6, 3, 64, dtype=torch.bfloat16), 0.125)
+        op(
+            q,
+            torch.zeros(6, 3, 64, dtype=torch.bfloat16),
+            torch.zeros(6, 3, 64, dtype=torch.bfloat16),
+            0.125,
+        )
     with pytest.raises(RuntimeError, match="head_dim 48"):
         op(q[..., :48], k[..., :48], k[..., :48], 0.125)

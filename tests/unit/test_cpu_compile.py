@@ -30,14 +30,17 @@ def _compile(failing: set[str]):
     calls: list[str] = []
     seconds, errors, wrappers = {}, {}, {}
     batch = SimpleNamespace(input_ids=torch.tensor([5]), positions=torch.tensor([0]))
-    forward = CompiledDecode(torch.nn.Identity())._compile("batch 1", _maker(failing, calls), batch, _Backend(),
-                                                            seconds, errors, wrappers)
+    forward = CompiledDecode(torch.nn.Identity())._compile(
+        "batch 1", _maker(failing, calls), batch, _Backend(), seconds, errors, wrappers
+    )
     return forward, calls, errors, wrappers
 
 
 def test_the_cpp_wrapper_is_tried_first():
     forward, calls, errors, wrappers = _compile(set())
-    assert WRAPPERS[0] == "cpp" and calls == ["cpp"] and wrappers == {"batch 1": "cpp"} and not errors
+    assert (
+        WRAPPERS[0] == "cpp" and calls == ["cpp"] and wrappers == {"batch 1": "cpp"} and not errors
+    )
     assert forward is not None
 
 

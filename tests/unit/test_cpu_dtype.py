@@ -22,12 +22,15 @@ def flags(monkeypatch):
     cpu_features.cpu_flags.cache_clear()
 
 
-@pytest.mark.parametrize("text,dtype,why", [
-    ("fpu sse avx512f amx_tile amx_bf16 amx_int8 avx512_bf16", torch.bfloat16, "AMX-BF16"),
-    ("fpu sse avx512f avx512_bf16 avx512_vnni", torch.bfloat16, "AVX512-BF16"),
-    ("fpu sse avx2 fma avx512f", torch.float32, "no AMX-BF16 or AVX512-BF16"),
-    ("", torch.float32, "no AMX-BF16 or AVX512-BF16"),
-])
+@pytest.mark.parametrize(
+    "text,dtype,why",
+    [
+        ("fpu sse avx512f amx_tile amx_bf16 amx_int8 avx512_bf16", torch.bfloat16, "AMX-BF16"),
+        ("fpu sse avx512f avx512_bf16 avx512_vnni", torch.bfloat16, "AVX512-BF16"),
+        ("fpu sse avx2 fma avx512f", torch.float32, "no AMX-BF16 or AVX512-BF16"),
+        ("", torch.float32, "no AMX-BF16 or AVX512-BF16"),
+    ],
+)
 def test_auto_dtype_follows_the_cpu(flags, text, dtype, why):
     flags(text)
     got, reason = EngineConfig().resolve_dtype(torch.device("cpu"))
@@ -36,7 +39,10 @@ def test_auto_dtype_follows_the_cpu(flags, text, dtype, why):
 
 def test_explicit_dtype_wins(flags):
     flags("amx_tile amx_bf16")
-    assert EngineConfig(dtype="float32").resolve_dtype(torch.device("cpu")) == (torch.float32, "set by the dtype option")
+    assert EngineConfig(dtype="float32").resolve_dtype(torch.device("cpu")) == (
+        torch.float32,
+        "set by the dtype option",
+    )
 
 
 def test_engine_reports_its_choice(flags):
@@ -46,7 +52,9 @@ def test_engine_reports_its_choice(flags):
     with sgl.Engine(model_path="tiny-llama", load_format="dummy", max_total_tokens=256) as engine:
         info = engine.get_server_info()
     assert info["dtype"] == "float32" and "no AMX-BF16" in info["dtype_reason"]
-    assert info["quantization"] == "auto" and info["weight_layouts"] == {"dense": 2 * 4 + 2}  # + embeddings, LM head
+    assert info["quantization"] == "auto" and info["weight_layouts"] == {
+        "dense": 2 * 4 + 2
+    }  # + embeddings, LM head
 
 
 def test_usable_cpus_follow_the_affinity_mask():
@@ -58,8 +66,10 @@ def test_usable_cpus_follow_the_affinity_mask():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
     cpu = sorted(os.sched_getaffinity(0))[0]
-    code = (f"import os; os.sched_setaffinity(0, {{{cpu}}}); "
-            "from sgl.runtime.cpu_features import usable_cpus; print(usable_cpus())")
+    code = (
+        f"import os; os.sched_setaffinity(0, {{{cpu}}}); "
+        "from sgl.runtime.cpu_features import usable_cpus; print(usable_cpus())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
     assert cpu_features.usable_cpus() == len(os.sched_getaffinity(0))

@@ -16,8 +16,10 @@ from sgl.runtime.model.cpu_packed import PackedLinear, pack_dense_layers, packin
 from sgl.runtime.model.linear_ops import linear_ops_built
 from sgl.runtime.model.row_grid import EXACT_ROWS, padded_rows
 
-needs_packing = pytest.mark.skipif(not packing_applies(torch.bfloat16, torch.device("cpu")),
-                                   reason="this CPU has no native bf16 matmul (oneDNN packing is not used here)")
+needs_packing = pytest.mark.skipif(
+    not packing_applies(torch.bfloat16, torch.device("cpu")),
+    reason="this CPU has no native bf16 matmul (oneDNN packing is not used here)",
+)
 
 
 def _reference(layer: PackedLinear, x: torch.Tensor) -> torch.Tensor:
@@ -58,7 +60,9 @@ def test_row_grid_bounds_shapes_and_padding():
 @pytest.mark.parametrize("shape", [(2, 150, 256), (1, 65, 256), (77, 256)])
 def test_padded_rows_leave_outputs_unchanged(shape):
     gen = torch.Generator().manual_seed(11)
-    layer = PackedLinear(torch.randn(192, 256, generator=gen) * 0.05, torch.randn(192, generator=gen))
+    layer = PackedLinear(
+        torch.randn(192, 256, generator=gen) * 0.05, torch.randn(192, generator=gen)
+    )
     x = torch.randn(*shape, generator=gen).bfloat16()
     y = layer(x)
     assert y.shape == (*shape[:-1], 192)
@@ -100,7 +104,9 @@ def test_packed_model_matches_hf_on_its_weights(tmp_path, tie):
     ours, _ = load_model(str(tmp_path), torch.bfloat16, torch.device("cpu"))
     assert pack_dense_layers(ours) == 4 * 2 + 1
     assert quantization_summary(ours) == {"dense_packed": 9, "dense": 1}  # + the embedding lookup
-    _assert_matches_hf_on_held_weights(ours, hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9), list(range(2, 40)))
+    _assert_matches_hf_on_held_weights(
+        ours, hf_tiny(arch="llama", tie=tie, kv_heads=2, seed=9), list(range(2, 40))
+    )
 
 
 def _assert_matches_hf_on_held_weights(ours, oracle, ids: list[int]) -> None:
@@ -131,7 +137,9 @@ def test_packed_experts_match_the_per_token_definition(rows):
     gate_up, down = (w.double() for w in experts.stacked_weights())
     experts.pack_for_cpu()
     assert not list(experts.parameters()) and len(experts.per_expert) == 6
-    assert all(torch.equal(a.double(), b) for a, b in zip(experts.stacked_weights(), (gate_up, down)))
+    assert all(
+        torch.equal(a.double(), b) for a, b in zip(experts.stacked_weights(), (gate_up, down))
+    )
     x = torch.randn(rows, 128).bfloat16()
     chosen = torch.stack([torch.arange(rows) % 6, (torch.arange(rows) + 1) % 6], dim=1)
     weights = torch.rand(rows, 2)

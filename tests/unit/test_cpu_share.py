@@ -22,11 +22,13 @@ def test_threads_for_takes_a_core_away_only_when_another_process_holds_it():
 
 def test_cpu_ticks_reads_the_cpus_it_is_given(tmp_path):
     stat = tmp_path / "stat"
-    stat.write_text("cpu  9 9 9 9 9 9 9 9 0 0\n"
-                    "cpu0 10 1 5 100 2 1 1 3 0 0\n"
-                    "cpu1 20 0 10 50 0 0 0 0 0 0\n"
-                    "cpu2 1000 0 0 0 0 0 0 0 0 0\n"
-                    "intr 5 6\n")
+    stat.write_text(
+        "cpu  9 9 9 9 9 9 9 9 0 0\n"
+        "cpu0 10 1 5 100 2 1 1 3 0 0\n"
+        "cpu1 20 0 10 50 0 0 0 0 0 0\n"
+        "cpu2 1000 0 0 0 0 0 0 0 0 0\n"
+        "intr 5 6\n"
+    )
     me = tmp_path / "self"
     me.write_text("42 (a (strange) name) S " + " ".join(["0"] * 10) + " 7 4 0 0\n")
     total, busy, own = cpu_ticks({0, 1}, str(stat), str(me))
@@ -47,14 +49,23 @@ class Counters:
     def advance(self, others: float, own: float, ticks_per_cpu: int = 50) -> None:
         total, busy, mine = self.reading
         span = ticks_per_cpu * self.cpus
-        self.reading = (total + span, busy + int((others + own) * ticks_per_cpu), mine + int(own * ticks_per_cpu))
+        self.reading = (
+            total + span,
+            busy + int((others + own) * ticks_per_cpu),
+            mine + int(own * ticks_per_cpu),
+        )
         self.now += 0.5
 
 
 def governor(counters: Counters, max_threads: int) -> tuple[CpuShare, list[int]]:
     calls: list[int] = []
-    share = CpuShare(max_threads, calls.append, read=lambda: counters.reading, clock=lambda: counters.now,
-                     cpus=set(range(counters.cpus)))
+    share = CpuShare(
+        max_threads,
+        calls.append,
+        read=lambda: counters.reading,
+        clock=lambda: counters.now,
+        cpus=set(range(counters.cpus)),
+    )
     share.tick()  # the first reading
     return share, calls
 
@@ -86,7 +97,11 @@ def test_no_decision_between_intervals_or_on_too_few_ticks():
     c.advance(others=2.0, own=0.0)
     share.tick()
     assert calls == [1]
-    c.reading = (c.reading[0] + 100, c.reading[1], c.reading[2])  # quiet again, but within the interval
+    c.reading = (
+        c.reading[0] + 100,
+        c.reading[1],
+        c.reading[2],
+    )  # quiet again, but within the interval
     share.tick()
     assert calls == [1]
 

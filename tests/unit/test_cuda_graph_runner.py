@@ -29,7 +29,10 @@ def test_capture_sizes():
         capture_batch_sizes(0)
 
 
-@pytest.mark.parametrize("bs, padded", [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (17, 24), (160, 160), (161, None), (0, None)])
+@pytest.mark.parametrize(
+    "bs, padded",
+    [(1, 1), (2, 2), (3, 4), (5, 8), (8, 8), (9, 16), (17, 24), (160, 160), (161, None), (0, None)],
+)
 def test_padded_batch_size(bs, padded):
     assert padded_batch_size(bs, capture_batch_sizes(160)) == padded
 
@@ -43,8 +46,13 @@ def test_every_batch_size_has_a_bucket():
 
 
 def test_padding_rows_read_only_the_padding_slot():
-    step = DecodeInputs(input_ids=[11, 12, 13], positions=[5, 9, 2], out_cache_loc=[40, 41, 42],
-                        req_rows=[3, 1, 7], seq_lens=[6, 10, 3])
+    step = DecodeInputs(
+        input_ids=[11, 12, 13],
+        positions=[5, 9, 2],
+        out_cache_loc=[40, 41, 42],
+        req_rows=[3, 1, 7],
+        seq_lens=[6, 10, 3],
+    )
     p = step.padded(8, padding_row=0)
     assert p.input_ids == [11, 12, 13, 0, 0, 0, 0, 0]
     assert p.positions == [5, 9, 2, 0, 0, 0, 0, 0]
@@ -64,8 +72,14 @@ def dummy_dir(tmp_path_factory):
     """A dummy model's directory: config.json and a byte-level tokenizer, no weights."""
     path = tmp_path_factory.mktemp("dummy-tiny")
     config = {
-        "architectures": ["LlamaForCausalLM"], "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": VOCAB,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
         "rms_norm_eps": 1e-5,
     }
     (path / "config.json").write_text(json.dumps(config))
@@ -75,8 +89,14 @@ def dummy_dir(tmp_path_factory):
 
 def _engine(path, **kw):
     # std 0.02 weights give near-uniform logits; a seed fixes the model either way
-    return sgl.Engine(model_path=str(path), load_format="dummy", random_seed=3, max_total_tokens=4096,
-                      context_length=128, **kw)
+    return sgl.Engine(
+        model_path=str(path),
+        load_format="dummy",
+        random_seed=3,
+        max_total_tokens=4096,
+        context_length=128,
+        **kw,
+    )
 
 
 def _greedy(engine, prompts, new_tokens):
@@ -94,7 +114,11 @@ def test_decode_through_the_runner_matches_eager(dummy_dir, monkeypatch):
 
     backend = DenseDecodeBackend()
     monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: 8)
-    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): backend)
+    monkeypatch.setattr(
+        runner_mod,
+        "create_attention_backend",
+        lambda name, device, dtype=None, needs=frozenset(): backend,
+    )
     with _engine(dummy_dir) as graphed:
         got = _greedy(graphed, prompts, new_tokens)
         info = graphed.get_server_info()
@@ -118,7 +142,11 @@ def test_steps_beyond_the_graph_limit_and_extends_run_eagerly(dummy_dir, monkeyp
         expected = _greedy(plain, prompts, new_tokens)
     backend = DenseDecodeBackend()
     monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: 4)
-    monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): backend)
+    monkeypatch.setattr(
+        runner_mod,
+        "create_attention_backend",
+        lambda name, device, dtype=None, needs=frozenset(): backend,
+    )
     with _engine(dummy_dir) as graphed:
         assert _greedy(graphed, prompts, new_tokens) == expected
         info = graphed.get_server_info()

@@ -19,13 +19,32 @@ from sgl.server.data_parallel import (
 from sgl.server.launch import build_parser
 
 
-@pytest.mark.parametrize("argv", [
-    [],
-    ["--dp-size", "2", "--port", "31000", "--host", "0.0.0.0"],
-    ["--dp-size", "3", "--quantization", "none", "--torch-compile", "--no-scheduler-process", "--max-total-tokens",
-     "4096", "--cors-allow-origins", "http://a", "http://b", "--router-policy", "round_robin", "--served-model-name", "m",
-     "--router-balance-abs-threshold", "8"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--dp-size", "2", "--port", "31000", "--host", "0.0.0.0"],
+        [
+            "--dp-size",
+            "3",
+            "--quantization",
+            "none",
+            "--torch-compile",
+            "--no-scheduler-process",
+            "--max-total-tokens",
+            "4096",
+            "--cors-allow-origins",
+            "http://a",
+            "http://b",
+            "--router-policy",
+            "round_robin",
+            "--served-model-name",
+            "m",
+            "--router-balance-abs-threshold",
+            "8",
+        ],
+    ],
+)
 def test_worker_argv_reproduces_every_worker_option(argv):
     """Parsing a worker's options gives the supervisor's namespace back, but for the
     supervisor's own options (left at their defaults: a worker gets its port from it)."""
@@ -44,12 +63,15 @@ def test_worker_argv_never_carries_the_api_key():
     assert "secret-key" not in worker_argv(parser, args)
 
 
-@pytest.mark.parametrize("cpus,n,expected", [
-    ([0, 1], 2, [[0], [1]]),
-    ([0, 1, 2, 3, 4], 2, [[0, 1, 2], [3, 4]]),
-    ([4, 5, 6, 7], 4, [[4], [5], [6], [7]]),
-    ([0, 1, 2], 1, [[0, 1, 2]]),
-])
+@pytest.mark.parametrize(
+    "cpus,n,expected",
+    [
+        ([0, 1], 2, [[0], [1]]),
+        ([0, 1, 2, 3, 4], 2, [[0, 1, 2], [3, 4]]),
+        ([4, 5, 6, 7], 4, [[4], [5], [6], [7]]),
+        ([0, 1, 2], 1, [[0, 1, 2]]),
+    ],
+)
 def test_cpu_slices_cover_the_cpus_once(cpus, n, expected):
     assert cpu_slices(cpus, n) == expected
 
@@ -60,11 +82,15 @@ def test_cpu_slices_refuse_more_workers_than_cpus():
 
 
 def test_router_command_names_workers_policy_and_address():
-    cmd = router_command(["http://127.0.0.1:1", "http://127.0.0.1:2"], "cache_aware", "0.0.0.0", 30000, None)
+    cmd = router_command(
+        ["http://127.0.0.1:1", "http://127.0.0.1:2"], "cache_aware", "0.0.0.0", 30000, None
+    )
     assert cmd[1:3] == ["-m", "sglang_router.launch_router"]
     i = cmd.index("--worker-urls")
     assert cmd[i + 1 : i + 3] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
-    assert cmd[cmd.index("--policy") + 1] == "cache_aware" and cmd[cmd.index("--port") + 1] == "30000"
+    assert (
+        cmd[cmd.index("--policy") + 1] == "cache_aware" and cmd[cmd.index("--port") + 1] == "30000"
+    )
     assert cmd[cmd.index("--balance-abs-threshold") + 1] == "2" and "--api-key" not in cmd
 
 

@@ -15,8 +15,10 @@ from sgl.runtime.model.cpu_packed import packing_applies
 from sgl.runtime.model.quant import Int4Linear, Int8Linear, quantized_linear
 from sgl.runtime.model.quant_tensor import per_row_int8, quantize_int4, quantize_int8
 
-pytestmark = pytest.mark.skipif(not packing_applies(torch.bfloat16, torch.device("cpu")),
-                                reason="dense copies are kept only where bf16 matmuls are native (AMX / AVX512-BF16)")
+pytestmark = pytest.mark.skipif(
+    not packing_applies(torch.bfloat16, torch.device("cpu")),
+    reason="dense copies are kept only where bf16 matmuls are native (AMX / AVX512-BF16)",
+)
 
 
 class TwoLayers(torch.nn.Module):
@@ -26,12 +28,21 @@ class TwoLayers(torch.nn.Module):
     def __init__(self, torch_kernels: bool = False) -> None:
         super().__init__()
         gen = torch.Generator().manual_seed(0)
-        w4, bias, w8 = torch.randn(96, 128, generator=gen) * 0.05, torch.randn(96, generator=gen), \
-            torch.randn(128, 96, generator=gen) * 0.05
+        w4, bias, w8 = (
+            torch.randn(96, 128, generator=gen) * 0.05,
+            torch.randn(96, generator=gen),
+            torch.randn(128, 96, generator=gen) * 0.05,
+        )
         if torch_kernels:
-            self.a, self.b = Int4Linear(quantize_int4(w4, 32), bias), Int8Linear(per_row_int8(quantize_int8(w8)), None)
+            self.a, self.b = (
+                Int4Linear(quantize_int4(w4, 32), bias),
+                Int8Linear(per_row_int8(quantize_int8(w8)), None),
+            )
         else:
-            self.a, self.b = quantized_linear(quantize_int4(w4, 32), bias), quantized_linear(quantize_int8(w8), None)
+            self.a, self.b = (
+                quantized_linear(quantize_int4(w4, 32), bias),
+                quantized_linear(quantize_int8(w8), None),
+            )
 
 
 def reference(layer, x: torch.Tensor) -> torch.Tensor:
@@ -101,7 +112,9 @@ def test_compiled_graph_takes_the_copy_from_its_row_count(torch_kernels):
         graphs = counters["stats"]["unique_graphs"]
         compiled = torch.compile(layer, dynamic=None)
         for rows in (3, 40, 7, 16):
-            x = torch.randn(rows, layer.in_features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+            x = torch.randn(
+                rows, layer.in_features, generator=torch.Generator().manual_seed(rows)
+            ).to(torch.bfloat16)
             torch._dynamo.mark_dynamic(x, 0)
             y = compiled(x).double()
             plain = reference(layer, x.float())

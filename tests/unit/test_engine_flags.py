@@ -19,9 +19,16 @@ from sgl.tool_calls import FORMATS, REASONING_STYLES, ReasoningParser, get_parse
 
 FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
 # field -> the registry `EngineConfig.validate` checks it against
-SOURCES = {"dtype": DTYPES, "quantization": QUANTIZATIONS, "int4_group_size": INT4_GROUP_SIZES,
-           "dense_copy": DENSE_COPY_MODES, "schedule_policy": SCHEDULE_POLICIES, "grammar_backend": BACKENDS,
-           "attention_backend": ATTENTION_BACKENDS, "load_format": LOAD_FORMATS}
+SOURCES = {
+    "dtype": DTYPES,
+    "quantization": QUANTIZATIONS,
+    "int4_group_size": INT4_GROUP_SIZES,
+    "dense_copy": DENSE_COPY_MODES,
+    "schedule_policy": SCHEDULE_POLICIES,
+    "grammar_backend": BACKENDS,
+    "attention_backend": ATTENTION_BACKENDS,
+    "load_format": LOAD_FORMATS,
+}
 
 
 def engine_actions() -> dict[str, object]:
@@ -75,7 +82,12 @@ def test_parser_flags_take_the_registries_names(capsys) -> None:
             got = parse_args(parser, ["--tool-call-parser", name]).tool_call_parser
             assert got == fmt.name and get_parser(got).name == fmt.name
     for style in REASONING_STYLES:
-        assert ReasoningParser(parse_args(parser, ["--reasoning-parser", style]).reasoning_parser).style == style
+        assert (
+            ReasoningParser(
+                parse_args(parser, ["--reasoning-parser", style]).reasoning_parser
+            ).style
+            == style
+        )
     with pytest.raises(SystemExit):
         parse_args(parser, ["--tool-call-parser", "no-such-format"])
     err = capsys.readouterr().err

@@ -29,13 +29,18 @@ def ids(n: int, seed: int) -> list[int]:
 
 def hf_greedy(hf, prompt: list[int], new: int) -> list[int]:
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+        out = hf.generate(
+            torch.tensor([prompt]), max_new_tokens=new, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def gen(engine, prompt: list[int], new: int, **session) -> dict:
-    return engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": new, **GREEDY},
-                           session_params=session or None)
+    return engine.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": new, **GREEDY},
+        session_params=session or None,
+    )
 
 
 def info(engine) -> dict:
@@ -154,12 +159,21 @@ def test_session_errors_name_the_field(tiny_dir):
         with pytest.raises(InvalidRequestError, match="replace is not supported") as e:
             gen(engine, ids(5, 50), 2, id=sid, replace=True)
         with pytest.raises(InvalidRequestError, match="one prompt") as e:
-            engine.generate(input_ids=[ids(3, 1), ids(3, 2)], sampling_params={"max_new_tokens": 2},
-                            session_params={"id": sid})
+            engine.generate(
+                input_ids=[ids(3, 1), ids(3, 2)],
+                sampling_params={"max_new_tokens": 2},
+                session_params={"id": sid},
+            )
         with pytest.raises(InvalidRequestError, match="already open"):
             engine.open_session(session_id=sid)
-        for bad in ({"capacity_tokens": 0}, {"capacity_tokens": 10**6}, {"timeout": -1}, {"timeout": float("nan")},
-                    {"timeout": float("inf")}, {"session_id": ""}):
+        for bad in (
+            {"capacity_tokens": 0},
+            {"capacity_tokens": 10**6},
+            {"timeout": -1},
+            {"timeout": float("nan")},
+            {"timeout": float("inf")},
+            {"session_id": ""},
+        ):
             with pytest.raises(InvalidRequestError):
                 engine.open_session(**bad)
         # The engine still serves, and nothing is pinned by the failed requests.
@@ -185,24 +199,34 @@ def test_closing_a_session_aborts_its_unfinished_turns(tiny_dir):
                     entered.set()
                     gate.wait(60)
                 return real_step()
+
             return gated_step
 
         def run(name: str, session: str) -> None:
             results[name] = gen(engine, ids(10, 60), 100, id=session)
 
-        threads = [threading.Thread(target=run, args=("closed", sid)), threading.Thread(target=run, args=("kept", other))]
+        threads = [
+            threading.Thread(target=run, args=("closed", sid)),
+            threading.Thread(target=run, args=("kept", other)),
+        ]
         with engine.debug_wrap("step", gated):
             for t in threads:
                 t.start()
             assert entered.wait(60)
-            deadline = time.monotonic() + 60  # both turns reached the scheduler (queued or still in its inbox)
+            deadline = (
+                time.monotonic() + 60
+            )  # both turns reached the scheduler (queued or still in its inbox)
             while engine.debug_state()["waiting"] + engine.debug_state()["inbox"] < 2:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             queued = engine.debug_state()["inbox"]
-            closer = threading.Thread(target=lambda: results.__setitem__("close", engine.close_session(sid)))
+            closer = threading.Thread(
+                target=lambda: results.__setitem__("close", engine.close_session(sid))
+            )
             closer.start()
-            while engine.debug_state()["inbox"] == queued:  # the close is in the inbox, behind the turns
+            while (
+                engine.debug_state()["inbox"] == queued
+            ):  # the close is in the inbox, behind the turns
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             gate.set()
@@ -229,9 +253,13 @@ def test_a_turn_submitted_after_its_session_closed_is_refused(tiny_dir):
                 if isinstance(msg, SubmitRequest):
                     assert engine.close_session(sid)
                 send(msg)
+
             return send_after_close
 
-        with engine.debug_wrap("send", close_first), pytest.raises(InvalidRequestError, match="no open session") as e:
+        with (
+            engine.debug_wrap("send", close_first),
+            pytest.raises(InvalidRequestError, match="no open session") as e,
+        ):
             gen(engine, ids(10, 70), 20, id=sid)
         assert e.value.param == "session_params.id"
         assert info(engine)["num_running_reqs"] == 0 and info(engine)["session_locked_tokens"] == 0

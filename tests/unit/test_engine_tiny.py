@@ -28,11 +28,14 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 def hf_greedy(hf, ids: list[int], new: int) -> list[int]:
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 def engine_greedy(engine, batch: list[list[int]], new: int = NEW) -> list[list[int]]:
-    outs = engine.generate(input_ids=batch, sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True})
+    outs = engine.generate(
+        input_ids=batch,
+        sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True},
+    )
     return [o["output_ids"] for o in outs]
 
 
@@ -70,7 +73,9 @@ def test_scheduling_options_do_not_change_greedy_tokens(tiny_dir, options):
     batch += [batch[0] + batch[1], batch[0][:10] + [5, 6]]  # shared prefixes
     with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096) as engine:
         reference = [engine_greedy(engine, [ids])[0] for ids in batch]  # one at a time
-    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, **options) as engine:
+    with sgl.Engine(
+        model_path=str(path), dtype="float32", max_total_tokens=4096, **options
+    ) as engine:
         assert engine_greedy(engine, batch) == reference
         assert engine_greedy(engine, batch) == reference  # again, now with a warm cache
         assert_no_leak(engine)
@@ -121,20 +126,32 @@ def test_compiled_decode_equals_hf_generate(tiny_dir):
     if not (shutil.which("c++") or shutil.which("g++")):
         pytest.skip("no C++ compiler: inductor cannot compile here (the engine runs eagerly)")
     path, hf = tiny_dir
-    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, torch_compile=True) as engine:
+    with sgl.Engine(
+        model_path=str(path), dtype="float32", max_total_tokens=4096, torch_compile=True
+    ) as engine:
         info = engine.get_server_info()["torch_compile"]
         assert info["enabled"] and set(info["graphs"]) == {"batch 1", "batch 2+"}, info
         assert all(s > 0 for s in info["graphs"].values()), info
-        assert info["wrappers"] == {"batch 1": "cpp", "batch 2+": "cpp"}, info  # the faster wrapper builds here
+        assert info["wrappers"] == {"batch 1": "cpp", "batch 2+": "cpp"}, (
+            info
+        )  # the faster wrapper builds here
         for ids in prompts(4, seed=5):
             assert engine_greedy(engine, [ids]) == [hf_greedy(hf, ids, NEW)]
         steps = engine.get_server_info()["torch_compile"]["steps"]
         assert steps["batch 1"] >= 4 * (NEW - 1) and steps["batch 2+"] == 0, steps
         batch = prompts(5, seed=6)
-        lengths = [NEW - 2 * i for i in range(len(batch))]  # rows finish one by one: batch sizes 5, 4, ... 2
-        got = engine.generate(input_ids=batch, sampling_params=[
-            {"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths])
-        assert [r["output_ids"] for r in got] == [hf_greedy(hf, ids, n) for ids, n in zip(batch, lengths)]
+        lengths = [
+            NEW - 2 * i for i in range(len(batch))
+        ]  # rows finish one by one: batch sizes 5, 4, ... 2
+        got = engine.generate(
+            input_ids=batch,
+            sampling_params=[
+                {"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths
+            ],
+        )
+        assert [r["output_ids"] for r in got] == [
+            hf_greedy(hf, ids, n) for ids, n in zip(batch, lengths)
+        ]
         steps = engine.get_server_info()["torch_compile"]["steps"]
         assert steps["batch 2+"] >= lengths[-2] - 1, steps
         assert_no_leak(engine)

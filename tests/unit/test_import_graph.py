@@ -19,8 +19,13 @@ import pytest
 SGL = Path(__file__).resolve().parents[2] / "sgl"
 # Function-level imports count here too: the quantization cluster and the CPU packing pass
 # (issue 45), and the text modules split out of tokenizer.py.
-ACYCLIC_EVEN_LAZILY = ("sgl.runtime.model.", "sgl.runtime.tokenizer", "sgl.runtime.detokenizer",
-                       "sgl.runtime.stop_strings", "sgl.runtime.stop_regex")
+ACYCLIC_EVEN_LAZILY = (
+    "sgl.runtime.model.",
+    "sgl.runtime.tokenizer",
+    "sgl.runtime.detokenizer",
+    "sgl.runtime.stop_strings",
+    "sgl.runtime.stop_regex",
+)
 
 
 def _modules(root: Path) -> dict[str, Path]:
@@ -36,8 +41,9 @@ def _modules(root: Path) -> dict[str, Path]:
 
 def _type_checking_only(node: ast.If) -> bool:
     test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(body: list[ast.stmt], lazy: bool):
@@ -73,7 +79,9 @@ def import_graph(root: Path, lazy: bool) -> dict[str, set[str]]:
             base = node.module or ""
             if node.level:  # relative: from the package, one level up per extra dot
                 base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
-            targets.update(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names)
+            targets.update(
+                f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names
+            )
         graph[name] = {t for t in targets if t in modules and t != name}
     return graph
 
@@ -136,7 +144,10 @@ def test_model_and_text_modules_import_acyclically_even_in_functions():
     assert cycles(graph) == []
     # The inversions that keep it so: the packing pass knows no layer kind, and the VNNI layers
     # share the quantized tensor and the route with quant.py instead of importing it.
-    assert not graph["sgl.runtime.model.cpu_packed"] & {"sgl.runtime.model.llama", "sgl.runtime.model.moe"}
+    assert not graph["sgl.runtime.model.cpu_packed"] & {
+        "sgl.runtime.model.llama",
+        "sgl.runtime.model.moe",
+    }
     assert "sgl.runtime.model.quant" not in graph["sgl.runtime.model.quant_vnni"]
 
 
@@ -149,7 +160,9 @@ def package(tmp_path: Path) -> Path:
     (root / "__init__.py").write_text("")
     (root / "a.py").write_text("from pkg import b\n")
     (root / "b.py").write_text("def f():\n    from pkg.a import thing\n")
-    (root / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    (root / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n"
+    )
     (root / "d.py").write_text("from . import a\nfrom .a import x\n")
     return root
 

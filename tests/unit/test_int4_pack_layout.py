@@ -48,12 +48,16 @@ def _torch_pack_loops(codes: torch.Tensor, capability: str) -> torch.Tensor:
                     dst[base + kk * 16 + d] = (src[row + d + 16][kk] << 4) | src[row + d][kk]
             else:
                 for nn in range(0, block_n, 2):
-                    dst[base + kk * block_n // 2 + nn // 2] = (src[row + nn + 1][kk] << 4) | src[row + nn][kk]
+                    dst[base + kk * block_n // 2 + nn // 2] = (src[row + nn + 1][kk] << 4) | src[
+                        row + nn
+                    ][kk]
     return torch.tensor(dst, dtype=torch.uint8).reshape(n, k // 2)
 
 
 def _codes(n: int, k: int, seed: int) -> torch.Tensor:
-    return torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def test_the_probe_tells_every_layout_apart():
@@ -89,8 +93,11 @@ def test_the_detected_layout_is_the_one_torch_packs_here():
 
 def test_an_unknown_layout_fails_loudly(monkeypatch):
     """A torch whose pack matches no known layout is refused, never read with a wrong one."""
-    monkeypatch.setattr(quant, "_torch_pack_int4", lambda codes: torch.zeros(codes.shape[0], codes.shape[1] // 2,
-                                                                             dtype=torch.uint8))
+    monkeypatch.setattr(
+        quant,
+        "_torch_pack_int4",
+        lambda codes: torch.zeros(codes.shape[0], codes.shape[1] // 2, dtype=torch.uint8),
+    )
     int4_pack_layout.cache_clear()
     try:
         with pytest.raises(RuntimeError, match="known layouts"):
@@ -112,12 +119,20 @@ def test_the_cpp_dequantize_reads_every_layout(name):
     layout, (n, k, g) = LAYOUTS[name], (128, 192, 64)
     gen = torch.Generator().manual_seed(7)
     codes = _codes(n, k, seed=9)
-    scales_zeros = (torch.rand(k // g, n, 2, generator=gen) - 0.5).bfloat16()  # [K/g, N, (scale, zero)]
-    scale, zero = (scales_zeros[..., i].float().t().repeat_interleave(g, dim=1) for i in (0, 1))  # [N, K]
+    scales_zeros = (
+        torch.rand(k // g, n, 2, generator=gen) - 0.5
+    ).bfloat16()  # [K/g, N, (scale, zero)]
+    scale, zero = (
+        scales_zeros[..., i].float().t().repeat_interleave(g, dim=1) for i in (0, 1)
+    )  # [N, K]
     want = ((codes.float() - 8) * scale + zero).t()
     packed = _torch_pack_loops(codes, name)
-    assert torch.equal(op(packed, scales_zeros, g, layout.block_n, layout.pairs, torch.float32), want)
-    assert torch.equal(op(packed, scales_zeros, g, layout.block_n, layout.pairs, torch.bfloat16), want.bfloat16())
+    assert torch.equal(
+        op(packed, scales_zeros, g, layout.block_n, layout.pairs, torch.float32), want
+    )
+    assert torch.equal(
+        op(packed, scales_zeros, g, layout.block_n, layout.pairs, torch.bfloat16), want.bfloat16()
+    )
     held = quant._int4_dequantized(packed, scales_zeros, g, n, k, layout, torch.float32)
     assert torch.equal(held.t(), want)
     with pytest.raises(RuntimeError, match="unknown int4 pack layout"):
@@ -155,9 +170,17 @@ def test_int4_linear_is_exact_under_another_torch_capability(capability):
     if capability == "avx2" and "avx2" not in Path("/proc/cpuinfo").read_text():
         pytest.skip("no AVX2 here")
     if torch.backends.cpu.get_cpu_capability().lower() == capability:
-        pytest.skip("this process's own layout (test_the_detected_layout_is_the_one_torch_packs_here)")
+        pytest.skip(
+            "this process's own layout (test_the_detected_layout_is_the_one_torch_packs_here)"
+        )
     env = dict(os.environ, ATEN_CPU_CAPABILITY=capability)
-    run = subprocess.run([sys.executable, "-c", _UNDER_CAPABILITY], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", _UNDER_CAPABILITY],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == [capability]

@@ -28,7 +28,9 @@ def every_kind(s, topic):
     with s.var_scope("scoped"):
         s += "scoped text"
     s["note"] = {"k": [1, 2]}
-    s += sgl.assistant(sgl.gen("a", max_tokens=4, stop=["\n"], regex=r"[a-z]+", return_logprob=True))
+    s += sgl.assistant(
+        sgl.gen("a", max_tokens=4, stop=["\n"], regex=r"[a-z]+", return_logprob=True)
+    )
     s += sgl.gen("j", json_schema=SCHEMA) + sgl.gen("i", dtype=int)
     s += sgl.select("c", ["x", "y"], choices_method=sgl.greedy_token_selection)
     s += sgl.gen("call", tools=[_lookup], tool_choice="required", max_tokens=30)
@@ -53,8 +55,19 @@ def test_every_node_kind_round_trips_through_json():
                     walk(b)
 
     walk(nodes)
-    assert kinds >= {"Text", "RoleBegin", "RoleEnd", "VarScopeBegin", "VarScopeEnd", "SetVar", "Gen", "Select",
-                     "Fork", "Join", "Variable"}
+    assert kinds >= {
+        "Text",
+        "RoleBegin",
+        "RoleEnd",
+        "VarScopeBegin",
+        "VarScopeEnd",
+        "SetVar",
+        "Gen",
+        "Select",
+        "Fork",
+        "Join",
+        "Variable",
+    }
     data = json.loads(json.dumps(program_to_json(nodes)))  # through real JSON text
     back = program_from_json(data)
     assert program_to_json(back) == data
@@ -66,20 +79,47 @@ def test_every_node_kind_round_trips_through_json():
     assert isinstance(arg[0], ir.Argument) and arg[0].name == "q"
 
 
-@pytest.mark.parametrize("data,path", [
-    ({"format_version": 2, "nodes": []}, "format_version"),
-    ({"format_version": 1, "nodes": {}}, "nodes"),
-    ({"format_version": 1, "nodes": [{"type": "teleport"}]}, "nodes[0].type"),
-    ({"format_version": 1, "nodes": [{"type": "text", "text": 5}]}, "nodes[0].text"),
-    ({"format_version": 1, "nodes": [{"type": "gen", "name": "a", "sampling": {"temprature": 0}}]},
-     "nodes[0].sampling.temprature"),
-    ({"format_version": 1, "nodes": [{"type": "select", "name": "a", "choices": []}]}, "nodes[0].choices"),
-    ({"format_version": 1, "nodes": [{"type": "role_begin", "role": "robot"}]}, "nodes[0].role"),
-    ({"format_version": 1, "nodes": [{"type": "fork", "fork_id": 1, "branches": [[{"type": "join", "mode": "x"}]]}]},
-     "nodes[0].branches[0][0].mode"),
-    ({"format_version": 1, "nodes": [{"type": "variable", "name": "v", "source": [[1]]}]}, "nodes[0].source"),
-    ({"format_version": 1, "nodes": [{"type": "gen", "name": "a", "dtype": "complex"}]}, "nodes[0].dtype"),
-])
+@pytest.mark.parametrize(
+    "data,path",
+    [
+        ({"format_version": 2, "nodes": []}, "format_version"),
+        ({"format_version": 1, "nodes": {}}, "nodes"),
+        ({"format_version": 1, "nodes": [{"type": "teleport"}]}, "nodes[0].type"),
+        ({"format_version": 1, "nodes": [{"type": "text", "text": 5}]}, "nodes[0].text"),
+        (
+            {
+                "format_version": 1,
+                "nodes": [{"type": "gen", "name": "a", "sampling": {"temprature": 0}}],
+            },
+            "nodes[0].sampling.temprature",
+        ),
+        (
+            {"format_version": 1, "nodes": [{"type": "select", "name": "a", "choices": []}]},
+            "nodes[0].choices",
+        ),
+        (
+            {"format_version": 1, "nodes": [{"type": "role_begin", "role": "robot"}]},
+            "nodes[0].role",
+        ),
+        (
+            {
+                "format_version": 1,
+                "nodes": [
+                    {"type": "fork", "fork_id": 1, "branches": [[{"type": "join", "mode": "x"}]]}
+                ],
+            },
+            "nodes[0].branches[0][0].mode",
+        ),
+        (
+            {"format_version": 1, "nodes": [{"type": "variable", "name": "v", "source": [[1]]}]},
+            "nodes[0].source",
+        ),
+        (
+            {"format_version": 1, "nodes": [{"type": "gen", "name": "a", "dtype": "complex"}]},
+            "nodes[0].dtype",
+        ),
+    ],
+)
 def test_malformed_programs_name_the_node_path(data, path):
     with pytest.raises(IRFormatError) as e:
         program_from_json(data)

@@ -58,10 +58,7 @@ def test_run_batch_dicts_and_tuples_keep_input_order():
 def test_run_batch_caches_the_constant_prefix_once():
     fake = FakeBackend(respond=_echo)
     states = qa.run_batch([{"question": f"q{i}"} for i in range(5)], backend=fake, num_threads=2)
-    expected = (
-        f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n"
-        "<|im_start|>user\nQuestion: "
-    )
+    expected = f"<|im_start|>system\n{SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\nQuestion: "
     assert constant_prefix(qa, fake) == expected
     assert fake.prefixes == [expected]
     for state in states:
@@ -85,13 +82,16 @@ def test_constant_prefix_includes_the_default_system_and_bound_arguments():
     assert constant_prefix(bound, fake) == prefix
     states = bound.run_batch([{"question": "x"}, {"question": "y"}], backend=fake)
     assert fake.prefixes == [prefix]
-    assert [s.text() for s in states] == [prefix + q + "<|im_end|>\n<|im_start|>assistant\nfake output<|im_end|>\n"
-                                          for q in "xy"]
+    assert [s.text() for s in states] == [
+        prefix + q + "<|im_end|>\n<|im_start|>assistant\nfake output<|im_end|>\n" for q in "xy"
+    ]
 
 
 @within(15)
 def test_run_batch_failing_item_does_not_sink_the_others():
-    fake = FakeBackend(respond=_echo, fail_on=lambda call: call.kind == "generate" and "bad" in call.text)
+    fake = FakeBackend(
+        respond=_echo, fail_on=lambda call: call.kind == "generate" and "bad" in call.text
+    )
 
     @sgl.function
     def prog(s, question):
@@ -100,7 +100,11 @@ def test_run_batch_failing_item_does_not_sink_the_others():
         qa.func(s, question)
 
     states = prog.run_batch([("q0",), ("bad",), ("q2",), ("raise",), ("q4",)], backend=fake)
-    assert [s["answer"] for i, s in enumerate(states) if i in (0, 2, 4)] == ["A(q0 -)", "A(q2 -)", "A(q4 -)"]
+    assert [s["answer"] for i, s in enumerate(states) if i in (0, 2, 4)] == [
+        "A(q0 -)",
+        "A(q2 -)",
+        "A(q4 -)",
+    ]
     assert isinstance(states[1].error, FakeBackendError)
     assert isinstance(states[3].error, KeyError)
     for bad in (states[1], states[3]):
@@ -113,7 +117,9 @@ def test_run_batch_failing_item_does_not_sink_the_others():
 
 @within(15)
 def test_run_batch_progress_bar(capsys):
-    states = qa.run_batch([{"question": "a"}, {"question": "b"}], backend=FakeBackend(), progress_bar=True)
+    states = qa.run_batch(
+        [{"question": "a"}, {"question": "b"}], backend=FakeBackend(), progress_bar=True
+    )
     assert [s["answer"] for s in states] == ["fake out", "fake out"]
     assert "run_batch" in capsys.readouterr().err
 
@@ -203,7 +209,12 @@ def test_trace_graph():
         assert node in text, node
     # Order of the top-level nodes, and the branches nested under the fork.
     top = [line.strip() for line in lines if line.startswith("  ") and not line.startswith("    ")]
-    assert top[:4] == ["Text('Intro. ')", "RoleBegin('user')", "Text('Q: ')", "Argument('question')"]
+    assert top[:4] == [
+        "Text('Intro. ')",
+        "RoleBegin('user')",
+        "Text('Q: ')",
+        "Argument('question')",
+    ]
     assert top[-2:] == ["Fork(2)", "Join('gather_variable')"]
     assert "    branch 0:" in lines and "      Text('B0')" in lines
     assert isinstance(graph.nodes[-2], ir.Fork) and len(graph.nodes[-2].branches) == 2
@@ -218,7 +229,9 @@ def test_trace_with_given_arguments():
 
 def test_constant_prefix_stops_at_the_first_argument_or_generation():
     fake = FakeBackend()
-    assert constant_prefix(traced, fake) == "Intro. " + CHATML.default_system + "<|im_start|>user\nQ: "
+    assert (
+        constant_prefix(traced, fake) == "Intro. " + CHATML.default_system + "<|im_start|>user\nQ: "
+    )
 
     @sgl.function
     def gen_first(s, x):

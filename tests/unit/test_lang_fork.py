@@ -74,7 +74,10 @@ def test_fork_branches_inherit_roles_and_variables():
 
     seen = []
     state = prog.run(backend=FakeBackend(default="hey"))
-    assert seen[0] == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey"}]] * 2
+    assert (
+        seen[0]
+        == [[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hey"}]] * 2
+    )
     assert seen[1] == ["parent", "parent"]
     assert state["k"] == "parent"
     assert state["a"] == ["hey", "hey"]

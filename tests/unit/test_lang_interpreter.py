@@ -111,8 +111,18 @@ def test_program_defaults_merge_with_per_gen_overrides():
     prog.run(max_new_tokens=7, temperature=0.3, stop=["END"], top_p=0.8, backend=fake)
     a, b, c = (call.sampling for call in fake.gen_calls)
 
-    assert a["max_new_tokens"] == 7 and a["temperature"] == 0.3 and a["stop"] == ["END"] and a["top_p"] == 0.8
-    assert b["max_new_tokens"] == 3 and b["temperature"] == 0.9 and b["stop"] == "X" and b["top_k"] == 5
+    assert (
+        a["max_new_tokens"] == 7
+        and a["temperature"] == 0.3
+        and a["stop"] == ["END"]
+        and a["top_p"] == 0.8
+    )
+    assert (
+        b["max_new_tokens"] == 3
+        and b["temperature"] == 0.9
+        and b["stop"] == "X"
+        and b["top_k"] == 5
+    )
     assert b["top_p"] == 0.8  # not overridden: the program's default
     assert c["max_new_tokens"] == 4 and c["min_new_tokens"] == 1 and c["seed"] == 11
     assert c["repetition_penalty"] == 1.1 and c["temperature"] == 0.3 and c["stop"] == ["END"]
@@ -165,12 +175,22 @@ def test_logprob_options():
 
     fake = FakeBackend()
     prog.run(backend=fake, return_logprob=True, top_logprobs_num=2)
-    assert fake.gen_calls[2].logprobs == {"return_logprob": True, "logprob_start_len": -1, "top_logprobs_num": 2}
+    assert fake.gen_calls[2].logprobs == {
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "top_logprobs_num": 2,
+    }
 
 
 @pytest.mark.parametrize(
-    "dtype,name,value", [(int, "int", "42"), (float, "float", "3.25"), (bool, "bool", "True"), (str, "str", '"fake"'),
-                         ("int", "int", "42")]
+    "dtype,name,value",
+    [
+        (int, "int", "42"),
+        (float, "float", "3.25"),
+        (bool, "bool", "True"),
+        (str, "str", '"fake"'),
+        ("int", "int", "42"),
+    ],
 )
 @within(10)
 def test_dtype_becomes_regex(dtype, name, value):
@@ -181,7 +201,9 @@ def test_dtype_becomes_regex(dtype, name, value):
     fake = FakeBackend()
     state = prog.run(backend=fake)
     assert fake.gen_calls[0].sampling["regex"] == DTYPE_REGEX[name]
-    assert fake.gen_calls[0].sampling.get("stop") == ([" ", "\n"] if name in ("int", "float") else None)
+    assert fake.gen_calls[0].sampling.get("stop") == (
+        [" ", "\n"] if name in ("int", "float") else None
+    )
     assert state["x"] == value
 
 
@@ -206,11 +228,14 @@ def _json_value(text: str):
         return None
 
 
-@pytest.mark.parametrize("name, alphabet, is_json", [
-    ("int", "-+0159.e \n", lambda v, t: type(v) is int),
-    ("float", "-+019.e \n", lambda v, t: type(v) in (int, float) and "e" not in t),
-    ("str", '"a\\\n\t\x1f\x7fé ', lambda v, t: type(v) is str and "\\" not in t),
-])
+@pytest.mark.parametrize(
+    "name, alphabet, is_json",
+    [
+        ("int", "-+0159.e \n", lambda v, t: type(v) is int),
+        ("float", "-+019.e \n", lambda v, t: type(v) in (int, float) and "e" not in t),
+        ("str", '"a\\\n\t\x1f\x7fé ', lambda v, t: type(v) is str and "\\" not in t),
+    ],
+)
 def test_dtype_values_are_exactly_json_literals(name, alphabet, is_json):
     """Brute force over short strings: a value the dtype regex gives (its trailing space or newline
     is a stop string, cut off) is a JSON literal of that type, and every such literal (no exponent,
@@ -244,7 +269,9 @@ def test_bad_dtype_is_rejected():
         sgl.gen("x", dtype="complex")
 
 
-@pytest.mark.parametrize("extra", [{"regex": "[a-z]+"}, {"json_schema": "{}"}, {"ebnf": 'root ::= "a"'}])
+@pytest.mark.parametrize(
+    "extra", [{"regex": "[a-z]+"}, {"json_schema": "{}"}, {"ebnf": 'root ::= "a"'}]
+)
 @within(10)
 def test_dtype_plus_constraint_is_an_error(extra):
     holder = captured()
@@ -420,7 +447,10 @@ def test_roles_with_default_system():
     assert state.text() == (
         SYS + "<|im_start|>user\nhi<|im_end|>\n" + "<|im_start|>assistant\nhello!<|im_end|>\n"
     )
-    assert state.messages() == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello!"}]
+    assert state.messages() == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello!"},
+    ]
     assert fake.gen_calls[0].text == SYS + "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -559,7 +589,9 @@ def test_reading_a_variable_mid_program_tool_use():
     @sgl.function
     def prog(s):
         s += "Expr: 6*7\nTool call:" + sgl.gen("call", stop="\n")
-        a, b = (int(x) for x in s["call"].strip().split("*"))  # runs the "tool" on the model's output
+        a, b = (
+            int(x) for x in s["call"].strip().split("*")
+        )  # runs the "tool" on the model's output
         s += f"\nResult: {a * b}\nAnswer:" + sgl.gen("answer")
         return a * b
 
@@ -771,5 +803,7 @@ def test_programs_run_without_importing_the_runtime():
     )
     here = os.path.dirname(os.path.abspath(__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr

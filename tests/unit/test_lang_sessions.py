@@ -84,7 +84,9 @@ def test_backends_without_sessions_get_no_session_argument():
 
 @within(10)
 def test_a_failing_program_still_closes_its_session():
-    be = FakeBackend(sessions=True, fail_on=lambda c: c.kind == "generate" and c.text.endswith("Q2:"))
+    be = FakeBackend(
+        sessions=True, fail_on=lambda c: c.kind == "generate" and c.text.endswith("Q2:")
+    )
     with pytest.raises(sgl.ProgramError) as e:
         two_turns.run(backend=be)
     assert isinstance(e.value.__cause__, FakeBackendError)

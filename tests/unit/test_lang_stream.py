@@ -94,7 +94,10 @@ def test_two_concurrent_readers_each_get_every_piece():
     def read(key, var):
         results[key] = list(state.text_iter(var))
 
-    readers = [threading.Thread(target=read, args=("all", None)), threading.Thread(target=read, args=("a", "a"))]
+    readers = [
+        threading.Thread(target=read, args=("all", None)),
+        threading.Thread(target=read, args=("a", "a")),
+    ]
     for t in readers:
         t.start()
     gate.set()

@@ -26,11 +26,14 @@ def test_the_key_sources(tmp_path, monkeypatch):
     assert key_of([], monkeypatch, {"SGL_API_KEY_FILE": str(f)}) == "s3cret"
 
 
-@pytest.mark.parametrize("setup,words", [
-    (lambda d: ["--api-key", "a", "--api-key-file", str(d / "key")], "not both"),
-    (lambda d: ["--api-key-file", str(d / "missing")], "cannot read"),
-    (lambda d: ["--api-key-file", str(d / "empty")], "holds no key"),
-])
+@pytest.mark.parametrize(
+    "setup,words",
+    [
+        (lambda d: ["--api-key", "a", "--api-key-file", str(d / "key")], "not both"),
+        (lambda d: ["--api-key-file", str(d / "missing")], "cannot read"),
+        (lambda d: ["--api-key-file", str(d / "empty")], "holds no key"),
+    ],
+)
 def test_bad_key_sources_are_refused(tmp_path, monkeypatch, setup, words):
     (tmp_path / "key").write_text("k")
     (tmp_path / "empty").write_text("\n")

@@ -12,7 +12,9 @@ from sgl.runtime.model import layer_ops
 from sgl.runtime.model.llama import RMSNorm
 from sgl.runtime.model.rope import rotate
 
-pytestmark = pytest.mark.skipif(not layer_ops.layer_ops_built(), reason="the C++ layer ops cannot be built here")
+pytestmark = pytest.mark.skipif(
+    not layer_ops.layer_ops_built(), reason="the C++ layer ops cannot be built here"
+)
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -25,7 +27,9 @@ def rounding_steps(dtype: torch.dtype, fp32: float) -> float:
 
 def ulps(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """|got - want| in units of the dtype's spacing at want (relative eps)."""
-    return (got.double() - want.double()).abs() / (torch.finfo(dtype).eps * want.double().abs().clamp_min(1e-3))
+    return (got.double() - want.double()).abs() / (
+        torch.finfo(dtype).eps * want.double().abs().clamp_min(1e-3)
+    )
 
 
 def torch_norm(x: torch.Tensor, w: torch.Tensor, eps: float, offset: float) -> torch.Tensor:
@@ -75,7 +79,9 @@ def test_add_rms_norm_is_the_add_then_the_norm(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rotated", [64, 32])  # all of each head, or the leading part (partial rotary)
+@pytest.mark.parametrize(
+    "rotated", [64, 32]
+)  # all of each head, or the leading part (partial rotary)
 def test_rotate_equals_the_torch_ops_bit_for_bit(dtype, rotated):
     g = torch.Generator().manual_seed(4)
     qkv = torch.randn(6, 16 * 64, generator=g).to(dtype)
@@ -103,7 +109,9 @@ def test_bad_inputs_are_refused_by_name():
     with pytest.raises(RuntimeError, match="w must be"):
         torch.ops.sgl_layer.rms_norm(x, torch.ones(8, dtype=torch.bfloat16), 1e-6, 0.0)
     with pytest.raises(RuntimeError, match="cos and sin"):
-        torch.ops.sgl_layer.rotate(x.view(2, 1, 8), torch.ones(2, 4, dtype=torch.float64), torch.ones(2, 4))
+        torch.ops.sgl_layer.rotate(
+            x.view(2, 1, 8), torch.ones(2, 4, dtype=torch.float64), torch.ones(2, 4)
+        )
     with pytest.raises(RuntimeError, match="gate_up"):
         torch.ops.sgl_layer.gated_act(torch.randn(2, 7), False)
     with pytest.raises(RuntimeError, match="x and a"):
@@ -118,7 +126,9 @@ def test_modules_take_the_fused_route_only_in_eager_cpu_steps(monkeypatch):
     x = torch.randn(3, 64)
     calls = []
     real = torch.ops.sgl_layer.rms_norm
-    monkeypatch.setattr(torch.ops.sgl_layer, "rms_norm", lambda *args: calls.append(args) or real(*args))
+    monkeypatch.setattr(
+        torch.ops.sgl_layer, "rms_norm", lambda *args: calls.append(args) or real(*args)
+    )
     with torch.no_grad():
         fused = norm(x)
         assert len(calls) == 1

@@ -13,7 +13,9 @@ ATOL = 2e-4
 CONFIGS = [
     pytest.param(dict(arch="llama", tie=False, kv_heads=2), id="llama-gqa-untied"),
     pytest.param(dict(arch="llama", tie=True, kv_heads=4), id="llama-mha-tied"),
-    pytest.param(dict(arch="llama", tie=True, kv_heads=1, attention_bias=True), id="llama-mqa-bias"),
+    pytest.param(
+        dict(arch="llama", tie=True, kv_heads=1, attention_bias=True), id="llama-mqa-bias"
+    ),
     pytest.param(dict(arch="qwen2", tie=False, kv_heads=2), id="qwen2-gqa-qkv-bias"),
     pytest.param(dict(arch="qwen2", tie=True, kv_heads=2), id="qwen2-tied"),
     pytest.param(dict(arch="mistral", tie=False, kv_heads=2), id="mistral"),
@@ -103,7 +105,9 @@ def test_mixed_schedule_with_rollback_and_row_reuse_matches_hf(seed, use_mirror)
             if not s:
                 n = rng.randint(1, 30)
             n = min(n, 250 - len(s))
-            if n > 0 and rng.random() < (0.2 if thin else 0.9):  # sometimes a request sits a step out
+            if n > 0 and rng.random() < (
+                0.2 if thin else 0.9
+            ):  # sometimes a request sits a step out
                 step[i] = [rng.randrange(97) for _ in range(n)]
         if not step:
             continue
@@ -138,12 +142,22 @@ def test_gguf_file_roundtrip_matches_hf(tmp_path):
     w.add_vocab_size(c.vocab_size)
 
     def permute(t: np.ndarray, n_head: int) -> np.ndarray:  # llama.cpp convert_hf_to_gguf's permute
-        return t.reshape(n_head, 2, t.shape[0] // n_head // 2, *t.shape[1:]).swapaxes(1, 2).reshape(t.shape)
+        return (
+            t.reshape(n_head, 2, t.shape[0] // n_head // 2, *t.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(t.shape)
+        )
 
     names = {
-        "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
     }
     for name, t in hf.state_dict().items():
         arr = t.numpy().astype(np.float32)

@@ -55,17 +55,35 @@ def test_each_family_reads_its_features(models):
     assert cfg["ministral"].layer_windows == [8, 0]
     g2 = cfg["gemma2"]
     assert (g2.layer_windows, g2.attn_logit_cap, g2.final_logit_cap) == ([8, 0], 0.5, 2.0)
-    assert g2.sandwich_norms and g2.norm_offset == 1.0 and g2.hidden_act == "gelu_tanh" and g2.attn_scale == 24**-0.5
+    assert (
+        g2.sandwich_norms
+        and g2.norm_offset == 1.0
+        and g2.hidden_act == "gelu_tanh"
+        and g2.attn_scale == 24**-0.5
+    )
     g3 = cfg["gemma3"]
-    assert g3.qk_norm and g3.layer_windows == [8, 0] and g3.local_rope_theta == 1e4 and g3.rope_theta == 1e6
+    assert (
+        g3.qk_norm
+        and g3.layer_windows == [8, 0]
+        and g3.local_rope_theta == 1e4
+        and g3.rope_theta == 1e6
+    )
     assert g3.rope_scaling["rope_type"] == "linear"
     assert cfg["gemma2"].attention_features == {"sliding_window", "logit_cap"}
     assert cfg["phi3"].rotary_dim == 8 and cfg["phi3"].layer_windows == [8, 8]
     assert cfg["qwen3-yarn"].rope_scaling["original_max_position_embeddings"] == 32
     assert cfg["phi3-longrope"].rope_scaling["original_max_position_embeddings"] == 160
-    assert (cfg["mixtral"].num_experts, cfg["mixtral"].experts_per_token, cfg["mixtral"].norm_topk_prob) == (4, 2, True)
+    assert (
+        cfg["mixtral"].num_experts,
+        cfg["mixtral"].experts_per_token,
+        cfg["mixtral"].norm_topk_prob,
+    ) == (4, 2, True)
     q2 = cfg["qwen2_moe"]
-    assert q2.sparse_layers == [True, False] and q2.shared_expert_intermediate_size == 48 and not q2.norm_topk_prob
+    assert (
+        q2.sparse_layers == [True, False]
+        and q2.shared_expert_intermediate_size == 48
+        and not q2.norm_topk_prob
+    )
     assert q2.qkv_bias and cfg["qwen3_moe"].qk_norm and cfg["qwen3_moe"].norm_topk_prob
 
 
@@ -75,8 +93,12 @@ def test_prefill_logits_match_hf(models, arch, backend):
     hf = models(arch)
     runner = TinyRunner(ours_from_hf(hf), backend=backend)
     rng = random.Random(1)
-    seqs = {i: [rng.randrange(97) for _ in range(n)] for i, n in enumerate((3, 9, 40, 70))}  # windows are 8
-    out = runner.step(seqs)  # four prompts in one flat batch (the 70-token one past the cpu kernel's 64)
+    seqs = {
+        i: [rng.randrange(97) for _ in range(n)] for i, n in enumerate((3, 9, 40, 70))
+    }  # windows are 8
+    out = runner.step(
+        seqs
+    )  # four prompts in one flat batch (the 70-token one past the cpu kernel's 64)
     for i, ids in seqs.items():
         torch.testing.assert_close(out[i], hf_logits(hf, ids), atol=ATOL, rtol=0)
 
@@ -94,19 +116,58 @@ def test_chunked_prefill_and_batched_decode_match_hf(models, arch, backend):
 
 
 def test_loaded_families_reject_what_they_do_not_implement():
-    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    base = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+    )
     cases = [
         (dict(architectures=["PhiMoEForCausalLM"]), "'architectures'"),
         (dict(architectures=["LlamaForCausalLM"], sliding_window=8), "'sliding_window'"),
-        (dict(architectures=["MistralForCausalLM"], layer_types=["sliding_attention", "chunked_attention"],
-              sliding_window=8), "'layer_types'"),
-        (dict(architectures=["LlamaForCausalLM"], partial_rotary_factor=0.1), "'partial_rotary_factor'"),
-        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "dynamic", "factor": 0.5}), "factor"),
-        (dict(architectures=["LlamaForCausalLM"], rope_scaling={"rope_type": "mrope", "factor": 2.0}), "mrope"),
-        (dict(architectures=["Phi3ForCausalLM"], rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
-                                                               "long_factor": [2.0] * 7}), "long_factor"),
+        (
+            dict(
+                architectures=["MistralForCausalLM"],
+                layer_types=["sliding_attention", "chunked_attention"],
+                sliding_window=8,
+            ),
+            "'layer_types'",
+        ),
+        (
+            dict(architectures=["LlamaForCausalLM"], partial_rotary_factor=0.1),
+            "'partial_rotary_factor'",
+        ),
+        (
+            dict(
+                architectures=["LlamaForCausalLM"],
+                rope_scaling={"rope_type": "dynamic", "factor": 0.5},
+            ),
+            "factor",
+        ),
+        (
+            dict(
+                architectures=["LlamaForCausalLM"],
+                rope_scaling={"rope_type": "mrope", "factor": 2.0},
+            ),
+            "mrope",
+        ),
+        (
+            dict(
+                architectures=["Phi3ForCausalLM"],
+                rope_scaling={
+                    "rope_type": "longrope",
+                    "short_factor": [1.0] * 8,
+                    "long_factor": [2.0] * 7,
+                },
+            ),
+            "long_factor",
+        ),
         (dict(architectures=["LlamaForCausalLM"], hidden_act="relu"), "'hidden_act'"),
-        (dict(architectures=["Gemma3ForCausalLM"], use_bidirectional_attention=True), "use_bidirectional_attention"),
+        (
+            dict(architectures=["Gemma3ForCausalLM"], use_bidirectional_attention=True),
+            "use_bidirectional_attention",
+        ),
     ]
     for extra, key in cases:
         with pytest.raises(UnsupportedConfigError, match=key):
@@ -115,11 +176,31 @@ def test_loaded_families_reject_what_they_do_not_implement():
 
 def test_qwen_window_applies_only_with_use_sliding_window():
     """Qwen2.5 configs carry `sliding_window` with use_sliding_window false: HF ignores it, so do we."""
-    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4)
-    off = ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 32768,
-                                    "use_sliding_window": False, "max_window_layers": 2})
-    on = ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16,
-                                   "use_sliding_window": True, "max_window_layers": 2})
+    base = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+    )
+    off = ModelConfig.from_hf_dict(
+        {
+            **base,
+            "architectures": ["Qwen2ForCausalLM"],
+            "sliding_window": 32768,
+            "use_sliding_window": False,
+            "max_window_layers": 2,
+        }
+    )
+    on = ModelConfig.from_hf_dict(
+        {
+            **base,
+            "architectures": ["Qwen2ForCausalLM"],
+            "sliding_window": 16,
+            "use_sliding_window": True,
+            "max_window_layers": 2,
+        }
+    )
     assert off.layer_windows == [] and on.layer_windows == [0, 0, 16, 16]
 
 
@@ -128,13 +209,28 @@ def test_backend_without_the_features_is_refused_with_the_alternatives():
 
     needs = frozenset({"sliding_window", "logit_cap"})
     msg = missing_features(REGISTRY["flashinfer"], needs)
-    assert "sliding-window" in msg and "soft-capping" in msg and "'triton'" in msg and "'torch_native'" in msg
+    assert (
+        "sliding-window" in msg
+        and "soft-capping" in msg
+        and "'triton'" in msg
+        and "'torch_native'" in msg
+    )
     assert create_attention_backend("auto", "cpu", torch.float32, needs=needs).features >= needs
 
 
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-ENGINE_FAMILIES = ["qwen3-sliding", "mistral-sliding", "gemma2", "gemma3", "phi3", "mixtral", "qwen2_moe"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+ENGINE_FAMILIES = [
+    "qwen3-sliding",
+    "mistral-sliding",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "mixtral",
+    "qwen2_moe",
+]
 
 
 @pytest.fixture(scope="module", params=ENGINE_FAMILIES)
@@ -143,9 +239,12 @@ def family_engine(request, tmp_path_factory):
 
     import sgl
 
-    path, hf = save_tiny_engine_dir(tmp_path_factory.mktemp(request.param), 320, arch=request.param,
-                                    chat_template=CHAT_TEMPLATE)
-    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=4096, chunked_prefill_size=48) as engine:
+    path, hf = save_tiny_engine_dir(
+        tmp_path_factory.mktemp(request.param), 320, arch=request.param, chat_template=CHAT_TEMPLATE
+    )
+    with sgl.Engine(
+        model_path=str(path), dtype="float32", max_total_tokens=4096, chunked_prefill_size=48
+    ) as engine:
         yield engine, hf
 
 
@@ -167,8 +266,10 @@ def test_engine_greedy_tokens_equal_hf_generate(family_engine):
     assert info["attention_features"] == sorted(engine.model_config.attention_features)
     for ids, out in zip(batch, outs):
         with torch.no_grad():
-            want = hf.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0)
-        assert out["output_ids"] == want[0, len(ids):].tolist()
+            want = hf.generate(
+                torch.tensor([ids]), max_new_tokens=32, do_sample=False, pad_token_id=0
+            )
+        assert out["output_ids"] == want[0, len(ids) :].tolist()
 
 
 def test_program_with_roles_gen_select_regex_and_fork(family_engine):
@@ -188,7 +289,9 @@ def test_program_with_roles_gen_select_regex_and_fork(family_engine):
             s += "Color: " + sgl.select("color", ["red", "green", "blue"])
             s += " Number: " + sgl.gen("num", regex=r"[0-9]{1,3}", max_tokens=8)
         forks = s.fork(2)
-        forks += lambda i: sgl.user(f"Variant {i}?") + sgl.assistant(sgl.gen("v", max_tokens=6, temperature=0))
+        forks += lambda i: (
+            sgl.user(f"Variant {i}?") + sgl.assistant(sgl.gen("v", max_tokens=6, temperature=0))
+        )
         forks.join()
 
     state = program.run(backend=sgl.as_backend(engine), temperature=0)
@@ -217,7 +320,9 @@ def test_qwen3_gguf_roundtrip_matches_hf(tmp_path, models):
     ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_config))
     load_hf_state_dict(ours, state)
     assert ours.config.qk_norm
-    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0
+    )
 
     write_llama_gguf(q8_path, hf.config.to_dict(), hf.state_dict().items(), "Q8_0", arch="qwen3")
     quantized, _ = load_model(str(q8_path), torch.float32, torch.device("cpu"), quantization="auto")
@@ -246,8 +351,12 @@ def test_moe_routes_each_token_to_its_top_k_experts():
         for j in range(3):
             e = int(chosen[t, j])
             gate, up = (experts.gate_up_proj[e] @ x[t]).split(24)
-            want[t] += weights[t, j] * (experts.down_proj[e] @ (torch.nn.functional.silu(gate) * up))
-    torch.testing.assert_close(experts(x, chosen, weights).detach(), want.detach(), atol=1e-5, rtol=1e-5)
+            want[t] += weights[t, j] * (
+                experts.down_proj[e] @ (torch.nn.functional.silu(gate) * up)
+            )
+    torch.testing.assert_close(
+        experts(x, chosen, weights).detach(), want.detach(), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_moe_expert_matmuls_run_on_the_row_grid(monkeypatch):
@@ -266,11 +375,15 @@ def test_moe_expert_matmuls_run_on_the_row_grid(monkeypatch):
         experts.down_proj.normal_(0, 0.2)
     x = torch.randn(300, 16)
     t = torch.arange(300)
-    chosen = torch.stack([t % 2, 2 + (t < 99).long()], dim=1)  # experts 0, 1: 150 rows; 2: 201; 3: 99
+    chosen = torch.stack(
+        [t % 2, 2 + (t < 99).long()], dim=1
+    )  # experts 0, 1: 150 rows; 2: 201; 3: 99
     weights = torch.rand(300, 2)
     seen_rows = []
     real_linear = F.linear
-    monkeypatch.setattr(moe.F, "linear", lambda a, w: seen_rows.append(a.shape[0]) or real_linear(a, w))
+    monkeypatch.setattr(
+        moe.F, "linear", lambda a, w: seen_rows.append(a.shape[0]) or real_linear(a, w)
+    )
     got = experts(x, chosen, weights).detach()
     assert sorted(set(seen_rows)) == [100, 152, 208]  # 99, 150, 201 rows padded up to the grid
     assert all(padded_rows(n) == n for n in seen_rows)
@@ -290,10 +403,16 @@ def test_moe_loads_hub_checkpoint_names(tmp_path, models):
     from sgl.runtime.model.llama import LlamaForCausalLM
     from sgl.runtime.model.loader import load_hf_state_dict
 
-    for arch, old in (("mixtral", "block_sparse_moe.experts.{e}.{w}"), ("qwen3_moe", "mlp.experts.{e}.{w}")):
+    for arch, old in (
+        ("mixtral", "block_sparse_moe.experts.{e}.{w}"),
+        ("qwen3_moe", "mlp.experts.{e}.{w}"),
+    ):
         hf = models(arch)
-        names = {"gate": "w1", "up": "w3", "down": "w2"} if arch == "mixtral" else \
-            {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+        names = (
+            {"gate": "w1", "up": "w3", "down": "w2"}
+            if arch == "mixtral"
+            else {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
+        )
         state = {}
         for key, value in hf.state_dict().items():
             prefix, _, rest = key.partition("mlp.")
@@ -320,8 +439,15 @@ def _expert_layouts(model) -> set[str]:
     from sgl.runtime.model.moe import StackedExperts
 
     blocks = [m for m in model.modules() if isinstance(m, StackedExperts)]
-    assert blocks and all(b.per_expert is not None and not list(b.parameters(recurse=False)) for b in blocks)
-    return {getattr(layer, "layout", type(layer).__name__) for b in blocks for pair in b.per_expert for layer in pair}
+    assert blocks and all(
+        b.per_expert is not None and not list(b.parameters(recurse=False)) for b in blocks
+    )
+    return {
+        getattr(layer, "layout", type(layer).__name__)
+        for b in blocks
+        for pair in b.per_expert
+        for layer in pair
+    }
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
@@ -338,7 +464,9 @@ def test_quantized_experts_match_hf_on_held_weights(tmp_path, arch, quantization
     hf = hf_tiny(arch=arch, seed=4)
     if path == "loaded":
         hf.save_pretrained(tmp_path)
-        ours, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization)
+        ours, _ = load_model(
+            str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization
+        )
     else:
         ours = ours_from_hf(hf)
         quantize_model(ours, QuantPolicy(quantization))
@@ -363,7 +491,9 @@ def test_quantized_moe_gguf_keeps_its_expert_codes(tmp_path, arch, file_arch, qt
     from sgl.runtime.model.held_weights import held_hf_state_dict
     from sgl.runtime.model.loader import load_model
 
-    hf = hf_tiny(arch=arch, seed=6, hidden_size=128)  # Qwen3: head_dim 16 != 128 / 4 heads (key_length)
+    hf = hf_tiny(
+        arch=arch, seed=6, hidden_size=128
+    )  # Qwen3: head_dim 16 != 128 / 4 heads (key_length)
     path = tmp_path / f"{arch}-{qtype}.gguf"
     write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), qtype, arch=file_arch)
     ours, _ = load_model(str(path), torch.float32, torch.device("cpu"), quantization="auto")
@@ -374,11 +504,13 @@ def test_quantized_moe_gguf_keeps_its_expert_codes(tmp_path, arch, file_arch, qt
         p = f"model.layers.{i}.mlp.experts."
         gate_up, down = held[p + "gate_up_proj"], held[p + "down_proj"]
         size = gate_up.shape[1] // 2
-        for got, want in ((gate_up[:, :size], file_weights[p + "gate_proj.weight"]),
-                          (gate_up[:, size:], file_weights[p + "up_proj.weight"]),
-                          (down, file_weights[p + "down_proj.weight"])):
+        for got, want in (
+            (gate_up[:, :size], file_weights[p + "gate_proj.weight"]),
+            (gate_up[:, size:], file_weights[p + "up_proj.weight"]),
+            (down, file_weights[p + "down_proj.weight"]),
+        ):
             assert got.shape == want.shape
-            assert (got - want).abs().max() <= 2 ** -7 * want.abs().max()
+            assert (got - want).abs().max() <= 2**-7 * want.abs().max()
     oracle = copy.deepcopy(hf)
     missing, unexpected = oracle.load_state_dict(held, strict=False)
     assert not missing and not unexpected, (missing, unexpected)
@@ -402,8 +534,12 @@ def test_longrope_takes_the_long_factors_from_the_pretraining_length_on(models):
     assert factor == pytest.approx(math.sqrt(1 + math.log(256 / 160) / math.log(160)))
     for pos, key in ((159, "short_factor"), (160, "long_factor"), (255, "long_factor")):
         inv = 1.0 / (torch.tensor(config.rope_scaling[key], dtype=torch.float64) * base)
-        torch.testing.assert_close(rope.cos[pos].double(), (pos * inv).cos() * factor, atol=1e-6, rtol=0)
-        torch.testing.assert_close(rope.sin[pos].double(), (pos * inv).sin() * factor, atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            rope.cos[pos].double(), (pos * inv).cos() * factor, atol=1e-6, rtol=0
+        )
+        torch.testing.assert_close(
+            rope.sin[pos].double(), (pos * inv).sin() * factor, atol=1e-6, rtol=0
+        )
 
 
 def test_dynamic_ntk_rope_equals_hf_decoding_past_the_pretraining_context():
@@ -411,7 +547,9 @@ def test_dynamic_ntk_rope_equals_hf_decoding_past_the_pretraining_context():
     prompts within the context give HF's logits, and each step of greedy decoding across the boundary
     gives HF generate's logits (HF rescales the base per step from the newest position, as sgl does
     per position; see model/rope.py)."""
-    hf = hf_tiny(seed=11, max_position_embeddings=24, rope_scaling={"rope_type": "dynamic", "factor": 4.0})
+    hf = hf_tiny(
+        seed=11, max_position_embeddings=24, rope_scaling={"rope_type": "dynamic", "factor": 4.0}
+    )
     ours = ours_from_hf(hf)
     assert ours.config.max_position_embeddings == 96
     ids = [5, 17, 33, 2, 64, 8, 41, 90, 12, 7, 3, 55, 28, 71, 19, 44, 6, 81, 30, 9]
@@ -419,11 +557,19 @@ def test_dynamic_ntk_rope_equals_hf_decoding_past_the_pretraining_context():
     logits = runner.step({0: ids})[0]
     torch.testing.assert_close(logits, hf_logits(hf, ids), atol=ATOL, rtol=0)
     with torch.no_grad():
-        want = hf.generate(torch.tensor([ids]), max_new_tokens=40, do_sample=False, pad_token_id=0,
-                           return_dict_in_generate=True, output_logits=True)
-    tokens = want.sequences[0, len(ids):].tolist()
+        want = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=40,
+            do_sample=False,
+            pad_token_id=0,
+            return_dict_in_generate=True,
+            output_logits=True,
+        )
+    tokens = want.sequences[0, len(ids) :].tolist()
     torch.testing.assert_close(logits[-1], want.logits[0][0].float(), atol=ATOL, rtol=0)
-    for step, token in enumerate(tokens[:-1], start=1):  # each decode step to position 59, well past 24
+    for step, token in enumerate(
+        tokens[:-1], start=1
+    ):  # each decode step to position 59, well past 24
         logits = runner.step({0: [token]})[0]
         torch.testing.assert_close(logits[-1], want.logits[step][0].float(), atol=ATOL, rtol=0)
 
@@ -446,7 +592,9 @@ def test_gemma_gguf_roundtrip_matches_hf(tmp_path, arch):
     load_hf_state_dict(ours, state)
     assert ours.config.layer_windows == [8, 0] and ours.config.norm_offset == 1.0
     ids = list(range(3, 50))
-    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0
+    )
 
 
 @pytest.mark.parametrize("arch", ["phi3", "phi3-longrope"])
@@ -466,12 +614,19 @@ def test_phi3_gguf_roundtrip_matches_hf(tmp_path, arch):
     ours = LlamaForCausalLM(ModelConfig.from_hf_dict(hf_config))
     load_hf_state_dict(ours, state)
     want = ModelConfig.from_hf_dict(hf.config.to_dict())
-    assert (ours.config.rotary_dim, ours.config.layer_windows) == (want.rotary_dim, want.layer_windows)
+    assert (ours.config.rotary_dim, ours.config.layer_windows) == (
+        want.rotary_dim,
+        want.layer_windows,
+    )
     ids = list(range(3, 60))
-    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0
+    )
 
 
-@pytest.mark.parametrize("arch,file_arch", [("mixtral", "mixtral"), ("qwen2_moe", "qwen2moe"), ("qwen3_moe", "qwen3moe")])
+@pytest.mark.parametrize(
+    "arch,file_arch", [("mixtral", "mixtral"), ("qwen2_moe", "qwen2moe"), ("qwen3_moe", "qwen3moe")]
+)
 def test_moe_gguf_roundtrip_matches_hf(tmp_path, arch, file_arch):
     """MoE GGUF as llama.cpp lays it out (experts stacked as ffn_gate_exps / ffn_up_exps /
     ffn_down_exps, router ffn_gate_inp, Qwen2-MoE's shared expert and its gate vector; Mixtral
@@ -489,7 +644,20 @@ def test_moe_gguf_roundtrip_matches_hf(tmp_path, arch, file_arch):
     load_hf_state_dict(ours, state)
     want = ModelConfig.from_hf_dict(hf.config.to_dict())
     got = ours.config
-    assert (got.arch, got.num_experts, got.experts_per_token, got.norm_topk_prob, got.sparse_layers) == \
-        (want.arch, want.num_experts, want.experts_per_token, want.norm_topk_prob, want.sparse_layers)
+    assert (
+        got.arch,
+        got.num_experts,
+        got.experts_per_token,
+        got.norm_topk_prob,
+        got.sparse_layers,
+    ) == (
+        want.arch,
+        want.num_experts,
+        want.experts_per_token,
+        want.norm_topk_prob,
+        want.sparse_layers,
+    )
     ids = list(range(3, 50))
-    torch.testing.assert_close(TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        TinyRunner(ours.eval()).step({0: ids})[0], hf_logits(hf, ids), atol=ATOL, rtol=0
+    )

@@ -32,5 +32,7 @@ def test_the_loader_builds_the_class_registered_for_the_family(monkeypatch):
 def test_a_family_without_a_class_is_refused_by_name(monkeypatch):
     config = ModelConfig.from_hf_dict(dummy_hf_config("tiny-llama"))
     monkeypatch.delitem(registry.MODEL_CLASSES, "llama")
-    with pytest.raises(ValueError, match="no model class is registered for the architecture family 'llama'"):
+    with pytest.raises(
+        ValueError, match="no model class is registered for the architecture family 'llama'"
+    ):
         registry.build_model(config)

@@ -42,5 +42,7 @@ def test_built_once_then_loaded_directly_and_rebuilt_when_broken(tmp_path, monke
     assert re.fullmatch(rf"building k\.cpp \(first use; cached in .*{name}\)", lines[0]), lines
     assert re.fullmatch(r"built k\.cpp in \d+\.\d s", lines[1]), lines
     assert re.fullmatch(rf"loaded k\.cpp from .*{name} in \d+\.\d\d s", lines[2]), lines
-    assert lines[3].startswith(f"could not load {broken_library}") and lines[3].endswith("rebuilding it"), lines
+    assert lines[3].startswith(f"could not load {broken_library}") and lines[3].endswith(
+        "rebuilding it"
+    ), lines
     assert lines[4].startswith("building k.cpp") and lines[5].startswith("built k.cpp"), lines

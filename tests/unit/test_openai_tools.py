@@ -13,17 +13,38 @@ import pytest
 from sgl.server.errors import APIError
 from sgl.server.openai_tools import ChoiceOutput, parse_tools
 
-SCHEMAS = {"add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                   "required": ["a", "b"], "additionalProperties": False}}
-VALIDATORS = {name: jsonschema.validators.validator_for(schema)(schema) for name, schema in SCHEMAS.items()}
+SCHEMAS = {
+    "add": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    }
+}
+VALIDATORS = {
+    name: jsonschema.validators.validator_for(schema)(schema) for name, schema in SCHEMAS.items()
+}
 
 CASES = [  # (format, output, the calls, text the content must hold)
-    ("pythonic", '[add(a=1, b=2)]', [("add", {"a": 1, "b": 2})], ""),
-    ("pythonic", '[add(a=1, b="two")]', [], '[add(a=1, b="two")]'),  # invalid (were it not constrained): text
-    ("pythonic", '[add(a=1, b=2), nope(x=1), add(a=3, b=4)]', [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})],
-     '[nope(x=1)]'),
-    ("hermes", 'Sure.<tool_call>\n{"name": "add", "arguments": {"a": 5, "b": 6}}\n</tool_call>',
-     [("add", {"a": 5, "b": 6})], "Sure."),
+    ("pythonic", "[add(a=1, b=2)]", [("add", {"a": 1, "b": 2})], ""),
+    (
+        "pythonic",
+        '[add(a=1, b="two")]',
+        [],
+        '[add(a=1, b="two")]',
+    ),  # invalid (were it not constrained): text
+    (
+        "pythonic",
+        "[add(a=1, b=2), nope(x=1), add(a=3, b=4)]",
+        [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})],
+        "[nope(x=1)]",
+    ),
+    (
+        "hermes",
+        'Sure.<tool_call>\n{"name": "add", "arguments": {"a": 5, "b": 6}}\n</tool_call>',
+        [("add", {"a": 5, "b": 6})],
+        "Sure.",
+    ),
     ("hermes", '<tool_call>\n{"name": "add", "arguments": {"a": 5}}\n</tool_call>', [], '{"a": 5}'),
 ]
 
@@ -46,7 +67,10 @@ def _stream(out: ChoiceOutput, text: str, rng: random.Random) -> tuple[str, list
 def test_calls_are_checked_and_streams_equal_the_whole(parser, text, expected, kept):
     out = ChoiceOutput(parser, None, VALIDATORS)
     fields = out.whole(text)
-    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in fields.get("tool_calls", [])]
+    calls = [
+        (c["function"]["name"], json.loads(c["function"]["arguments"]))
+        for c in fields.get("tool_calls", [])
+    ]
     assert calls == expected and out.calls == len(expected)
     assert kept in (fields["content"] or "")
     rng = random.Random(0)
@@ -57,7 +81,17 @@ def test_calls_are_checked_and_streams_equal_the_whole(parser, text, expected, k
 
 def test_invalid_parameter_schemas_are_400():
     with pytest.raises(APIError) as e:
-        parse_tools([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-                                                                                  "properties": {"a": 3}}}}],
-                    None, None)
+        parse_tools(
+            [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": "f",
+                        "parameters": {"type": "object", "properties": {"a": 3}},
+                    },
+                }
+            ],
+            None,
+            None,
+        )
     assert e.value.param == "tools[0].function.parameters"

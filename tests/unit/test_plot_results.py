@@ -21,7 +21,9 @@ EXPECTED = ("tp", "dp_saturated", "cpu_peers", "remote_programs", "tools", "prog
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_every_chart_is_a_small_readable_png(tmp_path):
@@ -58,8 +60,18 @@ def test_missing_field_names_file_and_field(tmp_path):
 def test_the_old_program_workloads_command_still_works(tmp_path):
     shutil.copy(RESULTS / "program_workloads.json", tmp_path)
     out = tmp_path / "pw.png"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plot_program_workloads.py"),
-                           "--results", str(tmp_path / "program_workloads.json"), "--out", str(out)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "plot_program_workloads.py"),
+            "--results",
+            str(tmp_path / "program_workloads.json"),
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == PNG_SIGNATURE

@@ -17,9 +17,12 @@ from programs.workloads import WORKLOADS  # noqa: E402
 
 from sgl.lang import ChatTemplate  # noqa: E402
 
-CHATML = ChatTemplate(prefix={r: f"<|im_start|>{r}\n" for r in ("system", "user", "assistant")},
-                      suffix={r: "<|im_end|>\n" for r in ("system", "user", "assistant")},
-                      default_system="<|im_start|>system\nYou are helpful.<|im_end|>\n", name="chatml")
+CHATML = ChatTemplate(
+    prefix={r: f"<|im_start|>{r}\n" for r in ("system", "user", "assistant")},
+    suffix={r: "<|im_end|>\n" for r in ("system", "user", "assistant")},
+    default_system="<|im_start|>system\nYou are helpful.<|im_end|>\n",
+    name="chatml",
+)
 
 
 @pytest.mark.parametrize("name", sorted(WORKLOADS))

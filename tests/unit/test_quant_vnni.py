@@ -15,7 +15,9 @@ import torch
 from sgl.runtime.model import quant, quant_route, quant_vnni
 from sgl.runtime.model.quant_tensor import QuantizedTensor, quantize_int4, quantize_int8
 
-pytestmark = pytest.mark.skipif(not quant_vnni.vnni_available(), reason="no AVX-512 VNNI (or no compiler) here")
+pytestmark = pytest.mark.skipif(
+    not quant_vnni.vnni_available(), reason="no AVX-512 VNNI (or no compiler) here"
+)
 
 
 def _fp16_scales(q: QuantizedTensor) -> QuantizedTensor:
@@ -30,7 +32,9 @@ def _int8_groups(w: torch.Tensor, group: int) -> QuantizedTensor:
     """int8 codes with one scale per `group` inputs (GGUF Q8_0's layout at group 32)."""
     n, k = w.shape
     q = quantize_int8(w.reshape(n * k // group, group))
-    return QuantizedTensor("int8", q.codes.reshape(n, k), q.scales.reshape(n, k // group), None, group)
+    return QuantizedTensor(
+        "int8", q.codes.reshape(n, k), q.scales.reshape(n, k // group), None, group
+    )
 
 
 def _layer(kind: str, group: int, n: int, k: int, seed: int, bias: bool = False):
@@ -50,8 +54,10 @@ def _activation_bound(layer, x: torch.Tensor) -> torch.Tensor:
     return w.abs().sum(dim=1) * amax / 65534 + 1e-5 * exact.abs() + 1e-6
 
 
-@pytest.mark.parametrize("kind,group", [("int4", 32), ("int4", 64), ("int4", 128), ("int8", 32), ("int8", 256),
-                                        ("int8", 512)])
+@pytest.mark.parametrize(
+    "kind,group",
+    [("int4", 32), ("int4", 64), ("int4", 128), ("int8", 32), ("int8", 256), ("int8", 512)],
+)
 @pytest.mark.parametrize("n", [16, 97, 200])
 def test_tiles_hold_exactly_the_codes_with_fp16_scales(kind, group, n):
     layer, q = _layer(kind, group, n, 512, seed=n)
@@ -81,7 +87,7 @@ def test_kernel_on_zero_and_bf16_rows():
     y = layer.packed_mm(x.bfloat16())
     assert y.dtype == torch.bfloat16 and torch.equal(y[0], torch.zeros(64, dtype=torch.bfloat16))
     exact = x[1:].bfloat16().double() @ layer.held_weight().double().t()
-    assert (y[1:].double() - exact).abs().max() <= 2 ** -8 * exact.abs().max()  # bf16 output
+    assert (y[1:].double() - exact).abs().max() <= 2**-8 * exact.abs().max()  # bf16 output
 
 
 @pytest.mark.parametrize("kind,group", [("int4", 32), ("int4", 64), ("int8", 32), ("int8", 256)])
@@ -89,7 +95,9 @@ def test_dequantized_weight_is_the_held_weight_in_bf16(kind, group):
     layer, _ = _layer(kind, group, 97, 256, seed=3)
     got = layer.dequantized_t()
     assert got.shape == (256, 112) and got.dtype == torch.bfloat16  # 97 outputs padded to 7 tiles
-    assert torch.equal(got[:, :97], layer.held_weight().t().bfloat16())  # one rounding, to nearest even
+    assert torch.equal(
+        got[:, :97], layer.held_weight().t().bfloat16()
+    )  # one rounding, to nearest even
 
 
 @pytest.mark.parametrize("kind", ["int4", "int8"])
@@ -97,7 +105,9 @@ def test_dequantized_weight_is_the_held_weight_in_bf16(kind, group):
 def test_layer_routes_match_the_held_weight(kind, route, monkeypatch):
     layer, _ = _layer(kind, 32, 97, 256, seed=4, bias=True)
     monkeypatch.setattr(quant_route, "crossover_rows", lambda _: 10**9 if route == "kernel" else 0)
-    x = torch.randn(quant_route.DEQUANT_MIN_TOKENS + 3, 256, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(
+        quant_route.DEQUANT_MIN_TOKENS + 3, 256, generator=torch.Generator().manual_seed(4)
+    )
     y = layer(x)
     ref = x.bfloat16().double() @ layer.held_weight().double().t() + layer.bias.double()
     assert y.shape == ref.shape and y.dtype == torch.float32
@@ -107,7 +117,9 @@ def test_layer_routes_match_the_held_weight(kind, route, monkeypatch):
 def test_embedding_rows_and_logits():
     gen = torch.Generator().manual_seed(5)
     q = quantize_int8(torch.randn(300, 128, generator=gen))
-    q = QuantizedTensor("int8", q.codes, q.scales.repeat(1, 4) * torch.rand(300, 4, generator=gen), None, 32)
+    q = QuantizedTensor(
+        "int8", q.codes, q.scales.repeat(1, 4) * torch.rand(300, 4, generator=gen), None, 32
+    )
     emb = quant_vnni.VnniInt8Embedding(q, torch.float32)
     held = emb.held_weight()
     ids = torch.tensor([[0, 299, 17], [15, 16, 255]])
@@ -161,7 +173,9 @@ def test_quantized_linear_picks_the_vnni_layers_and_keeps_int8_groups(monkeypatc
     assert quant.quantized_linear(q8, None).layout == "int8_g32"
     monkeypatch.setattr(quant_vnni, "vnni_available", lambda: False)
     torch_layer = quant.quantized_linear(q8, None)
-    assert isinstance(torch_layer, quant.Int8Linear) and torch_layer.layout == "int8"  # requantized per row
+    assert (
+        isinstance(torch_layer, quant.Int8Linear) and torch_layer.layout == "int8"
+    )  # requantized per row
 
 
 @pytest.mark.parametrize("n", [64, 97])

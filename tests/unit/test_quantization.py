@@ -75,7 +75,9 @@ def test_block_tensors_read_in_row_chunks_equal_the_whole(tmp_path, qtype):
 
 @pytest.mark.parametrize("n,k", [(64, 64), (192, 96), (960, 576)])
 def test_int4_pack_roundtrip(n, k):
-    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    codes = torch.randint(
+        0, 16, (n, k), dtype=torch.uint8, generator=torch.Generator().manual_seed(n)
+    )
     assert torch.equal(unpack_int4(pack_int4(codes), n, k), codes)
 
 
@@ -86,10 +88,18 @@ def test_chunked_packing_and_requantization_equal_whole():
     assert torch.equal(pack_int4(codes, chunk_elems=64 * 128), pack_int4(codes))
     w = torch.randn(300, 128, generator=gen)
     for kind in ("int8", "int4"):
-        whole, chunked = quant_tensor.quantize(w, kind, 32), quant_tensor.quantize(w, kind, 32, chunk_elems=7 * 128)
+        whole, chunked = (
+            quant_tensor.quantize(w, kind, 32),
+            quant_tensor.quantize(w, kind, 32, chunk_elems=7 * 128),
+        )
         assert torch.equal(whole.codes, chunked.codes) and torch.equal(whole.scales, chunked.scales)
-    q8 = quant_tensor.QuantizedTensor("int8", torch.randint(-127, 128, (300, 128), dtype=torch.int8, generator=gen),
-                               torch.rand(300, 4, generator=gen), None, 32)  # Q8_0-like groups of 32
+    q8 = quant_tensor.QuantizedTensor(
+        "int8",
+        torch.randint(-127, 128, (300, 128), dtype=torch.int8, generator=gen),
+        torch.rand(300, 4, generator=gen),
+        None,
+        32,
+    )  # Q8_0-like groups of 32
     per_row = quant_tensor.quantize(q8, "int8", 128, chunk_elems=5 * 128)
     assert torch.equal(per_row.codes, quantize_int8(q8.dequantize()).codes)
 
@@ -115,13 +125,17 @@ def _held_reference(module, x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("rows", [1, 5, DEQUANT_MIN_TOKENS + 7])
 @pytest.mark.parametrize("out_features", [192, 97])  # 97: int4 pads to a block of 64 rows
 @pytest.mark.parametrize("route", ["packed", "dequantized"])
-def test_quantized_linear_matches_its_held_weights(kind, group, rows, out_features, route, monkeypatch):
+def test_quantized_linear_matches_its_held_weights(
+    kind, group, rows, out_features, route, monkeypatch
+):
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(out_features, 256, generator=gen) * 0.05
     bias = torch.randn(out_features, generator=gen)
     q = quantize_int8(w) if kind == "int8" else quantize_int4(w, group)
     module = Int8Linear(q, bias) if kind == "int8" else Int4Linear(q, bias)
-    torch.testing.assert_close(module.held_weight(), q.rounded_scales().dequantize(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        module.held_weight(), q.rounded_scales().dequantize(), rtol=0, atol=1e-6
+    )
     x = torch.randn(rows, 256, generator=gen)
     crossover = 10**9 if route == "packed" else 0  # past DEQUANT_MIN_TOKENS rows: the route forced
     monkeypatch.setattr(quant_route, "crossover_rows", lambda layer: crossover)
@@ -141,7 +155,11 @@ def test_dynamic_batch_compile_chooses_the_route_at_run_time(kind):
 
     gen = torch.Generator().manual_seed(11)
     w = torch.randn(192, 256, generator=gen) * 0.05
-    module = Int8Linear(quantize_int8(w), None) if kind == "int8" else Int4Linear(quantize_int4(w, 32), None)
+    module = (
+        Int8Linear(quantize_int8(w), None)
+        if kind == "int8"
+        else Int4Linear(quantize_int4(w, 32), None)
+    )
     if not quant.linear_ops_built():
         pytest.skip("no C++ compiler: compiled graphs trace the torch-ops route")
     quant_route.prepare_for_compile(module)
@@ -172,18 +190,28 @@ def test_int4_dequantize_equals_the_held_weight(kernel, monkeypatch):
     elif quant.int4_dequant_op() is None:
         pytest.skip("no C++ compiler: the int4 dequantize kernel cannot be built here")
     for n, k, g in ((192, 256, 32), (97, 128, 64), (640, 512, 128)):
-        layer = Int4Linear(quantize_int4(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), g), None)
+        layer = Int4Linear(
+            quantize_int4(torch.randn(n, k, generator=torch.Generator().manual_seed(n)), g), None
+        )
         got = layer.dequantized_t()
         assert got.shape == (k, layer.padded_out) and got.dtype == quant_route.dense_dtype()
         held = layer.held_weight().t()
         if kernel == "C++":
-            assert torch.equal(got[:, :n], held.to(got.dtype))  # at most one rounding, to nearest even
+            assert torch.equal(
+                got[:, :n], held.to(got.dtype)
+            )  # at most one rounding, to nearest even
         else:
-            assert (got[:, :n].float() - held).abs().max() <= 2 ** -7 * held.abs().max()
+            assert (got[:, :n].float() - held).abs().max() <= 2**-7 * held.abs().max()
 
 
-@pytest.mark.parametrize("flags, want", [("avx2 fma", torch.float32), ("avx2 amx_tile amx_bf16", torch.bfloat16),
-                                         ("avx512f avx512_bf16", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "flags, want",
+    [
+        ("avx2 fma", torch.float32),
+        ("avx2 amx_tile amx_bf16", torch.bfloat16),
+        ("avx512f avx512_bf16", torch.bfloat16),
+    ],
+)
 def test_the_dense_route_multiplies_in_bf16_only_where_the_cpu_has_it(flags, want, monkeypatch):
     """Prefill's dequantized route runs in bf16 only on AMX / AVX512-BF16: elsewhere oneDNN
     emulates bf16 (25x slower than float32 on an AVX2 EPYC), so it runs in float32. Either
@@ -193,13 +221,17 @@ def test_the_dense_route_multiplies_in_bf16_only_where_the_cpu_has_it(flags, wan
     monkeypatch.setenv("SGL_CPU_FLAGS_OVERRIDE", flags)
     cpu_features.cpu_flags.cache_clear()
     quant_route.dense_dtype.cache_clear()
-    monkeypatch.setattr(quant_route, "crossover_rows", lambda layer: 0)  # the dense route for > 16 rows
+    monkeypatch.setattr(
+        quant_route, "crossover_rows", lambda layer: 0
+    )  # the dense route for > 16 rows
     try:
         assert quant_route.dense_dtype() == want
         gen = torch.Generator().manual_seed(5)
         w = torch.randn(97, 256, generator=gen) * 0.05
         for module in (Int8Linear(quantize_int8(w), None), Int4Linear(quantize_int4(w, 32), None)):
-            weight = module.dequantized_t() if isinstance(module, Int4Linear) else module.dequantized()
+            weight = (
+                module.dequantized_t() if isinstance(module, Int4Linear) else module.dequantized()
+            )
             assert weight.dtype == want
             x = torch.randn(40, 256, generator=gen)
             ref = _held_reference(module, x)
@@ -222,7 +254,9 @@ def test_crossover_is_measured_once_per_shape_and_kept_on_disk(tmp_path, monkeyp
     measure = a.packed_mm
     monkeypatch.setattr(a, "packed_mm", lambda x: calls.append(1) or measure(x))
     rows = quant_route.crossover_rows(a)
-    assert rows >= DEQUANT_MIN_TOKENS and quant_route.crossover_rows(b) == rows and calls  # b: not measured again
+    assert (
+        rows >= DEQUANT_MIN_TOKENS and quant_route.crossover_rows(b) == rows and calls
+    )  # b: not measured again
     measured_calls = len(calls)
     path = crossovers.crossover_file()
     assert path.is_relative_to(tmp_path) and list(json.loads(path.read_text()).values()) == [rows]
@@ -256,7 +290,9 @@ def _use_kernels(kernel: str, monkeypatch) -> None:
 
 @pytest.mark.parametrize("kernel", ["vnni", "torch"])
 @pytest.mark.parametrize("qtype,embed", [("Q4_1", "Q8_0"), ("Q4_0", "Q4_0"), ("Q8_0", "Q8_0")])
-def test_quantized_gguf_model_matches_hf_on_its_held_weights(tmp_path, qtype, embed, kernel, monkeypatch):
+def test_quantized_gguf_model_matches_hf_on_its_held_weights(
+    tmp_path, qtype, embed, kernel, monkeypatch
+):
     """Fidelity (b): a GGUF loaded quantized vs HF on exactly the weights our kernels hold.
     Tolerance 3e-2 of the logits' range: activations enter each int kernel rounded to bf16
     (2^-8 relative) over 2 layers; an indexing or layout bug gives O(1) errors. Q8_0 keeps its
@@ -272,8 +308,12 @@ def test_quantized_gguf_model_matches_hf_on_its_held_weights(tmp_path, qtype, em
     ours, _ = load_model(str(path), torch.float32, torch.device("cpu"), quantization="auto")
     layouts = quant.quantization_summary(ours)
     want = ("int8_g32" if kernel == "vnni" else "int8") if qtype == "Q8_0" else "int4_g32"
-    lm_head = 1 if want.startswith("int8") else 0  # an untied LM head is an int8 layer when the model is quantized
-    assert layouts[want] == 4 * hf.config.num_hidden_layers + lm_head  # qkv, o, gate_up, down per layer
+    lm_head = (
+        1 if want.startswith("int8") else 0
+    )  # an untied LM head is an int8 layer when the model is quantized
+    assert (
+        layouts[want] == 4 * hf.config.num_hidden_layers + lm_head
+    )  # qkv, o, gate_up, down per layer
     oracle = _hf_with(hf, held_hf_state_dict(ours))
     runner = TinyRunner(ours)
     for ids in ([3, 17, 5, 88, 41, 9, 60], list(range(1, 60))):
@@ -301,7 +341,7 @@ def test_quantized_weights_track_the_file_weights(tmp_path, kernel, monkeypatch)
     _, exact = read_gguf(path)
     for name, w in exact.items():
         err = (held[name] - w).abs().max() / w.abs().max()
-        limit = 1 / 127 if "embed" in name or "lm_head" in name else 2 ** -8
+        limit = 1 / 127 if "embed" in name or "lm_head" in name else 2**-8
         assert err <= (1e-6 if kernel == "vnni" else limit), (name, float(err))
 
 
@@ -312,7 +352,9 @@ def test_dense_checkpoint_quantized_on_load(tmp_path, quantization, layout):
 
     hf = hf_tiny(arch="qwen2", tie=False, kv_heads=2, seed=8)  # biases on q/k/v
     hf.save_pretrained(tmp_path)
-    ours, _ = load_model(str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization)
+    ours, _ = load_model(
+        str(tmp_path), torch.float32, torch.device("cpu"), quantization=quantization
+    )
     assert quant.quantization_summary(ours)[layout] == 8 + (layout == "int8")  # + the int8 LM head
     ids = list(range(2, 40))
     got = TinyRunner(ours).step({0: ids})[0]
@@ -326,14 +368,21 @@ def test_engine_options_are_checked():
     with pytest.raises(ValueError, match="quantization must be one of"):
         sgl.Engine(model_path="tiny-llama", load_format="dummy", quantization="int3")
     with pytest.raises(ValueError, match="int4_group_size must be one of"):
-        sgl.Engine(model_path="tiny-llama", load_format="dummy", quantization="int4", int4_group_size=48)
+        sgl.Engine(
+            model_path="tiny-llama", load_format="dummy", quantization="int4", int4_group_size=48
+        )
 
 
 def test_quantization_is_a_cpu_layout():
     from sgl.runtime.worker import effective_quantization
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert [effective_quantization(q, cpu) for q in ("auto", "none", "int8", "int4")] == ["auto", "none", "int8", "int4"]
+    assert [effective_quantization(q, cpu) for q in ("auto", "none", "int8", "int4")] == [
+        "auto",
+        "none",
+        "int8",
+        "int4",
+    ]
     assert effective_quantization("auto", cuda) == "none"  # a GGUF loads dense on the GPU
     with pytest.raises(ValueError, match="CPU only"):
         effective_quantization("int4", cuda)
@@ -378,11 +427,13 @@ def test_requantized_types_stay_within_their_stated_error(qtype, kernel, monkeyp
     _use_kernels(kernel, monkeypatch)
     n, k = 24, 512
     raw = _random_k_blocks(qtype, n, k, seed=4)
-    exact = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k).copy())
+    exact = torch.from_numpy(
+        gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[qtype]).reshape(n, k).copy()
+    )
     q = QuantPolicy("auto").linear_weight(exact, "int8")
     held = quant.quantized_linear(q, None).held_weight()
     level = exact.abs().amax(dim=1) / 127
-    scale_rounding = 127 * (2 ** -11 if kernel == "vnni" else 2 ** -8)
+    scale_rounding = 127 * (2**-11 if kernel == "vnni" else 2**-8)
     assert ((held - exact).abs().amax(dim=1) <= level * (0.5 + scale_rounding) * 1.001).all()
 
 
@@ -394,9 +445,11 @@ def test_q4_k_on_vnni_within_fp16_rounding_of_its_scales(monkeypatch):
     _use_kernels("vnni", monkeypatch)
     n, k = 32, 512
     raw = _random_blocks("Q4_K", n, k, seed=5)
-    exact = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(n, k).copy())
+    exact = torch.from_numpy(
+        gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q4_K).reshape(n, k).copy()
+    )
     q = _EXACT["Q4_K"](raw, n, k)
     held = quant.quantized_linear(q, None).held_weight()
     low = q.zeros - 8 * q.scales
-    bound = (2 ** -11 * (15 * q.scales.abs() + low.abs())).repeat_interleave(32, dim=1) + 1e-7
+    bound = (2**-11 * (15 * q.scales.abs() + low.abs())).repeat_interleave(32, dim=1) + 1e-7
     assert ((held - exact).abs() <= bound).all()

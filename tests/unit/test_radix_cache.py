@@ -27,7 +27,9 @@ class SpyPool(TokenToKVPool):
     """A real (tiny) KV pool that also records which slots came back through `free`."""
 
     def __init__(self, capacity: int) -> None:
-        super().__init__(capacity, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32, device="cpu")
+        super().__init__(
+            capacity, num_layers=1, num_kv_heads=1, head_dim=1, dtype=torch.float32, device="cpu"
+        )
         self.freed: list[int] = []
 
     def free(self, slots: torch.Tensor) -> None:
@@ -129,7 +131,11 @@ def test_match_inside_edge_splits_node() -> None:
     assert node.key == [1, 2, 3] and node.parent is cache.root
     assert node.value.tolist() == slots[:3].tolist()
     (lower,) = node.children.values()
-    assert lower.key == [4, 5, 6] and lower.value.tolist() == slots[3:].tolist() and lower.parent is node
+    assert (
+        lower.key == [4, 5, 6]
+        and lower.value.tolist() == slots[3:].tolist()
+        and lower.parent is node
+    )
     assert cache.total_size() == 6 and cache.evictable_size() == 6
     # The full sequence still matches across the new boundary.
     got, node = cache.match_prefix([1, 2, 3, 4, 5, 6, 7])
@@ -235,7 +241,9 @@ def test_split_preserves_lock_and_sizes() -> None:
     _, upper = cache.match_prefix([1, 2, 3, 7])  # split a locked edge
     assert upper.lock_ref == 1 and leaf.lock_ref == 1 and leaf.parent is upper
     assert (cache.protected_size(), cache.evictable_size()) == (6, 0)
-    assert cache.insert([1, 2, 3, 4, 8], torch.tensor([0, 0, 0, 0, 9])) == 4  # split again + new leaf
+    assert (
+        cache.insert([1, 2, 3, 4, 8], torch.tensor([0, 0, 0, 0, 9])) == 4
+    )  # split again + new leaf
     assert (cache.protected_size(), cache.evictable_size()) == (6, 1)
     check_structure(cache)
     cache.dec_lock_ref(leaf)
@@ -378,7 +386,9 @@ def test_no_prefix_cache_stores_nothing_and_frees_finished_kv() -> None:
     s = alloc(pool, 3)
     slots, node = cache.match_prefix([1, 2, 3])
     assert slots.numel() == 0 and slots.dtype == torch.int64 and node is cache.root
-    kept, node2 = cache.cache_unfinished([1, 2, 3], s, 0, node)  # a chunk boundary: the request keeps its slots
+    kept, node2 = cache.cache_unfinished(
+        [1, 2, 3], s, 0, node
+    )  # a chunk boundary: the request keeps its slots
     assert kept is s and node2 is node and pool.freed == []
     assert cache.evict(10) == 0
     assert cache.total_size() == 0 and cache.evictable_size() == 0 and cache.protected_size() == 0
@@ -642,7 +652,9 @@ class Model:
         for node, path in nodes_with_paths(cache):
             start = len(path) - len(node.key)
             assert node.value.tolist() == [self.ref[path[: j + 1]] for j in range(start, len(path))]
-            assert node.lock_ref == sum(1 for lp in locks if lp[: len(path)] == path and len(lp) >= len(path))
+            assert node.lock_ref == sum(
+                1 for lp in locks if lp[: len(path)] == path and len(lp) >= len(path)
+            )
             tree_slots.extend(node.value.tolist())
 
         caller = [s for r in self.reqs for s in r["own"].tolist()]
@@ -733,7 +745,10 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.model.finish(i % len(self.model.reqs))
 
     @precondition(lambda self: bool(self.model.reqs))
-    @rule(i=st.integers(0, 10**6), extra=st.lists(st.integers(0, Model.ALPHABET - 1), max_size=4).map(tuple))
+    @rule(
+        i=st.integers(0, 10**6),
+        extra=st.lists(st.integers(0, Model.ALPHABET - 1), max_size=4).map(tuple),
+    )
     def chunk(self, i: int, extra: tuple[int, ...]) -> None:
         self.model.chunk(i % len(self.model.reqs), extra)
 

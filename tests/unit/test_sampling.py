@@ -270,9 +270,11 @@ def test_greedy_with_allowed_mask_and_all_masked_rows() -> None:
     allowed[2] = False  # greedy row with nothing allowed
     allowed[5] = False  # sampled row with nothing allowed
     allowed[0, 0] = True
-    params = [SamplingParams(temperature=0)] * 3 + [SamplingParams(temperature=1.0)] * 2 + [
-        SamplingParams(temperature=0.7, top_p=0.8)
-    ]
+    params = (
+        [SamplingParams(temperature=0)] * 3
+        + [SamplingParams(temperature=1.0)] * 2
+        + [SamplingParams(temperature=0.7, top_p=0.8)]
+    )
     for _ in range(20):
         out = run_sample(logits, params, allowed_mask=allowed)
         for r in range(B):
@@ -553,13 +555,24 @@ def test_without_logprobs_the_same_tokens_are_picked() -> None:
     torch.manual_seed(4)
     B, V = 6, 80
     logits = torch.randn(B, V) * 2
-    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.7, top_p=0.9),
-              SamplingParams(temperature=1.2, top_k=5, repetition_penalty=1.3)] * 2
+    params = [
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.2, top_k=5, repetition_penalty=1.3),
+    ] * 2
     runs = []
     for with_logprobs in (True, False):
         gens = [make_generator(11 + r) for r in range(B)]
-        runs.append(run_sample(logits, params, outputs=[[1, 2]] * B, prompts=[[3]] * B, generators=gens,
-                               with_logprobs=with_logprobs))
+        runs.append(
+            run_sample(
+                logits,
+                params,
+                outputs=[[1, 2]] * B,
+                prompts=[[3]] * B,
+                generators=gens,
+                with_logprobs=with_logprobs,
+            )
+        )
     assert torch.equal(runs[0].token_ids, runs[1].token_ids)
     assert runs[1].logprobs is None and runs[1].top_logprobs == [None] * B
     with pytest.raises(ValueError, match="with_logprobs"):

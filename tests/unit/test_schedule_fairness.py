@@ -60,4 +60,9 @@ def test_lpm_order_holds_below_the_bound():
     assert [r.fill_ids[0] for r in builder.policy_order()] == [20, 5, 0]
     builder.admissions = MAX_OVERTAKES  # every waiting request has now seen the bound
     builder.waiting.append(_req(30))  # a newcomer has not
-    assert [r.fill_ids[0] for r in builder.policy_order()] == [0, 5, 20, 30]  # aged in arrival order first
+    assert [r.fill_ids[0] for r in builder.policy_order()] == [
+        0,
+        5,
+        20,
+        30,
+    ]  # aged in arrival order first

@@ -40,14 +40,18 @@ def wait_for(condition, timeout: float = TIMEOUT) -> bool:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path, _ = save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-proc"), VOCAB, max_position_embeddings=512)
+    path, _ = save_tiny_engine_dir(
+        tmp_path_factory.mktemp("tiny-proc"), VOCAB, max_position_embeddings=512
+    )
     return str(path)
 
 
 @pytest.fixture(scope="module")
 def engines(model_dir):
-    with sgl.Engine(model_path=model_dir, max_total_tokens=2048) as threaded, \
-            sgl.Engine(model_path=model_dir, max_total_tokens=2048, scheduler_process=True) as proc:
+    with (
+        sgl.Engine(model_path=model_dir, max_total_tokens=2048) as threaded,
+        sgl.Engine(model_path=model_dir, max_total_tokens=2048, scheduler_process=True) as proc,
+    ):
         yield threaded, proc
 
 
@@ -60,8 +64,12 @@ def flat(entries) -> list:
     return [] if isinstance(entries, str) else [entries]
 
 
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
-          "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}},
+    "required": ["a"],
+    "additionalProperties": False,
+}
 
 
 def test_the_process_engine_gives_the_thread_engines_results(engines):
@@ -69,13 +77,36 @@ def test_the_process_engine_gives_the_thread_engines_results(engines):
     assert proc.scheduler_pids and proc.model is None and threaded.scheduler_pids == []
     greedy = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
     cases = [
-        dict(prompt=["the quick brown", "hello world"], sampling_params=greedy, return_logprob=True,
-             top_logprobs_num=2),
-        dict(prompt="numbers:", sampling_params={"max_new_tokens": 6, "regex": "[0-9]{2,4}", "temperature": 0}),
-        dict(prompt="json:", sampling_params={"max_new_tokens": 24, "json_schema": json.dumps(SCHEMA), "temperature": 0}),
-        dict(prompt="ebnf:", sampling_params={"max_new_tokens": 8, "ebnf": 'root ::= "fox" | "dog" " " [0-9]',
-                                              "temperature": 0}),
-        dict(prompt="sample", sampling_params={"max_new_tokens": 8, "temperature": 1.0, "seed": 11, "n": 2}),
+        dict(
+            prompt=["the quick brown", "hello world"],
+            sampling_params=greedy,
+            return_logprob=True,
+            top_logprobs_num=2,
+        ),
+        dict(
+            prompt="numbers:",
+            sampling_params={"max_new_tokens": 6, "regex": "[0-9]{2,4}", "temperature": 0},
+        ),
+        dict(
+            prompt="json:",
+            sampling_params={
+                "max_new_tokens": 24,
+                "json_schema": json.dumps(SCHEMA),
+                "temperature": 0,
+            },
+        ),
+        dict(
+            prompt="ebnf:",
+            sampling_params={
+                "max_new_tokens": 8,
+                "ebnf": 'root ::= "fox" | "dog" " " [0-9]',
+                "temperature": 0,
+            },
+        ),
+        dict(
+            prompt="sample",
+            sampling_params={"max_new_tokens": 8, "temperature": 1.0, "seed": 11, "n": 2},
+        ),
     ]
     for case in cases:
         a, b = threaded.generate(**case), proc.generate(**case)
@@ -84,20 +115,29 @@ def test_the_process_engine_gives_the_thread_engines_results(engines):
         assert [x["text"] for x in a] == [x["text"] for x in b]
         for x, y in zip(a, b):  # the same tokens; values within float32 reduction-order noise
             assert flat(x["meta_info"].get("output_top_logprobs")) == pytest.approx(
-                flat(y["meta_info"].get("output_top_logprobs")), abs=1e-4)
+                flat(y["meta_info"].get("output_top_logprobs")), abs=1e-4
+            )
             assert flat(x["meta_info"].get("output_token_logprobs")) == pytest.approx(
-                flat(y["meta_info"].get("output_token_logprobs")), abs=1e-4)
+                flat(y["meta_info"].get("output_token_logprobs")), abs=1e-4
+            )
     jsonschema.validate(json.loads(proc.generate(**cases[2])["text"]), SCHEMA)
     chunks = list(proc.generate("the quick brown", greedy, stream=True))
-    assert "".join(c["text"] for c in chunks) == threaded.generate("the quick brown", greedy)["text"]
+    assert (
+        "".join(c["text"] for c in chunks) == threaded.generate("the quick brown", greedy)["text"]
+    )
 
 
 def test_sessions_queries_aborts_and_bad_constraints_through_the_process(engines):
     _, proc = engines
     sid = proc.open_session(capacity_tokens=400)
-    first = proc.generate("hello", {"max_new_tokens": 4, "temperature": 0}, session_params={"id": sid})
-    turn = proc.generate(" again", {"max_new_tokens": 4, "temperature": 0},
-                         session_params={"id": sid, "rid": first["meta_info"]["id"]})
+    first = proc.generate(
+        "hello", {"max_new_tokens": 4, "temperature": 0}, session_params={"id": sid}
+    )
+    turn = proc.generate(
+        " again",
+        {"max_new_tokens": 4, "temperature": 0},
+        session_params={"id": sid, "rid": first["meta_info"]["id"]},
+    )
     assert turn["meta_info"]["prompt_tokens"] > first["meta_info"]["prompt_tokens"]
     assert proc.close_session(sid) and not proc.close_session(sid)
     with pytest.raises(InvalidRequestError) as bad:
@@ -105,11 +145,16 @@ def test_sessions_queries_aborts_and_bad_constraints_through_the_process(engines
     assert bad.value.param == "regex"
     with pytest.raises(InvalidRequestError):  # a stream refused before it starts
         proc.generate("x", {"max_new_tokens": 4, "json_schema": "{not json"}, stream=True)
-    stream = proc.generate("count", {"max_new_tokens": 400, "ignore_eos": True}, stream=True, rid="long")
+    stream = proc.generate(
+        "count", {"max_new_tokens": 400, "ignore_eos": True}, stream=True, rid="long"
+    )
     next(stream)
     proc.abort("long")
     last = list(stream)[-1]
-    assert last["meta_info"]["finish_reason"]["type"] == "abort" and last["meta_info"]["completion_tokens"] < 400
+    assert (
+        last["meta_info"]["finish_reason"]["type"] == "abort"
+        and last["meta_info"]["completion_tokens"] < 400
+    )
     assert proc.update_options(disable_jump_forward=True) == {"disable_jump_forward": True}
     assert proc.config.disable_jump_forward
     proc.update_options(disable_jump_forward=False)
@@ -130,7 +175,8 @@ def test_a_killed_scheduler_process_fails_every_caller(model_dir):
     engine = sgl.Engine(model_path=model_dir, max_total_tokens=2048, scheduler_process=True)
     pid = engine.scheduler_pids[0]
     caller, outcome = call_in_background(
-        lambda: engine.generate("count", {"max_new_tokens": 450, "ignore_eos": True}))
+        lambda: engine.generate("count", {"max_new_tokens": 450, "ignore_eos": True})
+    )
     assert wait_for(lambda: engine.get_server_info()["num_running_reqs"] == 1)
     os.kill(pid, signal.SIGKILL)
     caller.join(TIMEOUT)
@@ -171,8 +217,12 @@ sys.stdin.read()
 
 
 def test_no_orphan_when_the_parent_is_killed(model_dir):
-    parent = subprocess.Popen([sys.executable, "-c", ORPHAN_PARENT, model_dir], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN_PARENT, model_dir],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         child = int(parent.stdout.readline())
         assert not gone(child)
@@ -202,7 +252,13 @@ def test_rank_zeros_fault_from_a_dead_peer_is_reported_as_the_peers_exit():
 
     before, fault, after = object(), EngineFaulted("abc"), object()
     assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(-9)]) == ([before], 1)
-    assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(None)]) == ([before, fault, after], None)
-    assert split_at_dead_peer([before, fault], [Proc(None)]) == ([before, fault], None)  # tp 1: its own fault
+    assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(None)]) == (
+        [before, fault, after],
+        None,
+    )
+    assert split_at_dead_peer([before, fault], [Proc(None)]) == (
+        [before, fault],
+        None,
+    )  # tp 1: its own fault
     # no fault: nothing to attribute
     assert split_at_dead_peer([before, after], [Proc(None), Proc(-9)]) == ([before, after], None)

@@ -30,7 +30,9 @@ TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    path, _hf = save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-extract-cancel"), 320, max_position_embeddings=1024)
+    path, _hf = save_tiny_engine_dir(
+        tmp_path_factory.mktemp("tiny-extract-cancel"), 320, max_position_embeddings=1024
+    )
     with sgl.Engine(model_path=str(path), max_total_tokens=2048) as e:
         finished: list[ReqEvent] = []
         e.add_finish_listener(finished.append)
@@ -55,6 +57,7 @@ def watch(engine, hooks):
             if isinstance(msg, SubmitRequest):
                 submitted.append(msg.request)
             real_send(msg)
+
         return send
 
     hooks.enter_context(engine.debug_wrap("send", record))
@@ -84,12 +87,18 @@ class Gate:
 
 def schema(n: int) -> dict:
     """A schema no earlier test compiled (the compiler caches by spec)."""
-    return {"type": "object", "properties": {f"k{n}": {"type": "string", "maxLength": 8}}, "required": [f"k{n}"],
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {f"k{n}": {"type": "string", "maxLength": 8}},
+        "required": [f"k{n}"],
+        "additionalProperties": False,
+    }
 
 
 def run_extraction(engine, backend, n: int) -> threading.Thread:
-    req = ExtractRequest.model_validate({"text": "Write anything.", "schema": schema(n), "max_tokens": 24})
+    req = ExtractRequest.model_validate(
+        {"text": "Write anything.", "schema": schema(n), "max_tokens": 24}
+    )
     result: dict = {}
 
     def target() -> None:
@@ -119,7 +128,11 @@ def ran_to_an_end(events: list[ReqEvent]) -> list[ReqEvent]:
 
 def idle(engine) -> bool:
     info = engine.get_server_info()
-    return info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0 and info["num_open_sessions"] == 0
+    return (
+        info["num_running_reqs"] == 0
+        and info["num_waiting_reqs"] == 0
+        and info["num_open_sessions"] == 0
+    )
 
 
 def gate_scheduler_compiles(engine, hooks) -> Gate:
@@ -143,6 +156,7 @@ def gate_scheduler_compiles(engine, hooks) -> Gate:
 
             threading.Thread(target=run, daemon=True).start()
             return fut
+
         return compile_async
 
     hooks.enter_context(engine.debug_wrap("compile_async", gated))
@@ -157,7 +171,9 @@ def test_extraction_cancelled_while_its_schema_compiles_never_runs(engine, watch
     finished.clear()
     backend = _CancellableBackend(EngineBackend(engine))
     t = run_extraction(engine, backend, 1)
-    assert gate.entered.wait(TIMEOUT), t.result  # the program's gen is in the scheduler, compiling its schema
+    assert gate.entered.wait(TIMEOUT), (
+        t.result
+    )  # the program's gen is in the scheduler, compiling its schema
     backend.cancel()  # the client left: its request is aborted while it compiles
     gate.release()
     t.join(TIMEOUT)
@@ -169,7 +185,9 @@ def test_extraction_cancelled_while_its_schema_compiles_never_runs(engine, watch
     assert idle(engine)  # its session was closed too
 
 
-def test_extraction_cancelled_while_the_engine_builds_its_request_never_runs(engine, watch, monkeypatch):
+def test_extraction_cancelled_while_the_engine_builds_its_request_never_runs(
+    engine, watch, monkeypatch
+):
     """The cancellation comes after the backend's check, while `engine.generate` itself is
     building the request: the closed session makes the scheduler reject the turn, and the
     program's retry without a session meets the cancellation."""
@@ -199,7 +217,9 @@ class _GoneClient:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_async_generate_cancelled_while_building_submits_nothing(engine, watch, hooks, monkeypatch, stream):
+def test_async_generate_cancelled_while_building_submits_nothing(
+    engine, watch, hooks, monkeypatch, stream
+):
     """What /generate and /v1/* do when their client leaves: `until_disconnected` cancels the
     engine call; if that happens while the request is built (in a worker thread), nothing is
     ever submitted, also once the build has finished."""
@@ -214,19 +234,26 @@ def test_async_generate_cancelled_while_building_submits_nothing(engine, watch, 
                 return real_build(*args, **kwargs)
             finally:
                 built.set()
+
         return build
 
     hooks.enter_context(engine.debug_wrap("build_requests", signal_built))
 
     async def main() -> None:
-        call = engine.async_generate("Hi", {"max_new_tokens": 8, "regex": f"[a-z]{{{3 + stream}}}"}, stream=stream)
+        call = engine.async_generate(
+            "Hi", {"max_new_tokens": 8, "regex": f"[a-z]{{{3 + stream}}}"}, stream=stream
+        )
         task = asyncio.ensure_future(call)
         assert await asyncio.to_thread(gate.entered.wait, TIMEOUT)
-        assert await until_disconnected(_GoneClient(), task) is None  # the client is gone: cancelled
+        assert (
+            await until_disconnected(_GoneClient(), task) is None
+        )  # the client is gone: cancelled
         with pytest.raises(asyncio.CancelledError):
             await task
         gate.release()
-        assert await asyncio.to_thread(built.wait, TIMEOUT)  # the build ran to its end, in its thread
+        assert await asyncio.to_thread(
+            built.wait, TIMEOUT
+        )  # the build ran to its end, in its thread
         await asyncio.sleep(0.05)  # anything the loop would still run after it
 
     asyncio.run(main())

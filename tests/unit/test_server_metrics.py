@@ -8,9 +8,15 @@ from sgl.runtime.messages import FinishReason, ReqEvent, RequestStats
 from sgl.server.metrics import Metrics
 
 
-def event(finish: FinishReason, completion: int = 5, ttft: float | None = 0.1, error: BaseException | None = None
-          ) -> ReqEvent:
-    stats = RequestStats(prompt_tokens=10, completion_tokens=completion, cached_tokens=4, e2e_latency=0.5, ttft=ttft)
+def event(
+    finish: FinishReason,
+    completion: int = 5,
+    ttft: float | None = 0.1,
+    error: BaseException | None = None,
+) -> ReqEvent:
+    stats = RequestStats(
+        prompt_tokens=10, completion_tokens=completion, cached_tokens=4, e2e_latency=0.5, ttft=ttft
+    )
     return ReqEvent("r", "", [], stats, finish, error)
 
 
@@ -19,7 +25,9 @@ def samples(m: Metrics) -> dict[str, float]:
     for line in m.render({}).splitlines():
         if line and not line.startswith("#"):
             name, value = line.rsplit(" ", 1)
-            out[name.split("{")[0] + ("" if "le=" not in name else name[name.index("le="):])] = float(value)
+            out[name.split("{")[0] + ("" if "le=" not in name else name[name.index("le=") :])] = (
+                float(value)
+            )
     return out
 
 
@@ -33,7 +41,9 @@ def test_finished_and_aborted_requests_are_counted():
     assert s["sgl:num_aborted_requests_total"] == 1
     assert s["sgl:prompt_tokens_total"] == 30 and s["sgl:cached_tokens_total"] == 12
     assert s["sgl:generation_tokens_total"] == 12
-    assert s["sgl:time_to_first_token_seconds_count"] == 3  # an aborted request had its first token too
+    assert (
+        s["sgl:time_to_first_token_seconds_count"] == 3
+    )  # an aborted request had its first token too
     assert s["sgl:e2e_request_latency_seconds_count"] == 2  # ... but no end-to-end latency
     assert s["sgl:time_per_output_token_seconds_count"] == 2
     assert s["sgl:cache_hit_rate"] == 0.4
@@ -43,11 +53,24 @@ def test_an_abort_before_the_first_token_and_a_rejected_request():
     m = Metrics("m")
     m.record_event(event(FinishReason.abort("aborted by request"), completion=0, ttft=None))
     # A turn the scheduler rejected (its session was closed) is a 400, like any invalid request: not counted.
-    m.record_event(event(FinishReason.abort("no open session"), completion=0, ttft=None,
-                         error=InvalidRequestError("no open session", "session_params.id")))
+    m.record_event(
+        event(
+            FinishReason.abort("no open session"),
+            completion=0,
+            ttft=None,
+            error=InvalidRequestError("no open session", "session_params.id"),
+        )
+    )
     s = samples(m)
     assert s["sgl:num_requests_total"] == 1 and s["sgl:num_aborted_requests_total"] == 1
     assert s["sgl:time_to_first_token_seconds_count"] == 0
     # An engine failure is counted, as an abort.
-    m.record_event(event(FinishReason.abort("engine error: boom"), completion=0, ttft=None, error=RuntimeError("boom")))
+    m.record_event(
+        event(
+            FinishReason.abort("engine error: boom"),
+            completion=0,
+            ttft=None,
+            error=RuntimeError("boom"),
+        )
+    )
     assert samples(m)["sgl:num_aborted_requests_total"] == 2

@@ -39,7 +39,9 @@ class _ShippingBackend(FakeBackend):
         self.requests.append((programs, arguments))
         question = programs[0]
         if "q0" in str(question):
-            assert _RecordingBar.instances[-1].all_but_first.wait(10), "bar did not advance before item 0 finished"
+            assert _RecordingBar.instances[-1].all_but_first.wait(10), (
+                "bar did not advance before item 0 finished"
+            )
         return [str(question)]
 
 
@@ -53,12 +55,16 @@ def backend(monkeypatch):
 
 def test_shipped_batch_bar_advances_per_item(backend):
     n = 6
-    results = qa.run_batch([{"question": f"q{i}"} for i in range(n)], backend=backend, ship=True, progress_bar=True)
+    results = qa.run_batch(
+        [{"question": f"q{i}"} for i in range(n)], backend=backend, ship=True, progress_bar=True
+    )
     bar = _RecordingBar.instances[-1]
     assert bar.count == n and bar.total == n
     assert len(backend.requests) == n  # one request per item
-    assert all(f"q{i}" in results[i] and all(f"q{j}" not in results[i] for j in range(n) if j != i)
-               for i in range(n))
+    assert all(
+        f"q{i}" in results[i] and all(f"q{j}" not in results[i] for j in range(n) if j != i)
+        for i in range(n)
+    )
 
 
 def test_shipped_batch_without_bar_is_one_request(backend):

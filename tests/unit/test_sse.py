@@ -22,7 +22,8 @@ def _chunkings(data: bytes):
 def test_events_hold_unicode_separators_whatever_the_chunking(ending):
     events = [{"text": f"a{SEPARATORS}b"}, {"text": "ü\u2028€"}, "[DONE]"]
     wire = "".join(
-        f"data: {e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)}{ending}{ending}" for e in events
+        f"data: {e if isinstance(e, str) else json.dumps(e, ensure_ascii=False)}{ending}{ending}"
+        for e in events
     ).encode("utf-8")
     for chunks in _chunkings(wire):
         got = list(sse_data(chunks))

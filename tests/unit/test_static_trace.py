@@ -16,7 +16,9 @@ def trace(body, *args):
     return trace_static(sgl.function(body), args, {})
 
 
-def _weather_tool(city) -> str:  # a tool that keeps the value to itself: its answer is what gets added
+def _weather_tool(
+    city,
+) -> str:  # a tool that keeps the value to itself: its answer is what gets added
     return "sunny"
 
 
@@ -39,7 +41,10 @@ DYNAMIC = {
     "state text": lambda s: (_answer(s), s.__iadd__("!" if s.text().endswith("yes") else "?")),
     "has var": lambda s: (_answer(s), s.__iadd__("!" if "x" in s else "?")),
     "tool call": lambda s: (_answer(s), s.__iadd__(_weather_tool(s["x"]))),
-    "formatted then inspected": lambda s: (_answer(s), s.__iadd__("!" if f"{s['x']}" == "yes" else "?")),
+    "formatted then inspected": lambda s: (
+        _answer(s),
+        s.__iadd__("!" if f"{s['x']}" == "yes" else "?"),
+    ),
 }
 
 
@@ -86,7 +91,9 @@ def _batch(function, items):
     from sgl.lang.shipping import batch_template
 
     calls = [((), dict(item)) for item in items]
-    return batch_template(function, calls, [program_to_json(trace_static(function, a, k)) for a, k in calls])
+    return batch_template(
+        function, calls, [program_to_json(trace_static(function, a, k)) for a, k in calls]
+    )
 
 
 @sgl.function
@@ -102,11 +109,20 @@ def _qa(s, question, n, lang="en"):
 def test_a_batch_that_differs_only_in_argument_text_is_one_program():
     items = [{"question": "Why?", "n": 1}, {"question": "How?", "n": 2.5}, {"question": "", "n": 3}]
     template, arguments = _batch(_qa, items)
-    assert arguments == [{"n": 1, "question": "Why?"}, {"n": 2.5, "question": "How?"}, {"n": 3, "question": ""}]
+    assert arguments == [
+        {"n": 1, "question": "Why?"},
+        {"n": 2.5, "question": "How?"},
+        {"n": 3, "question": ""},
+    ]
     kinds = [n["type"] for n in template["nodes"]]
-    assert kinds.count("argument") == 2 and "fork" in kinds  # `lang` is the same everywhere: it stays text
-    assert any(n == {"type": "argument", "name": "question"} for b in template["nodes"][kinds.index("fork")]["branches"]
-               for n in b)
+    assert (
+        kinds.count("argument") == 2 and "fork" in kinds
+    )  # `lang` is the same everywhere: it stays text
+    assert any(
+        n == {"type": "argument", "name": "question"}
+        for b in template["nodes"][kinds.index("fork")]["branches"]
+        for n in b
+    )
 
 
 @sgl.function
@@ -135,15 +151,29 @@ def _argument_in_choices(s, a, b):
     s += "Pick:" + sgl.select("c", choices=[a, b])
 
 
-@pytest.mark.parametrize("function,items", [
-    (_tests_argument, [{"lang": "en"}, {"lang": "fr"}]),
-    (_type_decides, [{"x": 1}, {"x": 2}]),
-    (_formats_argument, [{"x": 1.0}, {"x": 2.0}]),
-    (_argument_as_parameter, [{"n": 2}, {"n": 3}]),
-    (_argument_in_choices, [{"a": "x", "b": "y"}, {"a": "u", "b": "v"}]),
-    (_qa, [{"question": ["a list"], "n": 1}, {"question": ["b"], "n": 2}]),
-    (_qa, [{"question": "Why?", "n": 1}, {"question": "How?", "n": 2, "lang": "fr"}]),  # different names given
-], ids=["tests it", "its type decides", "format spec", "a gen parameter", "select choices", "not text",
-        "different names"])
+@pytest.mark.parametrize(
+    "function,items",
+    [
+        (_tests_argument, [{"lang": "en"}, {"lang": "fr"}]),
+        (_type_decides, [{"x": 1}, {"x": 2}]),
+        (_formats_argument, [{"x": 1.0}, {"x": 2.0}]),
+        (_argument_as_parameter, [{"n": 2}, {"n": 3}]),
+        (_argument_in_choices, [{"a": "x", "b": "y"}, {"a": "u", "b": "v"}]),
+        (_qa, [{"question": ["a list"], "n": 1}, {"question": ["b"], "n": 2}]),
+        (
+            _qa,
+            [{"question": "Why?", "n": 1}, {"question": "How?", "n": 2, "lang": "fr"}],
+        ),  # different names given
+    ],
+    ids=[
+        "tests it",
+        "its type decides",
+        "format spec",
+        "a gen parameter",
+        "select choices",
+        "not text",
+        "different names",
+    ],
+)
 def test_a_batch_whose_structure_reads_its_arguments_stays_one_program_per_item(function, items):
     assert _batch(function, items) is None

@@ -13,8 +13,20 @@ import pytest
 from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.stop_regex import StopRegexMatcher, check_stop_regex
 
-PATTERNS = [r"^ab", r"\n\n", r"END[0-9]{2,3}", r"a+b", r"(ab|b)c", r"x.{0,3}y", r"[A-Z][a-z]*\.", r"abc|c",
-            r"xbcd|c", r"(a|b)*abb", r"\d+\s", r"(?i)end"]
+PATTERNS = [
+    r"^ab",
+    r"\n\n",
+    r"END[0-9]{2,3}",
+    r"a+b",
+    r"(ab|b)c",
+    r"x.{0,3}y",
+    r"[A-Z][a-z]*\.",
+    r"abc|c",
+    r"xbcd|c",
+    r"(a|b)*abb",
+    r"\d+\s",
+    r"(?i)end",
+]
 ALPHABET = "abcdxyENDAe.\n 0123"
 
 
@@ -66,10 +78,17 @@ def test_no_stop_trim_keeps_the_whole_text_and_held_text_is_released():
     assert m.flush() == "EN"  # the request ended: nothing can match any more
 
 
-@pytest.mark.parametrize("pattern,why", [
-    ("a*", "empty string"), ("x$", "end anchor"), ("(?<=a)b", "look"), (r"\bword", "boundar"),
-    ("[", "invalid"), ("a{0,5000}", "too large"),
-])
+@pytest.mark.parametrize(
+    "pattern,why",
+    [
+        ("a*", "empty string"),
+        ("x$", "end anchor"),
+        ("(?<=a)b", "look"),
+        (r"\bword", "boundar"),
+        ("[", "invalid"),
+        ("a{0,5000}", "too large"),
+    ],
+)
 def test_patterns_it_cannot_run_are_refused(pattern, why):
     with pytest.raises(InvalidRequestError, match=why) as e:
         check_stop_regex(pattern)

@@ -43,9 +43,16 @@ CASES: dict[str, tuple[dict, str]] = {
     "llama-kv1": (dict(arch="llama", kv_heads=1), "dict"),  # 1 KV head, replicated on both ranks
     # 3 KV heads on 2 ranks: 2 and 1, with 4 and 2 query heads (SmolLM2's 9 / 3 heads alike)
     "llama-kv3": (dict(arch="llama", num_attention_heads=6, kv_heads=3, hidden_size=96), "dict"),
-    "llama-kv3-Q4_0": (dict(arch="llama", num_attention_heads=6, kv_heads=3, hidden_size=96, intermediate_size=128),
-                       "Q4_0"),  # o_proj's codes cut at 64 of 96 inputs: on their blocks of 32
-    "llama-biases": (dict(arch="llama", attention_bias=True, mlp_bias=True), "dict"),  # row-parallel biases
+    "llama-kv3-Q4_0": (
+        dict(
+            arch="llama", num_attention_heads=6, kv_heads=3, hidden_size=96, intermediate_size=128
+        ),
+        "Q4_0",
+    ),  # o_proj's codes cut at 64 of 96 inputs: on their blocks of 32
+    "llama-biases": (
+        dict(arch="llama", attention_bias=True, mlp_bias=True),
+        "dict",
+    ),  # row-parallel biases
     "qwen2": (dict(arch="qwen2"), "dict"),  # qkv bias
     "llama-int8": (dict(arch="llama", intermediate_size=128), "int8"),
     "llama-int4": (dict(arch="llama", intermediate_size=128), "int4"),
@@ -53,8 +60,14 @@ CASES: dict[str, tuple[dict, str]] = {
     "qwen3_moe-int4": (dict(arch="qwen3_moe", moe_intermediate_size=64), "int4"),
     "llama-Q8_0": (dict(arch="llama", intermediate_size=128), "Q8_0"),
     "llama-Q4_0": (dict(arch="llama", intermediate_size=128, tie=True), "Q4_0"),
-    "mixtral-Q4_0": (dict(arch="mixtral", intermediate_size=128), "Q4_0"),  # each expert's codes cut
-    "qwen2_moe-bf16": (dict(arch="qwen2_moe"), "bf16"),  # bf16 sums over gloo; packed where packing applies
+    "mixtral-Q4_0": (
+        dict(arch="mixtral", intermediate_size=128),
+        "Q4_0",
+    ),  # each expert's codes cut
+    "qwen2_moe-bf16": (
+        dict(arch="qwen2_moe"),
+        "bf16",
+    ),  # bf16 sums over gloo; packed where packing applies
 }
 
 
@@ -73,10 +86,14 @@ def _load(hf, how: str, workdir: Path, tp: TPGroup | None) -> LlamaForCausalLM:
             arch = "mixtral" if hf.config.model_type == "mixtral" else "llama"
             write_llama_gguf(path, hf.config.to_dict(), hf.state_dict().items(), how, arch=arch)
         return load_model(str(path), torch.float32, torch.device("cpu"), "auto", tp=tp)[0]
-    if not (workdir / "config.json").exists():  # not save_pretrained: it writes on distributed rank 0 only
+    if not (
+        workdir / "config.json"
+    ).exists():  # not save_pretrained: it writes on distributed rank 0 only
         from safetensors.torch import save_file
 
-        save_file({k: v.clone() for k, v in hf.state_dict().items()}, str(workdir / "model.safetensors"))
+        save_file(
+            {k: v.clone() for k, v in hf.state_dict().items()}, str(workdir / "model.safetensors")
+        )
         (workdir / "config.json").write_text(json.dumps(hf.config.to_dict()))
     quantization = how if how in ("int8", "int4") else "none"
     dtype = torch.bfloat16 if how == "bf16" else torch.float32
@@ -106,12 +123,19 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         for name, (hf_args, how) in CASES.items():
             hf = hf_tiny(seed=3, **hf_args)
             vocab = hf.config.vocab_size
-            seqs = {0: [(7 * i + 3) % vocab for i in range(23)], 1: [(5 * i + 1) % vocab for i in range(12)]}
+            seqs = {
+                0: [(7 * i + 3) % vocab for i in range(23)],
+                1: [(5 * i + 1) % vocab for i in range(12)],
+            }
             backend = "cpu" if name == "llama" else "torch_native"
             workdir = Path(out_dir) / f"rank{rank}" / name
             want = _logits(_load(hf, how, workdir, None), seqs, backend)
             got = _logits(_load(hf, how, workdir, tp), seqs, backend)
-            results[name] = ((got - want).abs().max().item(), (want.max() - want.min()).item(), tuple(got.shape))
+            results[name] = (
+                (got - want).abs().max().item(),
+                (want.max() - want.min()).item(),
+                tuple(got.shape),
+            )
     finally:
         tp.destroy()
     torch.save(results, Path(out_dir) / f"results{rank}.pt")
@@ -121,8 +145,13 @@ def _spawn(tmp_path: Path) -> list[dict]:
     """Run `_worker` on TP ranks; every process ends (terminated past the timeout or when one fails)."""
     import torch.multiprocessing as mp
 
-    ctx = mp.start_processes(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=TP, join=False,
-                             start_method="spawn")
+    ctx = mp.start_processes(
+        _worker,
+        args=(str(tmp_path / "init"), str(tmp_path)),
+        nprocs=TP,
+        join=False,
+        start_method="spawn",
+    )
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     try:
         while not ctx.join(timeout=1):
@@ -151,20 +180,47 @@ def test_tp2_logits_equal_tp1(tmp_path):
 
 
 def _config(**changes) -> ModelConfig:
-    base = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16)
+    base = dict(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
     return ModelConfig(**{**base, **changes})
 
 
-@pytest.mark.parametrize("changes,size,field", [
-    (dict(), 3, "num_attention_heads"),
-    (dict(num_attention_heads=8, num_key_value_heads=3, head_dim=8), 4, "num_key_value_heads"),
-    (dict(intermediate_size=90), 4, "intermediate_size"),
-    (dict(num_experts=4, experts_per_token=2, moe_intermediate_size=30, sparse_layers=[True, True]), 4,
-     "moe_intermediate_size"),
-    (dict(num_experts=4, experts_per_token=2, moe_intermediate_size=32, shared_expert_intermediate_size=42,
-          sparse_layers=[True, True]), 4, "shared_expert_intermediate_size"),
-])
+@pytest.mark.parametrize(
+    "changes,size,field",
+    [
+        (dict(), 3, "num_attention_heads"),
+        (dict(num_attention_heads=8, num_key_value_heads=3, head_dim=8), 4, "num_key_value_heads"),
+        (dict(intermediate_size=90), 4, "intermediate_size"),
+        (
+            dict(
+                num_experts=4,
+                experts_per_token=2,
+                moe_intermediate_size=30,
+                sparse_layers=[True, True],
+            ),
+            4,
+            "moe_intermediate_size",
+        ),
+        (
+            dict(
+                num_experts=4,
+                experts_per_token=2,
+                moe_intermediate_size=32,
+                shared_expert_intermediate_size=42,
+                sparse_layers=[True, True],
+            ),
+            4,
+            "shared_expert_intermediate_size",
+        ),
+    ],
+)
 def test_configs_that_cannot_split_are_refused_naming_the_field(changes, size, field):
     with pytest.raises(ValueError, match=field):
         LlamaForCausalLM(_config(**changes), TPGroup(0, size))
@@ -181,7 +237,10 @@ def test_shards_hold_their_heads_and_vocabulary_and_rank0_the_row_biases():
         assert (model.local_num_heads, model.local_num_kv_heads) == (2, 1)
         attn = model.layers[0].self_attn
         qkv = attn.qkv_proj.weight_t.t()
-        q, k = state["model.layers.0.self_attn.q_proj.weight"], state["model.layers.0.self_attn.k_proj.weight"]
+        q, k = (
+            state["model.layers.0.self_attn.q_proj.weight"],
+            state["model.layers.0.self_attn.k_proj.weight"],
+        )
         assert torch.equal(qkv[:32], q[32 * rank : 32 * rank + 32])  # query heads 2r, 2r + 1
         assert torch.equal(qkv[32:48], k)  # the one KV head, on both ranks
         assert (attn.o_proj.bias is not None) == (rank == 0)
@@ -202,9 +261,20 @@ def test_kv_heads_that_do_not_divide_are_cut_unevenly_with_their_query_heads():
     for rank in range(2):
         model = LlamaForCausalLM(config, TPGroup(rank, 2))
         attn = model.layers[0].self_attn
-        held.append((model.local_num_heads, model.local_num_kv_heads, tuple(attn.qkv_proj.weight_t.shape),
-                     tuple(attn.o_proj.weight_t.shape), model.shards.q_head_start, model.shards.kv_head_start))
-    assert held == [(6, 2, (72, 48 + 2 * 16), (48, 72), 0, 0), (3, 1, (72, 24 + 2 * 8), (24, 72), 6, 2)]
+        held.append(
+            (
+                model.local_num_heads,
+                model.local_num_kv_heads,
+                tuple(attn.qkv_proj.weight_t.shape),
+                tuple(attn.o_proj.weight_t.shape),
+                model.shards.q_head_start,
+                model.shards.kv_head_start,
+            )
+        )
+    assert held == [
+        (6, 2, (72, 48 + 2 * 16), (48, 72), 0, 0),
+        (3, 1, (72, 24 + 2 * 8), (24, 72), 6, 2),
+    ]
 
 
 def test_dummy_shards_are_slices_of_the_whole_dummy_model(tmp_path):
@@ -215,19 +285,28 @@ def test_dummy_shards_are_slices_of_the_whole_dummy_model(tmp_path):
     whole, _ = load_dummy_model(str(cfg), torch.float32, torch.device("cpu"), seed=4)
     full = dict(whole.named_parameters())
     for rank in range(TP):
-        shard, _ = load_dummy_model(str(cfg), torch.float32, torch.device("cpu"), seed=4, tp=TPGroup(rank, TP))
+        shard, _ = load_dummy_model(
+            str(cfg), torch.float32, torch.device("cpu"), seed=4, tp=TPGroup(rank, TP)
+        )
         params = dict(shard.named_parameters())
         assert set(params) <= set(full)
         down = "layers.0.mlp.experts.down_proj"
         assert torch.equal(params[down], full[down][:, :, 16 * rank : 16 * rank + 16])
         gu = "layers.0.mlp.experts.gate_up_proj"
-        want = torch.cat([full[gu][:, 16 * rank : 16 * rank + 16], full[gu][:, 32 + 16 * rank : 48 + 16 * rank]], 1)
+        want = torch.cat(
+            [full[gu][:, 16 * rank : 16 * rank + 16], full[gu][:, 32 + 16 * rank : 48 + 16 * rank]],
+            1,
+        )
         assert torch.equal(params[gu], want)
-        assert torch.equal(params["layers.1.input_layernorm.weight"], full["layers.1.input_layernorm.weight"])
+        assert torch.equal(
+            params["layers.1.input_layernorm.weight"], full["layers.1.input_layernorm.weight"]
+        )
 
 
 def test_int4_row_parallel_layer_splitting_a_group_is_refused(tmp_path):
-    hf = hf_tiny(arch="llama", seed=2)  # intermediate 96: 48 inputs of down_proj per rank, groups of 32
+    hf = hf_tiny(
+        arch="llama", seed=2
+    )  # intermediate 96: 48 inputs of down_proj per rank, groups of 32
     hf.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"mlp\.down_proj.*int4 group size 32"):
         load_model(str(tmp_path), torch.float32, torch.device("cpu"), "int4", tp=TPGroup(0, TP))
@@ -246,7 +325,9 @@ def test_gguf_codes_split_across_a_group_are_refused(tmp_path):
 def test_low_precision_sums_fall_back_to_float32_where_the_backend_refuses_them(monkeypatch):
     import torch.distributed as dist
 
-    def all_reduce(x, group=None):  # two ranks holding the same values; bf16 refused, as old gloo does
+    def all_reduce(
+        x, group=None
+    ):  # two ranks holding the same values; bf16 refused, as old gloo does
         if x.dtype == torch.bfloat16:
             raise RuntimeError("gloo: unsupported dtype for sum")
         x.mul_(2)
@@ -267,11 +348,20 @@ def test_safetensors_slices_are_read_alone(tmp_path):
     from sgl.runtime.model.weight_sources import read_safetensors_slices
 
     g = torch.Generator().manual_seed(0)
-    tensors = {"a": torch.randn(40, 24, generator=g), "b": torch.randn(3, 16, 8, generator=g).to(torch.bfloat16),
-               "c": torch.randn(10, generator=g)}
+    tensors = {
+        "a": torch.randn(40, 24, generator=g),
+        "b": torch.randn(3, 16, 8, generator=g).to(torch.bfloat16),
+        "c": torch.randn(10, generator=g),
+    }
     save_file(tensors, tmp_path / "w.safetensors")
-    for name, dim, ranges in [("a", 0, [(10, 20)]), ("a", 1, [(0, 8), (16, 24)]), ("b", 1, [(4, 12)]),
-                              ("b", 2, [(2, 6)]), ("b", 0, [(1, 3)]), ("c", 0, [(5, 10)])]:
+    for name, dim, ranges in [
+        ("a", 0, [(10, 20)]),
+        ("a", 1, [(0, 8), (16, 24)]),
+        ("b", 1, [(4, 12)]),
+        ("b", 2, [(2, 6)]),
+        ("b", 0, [(1, 3)]),
+        ("c", 0, [(5, 10)]),
+    ]:
         got = read_safetensors_slices(tmp_path / "w.safetensors", name, dim, ranges)
         want = torch.cat([tensors[name].narrow(dim, a, b - a) for a, b in ranges], dim)
         assert torch.equal(got, want), (name, dim, ranges)

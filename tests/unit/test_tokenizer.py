@@ -89,7 +89,13 @@ def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
                 clean_up_tokenization_spaces=True,
                 clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output=True,
             )
-        hf = _wrap(tok, bos_token="<|im_start|>", eos_token="<|im_end|>", unk_token="<|endoftext|>", **extra)
+        hf = _wrap(
+            tok,
+            bos_token="<|im_start|>",
+            eos_token="<|im_end|>",
+            unk_token="<|endoftext|>",
+            **extra,
+        )
         hf.add_tokens(["<tool>"])  # a non-special added token
         return hf
     if kind in ("sp_metaspace", "sp_llama"):
@@ -97,16 +103,29 @@ def make_tokenizer(kind: str) -> PreTrainedTokenizerFast:
         if kind == "sp_metaspace":
             tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
             tok.decoder = decoders.Sequence(
-                [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="always")]
+                [
+                    decoders.ByteFallback(),
+                    decoders.Metaspace(replacement="▁", prepend_scheme="always"),
+                ]
             )
         else:  # Llama-2 layout
-            tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+            tok.normalizer = normalizers.Sequence(
+                [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+            )
             tok.decoder = decoders.Sequence(
-                [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+                [
+                    decoders.Replace("▁", " "),
+                    decoders.ByteFallback(),
+                    decoders.Fuse(),
+                    decoders.Strip(" ", 1, 0),
+                ]
             )
         # A small alphabet so that rarer characters go through byte fallback.
         trainer = trainers.BpeTrainer(
-            vocab_size=300, limit_alphabet=60, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
+            vocab_size=300,
+            limit_alphabet=60,
+            special_tokens=["<unk>", "<s>", "</s>"],
+            show_progress=False,
         )
         tok.train_from_iterator(_corpus(), trainer)
         return _wrap(_with_byte_fallback(tok), bos_token="<s>", eos_token="</s>", unk_token="<unk>")
@@ -140,7 +159,9 @@ def test_tokenizer_families_behave_as_intended() -> None:
     for kind in ("sp_metaspace", "sp_llama"):
         sp = make_tokenizer(kind)
         ids = sp("x 🦀 é", add_special_tokens=False).input_ids
-        assert any(t.startswith("<0x") for t in sp.convert_ids_to_tokens(ids)), "byte fallback unused"
+        assert any(t.startswith("<0x") for t in sp.convert_ids_to_tokens(ids)), (
+            "byte fallback unused"
+        )
         assert sp.decode(ids) == "x 🦀 é"
         assert _tokenizer_info(sp).byte_ids  # detected
     assert _tokenizer_info(make_tokenizer("wordpiece_cleanup")).cleanup
@@ -171,7 +192,9 @@ def _stream(
     prompt: list[int] | None = None,
 ) -> list[str]:
     """Feed ids in the given chunk sizes (cycled); return all pieces incl. flush."""
-    detok = IncrementalDetokenizer(tok, prompt, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+    detok = IncrementalDetokenizer(
+        tok, prompt, skip_special_tokens=skip, spaces_between_special_tokens=spaces
+    )
     pieces: list[str] = []
     i, k = 0, 0
     while i < len(ids):
@@ -185,7 +208,9 @@ def _stream(
     return pieces
 
 
-def _check_oracle(tok: PreTrainedTokenizerFast, ids: list[int], chunks: list[int], skip: bool, spaces: bool = True) -> None:
+def _check_oracle(
+    tok: PreTrainedTokenizerFast, ids: list[int], chunks: list[int], skip: bool, spaces: bool = True
+) -> None:
     oracle = tok.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
     pieces = _stream(tok, ids, chunks, skip=skip, spaces=spaces)
     got = "".join(pieces)
@@ -287,7 +312,11 @@ def test_detok_holds_incomplete_utf8() -> None:
 
 def _byte_level_char(b: int) -> str:
     """GPT-2's byte -> printable char table."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     table = {x: chr(x) for x in printable}
     n = 0
     for x in range(256):
@@ -347,7 +376,9 @@ def test_detok_accepts_numpy_ids() -> None:
     tok = make_tokenizer("byte_level")
     ids = tok("Café 中文 😀", add_special_tokens=False).input_ids
     detok = IncrementalDetokenizer(tok, np.array(ids[:2]))
-    out = detok.feed(np.int64(ids[0])) + detok.feed(np.array(ids[1:], dtype=np.int32)) + detok.flush()
+    out = (
+        detok.feed(np.int64(ids[0])) + detok.feed(np.array(ids[1:], dtype=np.int32)) + detok.flush()
+    )
     assert out == tok.decode(ids) and detok.output_ids == ids
 
 
@@ -451,7 +482,10 @@ def test_stop_strings_fixed_seeds() -> None:
         full = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         cuts = sorted(rng.randint(0, len(full)) for _ in range(rng.randint(0, 12)))
         pieces = [full[i:j] for i, j in zip([0] + cuts, cuts + [len(full)])]
-        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(0, 4))]
+        stops = [
+            "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 6)))
+            for _ in range(rng.randint(0, 4))
+        ]
         _check_stops(pieces, stops)
 
 
@@ -530,7 +564,9 @@ def fake_gguf(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, li
     def convert(path: Path) -> PreTrainedTokenizerFast:
         calls.append(path)
         tok = make_tokenizer.__wrapped__("byte_level")  # a private copy we may modify
-        tok.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+        tok.chat_template = (
+            "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+        )
         return tok
 
     monkeypatch.setattr(tk, "_convert_gguf", convert)
@@ -552,7 +588,9 @@ def test_gguf_cache_roundtrip(fake_gguf: tuple[Path, list[Path]], tmp_path: Path
     assert tok2.chat_template == tok1.chat_template
     # Both load_tokenizer spellings go through the cache.
     assert encode(load_tokenizer(str(gguf)), CORPUS[2]) == encode(tok1, CORPUS[2])
-    assert encode(load_tokenizer(str(gguf.parent), gguf_file=gguf.name), CORPUS[3]) == encode(tok1, CORPUS[3])
+    assert encode(load_tokenizer(str(gguf.parent), gguf_file=gguf.name), CORPUS[3]) == encode(
+        tok1, CORPUS[3]
+    )
     assert len(calls) == 1
 
 
@@ -590,7 +628,9 @@ def test_gguf_cache_concurrent_publish_and_broken_entry(fake_gguf: tuple[Path, l
     assert load_gguf_tokenizer(gguf)[1] is True
 
 
-def test_gguf_cache_unwritable_still_loads(fake_gguf: tuple[Path, list[Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gguf_cache_unwritable_still_loads(
+    fake_gguf: tuple[Path, list[Path]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     gguf, _ = fake_gguf
     blocker = tmp_path / "not_a_dir"
     blocker.write_text("x")

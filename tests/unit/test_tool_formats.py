@@ -11,7 +11,11 @@ import pytest
 from sgl.tool_calls import FORMATS, detect_parser, get_format
 from sgl.tool_calls.registry import DETECTION_ORDER, parser_names
 
-ARGUMENTS = [{}, {"city": "Paris", "days": 3}, {"q": "a \"quoted\" }] text", "opts": {"n": [1, 2.5, None, True]}}]
+ARGUMENTS = [
+    {},
+    {"city": "Paris", "days": 3},
+    {"q": 'a "quoted" }] text', "opts": {"n": [1, 2.5, None, True]}},
+]
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
@@ -27,7 +31,10 @@ def test_a_written_call_reads_back(name: str, arguments: dict) -> None:
 @pytest.mark.parametrize("name", list(FORMATS))
 def test_constraint_fields_name_each_function(name: str) -> None:
     fmt = get_format(name)
-    functions = [("f", {"type": "object", "properties": {"a": {"type": "integer"}}}), ("g", {"properties": {}})]
+    functions = [
+        ("f", {"type": "object", "properties": {"a": {"type": "integer"}}}),
+        ("g", {"properties": {}}),
+    ]
     tag = fmt.constraint(functions, free_text=True, one_call=False)
     for k, (fn_name, params) in enumerate(functions):
         for path, part in fmt.function_fields(k).items():

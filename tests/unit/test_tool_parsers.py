@@ -26,88 +26,264 @@ from sgl.tool_calls import (
 # (format, output text, expected content, expected calls as (name, arguments))
 TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     # -- hermes
-    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
-     "", [("get_weather", '{"city": "Paris", "unit": "celsius"}')]),
-    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-               '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>\n',
-     "", [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "Europe/Paris"}')]),
-    ("hermes", "I'll look that up.\n\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"sgl\"}}\n</tool_call>",
-     "I'll look that up.\n\n", [("search", '{"q": "sgl"}')]),
-    ("hermes", '<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT \'}\' FROM t", '
-               '"opts": {"limit": 10, "tags": ["a}", "{b", "\\"}"]}}}\n</tool_call>',
-     "", [("run_sql", '{"query": "SELECT \'}\' FROM t", "opts": {"limit": 10, "tags": ["a}", "{b", "\\"}"]}}')]),
-    ("hermes", '<tool_call>{"name": "echo", "arguments": {"text": "close with </tool_call> then <tool_call>"}}</tool_call>',
-     "", [("echo", '{"text": "close with </tool_call> then <tool_call>"}')]),
-    ("hermes", '<tool_call>\n{"name": "traduire", "arguments": {"texte": "Où est la gare ? 東京 🚉"}}\n</tool_call>',
-     "", [("traduire", '{"texte": "Où est la gare ? 東京 🚉"}')]),
-    ("hermes", '<tool_call>  {"name":"f","parameters":{"a":[1,2,{"b":null}]}}\t</tool_call>',
-     "", [("f", '{"a":[1,2,{"b":null}]}')]),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+        "",
+        [("get_weather", '{"city": "Paris", "unit": "celsius"}')],
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "Europe/Paris"}}\n</tool_call>\n',
+        "",
+        [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "Europe/Paris"}')],
+    ),
+    (
+        "hermes",
+        'I\'ll look that up.\n\n<tool_call>\n{"name": "search", "arguments": {"q": "sgl"}}\n</tool_call>',
+        "I'll look that up.\n\n",
+        [("search", '{"q": "sgl"}')],
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "run_sql", "arguments": {"query": "SELECT \'}\' FROM t", '
+        '"opts": {"limit": 10, "tags": ["a}", "{b", "\\"}"]}}}\n</tool_call>',
+        "",
+        [
+            (
+                "run_sql",
+                '{"query": "SELECT \'}\' FROM t", "opts": {"limit": 10, "tags": ["a}", "{b", "\\"}"]}}',
+            )
+        ],
+    ),
+    (
+        "hermes",
+        '<tool_call>{"name": "echo", "arguments": {"text": "close with </tool_call> then <tool_call>"}}</tool_call>',
+        "",
+        [("echo", '{"text": "close with </tool_call> then <tool_call>"}')],
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "traduire", "arguments": {"texte": "Où est la gare ? 東京 🚉"}}\n</tool_call>',
+        "",
+        [("traduire", '{"texte": "Où est la gare ? 東京 🚉"}')],
+    ),
+    (
+        "hermes",
+        '<tool_call>  {"name":"f","parameters":{"a":[1,2,{"b":null}]}}\t</tool_call>',
+        "",
+        [("f", '{"a":[1,2,{"b":null}]}')],
+    ),
     ("hermes", '<tool_call>\n{"name": "list_files"}\n</tool_call>', "", [("list_files", "{}")]),
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n\nDone.',
-     "\n\nDone.", [("f", "{}")]),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n\nDone.',
+        "\n\nDone.",
+        [("f", "{}")],
+    ),
     # malformed: bad JSON, no name, arguments not an object, a missing brace, unclosed, no end tag
-    ("hermes", 'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>',
-     'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>', []),
-    ("hermes", '<tool_call>{"arguments": {}}</tool_call>', '<tool_call>{"arguments": {}}</tool_call>', []),
-    ("hermes", '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
-     '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>', []),
-    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>\nmore',
-     '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>\nmore', []),
-    ("hermes", 'Calling.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
-     'Calling.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', []),
-    ("hermes", '<tool_call>{"name": "f", "arguments": {}}', '<tool_call>{"name": "f", "arguments": {}}', []),
-    ("hermes", '<tool_call>{"name": oops}</tool_call>\n<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>\n',
-     '<tool_call>{"name": oops}</tool_call>\n', [("g", '{"x": 1}')]),
+    (
+        "hermes",
+        'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>',
+        'Sure.<tool_call>\n{"name": "f", "arguments": {"a": 1,}}\n</tool_call>',
+        [],
+    ),
+    (
+        "hermes",
+        '<tool_call>{"arguments": {}}</tool_call>',
+        '<tool_call>{"arguments": {}}</tool_call>',
+        [],
+    ),
+    (
+        "hermes",
+        '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+        '<tool_call>{"name": "f", "arguments": "{\\"a\\": 1}"}</tool_call>',
+        [],
+    ),
+    (
+        "hermes",
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>\nmore',
+        '<tool_call>\n{"name": "f", "arguments": {"a": 1}\n</tool_call>\nmore',
+        [],
+    ),
+    (
+        "hermes",
+        'Calling.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+        'Calling.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa',
+        [],
+    ),
+    (
+        "hermes",
+        '<tool_call>{"name": "f", "arguments": {}}',
+        '<tool_call>{"name": "f", "arguments": {}}',
+        [],
+    ),
+    (
+        "hermes",
+        '<tool_call>{"name": oops}</tool_call>\n<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>\n',
+        '<tool_call>{"name": oops}</tool_call>\n',
+        [("g", '{"x": 1}')],
+    ),
     ("hermes", "a < b, and <tool is not <tool_call", "a < b, and <tool is not <tool_call", []),
     ("hermes", "", "", []),
     # -- llama3_json
-    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}}',
-     "", [("get_weather", '{"city": "Paris"}')]),
-    ("llama3_json", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
-     "", [("get_weather", '{"city": "Paris"}')]),
-    ("llama3_json", '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": "};{"}}',
-     "", [("a", '{"x": 1}'), ("b", '{"y": "};{"}')]),
-    ("llama3_json", 'Let me check that.<|python_tag|>{"name": "search", "parameters": {"q": "llama 3"}}',
-     "Let me check that.", [("search", '{"q": "llama 3"}')]),
+    (
+        "llama3_json",
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        "",
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        "llama3_json",
+        '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+        "",
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        "llama3_json",
+        '{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": "};{"}}',
+        "",
+        [("a", '{"x": 1}'), ("b", '{"y": "};{"}')],
+    ),
+    (
+        "llama3_json",
+        'Let me check that.<|python_tag|>{"name": "search", "parameters": {"q": "llama 3"}}',
+        "Let me check that.",
+        [("search", '{"q": "llama 3"}')],
+    ),
     ("llama3_json", '\n\n  {"name": "f", "parameters": {}}\n', "", [("f", "{}")]),
-    ("llama3_json", '  <|python_tag|>{"name": "f", "parameters": {"k": [1, {"z": null}]}};',
-     "", [("f", '{"k": [1, {"z": null}]}')]),
-    ("llama3_json", '{"name": "translate", "parameters": {"text": "naïve café 日本"}}',
-     "", [("translate", '{"text": "naïve café 日本"}')]),
+    (
+        "llama3_json",
+        '  <|python_tag|>{"name": "f", "parameters": {"k": [1, {"z": null}]}};',
+        "",
+        [("f", '{"k": [1, {"z": null}]}')],
+    ),
+    (
+        "llama3_json",
+        '{"name": "translate", "parameters": {"text": "naïve café 日本"}}',
+        "",
+        [("translate", '{"text": "naïve café 日本"}')],
+    ),
     ("llama3_json", '{"name": "Bob", "age": 42}', '{"name": "Bob", "age": 42}', []),
-    ("llama3_json", 'Here: {"name": "f", "parameters": {}}', 'Here: {"name": "f", "parameters": {}}', []),
-    ("llama3_json", '{"name": "f", "parameters": {}} and more', '{"name": "f", "parameters": {}} and more', []),
-    ("llama3_json", '{"name": "f", "parameters": {"a": }}', '{"name": "f", "parameters": {"a": }}', []),
-    ("llama3_json", '{"name": "f", "parameters": {"a": "b', '{"name": "f", "parameters": {"a": "b', []),
+    (
+        "llama3_json",
+        'Here: {"name": "f", "parameters": {}}',
+        'Here: {"name": "f", "parameters": {}}',
+        [],
+    ),
+    (
+        "llama3_json",
+        '{"name": "f", "parameters": {}} and more',
+        '{"name": "f", "parameters": {}} and more',
+        [],
+    ),
+    (
+        "llama3_json",
+        '{"name": "f", "parameters": {"a": }}',
+        '{"name": "f", "parameters": {"a": }}',
+        [],
+    ),
+    (
+        "llama3_json",
+        '{"name": "f", "parameters": {"a": "b',
+        '{"name": "f", "parameters": {"a": "b',
+        [],
+    ),
     ("llama3_json", 'Sure<|python_tag|>print("hi")', 'Sure<|python_tag|>print("hi")', []),
     ("llama3_json", "The capital of France is Paris.", "The capital of France is Paris.", []),
     # -- mistral
-    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
-     "", [("get_weather", '{"city": "Paris"}')]),
-    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": "]}[TOOL_CALLS]"}}]',
-     "", [("a", '{"x": 1}'), ("b", '{"s": "]}[TOOL_CALLS]"}')]),
-    ("mistral", 'Let me check.[TOOL_CALLS] [{"name": "f", "arguments": {}}]', "Let me check.", [("f", "{}")]),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "", [("get_weather", '{"city": "Paris"}')]),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "Europe/Paris"}',
-     "", [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "Europe/Paris"}')]),
-    ("mistral", '[TOOL_CALLS]note[ARGS]{"text": "literal [TOOL_CALLS] and [ARGS] 📝", "n": {"d": [1]}}',
-     "", [("note", '{"text": "literal [TOOL_CALLS] and [ARGS] 📝", "n": {"d": [1]}}')]),
+    (
+        "mistral",
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+        "",
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": "]}[TOOL_CALLS]"}}]',
+        "",
+        [("a", '{"x": 1}'), ("b", '{"s": "]}[TOOL_CALLS]"}')],
+    ),
+    (
+        "mistral",
+        'Let me check.[TOOL_CALLS] [{"name": "f", "arguments": {}}]',
+        "Let me check.",
+        [("f", "{}")],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        "",
+        [("get_weather", '{"city": "Paris"}')],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "Europe/Paris"}',
+        "",
+        [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "Europe/Paris"}')],
+    ),
+    (
+        "mistral",
+        '[TOOL_CALLS]note[ARGS]{"text": "literal [TOOL_CALLS] and [ARGS] 📝", "n": {"d": [1]}}',
+        "",
+        [("note", '{"text": "literal [TOOL_CALLS] and [ARGS] 📝", "n": {"d": [1]}}')],
+    ),
     ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {}}]\nDone', "\nDone", [("f", "{}")]),
-    ("mistral", '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}]', '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}]', []),
+    (
+        "mistral",
+        '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}]',
+        '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}]',
+        [],
+    ),
     ("mistral", '[TOOL_CALLS] [{"arguments": {}}]', '[TOOL_CALLS] [{"arguments": {}}]', []),
     ("mistral", "[TOOL_CALLS]f[ARGS][1, 2]", "[TOOL_CALLS]f[ARGS][1, 2]", []),
-    ("mistral", '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', '[TOOL_CALLS]get_weather[ARGS]{"city": "Par', []),
+    (
+        "mistral",
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Par',
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Par',
+        [],
+    ),
     ("mistral", "Use [TOOL_CALLS] to call tools.", "Use [TOOL_CALLS] to call tools.", []),
     ("mistral", "[TOOL_CALLS] []", "[TOOL_CALLS] []", []),
     ("mistral", "No tools needed [TOOL", "No tools needed [TOOL", []),
     # -- pythonic
-    ("pythonic", '[get_weather(city="Paris", days=3)]', "", [("get_weather", '{"city": "Paris", "days": 3}')]),
-    ("pythonic", '[get_weather(city="Paris"), get_time()]', "", [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")]),
-    ("pythonic", '<|python_start|>[search(query="llama 4", filters={"year": 2025, "tags": ["ai", "}"]}, '
-                 'exact=True, limit=None)]<|python_end|>',
-     "", [("search", '{"query": "llama 4", "filters": {"year": 2025, "tags": ["ai", "}"]}, "exact": true, "limit": null}')]),
-    ("pythonic", "\n [f(x=1.5, y=-2, pt=(1, 2))] \n", "", [("f", '{"x": 1.5, "y": -2, "pt": [1, 2]}')]),
-    ("pythonic", '[traduire(texte="Où est 東京 ?")]', "", [("traduire", '{"texte": "Où est 東京 ?"}')]),
+    (
+        "pythonic",
+        '[get_weather(city="Paris", days=3)]',
+        "",
+        [("get_weather", '{"city": "Paris", "days": 3}')],
+    ),
+    (
+        "pythonic",
+        '[get_weather(city="Paris"), get_time()]',
+        "",
+        [("get_weather", '{"city": "Paris"}'), ("get_time", "{}")],
+    ),
+    (
+        "pythonic",
+        '<|python_start|>[search(query="llama 4", filters={"year": 2025, "tags": ["ai", "}"]}, '
+        "exact=True, limit=None)]<|python_end|>",
+        "",
+        [
+            (
+                "search",
+                '{"query": "llama 4", "filters": {"year": 2025, "tags": ["ai", "}"]}, "exact": true, "limit": null}',
+            )
+        ],
+    ),
+    (
+        "pythonic",
+        "\n [f(x=1.5, y=-2, pt=(1, 2))] \n",
+        "",
+        [("f", '{"x": 1.5, "y": -2, "pt": [1, 2]}')],
+    ),
+    (
+        "pythonic",
+        '[traduire(texte="Où est 東京 ?")]',
+        "",
+        [("traduire", '{"texte": "Où est 東京 ?"}')],
+    ),
     ("pythonic", "[math.sqrt(x=4)]", "", [("math.sqrt", '{"x": 4}')]),
     ("pythonic", '[get_weather("Paris")]', '[get_weather("Paris")]', []),
     ("pythonic", "[f(x=y)]", "[f(x=y)]", []),
@@ -122,8 +298,18 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
 
 # (style, output, expected reasoning_content, expected content)
 REASONING_CASES: list[tuple[str, str, str | None, str]] = [
-    ("deepseek-r1", "<think>\nLet me think.\n</think>\n\nThe answer is 4.", "Let me think.", "The answer is 4."),
-    ("deepseek-r1", "Let me think.\n</think>\n\nThe answer is 4.", "Let me think.", "The answer is 4."),
+    (
+        "deepseek-r1",
+        "<think>\nLet me think.\n</think>\n\nThe answer is 4.",
+        "Let me think.",
+        "The answer is 4.",
+    ),
+    (
+        "deepseek-r1",
+        "Let me think.\n</think>\n\nThe answer is 4.",
+        "Let me think.",
+        "The answer is 4.",
+    ),
     ("deepseek-r1", "Still thinking about it  ", "Still thinking about it", ""),
     ("deepseek-r1", "<think>\n\n</think>\n\nHi", None, "Hi"),
     ("deepseek-r1", "", None, ""),
@@ -163,7 +349,9 @@ def stream_tools(parser: ToolParser, pieces: list[str]) -> tuple[str, list[ToolC
                 names.append(d.name)
                 args.append([])
             else:
-                assert d.index < len(names), f"delta for call {d.index} before call {len(names)} was named"
+                assert d.index < len(names), (
+                    f"delta for call {d.index} before call {len(names)} was named"
+                )
                 assert d.name is None, f"name given again: {d}"
             args[d.index].append(d.arguments)
 
@@ -202,7 +390,9 @@ def test_parse(fmt: str, text: str, content: str, calls: list[tuple[str, str]]) 
 
 
 @pytest.mark.parametrize("fmt, text, content, calls", TOOL_CASES, ids=_ids(TOOL_CASES))
-def test_stream_equals_parse(fmt: str, text: str, content: str, calls: list[tuple[str, str]]) -> None:
+def test_stream_equals_parse(
+    fmt: str, text: str, content: str, calls: list[tuple[str, str]]
+) -> None:
     parser = get_parser(fmt)
     for pieces in splits(text, seed=len(text)):
         assert stream_tools(parser, pieces) == (content, _calls(calls)), pieces
@@ -210,16 +400,83 @@ def test_stream_equals_parse(fmt: str, text: str, content: str, calls: list[tupl
 
 # Three fragments that make valid calls (drawn half of the time), then pieces that break them.
 FUZZ_FRAGMENTS = {
-    "hermes": ['<tool_call>{"name": "f", "arguments": {"a": "}"}}</tool_call>', "<tool_call>\n", "\n</tool_call>",
-               '{"name": "g"}', "<tool_", "call>", '{"name": "f"', ', "arguments": ', "{", "}", '"', "\\", "\n",
-               " ", "x", '{"a": 1}', ":", ","],
-    "llama3_json": ['{"name": "f", "parameters": {"a": ";"}}', '{"name": "g", "arguments": {}}', "; ", "<|python_tag|>",
-                    "<|python", '{"name": "f"', ', "parameters": ', "{", "}", ";", '"', "\\", "\n", " ", "x"],
-    "mistral": ['[TOOL_CALLS]f[ARGS]{"a": "]"}', '[TOOL_CALLS] [{"name": "g"}]', '[{"name": "h", "arguments": {}}]',
-                "[TOOL_CALLS]", "[TOOL_", "[ARGS]", "f", '{"name": "f"', ', "arguments": ', "[", "]", "{", "}",
-                '"', "\n", " ", '{"a": 1}', ","],
-    "pythonic": ["[f(x=1), g(y='a')]", " ", "\n", "[g(", "f(", "x=", "1", '"s"', ")", ", ", "]", "<|python_start|>",
-                 "<|python_end|>", "[", "{", "}", "a", "'"],
+    "hermes": [
+        '<tool_call>{"name": "f", "arguments": {"a": "}"}}</tool_call>',
+        "<tool_call>\n",
+        "\n</tool_call>",
+        '{"name": "g"}',
+        "<tool_",
+        "call>",
+        '{"name": "f"',
+        ', "arguments": ',
+        "{",
+        "}",
+        '"',
+        "\\",
+        "\n",
+        " ",
+        "x",
+        '{"a": 1}',
+        ":",
+        ",",
+    ],
+    "llama3_json": [
+        '{"name": "f", "parameters": {"a": ";"}}',
+        '{"name": "g", "arguments": {}}',
+        "; ",
+        "<|python_tag|>",
+        "<|python",
+        '{"name": "f"',
+        ', "parameters": ',
+        "{",
+        "}",
+        ";",
+        '"',
+        "\\",
+        "\n",
+        " ",
+        "x",
+    ],
+    "mistral": [
+        '[TOOL_CALLS]f[ARGS]{"a": "]"}',
+        '[TOOL_CALLS] [{"name": "g"}]',
+        '[{"name": "h", "arguments": {}}]',
+        "[TOOL_CALLS]",
+        "[TOOL_",
+        "[ARGS]",
+        "f",
+        '{"name": "f"',
+        ', "arguments": ',
+        "[",
+        "]",
+        "{",
+        "}",
+        '"',
+        "\n",
+        " ",
+        '{"a": 1}',
+        ",",
+    ],
+    "pythonic": [
+        "[f(x=1), g(y='a')]",
+        " ",
+        "\n",
+        "[g(",
+        "f(",
+        "x=",
+        "1",
+        '"s"',
+        ")",
+        ", ",
+        "]",
+        "<|python_start|>",
+        "<|python_end|>",
+        "[",
+        "{",
+        "}",
+        "a",
+        "'",
+    ],
 }
 
 
@@ -232,7 +489,9 @@ def test_fuzz_stream_equals_parse(fmt: str) -> None:
     frags = FUZZ_FRAGMENTS[fmt]
     with_calls = 0
     for _ in range(400):
-        text = "".join(rng.choice(frags[:3] if rng.random() < 0.5 else frags) for _ in range(rng.randint(0, 8)))
+        text = "".join(
+            rng.choice(frags[:3] if rng.random() < 0.5 else frags) for _ in range(rng.randint(0, 8))
+        )
         expected = parser.parse(text)
         with_calls += bool(expected[1])
         for pieces in [list(text)] + splits(text, rng.randint(0, 10**6))[-3:]:
@@ -246,11 +505,15 @@ def test_fuzz_valid_calls_are_found() -> None:
     parser = HermesParser()
     words = ["}", "{", "</tool_call>", "<tool_call>", '\\"', "é", "\\n", " ", "]"]
     for _ in range(100):
-        specs = [(f"fn_{k}", {"s": "".join(rng.choice(words) for _ in range(5)), "n": [k, {"x": None}]})
-                 for k in range(rng.randint(1, 3))]
+        specs = [
+            (f"fn_{k}", {"s": "".join(rng.choice(words) for _ in range(5)), "n": [k, {"x": None}]})
+            for k in range(rng.randint(1, 3))
+        ]
         raw = [json.dumps(a, ensure_ascii=False) for _, a in specs]
-        text = "pre\n" + "\n".join(f'<tool_call>\n{{"name": "{n}", "arguments": {r}}}\n</tool_call>'
-                                   for (n, _), r in zip(specs, raw))
+        text = "pre\n" + "\n".join(
+            f'<tool_call>\n{{"name": "{n}", "arguments": {r}}}\n</tool_call>'
+            for (n, _), r in zip(specs, raw)
+        )
         expected = ("pre\n", [ToolCall(n, r) for (n, _), r in zip(specs, raw)])
         assert parser.parse(text) == expected
         assert stream_tools(parser, list(text)) == expected
@@ -277,7 +540,10 @@ def test_mistral_stream_holds_only_a_partial_marker() -> None:
     s = get_parser("mistral").streamer()
     assert s.feed("abc [TOOL") == ("abc ", [])
     assert s.feed("_CALLS]get_weather[AR") == ("", [])
-    assert s.feed('GS]{"city": "Paris"}') == ("", [ToolCallDelta(0, "get_weather", '{"city": "Paris"}')])
+    assert s.feed('GS]{"city": "Paris"}') == (
+        "",
+        [ToolCallDelta(0, "get_weather", '{"city": "Paris"}')],
+    )
     assert s.finish() == ("", [])
 
 
@@ -314,17 +580,23 @@ def test_get_parser() -> None:
         assert name in str(err.value)
 
 
-@pytest.mark.parametrize("template, expected", [
-    (None, "hermes"),
-    ("", "hermes"),
-    ("{% for m in messages %}{{ m.content }}{% endfor %}", "hermes"),
-    ('{{- "<tool_call>\\n" }}{{ tool_call | tojson }}{{- "\\n</tool_call>" }}', "hermes"),
-    ("{{ '[TOOL_CALLS]' + tool_calls | tojson }}", "mistral"),
-    ('{{- "<|python_tag|>" + tool_call.name }}', "llama3_json"),
-    ('Respond as {"name": function name, "parameters": dict}. {% if m.role == "ipython" %}', "llama3_json"),
-    ("{{- '<|python_start|>[' }}{{ tool_call.name }}(", "pythonic"),
-    ('"parameters" without the role', "hermes"),
-])
+@pytest.mark.parametrize(
+    "template, expected",
+    [
+        (None, "hermes"),
+        ("", "hermes"),
+        ("{% for m in messages %}{{ m.content }}{% endfor %}", "hermes"),
+        ('{{- "<tool_call>\\n" }}{{ tool_call | tojson }}{{- "\\n</tool_call>" }}', "hermes"),
+        ("{{ '[TOOL_CALLS]' + tool_calls | tojson }}", "mistral"),
+        ('{{- "<|python_tag|>" + tool_call.name }}', "llama3_json"),
+        (
+            'Respond as {"name": function name, "parameters": dict}. {% if m.role == "ipython" %}',
+            "llama3_json",
+        ),
+        ("{{- '<|python_start|>[' }}{{ tool_call.name }}(", "pythonic"),
+        ('"parameters" without the role', "hermes"),
+    ],
+)
 def test_detect_parser(template: str | None, expected: str) -> None:
     assert detect_parser(template) == expected
 
@@ -333,27 +605,43 @@ def test_pure_stdlib() -> None:
     """The package imports nothing but the stdlib and itself (no torch, runtime or constrained)."""
     pkg = Path(__file__).resolve().parents[2] / "sgl" / "tool_calls"
     paths = sorted(pkg.rglob("*.py"))
-    assert {"registry.py", "hermes.py", "pythonic.py"} <= {p.name for p in paths}  # the package was found
+    assert {"registry.py", "hermes.py", "pythonic.py"} <= {
+        p.name for p in paths
+    }  # the package was found
     for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 top = name.split(".")[0]
-                assert top in sys.stdlib_module_names or name.startswith("sgl.tool_calls") \
-                    or top == "__future__", f"{path.name} imports {name}"
+                assert (
+                    top in sys.stdlib_module_names
+                    or name.startswith("sgl.tool_calls")
+                    or top == "__future__"
+                ), f"{path.name} imports {name}"
 
 
 # ---------------------------------------------------------------------- reasoning
 
 
-@pytest.mark.parametrize("style, text, reasoning, content", REASONING_CASES, ids=_ids(REASONING_CASES))
+@pytest.mark.parametrize(
+    "style, text, reasoning, content", REASONING_CASES, ids=_ids(REASONING_CASES)
+)
 def test_reasoning_parse(style: str, text: str, reasoning: str | None, content: str) -> None:
     assert ReasoningParser(style).parse(text) == (reasoning, content)
 
 
-@pytest.mark.parametrize("style, text, reasoning, content", REASONING_CASES, ids=_ids(REASONING_CASES))
-def test_reasoning_stream_equals_parse(style: str, text: str, reasoning: str | None, content: str) -> None:
+@pytest.mark.parametrize(
+    "style, text, reasoning, content", REASONING_CASES, ids=_ids(REASONING_CASES)
+)
+def test_reasoning_stream_equals_parse(
+    style: str, text: str, reasoning: str | None, content: str
+) -> None:
     parser = ReasoningParser(style)
     for pieces in splits(text, seed=len(text)):
         assert stream_reasoning(parser, pieces) == (reasoning or "", content), pieces

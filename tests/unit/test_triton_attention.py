@@ -21,7 +21,9 @@ import textwrap  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-triton = pytest.importorskip("triton", reason="triton is not installed (the `test` extra pins it on Linux)")
+triton = pytest.importorskip(
+    "triton", reason="triton is not installed (the `test` extra pins it on Linux)"
+)
 
 from sgl.runtime.attention import ForwardBatch, triton_kernels  # noqa: E402
 from sgl.runtime.attention.torch_native import TorchNativeBackend  # noqa: E402
@@ -63,15 +65,25 @@ def test_matches_float64_reference_and_torch_native(specs, kv_heads, head_dim, d
     torch.testing.assert_close(got.double(), expected, **TOL[dtype])
     # The new tokens' K/V landed in their slots.
     pool, loc = case.batch.kv_pool, case.batch.out_cache_loc
-    assert torch.equal(pool.k_buffers[0][loc], case.k) and torch.equal(pool.v_buffers[0][loc], case.v)
+    assert torch.equal(pool.k_buffers[0][loc], case.k) and torch.equal(
+        pool.v_buffers[0][loc], case.v
+    )
 
     native = run(TorchNativeBackend(), case)
     torch.testing.assert_close(got.double(), native.double(), **TOL[dtype])
 
 
-@pytest.mark.parametrize("features", [dict(sliding_window=1), dict(sliding_window=6), dict(sliding_window=50),
-                                      dict(logit_cap=0.7), dict(sliding_window=9, logit_cap=0.3)],
-                         ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()))
+@pytest.mark.parametrize(
+    "features",
+    [
+        dict(sliding_window=1),
+        dict(sliding_window=6),
+        dict(sliding_window=50),
+        dict(logit_cap=0.7),
+        dict(sliding_window=9, logit_cap=0.3),
+    ],
+    ids=lambda f: "-".join(f"{k}={v}" for k, v in f.items()),
+)
 @pytest.mark.parametrize("specs", [DECODE, MIXED], ids=["decode", "mixed"])
 def test_sliding_window_and_logit_cap_match_reference(specs, features):
     """Windows that empty whole key blocks and decode splits (rows must stay NaN-free) and caps."""
@@ -89,7 +101,10 @@ def test_decode_metadata_and_split_counts():
     backend.init_forward_metadata(case.batch)
     md: TritonMetadata = case.batch.metadata
     assert md.is_decode and md.prefix_lens is None
-    assert md.seq_lens.tolist() == [p + 1 for p, _ in DECODE] and md.req_rows.tolist() == case.batch.req_rows
+    assert (
+        md.seq_lens.tolist() == [p + 1 for p, _ in DECODE]
+        and md.req_rows.tolist() == case.batch.req_rows
+    )
     for splits in (1, 2, 8):
         got = run(TritonBackend(num_kv_splits=splits, block_n=32), case)
         torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
@@ -102,7 +117,9 @@ def test_extend_metadata():
     TritonBackend().init_forward_metadata(case.batch)
     md: TritonMetadata = case.batch.metadata
     assert not md.is_decode and md.max_extend_len == 23
-    assert md.prefix_lens.tolist() == [p for p, _ in MIXED] and md.extend_lens.tolist() == [e for _, e in MIXED]
+    assert md.prefix_lens.tolist() == [p for p, _ in MIXED] and md.extend_lens.tolist() == [
+        e for _, e in MIXED
+    ]
     assert md.qo_start.tolist() == [0, 17, 18, 19, 42, 45]
     assert md.seq_lens.tolist() == [p + e for p, e in MIXED]
 
@@ -121,7 +138,9 @@ def test_cuda_graph_hooks_replay_fresh_metadata():
         case = make_case(specs, 2, 32, torch.float32, seed=seed)
         eager = TritonBackend(num_kv_splits=4)
         want = run(eager, make_case(specs, 2, 32, torch.float32, seed=seed))
-        backend.init_forward_metadata_replay(bs, case.batch.req_rows, torch.tensor(case.batch.seq_lens))
+        backend.init_forward_metadata_replay(
+            bs, case.batch.req_rows, torch.tensor(case.batch.seq_lens)
+        )
         assert captured.req_rows.tolist() == case.batch.req_rows
         assert captured.seq_lens.tolist() == case.batch.seq_lens
         case.batch.attn_backend, case.batch.metadata = backend, captured
@@ -140,11 +159,15 @@ def test_cuda_graph_hooks_replay_fresh_metadata():
     q = torch.cat([case.q, torch.zeros(pad, *case.q.shape[1:])])
     k = torch.cat([case.k, torch.zeros(pad, *case.k.shape[1:])])
     v = torch.cat([case.v, torch.zeros(pad, *case.v.shape[1:])])
-    case.batch.out_cache_loc = torch.cat([case.batch.out_cache_loc, torch.zeros(pad, dtype=torch.int64)])  # padding slot
+    case.batch.out_cache_loc = torch.cat(
+        [case.batch.out_cache_loc, torch.zeros(pad, dtype=torch.int64)]
+    )  # padding slot
     case.batch.metadata = captured
     got = backend.forward(q, k, v, 0, case.scale, case.batch)
     torch.testing.assert_close(got[: len(specs)].double(), want, rtol=1e-5, atol=1e-5)
-    assert backend.graph_state.part_out.data_ptr() == scratch  # captured launches keep their buffers
+    assert (
+        backend.graph_state.part_out.data_ptr() == scratch
+    )  # captured launches keep their buffers
 
     with pytest.raises(ValueError, match="max_bs"):
         backend.init_forward_metadata_capture(9)
@@ -181,8 +204,13 @@ class RecordingTritonBackend(TritonBackend):
                 self.kinds.add("mixed")
 
 
-def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[int]]],
-           graph_max_bs: int = 0) -> list[tuple[list[int], int]]:
+def greedy(
+    path,
+    monkeypatch,
+    backend_factory,
+    prompts_in_order: list[list[list[int]]],
+    graph_max_bs: int = 0,
+) -> list[tuple[list[int], int]]:
     """(output ids, cached tokens) for each prompt; each inner list is one generate call.
     `graph_max_bs` > 0 sends decode steps through the CUDA-graph runner (on CPU it runs the
     same static buffers and hooks without capturing)."""
@@ -190,14 +218,25 @@ def greedy(path, monkeypatch, backend_factory, prompts_in_order: list[list[list[
     import sgl.runtime.model_runner as runner_mod
 
     if backend_factory is not None:
-        monkeypatch.setattr(runner_mod, "create_attention_backend", lambda name, device, dtype=None, needs=frozenset(): backend_factory())
+        monkeypatch.setattr(
+            runner_mod,
+            "create_attention_backend",
+            lambda name, device, dtype=None, needs=frozenset(): backend_factory(),
+        )
     if graph_max_bs:
         monkeypatch.setattr(runner_mod, "cuda_graph_max_bs", lambda cfg, device: graph_max_bs)
     params = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
     results = []
-    with sgl.Engine(model_path=str(path), dtype="float32", max_total_tokens=2048, chunked_prefill_size=16,
-                    attention_backend="auto" if backend_factory else "torch_native") as engine:
-        assert (engine.get_server_info()["attention_backend"] == TritonBackend.name) == (backend_factory is not None)
+    with sgl.Engine(
+        model_path=str(path),
+        dtype="float32",
+        max_total_tokens=2048,
+        chunked_prefill_size=16,
+        attention_backend="auto" if backend_factory else "torch_native",
+    ) as engine:
+        assert (engine.get_server_info()["attention_backend"] == TritonBackend.name) == (
+            backend_factory is not None
+        )
         for batch in prompts_in_order:
             for out in engine.generate(input_ids=batch, sampling_params=params):
                 results.append((out["output_ids"], out["meta_info"]["cached_tokens"]))
@@ -213,8 +252,14 @@ def test_engine_greedy_tokens_match_torch_native(tiny_dir, monkeypatch):
     rng = random.Random(0)
     shared = [rng.randrange(1, vocab) for _ in range(21)]
     prompts = [
-        [shared + [rng.randrange(1, vocab) for _ in range(5)], [rng.randrange(1, vocab) for _ in range(9)]],
-        [shared + [rng.randrange(1, vocab) for _ in range(3)], [rng.randrange(1, vocab) for _ in range(1)]],
+        [
+            shared + [rng.randrange(1, vocab) for _ in range(5)],
+            [rng.randrange(1, vocab) for _ in range(9)],
+        ],
+        [
+            shared + [rng.randrange(1, vocab) for _ in range(3)],
+            [rng.randrange(1, vocab) for _ in range(1)],
+        ],
     ]
     want = greedy(path, monkeypatch, None, prompts)
     RecordingTritonBackend.kinds.clear()
@@ -289,5 +334,7 @@ def test_runtime_imports_without_triton():
         """
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and "clear error" in proc.stdout, proc.stderr[-3000:]

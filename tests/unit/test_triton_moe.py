@@ -26,7 +26,9 @@ from sgl.runtime.model import moe_triton  # noqa: E402
 from sgl.runtime.model.moe import StackedExperts  # noqa: E402
 
 if type(moe_triton._gate_up_kernel).__name__ != "InterpretedFunction":
-    importlib.reload(moe_triton)  # imported earlier without the interpreter: decorate the kernels again
+    importlib.reload(
+        moe_triton
+    )  # imported earlier without the interpreter: decorate the kernels again
 
 
 def reference(x, gate_up, down, experts, weights, act):
@@ -61,17 +63,25 @@ def routed(tokens: int, num_experts: int, k: int, seed: int, skew: bool = False)
         (20, 8, 1, 64, 64, "silu", torch.bfloat16),
     ],
 )
-def test_grouped_kernels_match_float64_reference_and_torch_path(tokens, num_experts, k, hidden, inter, act, dtype):
+def test_grouped_kernels_match_float64_reference_and_torch_path(
+    tokens, num_experts, k, hidden, inter, act, dtype
+):
     g = torch.Generator().manual_seed(tokens)
     experts_mod = StackedExperts(num_experts, hidden, inter, act)
     with torch.no_grad():
-        experts_mod.gate_up_proj.copy_(torch.randn(num_experts, 2 * inter, hidden, generator=g) * hidden ** -0.5)
-        experts_mod.down_proj.copy_(torch.randn(num_experts, hidden, inter, generator=g) * inter ** -0.5)
+        experts_mod.gate_up_proj.copy_(
+            torch.randn(num_experts, 2 * inter, hidden, generator=g) * hidden**-0.5
+        )
+        experts_mod.down_proj.copy_(
+            torch.randn(num_experts, hidden, inter, generator=g) * inter**-0.5
+        )
     experts_mod = experts_mod.to(dtype)
     x = torch.randn(tokens, hidden, generator=g).to(dtype)
     experts, weights = routed(tokens, num_experts, k, seed=tokens, skew=tokens == 70)
     with torch.no_grad():
-        got = moe_triton.grouped_experts(x, experts_mod.gate_up_proj, experts_mod.down_proj, experts, weights, act)
+        got = moe_triton.grouped_experts(
+            x, experts_mod.gate_up_proj, experts_mod.down_proj, experts, weights, act
+        )
         torch_path = experts_mod.grouped_matmuls(x, experts, weights)
     want = reference(x, experts_mod.gate_up_proj, experts_mod.down_proj, experts, weights, act)
     tol = 1e-4 if dtype == torch.float32 else 3e-2
@@ -93,7 +103,8 @@ def test_expert_blocks_give_each_block_one_expert():
             assert block_expert[row // 16] == flat[pair]
     used = {flat[p] for p in range(num_pairs)}
     assert sorted(e for e in block_expert.tolist() if e >= 0) == sorted(
-        e for e in used for _ in range(-(-flat.count(e) // 16)))
+        e for e in used for _ in range(-(-flat.count(e) // 16))
+    )
     assert set(block_expert.tolist()) <= used | {-1}
 
 

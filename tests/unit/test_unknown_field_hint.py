@@ -34,10 +34,25 @@ def test_unrelated_field_gets_no_guess():
 
 
 def test_router_fields_accepted_at_their_off_values_only():
-    router_body = {"text": "x", "model": None, "return_text_in_logprobs": False, "stream": False, "log_metrics": True,
-                   "return_hidden_states": False, "background": False, "no_logs": False, "return_bytes": False,
-                   "return_entropy": False}
+    router_body = {
+        "text": "x",
+        "model": None,
+        "return_text_in_logprobs": False,
+        "stream": False,
+        "log_metrics": True,
+        "return_hidden_states": False,
+        "background": False,
+        "no_logs": False,
+        "return_bytes": False,
+        "return_entropy": False,
+    }
     assert _client().post("/generate", json=router_body).json() == {"unsupported": None}
-    for field, value in (("background", True), ("return_entropy", True), ("data_parallel_rank", 1),
-                         ("bootstrap_room", 7)):
-        assert _client().post("/generate", json={**router_body, field: value}).json() == {"unsupported": field}
+    for field, value in (
+        ("background", True),
+        ("return_entropy", True),
+        ("data_parallel_rank", 1),
+        ("bootstrap_room", 7),
+    ):
+        assert _client().post("/generate", json={**router_body, field: value}).json() == {
+            "unsupported": field
+        }

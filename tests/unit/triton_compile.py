@@ -15,7 +15,9 @@ def assert_compiles_for_sm90(script: str, cache_dir) -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(cache_dir)
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
-    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
     if proc.returncode != 0 and "ptxas" in proc.stderr and "not found" in proc.stderr.lower():
         pytest.skip("this triton build ships no ptxas")
     assert proc.returncode == 0 and "compiled" in proc.stdout, proc.stderr[-3000:]

@@ -39,7 +39,10 @@ class CombinatorsMixin:
                 excluded.add("integer")
             kept = [t for t in self.types(rest, where) if t not in excluded]
             if "integer" in excluded and "number" in kept:
-                raise self.fail(where, "not: excluding integers from numbers (non-integral numbers only) is not supported")
+                raise self.fail(
+                    where,
+                    "not: excluding integers from numbers (non-integral numbers only) is not supported",
+                )
             return self.convert({**rest, "type": kept}, where) if kept else None
         if set(neg) <= {"enum", "const", "type"} and ("enum" in neg or "const" in neg):
             values = neg["enum"] if "enum" in neg else [neg["const"]]
@@ -65,7 +68,9 @@ class CombinatorsMixin:
         if not cases:
             return None
         branches = [conjoin(rest, case) for case in cases]
-        return self.convert_union({"anyOf": [b for b in branches if b is not False] or [False]}, "anyOf", where)
+        return self.convert_union(
+            {"anyOf": [b for b in branches if b is not False] or [False]}, "anyOf", where
+        )
 
     def convert_not_object(self, rest: dict, neg: dict, where: str) -> Rx | None:
         """``not`` over an object keyword (vacuously true for other types, so only objects
@@ -76,8 +81,13 @@ class CombinatorsMixin:
         obj = {**rest, "type": "object"}
         if "propertyNames" in neg:
             if neg["propertyNames"] is not False:
-                raise self.fail(where, "not: propertyNames is supported as false only (at least one member)")
-            return self.convert({**obj, "minProperties": max(self.count(obj, "minProperties", where) or 0, 1)}, where)
+                raise self.fail(
+                    where, "not: propertyNames is supported as false only (at least one member)"
+                )
+            return self.convert(
+                {**obj, "minProperties": max(self.count(obj, "minProperties", where) or 0, 1)},
+                where,
+            )
         names = neg["required"]
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise self.fail(where, "not: required must be a list of property names")
@@ -89,7 +99,10 @@ class CombinatorsMixin:
         finally:
             unused = self.forbidden.pop(where, None)
         if unused:
-            raise self.fail(where, "not: required is supported on an object with declared properties, given next to them")
+            raise self.fail(
+                where,
+                "not: required is supported on an object with declared properties, given next to them",
+            )
         return rx
 
     def convert_excluding(self, schema: dict, values: list, where: str) -> Rx | None:
@@ -103,20 +116,37 @@ class CombinatorsMixin:
             rest = {k: v for k, v in schema.items() if k not in ("enum", "const")}
             return self.convert({**rest, "enum": kept}, where)
         numbers = sorted({int(v) for v in values if _is_number(v) and float(v).is_integer()})
-        if any(isinstance(v, (dict, list)) or (_is_number(v) and not float(v).is_integer()) for v in values):
-            raise self.fail(where, "not: excluding objects, arrays or non-integral numbers is not supported "
-                            "(strings, booleans, null and integers are)")
+        if any(
+            isinstance(v, (dict, list)) or (_is_number(v) and not float(v).is_integer())
+            for v in values
+        ):
+            raise self.fail(
+                where,
+                "not: excluding objects, arrays or non-integral numbers is not supported "
+                "(strings, booleans, null and integers are)",
+            )
         strings = [v for v in values if isinstance(v, str)]
         parts = []
         for t in self.types(schema, where):
             if t == "string" and strings:
                 if set(schema) & _STRING_KW:
-                    raise self.fail(where, "not: excluding strings from a string with pattern/format/length is not "
-                                    "supported")
+                    raise self.fail(
+                        where,
+                        "not: excluding strings from a string with pattern/format/length is not "
+                        "supported",
+                    )
                 body = self.string_not_in(strings)
                 parts.append(rx_cat(_QUOTE, body, _QUOTE))
             elif t == "boolean":
-                parts.append(rx_alt(*(rx_lit(b) for b in ("true", "false") if not any(v is (b == "true") for v in values))))
+                parts.append(
+                    rx_alt(
+                        *(
+                            rx_lit(b)
+                            for b in ("true", "false")
+                            if not any(v is (b == "true") for v in values)
+                        )
+                    )
+                )
             elif t == "null":
                 parts.append(None if None in values else _NULL)
             elif t in ("integer", "number") and numbers:
@@ -130,8 +160,22 @@ class CombinatorsMixin:
         if len(excluded) > MAX_EXCLUDED_NUMBERS:
             raise self.fail(where, f"not: at most {MAX_EXCLUDED_NUMBERS} numbers can be excluded")
         gaps = zip([None, *excluded], [*excluded, None])
-        return rx_alt(*(self.convert(conjoin(schema, {k: v for k, v in (("exclusiveMinimum", lo), ("exclusiveMaximum", hi))
-                                                      if v is not None}), where) for lo, hi in gaps))
+        return rx_alt(
+            *(
+                self.convert(
+                    conjoin(
+                        schema,
+                        {
+                            k: v
+                            for k, v in (("exclusiveMinimum", lo), ("exclusiveMaximum", hi))
+                            if v is not None
+                        },
+                    ),
+                    where,
+                )
+                for lo, hi in gaps
+            )
+        )
 
     def convert_union(self, schema: dict, comb: str, where: str) -> Rx | None:
         branches = schema[comb]

@@ -78,7 +78,9 @@ class Negation:
         if schema is False:
             return [True]
         if not isinstance(schema, dict):
-            raise NotNegatable(f"a schema must be an object or a boolean, got {type(schema).__name__}")
+            raise NotNegatable(
+                f"a schema must be an object or a boolean, got {type(schema).__name__}"
+            )
         schema = self.keywords(schema)
         out: list[Schema] = []
         for key in schema:
@@ -101,8 +103,11 @@ class Negation:
         if key == "properties":
             if not isinstance(value, dict):
                 raise NotNegatable("properties must be an object")
-            return [{"type": "object", "required": [name], "properties": {name: f}}
-                    for name, sub in value.items() for f in self.fails(sub, depth)]
+            return [
+                {"type": "object", "required": [name], "properties": {name: f}}
+                for name, sub in value.items()
+                for f in self.fails(sub, depth)
+            ]
         if key in ("dependentRequired", "dependencies", "dependentSchemas"):
             return self.dependency_fails(key, value, depth)
         if key == "allOf":
@@ -119,8 +124,9 @@ class Negation:
             return self.fails(self.resolve(value), depth + 1)
         if key == "if":  # fails where (if and not then) or (not if and not else)
             cond, then, other = value, schema.get("then", True), schema.get("else", True)
-            return ([conjoin(cond, f) for f in self.fails(then, depth)]
-                    + [conjoin(g, f) for g in self.fails(cond, depth) for f in self.fails(other, depth)])
+            return [conjoin(cond, f) for f in self.fails(then, depth)] + [
+                conjoin(g, f) for g in self.fails(cond, depth) for f in self.fails(other, depth)
+            ]
         if key in ("then", "else"):
             return []  # without "if" they have no effect
         raise NotNegatable(
@@ -132,7 +138,9 @@ class Negation:
     def bound_fails(self, key: str, value: Any) -> list[Schema]:
         kind, opposite, step = _BOUNDS[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise NotNegatable(f"{key} must be a number (draft-4 boolean exclusive bounds cannot be negated)")
+            raise NotNegatable(
+                f"{key} must be a number (draft-4 boolean exclusive bounds cannot be negated)"
+            )
         if step and value + step < 0:
             return []  # minLength 0 and the like hold everywhere
         return [{"type": kind, opposite: value + step}]
@@ -145,7 +153,9 @@ class Negation:
         for name, needs in value.items():
             present = {"type": "object", "required": [name]}
             if isinstance(needs, list):
-                out += [{**present, "properties": {n: False}} for n in _names(needs, key) if n != name]
+                out += [
+                    {**present, "properties": {n: False}} for n in _names(needs, key) if n != name
+                ]
             else:
                 out += [conjoin(present, f) for f in self.fails(needs, depth)]
         return out
@@ -161,7 +171,9 @@ class Negation:
     @staticmethod
     def check_size(cases: list) -> None:
         if len(cases) > MAX_CASES:
-            raise NotNegatable(f"the negation has more than {MAX_CASES} cases (anyOf branches multiply)")
+            raise NotNegatable(
+                f"the negation has more than {MAX_CASES} cases (anyOf branches multiply)"
+            )
 
 
 def _names(value: Any, key: str) -> list[str]:
@@ -176,7 +188,9 @@ def _schemas(value: Any, key: str) -> list:
     return value
 
 
-CONDITIONAL_KEYWORDS = frozenset({"if", "then", "else", "dependentSchemas"})  # and schema-valued `dependencies`
+CONDITIONAL_KEYWORDS = frozenset(
+    {"if", "then", "else", "dependentSchemas"}
+)  # and schema-valued `dependencies`
 
 Condition = tuple[Any, Any, Any]  # (if, then, else)
 
@@ -211,11 +225,15 @@ def split_conditions(schema: dict) -> tuple[Schema, list[Condition]]:
         plain.pop("dependencies")
         if listed:
             plain["dependencies"] = listed
-    conditions = [c for c in conditions if not (c[1] is True and c[2] is True)]  # no effect either way
+    conditions = [
+        c for c in conditions if not (c[1] is True and c[2] is True)
+    ]  # no effect either way
     return plain or True, conditions
 
 
-def condition_options(conditions: list[Condition], negation: Negation, keywords: Callable[[dict], dict]) -> list[list]:
+def condition_options(
+    conditions: list[Condition], negation: Negation, keywords: Callable[[dict], dict]
+) -> list[list]:
     """The conditions as groups of cases (each case: a test and the then/else it brings): an
     instance satisfies the conditions iff in every group it satisfies some case, so they
     are the union of the conjunctions of one case per group. Conditions on one discriminator
@@ -251,11 +269,15 @@ def discriminator(cond: Any, keywords: Callable[[dict], dict]) -> Discriminator 
         return None
     cond = keywords(cond)
     props, required = cond.get("properties"), cond.get("required", [])
-    if set(cond) - {"properties", "required", "type"} or not isinstance(props, dict) or len(props) != 1:
+    if (
+        set(cond) - {"properties", "required", "type"}
+        or not isinstance(props, dict)
+        or len(props) != 1
+    ):
         return None
     if cond.get("type", "object") != "object" or required not in ([], list(props)):
         return None
-    (name, test), = props.items()
+    ((name, test),) = props.items()
     test = keywords(test) if isinstance(test, dict) else None
     if not test or set(test) - {"const", "enum"}:
         return None
@@ -272,13 +294,30 @@ def discriminated_cases(name: str, tests: list[tuple[Discriminator, Any, Any]]) 
     for test, _, _ in tests:
         listed += [v for v in test.values if not any(_same(v, w) for w in listed)]
     present = {"type": "object", "required": [name]}
-    cases = [conjoin({**present, "properties": {name: {"const": v}}},
-                     *[then if any(_same(v, w) for w in t.values) else other for t, then, other in tests])
-             for v in listed]
-    cases.append(conjoin({**present, "properties": {name: {"not": {"enum": listed}}}}, *[other for _, _, other in tests]))
-    cases.append(conjoin({"type": "object", "properties": {name: False}},
-                         *[other if t.required else then for t, then, other in tests]))
-    cases.append(conjoin({"not": {"type": "object"}}, *[other if t.typed else then for t, then, other in tests]))
+    cases = [
+        conjoin(
+            {**present, "properties": {name: {"const": v}}},
+            *[then if any(_same(v, w) for w in t.values) else other for t, then, other in tests],
+        )
+        for v in listed
+    ]
+    cases.append(
+        conjoin(
+            {**present, "properties": {name: {"not": {"enum": listed}}}},
+            *[other for _, _, other in tests],
+        )
+    )
+    cases.append(
+        conjoin(
+            {"type": "object", "properties": {name: False}},
+            *[other if t.required else then for t, then, other in tests],
+        )
+    )
+    cases.append(
+        conjoin(
+            {"not": {"type": "object"}}, *[other if t.typed else then for t, then, other in tests]
+        )
+    )
     return cases
 
 

@@ -36,7 +36,9 @@ def _array_of(prefix: list[Rx | None], rest: Rx | None, lo: int, hi: int | None)
     return _array_like("[", "]", prefix, rest, lo, hi)
 
 
-def _array_like(open_: str, close: str, prefix: list[Rx | None], rest: Rx | None, lo: int, hi: int | None) -> Rx | None:
+def _array_like(
+    open_: str, close: str, prefix: list[Rx | None], rest: Rx | None, lo: int, hi: int | None
+) -> Rx | None:
     """Comma-separated elements: element i matches ``prefix[i]``, later ones ``rest``
     (None: no more), between ``lo`` and ``hi`` elements."""
     k = len(prefix)
@@ -57,7 +59,12 @@ def _array_like(open_: str, close: str, prefix: list[Rx | None], rest: Rx | None
             if i == 0:
                 if more == 0:
                     return rx_lit("")
-                body = rx_cat(rest, rx_rep(rx_cat(_SEP, rest), max(need - 1, 0), None if more is None else more - 1))
+                body = rx_cat(
+                    rest,
+                    rx_rep(
+                        rx_cat(_SEP, rest), max(need - 1, 0), None if more is None else more - 1
+                    ),
+                )
                 return body if need > 0 else rx_rep(body, 0, 1)
             return rx_rep(rx_cat(_SEP, rest), need, more)
         step = rx_cat(sep, prefix[i], tail(i + 1))

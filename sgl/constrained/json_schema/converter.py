@@ -39,13 +39,23 @@ from sgl.constrained.json_schema.value_filter import ValueFilter
 from sgl.constrained.json_schema.values import _value_literal
 from sgl.constrained.regex import Rx, rx_alt, rx_ref
 
-MAX_TRANSLATION_CHARS = 4_000_000  # regex text built while translating one schema (the compile budget) ...
+MAX_TRANSLATION_CHARS = (
+    4_000_000  # regex text built while translating one schema (the compile budget) ...
+)
 MAX_CONVERT_CALLS = 200_000  # ... and subschemas expanded
 _UNDECIDED = object()  # convert_listed: no enum/const to decide by value
 MAX_DECIDED_VALUES = 10_000  # enum values validated one by one, at most (a bounded compile)
 
 
-class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, ArraysMixin, ObjectsMixin, SharingMixin):
+class Converter(
+    CombinatorsMixin,
+    MergingMixin,
+    ProofsMixin,
+    ScalarsMixin,
+    ArraysMixin,
+    ObjectsMixin,
+    SharingMixin,
+):
     """One schema's translation (regex, or with ``grammar`` the rules of a grammar): the core
     (dispatch, ``$ref``, budget) here, each schema area in its mixin."""
 
@@ -58,7 +68,9 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
         self.grammar = grammar
         self.rule_of: dict[str, str] = {}  # $ref -> rule name
         self.rules: dict[str, Rx | None] = {}
-        self.text_rules: dict[str, str] = {}  # grammar mode: a constrained string's or value's regex text -> rule
+        self.text_rules: dict[
+            str, str
+        ] = {}  # grammar mode: a constrained string's or value's regex text -> rule
         self.calls = 0  # subschemas converted, and ...
         self.chars = 0  # ... regex text produced: both bounded (the compile budget)
         self.values = ValueFilter(root)  # enum/const next to other keywords: decided per value
@@ -68,7 +80,9 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
         self.refs = RefIndex(root)
         self.base = self.refs.root_base  # the base URI of the schema being translated
         self.negation = Negation(lambda ref: self.resolve(ref, "#")[0], validation_keywords)
-        self.forbidden: dict[str, list[frozenset]] = {}  # not: {required: [...]}, for the object at a path
+        self.forbidden: dict[
+            str, list[frozenset]
+        ] = {}  # not: {required: [...]}, for the object at a path
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -90,14 +104,22 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise self.fail(where, f"{key} must be a finite number")
         if abs(v) >= 1e30:  # 30 digits already makes a large automaton
-            raise self.fail(where, f"{key} = {v} is too large a bound to enforce; use a bound below 1e30 or none")
+            raise self.fail(
+                where,
+                f"{key} = {v} is too large a bound to enforce; use a bound below 1e30 or none",
+            )
         return v
 
     def count(self, node: dict, key: str, where: str) -> int | None:
         v = node.get(key)
         if v is None:
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (isinstance(v, float) and not v.is_integer()):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or v < 0
+            or (isinstance(v, float) and not v.is_integer())
+        ):
             raise self.fail(where, f"{key} must be a non-negative integer")
         return int(v)
 
@@ -107,7 +129,10 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
         base = self.refs.base_of.get(id(schema)) if isinstance(schema, dict) else None
         if base is None or base == self.base:
             return self.convert_in_scope(schema, where)
-        saved, self.base = self.base, base  # a subschema with its own $id: its $refs read against it
+        saved, self.base = (
+            self.base,
+            base,
+        )  # a subschema with its own $id: its $refs read against it
         try:
             return self.convert_in_scope(schema, where)
         finally:
@@ -123,7 +148,9 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
         if schema is False:
             return None
         if not isinstance(schema, dict):
-            raise self.fail(where, f"a schema must be an object or a boolean, got {type(schema).__name__}")
+            raise self.fail(
+                where, f"a schema must be an object or a boolean, got {type(schema).__name__}"
+            )
         if set(schema) - {"enum", "const", "type"}:
             listed = self.convert_listed(schema, where)
             if listed is not _UNDECIDED:
@@ -145,7 +172,9 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
     def check_text(self, size: int) -> None:
         """The ``max_text`` bound of json_schema_to_rx (regex mode only)."""
         if self.max_text is not None and size > self.max_text:
-            raise ConstraintTooLarge(f"json_schema: a piece of its regex is over {self.max_text} characters", PARAM)
+            raise ConstraintTooLarge(
+                f"json_schema: a piece of its regex is over {self.max_text} characters", PARAM
+            )
 
     def convert_listed(self, schema: dict, where: str) -> Any:
         """A schema whose conjuncts (own keywords, allOf parts, $ref targets) include an
@@ -219,7 +248,12 @@ class Converter(CombinatorsMixin, MergingMixin, ProofsMixin, ScalarsMixin, Array
             keys = set(schema)
             inferred = [
                 name
-                for name, kws in (("object", _OBJECT_KW), ("array", _ARRAY_KW), ("string", _STRING_KW), ("number", _NUMBER_KW))
+                for name, kws in (
+                    ("object", _OBJECT_KW),
+                    ("array", _ARRAY_KW),
+                    ("string", _STRING_KW),
+                    ("number", _NUMBER_KW),
+                )
                 if keys & kws
             ]
             return inferred or list(_TYPES)

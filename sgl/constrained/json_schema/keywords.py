@@ -31,8 +31,15 @@ _ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", 
 _STRING_KW = {"minLength", "maxLength", "pattern", "format"}
 _NUMBER_KW = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
 _COMBINATORS = {"anyOf", "oneOf", "allOf", "$ref", "not"}
-_SUPPORTED = (_OBJECT_KW | _ARRAY_KW | _STRING_KW | _NUMBER_KW | _COMBINATORS | CONDITIONAL_KEYWORDS
-              | {"type", "enum", "const"})
+_SUPPORTED = (
+    _OBJECT_KW
+    | _ARRAY_KW
+    | _STRING_KW
+    | _NUMBER_KW
+    | _COMBINATORS
+    | CONDITIONAL_KEYWORDS
+    | {"type", "enum", "const"}
+)
 _VALIDATION = _SUPPORTED | set(_UNSUPPORTED)  # every validation keyword of drafts 4 to 2020-12
 # The formats the drafts define; any other `format` value is an annotation (no effect).
 _SPEC_FORMATS = frozenset(
@@ -56,7 +63,9 @@ def load_schema(spec: str | dict | bool) -> dict | bool:
     if isinstance(spec, (dict, bool)):
         return spec
     if not isinstance(spec, str):
-        raise GrammarError(f"json_schema must be a JSON object or a string, got {type(spec).__name__}", PARAM)
+        raise GrammarError(
+            f"json_schema must be a JSON object or a string, got {type(spec).__name__}", PARAM
+        )
     try:
         schema = json.loads(spec)
     except json.JSONDecodeError as exc:

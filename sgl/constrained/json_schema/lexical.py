@@ -23,7 +23,16 @@ _QUOTE = rx_lit('"')
 # Characters that may appear raw inside a generated JSON string.
 _JSON_RAW = CharSet([(0x20, 0x10FFFF)]) - CharSet.of('"\\') - CharSet([(0x7F, 0x9F)])
 # character -> the letter of its short escape (\" \\ \/ \b \f \n \r \t)
-_ESCAPE_LETTERS = {'"': '"', "\\": "\\", "/": "/", "\b": "b", "\f": "f", "\n": "n", "\r": "r", "\t": "t"}
+_ESCAPE_LETTERS = {
+    '"': '"',
+    "\\": "\\",
+    "/": "/",
+    "\b": "b",
+    "\f": "f",
+    "\n": "n",
+    "\r": "r",
+    "\t": "t",
+}
 
 
 def json_char(cs: CharSet) -> Rx | None:
@@ -42,15 +51,27 @@ _HEX1 = rx_set(_HEX_CS)
 # After "\u": any character, astral ones as a surrogate pair (json.dumps's default ASCII output).
 _U_HEX = rx_alt(
     rx_cat(rx_set(_HEX_CS - CharSet.of("dD")), rx_rep(_HEX1, 3, 3)),
-    rx_cat(rx_set(CharSet.of("dD")), rx_alt(
-        rx_cat(rx_set(CharSet.of("01234567")), rx_rep(_HEX1, 2, 2)),
-        rx_cat(rx_set(CharSet.of("89abAB")), rx_rep(_HEX1, 2, 2),
-               rx_lit("\\u"), rx_set(CharSet.of("dD")), rx_set(CharSet.of("cdefCDEF")), rx_rep(_HEX1, 2, 2)))),
+    rx_cat(
+        rx_set(CharSet.of("dD")),
+        rx_alt(
+            rx_cat(rx_set(CharSet.of("01234567")), rx_rep(_HEX1, 2, 2)),
+            rx_cat(
+                rx_set(CharSet.of("89abAB")),
+                rx_rep(_HEX1, 2, 2),
+                rx_lit("\\u"),
+                rx_set(CharSet.of("dD")),
+                rx_set(CharSet.of("cdefCDEF")),
+                rx_rep(_HEX1, 2, 2),
+            ),
+        ),
+    ),
 )
 _RAW_CHAR = json_char(CharSet.full())
 # one character of an unconstrained string: raw, a short escape or \uXXXX, under one backslash
-_STR_CHAR = rx_alt(rx_set(_JSON_RAW), rx_cat(rx_lit("\\"), rx_alt(rx_set(CharSet.of('"\\/bfnrt')),
-                                                               rx_cat(rx_lit("u"), _U_HEX))))
+_STR_CHAR = rx_alt(
+    rx_set(_JSON_RAW),
+    rx_cat(rx_lit("\\"), rx_alt(rx_set(CharSet.of('"\\/bfnrt')), rx_cat(rx_lit("u"), _U_HEX))),
+)
 # Bounded lengths count characters without \u escapes: a surrogate pair is 12 positions, so
 # with escapes `maxLength: 200` would take 2400 of the automaton's positions.
 _ESCAPES_UP_TO = 16
@@ -58,14 +79,21 @@ _STRING = rx_cat(_QUOTE, rx_rep(_STR_CHAR, 0, None), _QUOTE)
 _UINT = rx_alt(rx_lit("0"), rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None)))
 _INTEGER = rx_cat(rx_rep(rx_lit("-"), 0, 1), _UINT)
 _FRACTION = rx_cat(rx_lit("."), rx_rep(_DIGIT, 1, None))
-_EXPONENT = rx_cat(rx_set(CharSet.of("eE")), rx_rep(rx_set(CharSet.of("+-")), 0, 1), rx_rep(_DIGIT, 1, None))
+_EXPONENT = rx_cat(
+    rx_set(CharSet.of("eE")), rx_rep(rx_set(CharSet.of("+-")), 0, 1), rx_rep(_DIGIT, 1, None)
+)
 _NUMBER = rx_cat(_INTEGER, rx_rep(_FRACTION, 0, 1), rx_rep(_EXPONENT, 0, 1))
 _BOOLEAN = rx_alt(rx_lit("true"), rx_lit("false"))
 _CHARS = rx_rep(_STR_CHAR, 0, None)  # the inside of an unconstrained string
 _HIGH = CharSet([(0x80, 0x10FFFF)])
 _HIGH_CHAR = rx_set(_HIGH & _JSON_RAW)  # a raw non-ASCII character (no escape spells one raw)
-_SHARED = {"json_string": _STRING, "json_number": _NUMBER, "json_integer": _INTEGER, "json_high_char": _HIGH_CHAR,
-           "json_chars": _CHARS}  # grammar rules when used
+_SHARED = {
+    "json_string": _STRING,
+    "json_number": _NUMBER,
+    "json_integer": _INTEGER,
+    "json_high_char": _HIGH_CHAR,
+    "json_chars": _CHARS,
+}  # grammar rules when used
 _NULL = rx_lit("null")
 _VALUE_RULE = "json_value"  # grammar mode: any JSON value, in our spelling
 

@@ -16,12 +16,20 @@ from sgl.constrained.json_schema.keywords import PARAM
 from sgl.constrained.json_schema.lexical import _SEP
 from sgl.constrained.regex import Rx, rx_alt, rx_cat, rx_lit, rx_rep
 
-MAX_DEPENDENT_NAMES = 10  # properties in dependentRequired: the member automaton tracks which were written
+MAX_DEPENDENT_NAMES = (
+    10  # properties in dependentRequired: the member automaton tracks which were written
+)
 
 
-def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = None,
-             deps: dict[str, list[str]] | None = None, share: Any = None,
-             forbid: list[frozenset] | None = None, tail: Rx | None = None) -> Rx | None:
+def _members(
+    members: list[tuple[str, Rx, bool]],
+    lo: int = 0,
+    hi: int | None = None,
+    deps: dict[str, list[str]] | None = None,
+    share: Any = None,
+    forbid: list[frozenset] | None = None,
+    tail: Rx | None = None,
+) -> Rx | None:
     """Members in order, optional ones skippable, then any number of ``tail`` members
     (pattern keys, or undeclared members), commas only between written members; between ``lo`` and ``hi`` of them
     written, each written name of ``deps`` with the names it requires written too, and no
@@ -31,8 +39,11 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
     tracked = {n for k, v in deps.items() for n in [k, *v]} | {n for f in forbid for n in f}
     relevant = sorted(tracked & {m[0] for m in members})
     if len(relevant) > MAX_DEPENDENT_NAMES:
-        raise GrammarError(f"json_schema: dependentRequired (and not-required) involve {len(relevant)} properties; at most "
-                           f"{MAX_DEPENDENT_NAMES} are supported", PARAM)
+        raise GrammarError(
+            f"json_schema: dependentRequired (and not-required) involve {len(relevant)} properties; at most "
+            f"{MAX_DEPENDENT_NAMES} are supported",
+            PARAM,
+        )
     n = len(members)
     cap = max(lo, hi or 0)  # counts past this are all alike
     memo: dict[tuple, Rx | None] = {}
@@ -51,10 +62,16 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
         lead = rx_lit("") if first else _SEP
         if hi is None and count >= lo:  # any number more
             return rx_rep(rx_cat(lead, tail, rx_rep(rx_cat(_SEP, tail), 0, None)), 0, 1)
-        again = None if hi is not None and count >= hi else rx_cat(lead, tail, build(n, False, min(count + 1, cap), written))
+        again = (
+            None
+            if hi is not None and count >= hi
+            else rx_cat(lead, tail, build(n, False, min(count + 1, cap), written))
+        )
         return rx_alt(done(count, written), again)
 
-    def build(i: int, first: bool, count: int, written: frozenset, goal: tuple | None = None) -> Rx | None:
+    def build(
+        i: int, first: bool, count: int, written: frozenset, goal: tuple | None = None
+    ) -> Rx | None:
         """Members ``i..`` from this state; with ``goal``, only the paths that end the
         declared members in that state (and nothing after them)."""
         key = (i, first, count, written, goal)
@@ -70,10 +87,21 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
             take: Rx | None = None
             if hi is None or count < hi:
                 w = written | {name} if name in relevant else written
-                take = rx_cat(rx_lit("") if first else _SEP, member, build(i + 1, False, min(count + 1, cap), w, goal))
+                take = rx_cat(
+                    rx_lit("") if first else _SEP,
+                    member,
+                    build(i + 1, False, min(count + 1, cap), w, goal),
+                )
             skip = None if is_required else build(i + 1, first, count, written, goal)
-            if not first and take is not None and skip is not None and take.text == rx_cat(_SEP, member, skip).text:
-                out = rx_cat(rx_rep(rx_cat(_SEP, member), 0, 1), skip)  # the tail is shared: quadratic, not exponential
+            if (
+                not first
+                and take is not None
+                and skip is not None
+                and take.text == rx_cat(_SEP, member, skip).text
+            ):
+                out = rx_cat(
+                    rx_rep(rx_cat(_SEP, member), 0, 1), skip
+                )  # the tail is shared: quadratic, not exponential
             else:
                 out = rx_alt(take, skip)
         if share is not None and i > 0:
@@ -88,7 +116,13 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
             nxt: dict = {}
             for first, count, written in level:
                 if hi is None or count < hi:
-                    nxt[(False, min(count + 1, cap), written | {name} if name in relevant else written)] = None
+                    nxt[
+                        (
+                            False,
+                            min(count + 1, cap),
+                            written | {name} if name in relevant else written,
+                        )
+                    ] = None
                 if not is_required:
                     nxt[(first, count, written)] = None
             level = nxt
@@ -97,5 +131,7 @@ def _members(members: list[tuple[str, Rx, bool]], lo: int = 0, hi: int | None = 
     if tail is not None and share is None:
         # A regex cannot share text: the tail members written once per end state of the
         # declared ones, not once per path (open objects would grow quadratically in text).
-        return rx_alt(*(rx_cat(build(0, True, 0, frozenset(), goal), more(*goal)) for goal in ends()))
+        return rx_alt(
+            *(rx_cat(build(0, True, 0, frozenset(), goal), more(*goal)) for goal in ends())
+        )
     return build(0, True, 0, frozenset())

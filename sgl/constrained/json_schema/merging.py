@@ -28,7 +28,9 @@ from sgl.constrained.json_schema.keywords import (
 from sgl.constrained.json_schema.values import _json_equal, _listed, _type_list
 from sgl.constrained.regex import Rx
 
-MAX_CONDITION_CASES = 64  # cases of the if/then/else (and dependentSchemas) of one schema, multiplied out
+MAX_CONDITION_CASES = (
+    64  # cases of the if/then/else (and dependentSchemas) of one schema, multiplied out
+)
 
 
 class MergingMixin:
@@ -70,8 +72,11 @@ class MergingMixin:
             raise self.fail(f"{where}/if", str(exc)) from None
         count = math.prod(len(o) for o in options)
         if count > MAX_CONDITION_CASES:
-            raise self.fail(where, f"if/then/else and dependentSchemas: {len(options)} conditions make {count} cases "
-                            f"to translate; at most {MAX_CONDITION_CASES} are supported")
+            raise self.fail(
+                where,
+                f"if/then/else and dependentSchemas: {len(options)} conditions make {count} cases "
+                f"to translate; at most {MAX_CONDITION_CASES} are supported",
+            )
         base = conjoin(*rest)
         cases = [conjoin(*choice) for choice in itertools.product(*options)]
         return self.convert_cases(base, [c for c in cases if c is not False], where)
@@ -127,9 +132,16 @@ class MergingMixin:
                 if k == "required" and isinstance(v, list) and isinstance(merged[k], list):
                     merged[k] = list(dict.fromkeys(merged[k] + v))
                 elif k == "type":
-                    kept = [t for t in _type_list(merged[k]) if t in _type_list(v)
-                            or (t == "integer" and "number" in _type_list(v))]
-                    kept += [t for t in _type_list(v) if t == "integer" and "number" in _type_list(merged[k])]
+                    kept = [
+                        t
+                        for t in _type_list(merged[k])
+                        if t in _type_list(v) or (t == "integer" and "number" in _type_list(v))
+                    ]
+                    kept += [
+                        t
+                        for t in _type_list(v)
+                        if t == "integer" and "number" in _type_list(merged[k])
+                    ]
                     if not kept:
                         return False
                     merged[k] = list(dict.fromkeys(kept))
@@ -138,10 +150,14 @@ class MergingMixin:
                     if both is not None:
                         merged[k] = both
                         continue
-                    cases = self.negated(v, f"{where}/not")  # a second `not`: the union of its cases
+                    cases = self.negated(
+                        v, f"{where}/not"
+                    )  # a second `not`: the union of its cases
                     if not cases:
                         return False
-                    merged["anyOf"] = _union_and(merged["anyOf"], "anyOf", cases) if "anyOf" in merged else cases
+                    merged["anyOf"] = (
+                        _union_and(merged["anyOf"], "anyOf", cases) if "anyOf" in merged else cases
+                    )
                     origin.setdefault("anyOf", set()).add(i)
                 elif k in ("anyOf", "oneOf") and isinstance(merged[k], list) and merged[k] != v:
                     merged[k] = _union_and(merged[k], k, v)
@@ -153,9 +169,14 @@ class MergingMixin:
                     )
         for group in _COUPLED:
             present = group & set(origin)
-            if len(present) > 1 and present - _MEMBER_KW and len(set().union(*(origin[k] for k in present))) > 1:
+            if (
+                len(present) > 1
+                and present - _MEMBER_KW
+                and len(set().union(*(origin[k] for k in present))) > 1
+            ):
                 raise self.fail(
-                    where, f"allOf: keywords {sorted(present)} come from different parts and interact"
+                    where,
+                    f"allOf: keywords {sorted(present)} come from different parts and interact",
                 )
         merged.update(self.merge_members(list(members.values()), where))
         return merged
@@ -172,8 +193,17 @@ class MergingMixin:
             if not isinstance(part.get("properties", {}), dict):
                 raise self.fail(where, "properties must be an object")
         names = dict.fromkeys(n for part in parts for n in part.get("properties", {}))
-        props = {n: _all_of([p["properties"][n] if n in p.get("properties", {}) else p.get("additionalProperties", True)
-                             for p in parts]) for n in names}
+        props = {
+            n: _all_of(
+                [
+                    p["properties"][n]
+                    if n in p.get("properties", {})
+                    else p.get("additionalProperties", True)
+                    for p in parts
+                ]
+            )
+            for n in names
+        }
         out: dict[str, Any] = {"properties": props} if props else {}
         extra = _all_of([p.get("additionalProperties", True) for p in parts])
         if extra is not True:

@@ -88,7 +88,9 @@ def _fractions(places: int | None) -> tuple[Rx | None, Rx | None]:
     return any_, rx_cat(rx_lit("."), rx_rep(_DIGIT, 0, places - 1), _DIGIT19, _ZEROS)
 
 
-def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool, places: int | None = None) -> Rx | None:
+def _magnitude(
+    lo: int, lo_excl: bool, hi: int | None, hi_excl: bool, places: int | None = None
+) -> Rx | None:
     """Decimals ``y >= 0`` (no sign, no exponent) with ``lo <(=) y <(=) hi``, integer bounds,
     at most ``places`` significant decimals."""
     frac_any, frac_nonzero = _fractions(places)
@@ -107,7 +109,9 @@ def _magnitude(lo: int, lo_excl: bool, hi: int | None, hi_excl: bool, places: in
     return rx_alt(*parts)
 
 
-def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool, places: int | None = None) -> Rx | None:
+def number_range(
+    lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool, places: int | None = None
+) -> Rx | None:
     """JSON numbers between integer bounds (either may be None), without exponents, with at
     most ``places`` significant decimals (None: any)."""
     parts: list[Rx | None] = []
@@ -130,7 +134,9 @@ def number_range(lo: int | None, lo_excl: bool, hi: int | None, hi_excl: bool, p
     return rx_alt(*parts)
 
 
-MAX_LISTED_MULTIPLES = 1024  # multipleOf over a bounded range: the multiples are listed up to this many
+MAX_LISTED_MULTIPLES = (
+    1024  # multipleOf over a bounded range: the multiples are listed up to this many
+)
 
 
 def integer_multiples(step: int, lo: int | None, hi: int | None) -> Rx | str:
@@ -151,7 +157,9 @@ def integer_multiples(step: int, lo: int | None, hi: int | None) -> Rx | str:
     if (lo is not None or hi is not None) and not (nonneg or nonpos):
         return f"multipleOf {step} with bounds other than 0 on a range with more than {MAX_LISTED_MULTIPLES} multiples"
     suffix = rx_alt(*(rx_lit(f"{v:0{places}d}") for v in range(0, 10**places, step)))
-    positive = rx_alt(*(rx_lit(str(v)) for v in range(step, 10**places, step)),
-                      rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None), suffix))
+    positive = rx_alt(
+        *(rx_lit(str(v)) for v in range(step, 10**places, step)),
+        rx_cat(_DIGIT19, rx_rep(_DIGIT, 0, None), suffix),
+    )
     negative = rx_cat(rx_lit("-"), positive)  # never "-0"
     return rx_alt(rx_lit("0"), None if nonpos else positive, None if nonneg else negative)

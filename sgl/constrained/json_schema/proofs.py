@@ -23,13 +23,17 @@ _ONEOF_PROOF_LIMIT = 400  # positions; interegular is pure Python
 class ProofsMixin:
     """The ``oneOf`` exclusivity proofs of the converter."""
 
-    def check_disjoint(self, rxs: list[Rx], where: str, what: str = "oneOf", schemas: list | None = None) -> None:
+    def check_disjoint(
+        self, rxs: list[Rx], where: str, what: str = "oneOf", schemas: list | None = None
+    ) -> None:
         """oneOf = anyOf only if no value matches two branches (and several patternProperties
         apply one schema each only if no key matches two). Pairs are proven from the keywords
         first (listed values, types, a required property with disjoint values or one the other
         closed object cannot have), the rest on the automata."""
         unproven = {
-            k for i in range(len(rxs)) for j in range(i + 1, len(rxs))
+            k
+            for i in range(len(rxs))
+            for j in range(i + 1, len(rxs))
             if schemas is None or not self.disjoint_schemas(schemas[i], schemas[j], where)
             for k in (i, j)
         }
@@ -38,29 +42,42 @@ class ProofsMixin:
             # branch accepts (else a value of one branch could be accepted, not generated, by another).
             narrow = [i for i in sorted(unproven) if not self.exact(schemas[i], where)]
             if narrow:
-                raise self.fail(where, f"{what}: cannot prove branch {narrow[0]} exclusive of the others: it accepts "
-                                "more than is generated (an open object, a free value, an inferred type); use anyOf, "
-                                "or give the branches distinct const tags or types")
+                raise self.fail(
+                    where,
+                    f"{what}: cannot prove branch {narrow[0]} exclusive of the others: it accepts "
+                    "more than is generated (an open object, a free value, an inferred type); use anyOf, "
+                    "or give the branches distinct const tags or types",
+                )
         rxs = [rxs[i] for i in sorted(unproven)]
         if len(rxs) < 2:
             return
         if any(r.ref for r in rxs):
-            raise self.fail(where, f"{what}: its branches use recursive references and cannot be proven exclusive; "
-                            "use anyOf if overlaps are fine")
+            raise self.fail(
+                where,
+                f"{what}: its branches use recursive references and cannot be proven exclusive; "
+                "use anyOf if overlaps are fine",
+            )
         if sum(r.size for r in rxs) > _ONEOF_PROOF_LIMIT:
-            raise self.fail(where, f"{what}: its branches are too large to prove exclusive; use anyOf if overlaps are fine")
+            raise self.fail(
+                where,
+                f"{what}: its branches are too large to prove exclusive; use anyOf if overlaps are fine",
+            )
         try:
             import interegular
 
             fsms = [interegular.parse_pattern(r.text).to_fsm() for r in rxs]
         except Exception:
-            raise self.fail(where, f"{what}: cannot prove its branches exclusive; use anyOf if overlaps are fine") from None
+            raise self.fail(
+                where,
+                f"{what}: cannot prove its branches exclusive; use anyOf if overlaps are fine",
+            ) from None
         for i in range(len(fsms)):
             for j in range(i + 1, len(fsms)):
                 if not fsms[i].isdisjoint(fsms[j]):
                     raise self.fail(
-                        where, f"{what}: branches {i} and {j} can match the same value, and exclusivity cannot be "
-                        "enforced; use anyOf, or make the branches distinct (e.g. a const tag)"
+                        where,
+                        f"{what}: branches {i} and {j} can match the same value, and exclusivity cannot be "
+                        "enforced; use anyOf, or make the branches distinct (e.g. a const tag)",
                     )
 
     def plain(self, schema: Any, where: str) -> Any:
@@ -68,7 +85,9 @@ class ProofsMixin:
         if not isinstance(schema, dict):
             return schema
         try:
-            merged = self.merge_all_of(schema, where, []) if {"$ref", "allOf"} & set(schema) else schema
+            merged = (
+                self.merge_all_of(schema, where, []) if {"$ref", "allOf"} & set(schema) else schema
+            )
         except GrammarError:
             return None
         return validation_keywords(merged) if isinstance(merged, dict) else merged
@@ -81,26 +100,48 @@ class ProofsMixin:
         s = self.plain(schema, where)
         if s is False or (isinstance(s, dict) and _listed(s) is not None):
             return True
-        if not isinstance(s, dict) or "type" not in s or depth > 6 or conditional(s) or \
-                {"not", "patternProperties", "propertyNames"} & set(s):
+        if (
+            not isinstance(s, dict)
+            or "type" not in s
+            or depth > 6
+            or conditional(s)
+            or {"not", "patternProperties", "propertyNames"} & set(s)
+        ):
             return False
         for comb in ("anyOf", "oneOf"):
             if comb in s:
                 rest = {k: v for k, v in s.items() if k != comb}
                 return isinstance(s[comb], list) and all(
-                    self.exact({"allOf": [rest, b]}, where, depth + 1) for b in s[comb])
+                    self.exact({"allOf": [rest, b]}, where, depth + 1) for b in s[comb]
+                )
         types = _type_list(s["type"])
-        if "string" in types and ("format" in s or "maxLength" in s or (self.count(s, "minLength", where) or 0) > _ESCAPES_UP_TO):
+        if "string" in types and (
+            "format" in s
+            or "maxLength" in s
+            or (self.count(s, "minLength", where) or 0) > _ESCAPES_UP_TO
+        ):
             return False
         if "object" in types:
-            closed = s.get("additionalProperties") is False or s.get("unevaluatedProperties") is False
+            closed = (
+                s.get("additionalProperties") is False or s.get("unevaluatedProperties") is False
+            )
             props = s.get("properties") or {}
-            if not closed or not isinstance(props, dict) or not all(self.exact(v, where, depth + 1) for v in props.values()):
+            if (
+                not closed
+                or not isinstance(props, dict)
+                or not all(self.exact(v, where, depth + 1) for v in props.values())
+            ):
                 return False
         if "array" in types:
             items = s.get("prefixItems", s.get("items"))
             parts = items if isinstance(items, list) else [items]
-            tail = s.get("items") if "prefixItems" in s else s.get("additionalItems", True) if isinstance(items, list) else None
+            tail = (
+                s.get("items")
+                if "prefixItems" in s
+                else s.get("additionalItems", True)
+                if isinstance(items, list)
+                else None
+            )
             if tail is not None and tail is not False:
                 parts = [*parts, tail]
             if not all(p is not None and self.exact(p, where, depth + 1) for p in parts):
@@ -121,7 +162,9 @@ class ProofsMixin:
             return not any(_json_equal(x, y) for x in va for y in vb)
         for listed, other in ((va, b), (vb, a)):
             if listed is not None and self.values.keep(other, listed) == []:
-                return True  # no listed value is valid for the other: we generate nothing both accept
+                return (
+                    True  # no listed value is valid for the other: we generate nothing both accept
+                )
         try:  # the types we generate, and the types each accepts (all, unless stated)
             ga, gb = set(self.types(a, where)), set(self.types(b, where))
             ta = set(self.types({"type": a["type"]}, where)) if "type" in a else set(_TYPES)
@@ -134,7 +177,10 @@ class ProofsMixin:
         if not ga & tb and not gb & ta:
             return True
         if ga == gb == {"string"}:  # lengths that cannot meet
-            lo_a, lo_b = self.count(a, "minLength", where) or 0, self.count(b, "minLength", where) or 0
+            lo_a, lo_b = (
+                self.count(a, "minLength", where) or 0,
+                self.count(b, "minLength", where) or 0,
+            )
             hi_a, hi_b = self.count(a, "maxLength", where), self.count(b, "maxLength", where)
             return (hi_a is not None and hi_a < lo_b) or (hi_b is not None and hi_b < lo_a)
         if ga != {"object"} or gb != {"object"}:
@@ -144,7 +190,10 @@ class ProofsMixin:
             for name in x.get("required") or []:
                 if not isinstance(name, str):
                     continue
-                closed_y = y.get("additionalProperties") is False or y.get("unevaluatedProperties") is False
+                closed_y = (
+                    y.get("additionalProperties") is False
+                    or y.get("unevaluatedProperties") is False
+                )
                 if closed_y and name not in props_y and not y.get("patternProperties"):
                     return True
                 if name in (y.get("required") or []) and name in props_x and name in props_y:

@@ -65,13 +65,17 @@ class RefIndex:
         if fragment and not fragment.startswith("/"):
             target = self.by_uri.get(f"{uri}#{fragment}")
             if target is None:
-                raise UnresolvedRef(f"$ref {ref!r}: no $anchor (or $id) named {fragment!r} in the schema")
+                raise UnresolvedRef(
+                    f"$ref {ref!r}: no $anchor (or $id) named {fragment!r} in the schema"
+                )
             return target, f"{uri}#{fragment}"
         if uri == self.root_base:
             return _pointer(self.root, fragment, ref), f"{uri}#{fragment}"
         if uri not in self.by_uri:
-            raise UnresolvedRef(f"$ref {ref!r} is not supported: it names another document ({uri}); only "
-                                "references within the schema ('#/$defs/...', '#anchor', or a subschema's $id) are")
+            raise UnresolvedRef(
+                f"$ref {ref!r} is not supported: it names another document ({uri}); only "
+                "references within the schema ('#/$defs/...', '#anchor', or a subschema's $id) are"
+            )
         try:
             return _pointer(self.by_uri[uri], fragment, ref), f"{uri}#{fragment}"
         except UnresolvedRef:

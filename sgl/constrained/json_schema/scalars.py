@@ -45,7 +45,10 @@ class ScalarsMixin:
             values = [schema["const"]]
         extra = [k for k in schema if k not in ("enum", "const", "type")]
         if extra:
-            raise self.fail(where, f"{extra[0]} together with enum/const is not supported; list only valid values")
+            raise self.fail(
+                where,
+                f"{extra[0]} together with enum/const is not supported; list only valid values",
+            )
         if "type" in schema:
             types = self.types(schema, where)
             values = [v for v in values if any(_has_type(v, t) for t in types)]
@@ -53,7 +56,9 @@ class ScalarsMixin:
 
     def convert_string(self, schema: dict, where: str) -> Rx | None:
         rx = self.convert_string_rx(schema, where)
-        return rx if rx is None or rx.text == _STRING.text else self.string_rule(rx)  # json_string: a rule already
+        return (
+            rx if rx is None or rx.text == _STRING.text else self.string_rule(rx)
+        )  # json_string: a rule already
 
     def convert_string_rx(self, schema: dict, where: str) -> Rx | None:
         lo = self.count(schema, "minLength", where) or 0
@@ -61,18 +66,34 @@ class ScalarsMixin:
         fmt, pattern = schema.get("format"), schema.get("pattern")
         if fmt is not None:
             if fmt not in _FORMATS:
-                raise self.fail(where, f"format {fmt!r} is not supported (supported: {', '.join(sorted(_FORMATS))})")
+                raise self.fail(
+                    where,
+                    f"format {fmt!r} is not supported (supported: {', '.join(sorted(_FORMATS))})",
+                )
             if pattern is not None or "minLength" in schema or "maxLength" in schema:
                 raise self.fail(where, "format cannot be combined with pattern/minLength/maxLength")
             return rx_cat(_QUOTE, _FORMATS[fmt], _QUOTE)
         if pattern is not None:
             length = (lo, hi) if "minLength" in schema or "maxLength" in schema else None
             anything = rx_rep(_STR_CHAR, 0, None)
-            body, start, end = translate_regex(pattern, param=PARAM, emit=json_char, search=True,
-                                               what=f"json_schema at {where}: pattern", length=length, pad=anything)
+            body, start, end = translate_regex(
+                pattern,
+                param=PARAM,
+                emit=json_char,
+                search=True,
+                what=f"json_schema at {where}: pattern",
+                length=length,
+                pad=anything,
+            )
             if body is None:
                 return None
-            return rx_cat(_QUOTE, rx_lit("") if start else anything, body, rx_lit("") if end else anything, _QUOTE)
+            return rx_cat(
+                _QUOTE,
+                rx_lit("") if start else anything,
+                body,
+                rx_lit("") if end else anything,
+                _QUOTE,
+            )
         char = _STR_CHAR if hi is None and lo <= _ESCAPES_UP_TO else _RAW_CHAR
         if lo == 0 and hi is None:
             return self.shared("json_string")
@@ -106,18 +127,27 @@ class ScalarsMixin:
                 if isinstance(ints, str):
                     raise self.fail(where, ints)
             else:
-                ints = self.shared("json_integer") if ilo is None and ihi is None else integer_range(ilo, ihi)
+                ints = (
+                    self.shared("json_integer")
+                    if ilo is None and ihi is None
+                    else integer_range(ilo, ihi)
+                )
             return ints if t == "integer" else rx_cat(ints, _FRAC_ZERO)  # a number: 5.0 is integral
         if lo is None and hi is None and places is None:
             return self.shared("json_number")
         for key, v in (("minimum", lo), ("maximum", hi)):
             if v is not None and not float(v).is_integer():
                 raise self.fail(
-                    where, f"a non-integer bound ({key}/exclusive{key.capitalize()} = {v}) on a number is not supported; "
-                    "integer-valued bounds are"
+                    where,
+                    f"a non-integer bound ({key}/exclusive{key.capitalize()} = {v}) on a number is not supported; "
+                    "integer-valued bounds are",
                 )
         return number_range(
-            None if lo is None else int(lo), lo_excl, None if hi is None else int(hi), hi_excl, places
+            None if lo is None else int(lo),
+            lo_excl,
+            None if hi is None else int(hi),
+            hi_excl,
+            places,
         )
 
     def multiple_of(self, t: str, schema: dict, where: str) -> tuple[int, int | None]:
@@ -127,7 +157,12 @@ class ScalarsMixin:
         mult = schema.get("multipleOf")
         if mult is None:
             return 1, None
-        if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not math.isfinite(mult) or mult <= 0:
+        if (
+            isinstance(mult, bool)
+            or not isinstance(mult, (int, float))
+            or not math.isfinite(mult)
+            or mult <= 0
+        ):
             raise self.fail(where, "multipleOf must be a number greater than 0")
         from decimal import Decimal
 
@@ -138,6 +173,9 @@ class ScalarsMixin:
         if t == "integer":  # n * 10**-exp divisible by step
             return step // math.gcd(step, 10**-exp), 0
         if step != 1:
-            raise self.fail(where, f"multipleOf {mult} is not supported: a fractional step must be a power of ten "
-                            "(0.1, 0.01, ...), or the step an integer")
+            raise self.fail(
+                where,
+                f"multipleOf {mult} is not supported: a fractional step must be a power of ten "
+                "(0.1, 0.01, ...), or the step an integer",
+            )
         return 1, -exp

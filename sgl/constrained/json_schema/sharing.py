@@ -26,7 +26,9 @@ class SharingMixin:
         members exclude the same declared names in every case of a condition)."""
         key = tuple(sorted(set(values)))
         if key not in self.not_in:
-            self.not_in[key] = _string_not_in(list(key), self.shared("json_chars"), self.shared("json_high_char"))
+            self.not_in[key] = _string_not_in(
+                list(key), self.shared("json_chars"), self.shared("json_high_char")
+            )
         return self.not_in[key]
 
     def shared(self, name: str) -> Rx:
@@ -45,7 +47,9 @@ class SharingMixin:
         small = rx is not None and rx.size <= _ONEOF_PROOF_LIMIT and len(rx.text) <= _SHARE_TEXT
         if not self.grammar or rx is None or (small and not always):
             return rx
-        name = self.part_of.get(rx.text)  # the same piece again (the cases of a condition): the same rule
+        name = self.part_of.get(
+            rx.text
+        )  # the same piece again (the cases of a condition): the same rule
         if name is None:
             name = self.part_of[rx.text] = f"part{len(self.rules)}"
             self.rules[name] = rx

@@ -29,8 +29,9 @@ def json_schema_to_regex(spec: str | dict | bool, *, max_recursion_depth: int = 
     return json_schema_to_rx(spec, max_recursion_depth=max_recursion_depth).text
 
 
-def json_schema_to_rx(spec: str | dict | bool, *, max_recursion_depth: int = 3,
-                      max_text: int | None = None) -> Rx:
+def json_schema_to_rx(
+    spec: str | dict | bool, *, max_recursion_depth: int = 3, max_text: int | None = None
+) -> Rx:
     """Like :func:`json_schema_to_regex`, keeping the size information. ``max_text``: stop
     with ConstraintTooLarge as soon as a piece of the regex is longer (the caller then takes
     the grammar route, and the rest of a regex too long for it is not built)."""
@@ -91,14 +92,19 @@ def _mentions(node: Any, name: str) -> bool:
 
 
 def _shared_rules(bodies: dict[str, Rx | None]) -> dict[str, Rx | None]:
-    return {name: rx for name, rx in _SHARED.items() if any(b is not None and _mentions(b.node, name)
-                                                            for b in bodies.values())}
+    return {
+        name: rx
+        for name, rx in _SHARED.items()
+        if any(b is not None and _mentions(b.node, name) for b in bodies.values())
+    }
 
 
 def _value_rules() -> dict[str, Rx | None]:
     value = rx_ref(_VALUE_RULE)
     return {
-        _VALUE_RULE: rx_alt(_STRING, _NUMBER, _BOOLEAN, _NULL, rx_ref("json_object"), rx_ref("json_array")),
+        _VALUE_RULE: rx_alt(
+            _STRING, _NUMBER, _BOOLEAN, _NULL, rx_ref("json_object"), rx_ref("json_array")
+        ),
         "json_object": _map_object(value, 0, None),
         "json_array": _array_of([], value, 0, None),
     }

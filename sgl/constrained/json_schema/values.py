@@ -19,7 +19,10 @@ from sgl.constrained.regex import Rx, rx_cat, rx_lit
 def _value_literal(value: Any, where: str) -> Rx:
     """The regex for one JSON value given in the schema (enum/const), in our spelling."""
     if isinstance(value, dict):
-        items = [rx_cat(rx_lit(json.dumps(k, ensure_ascii=False)), _COLON, _value_literal(v, where)) for k, v in value.items()]
+        items = [
+            rx_cat(rx_lit(json.dumps(k, ensure_ascii=False)), _COLON, _value_literal(v, where))
+            for k, v in value.items()
+        ]
         return _joined(items, "{", "}")
     if isinstance(value, list):
         return _joined([_value_literal(v, where) for v in value], "[", "]")
@@ -57,7 +60,11 @@ def _listed(schema: dict) -> list | None:
     """The values an enum/const allows (both: the common ones), or None."""
     if "enum" in schema and isinstance(schema["enum"], list):
         values = schema["enum"]
-        return [v for v in values if _json_equal(v, schema["const"])] if "const" in schema else list(values)
+        return (
+            [v for v in values if _json_equal(v, schema["const"])]
+            if "const" in schema
+            else list(values)
+        )
     return [schema["const"]] if "const" in schema else None
 
 
@@ -75,7 +82,9 @@ def _has_type(value: Any, t: str) -> bool:
     if t == "boolean":
         return isinstance(value, bool)
     if t == "integer":
-        return (isinstance(value, int) and not isinstance(value, bool)) or (isinstance(value, float) and value.is_integer())
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer()
+        )
     if t == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if t == "string":

@@ -17,7 +17,18 @@ from typing import Any
 
 from sgl.constrained import ebnf_parse as _ast
 
-__all__ = ["CharSet", "EMPTY", "MAX_CP", "Rx", "rx_alt", "rx_cat", "rx_lit", "rx_ref", "rx_rep", "rx_set"]
+__all__ = [
+    "CharSet",
+    "EMPTY",
+    "MAX_CP",
+    "Rx",
+    "rx_alt",
+    "rx_cat",
+    "rx_lit",
+    "rx_ref",
+    "rx_rep",
+    "rx_set",
+]
 
 # ---------------------------------------------------------------------------
 # Character sets: sorted, disjoint, inclusive code-point ranges, never surrogates
@@ -213,8 +224,12 @@ def rx_cat(*parts: Rx | None) -> Rx | None:
         return EMPTY
     if len(real) == 1:
         return real[0]
-    return Rx("".join(f"(?:{p.text})" if p.alt else p.text for p in real), size=sum(p.size for p in real),
-              node=_ast.Seq(tuple(p.node for p in real)), ref=any(p.ref for p in real))
+    return Rx(
+        "".join(f"(?:{p.text})" if p.alt else p.text for p in real),
+        size=sum(p.size for p in real),
+        node=_ast.Seq(tuple(p.node for p in real)),
+        ref=any(p.ref for p in real),
+    )
 
 
 def rx_alt(*parts: Rx | None) -> Rx | None:
@@ -233,8 +248,13 @@ def rx_alt(*parts: Rx | None) -> Rx | None:
     if len(seen) == 1:
         body = next(iter(seen.values()))
     else:
-        body = Rx("|".join(seen), alt=True, size=max(p.size for p in seen.values()),
-                  node=_ast.Alt(tuple(p.node for p in seen.values())), ref=any(p.ref for p in seen.values()))
+        body = Rx(
+            "|".join(seen),
+            alt=True,
+            size=max(p.size for p in seen.values()),
+            node=_ast.Alt(tuple(p.node for p in seen.values())),
+            ref=any(p.ref for p in seen.values()),
+        )
     if has_empty:
         return rx_rep(body, 0, 1)
     return body
@@ -263,6 +283,10 @@ def rx_rep(p: Rx | None, lo: int, hi: int | None) -> Rx | None:
         q = f"{{{lo}}}"
     else:
         q = f"{{{lo},{hi}}}"
-    return Rx(g + q, atom=False, size=p.size * (max(lo, 1) if hi is None else hi), node=_ast.Repeat(p.node, lo, hi),
-              ref=p.ref)
-
+    return Rx(
+        g + q,
+        atom=False,
+        size=p.size * (max(lo, 1) if hi is None else hi),
+        node=_ast.Repeat(p.node, lo, hi),
+        ref=p.ref,
+    )

@@ -46,10 +46,19 @@ if TYPE_CHECKING:
     from sgl.constrained.isolation import IndexBuilder
     from sgl.constrained.vocab import TokenVocabulary
 
-__all__ = ["EAGER_MASK_STATES", "MAX_POSITIONS", "RegexGrammar", "RegexMatcher", "check_size", "index_vocab"]
+__all__ = [
+    "EAGER_MASK_STATES",
+    "MAX_POSITIONS",
+    "RegexGrammar",
+    "RegexMatcher",
+    "check_size",
+    "index_vocab",
+]
 
 MAX_POSITIONS = 2048
-EAGER_MASK_STATES = 4096  # grammars up to this many states get all masks at compile time (6 KB each at 49k)
+EAGER_MASK_STATES = (
+    4096  # grammars up to this many states get all masks at compile time (6 KB each at 49k)
+)
 
 
 def check_size(rx: Rx, param: str, what: str) -> None:
@@ -75,7 +84,9 @@ class _IndexVocab:
     by_bytes: dict[bytes, list[int]]  # what it was built from (an isolated builder rebuilds it)
     mark_id: int  # private id of the start marker (>= vocab_size: never in a mask)
     byte_tokens: dict[int, int]  # byte -> id of a token that is exactly that byte
-    orphan_tokens: dict[int, list[int]]  # first byte -> tokens, for bytes without a single-byte token
+    orphan_tokens: dict[
+        int, list[int]
+    ]  # first byte -> tokens, for bytes without a single-byte token
 
     @property
     def token_set(self) -> set[bytes]:
@@ -99,7 +110,9 @@ def index_vocab(vocab: TokenVocabulary) -> _IndexVocab:
         from outlines_core import Vocabulary
 
         eos = set(vocab.eos_token_ids)
-        texts = [(tid, data) for tid, data in enumerate(vocab.token_bytes) if data and tid not in eos]
+        texts = [
+            (tid, data) for tid, data in enumerate(vocab.token_bytes) if data and tid not in eos
+        ]
         by_bytes: dict[bytes, list[int]] = {}
         for tid, data in texts:
             by_bytes.setdefault(data, []).append(tid)
@@ -107,7 +120,9 @@ def index_vocab(vocab: TokenVocabulary) -> _IndexVocab:
         by_bytes.setdefault(_MARK, []).append(mark_id)
         singles, orphans = single_byte_tokens(texts)
         # outlines wants an EOS id of its own; give it a private one it never reports to us.
-        ivocab = _IndexVocab(Vocabulary(vocab.vocab_size + 1, by_bytes), by_bytes, mark_id, singles, orphans)
+        ivocab = _IndexVocab(
+            Vocabulary(vocab.vocab_size + 1, by_bytes), by_bytes, mark_id, singles, orphans
+        )
         _IVOCAB_CACHE[vocab] = ivocab
         return ivocab
 
@@ -115,8 +130,17 @@ def index_vocab(vocab: TokenVocabulary) -> _IndexVocab:
 class RegexGrammar:
     """A regex compiled against one vocabulary: immutable, shared by all its requests."""
 
-    def __init__(self, kind: str, spec: str, regex: str, vocab: TokenVocabulary, *, param: str = "regex",
-                 builder: IndexBuilder | None = None, build_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        spec: str,
+        regex: str,
+        vocab: TokenVocabulary,
+        *,
+        param: str = "regex",
+        builder: IndexBuilder | None = None,
+        build_timeout_s: float | None = None,
+    ) -> None:
         """``builder``: build the index in its capped child process (the engine's choice;
         ``build_timeout_s`` lowers its time limit); None builds it here, unbounded (tests,
         trusted constraints)."""
@@ -140,7 +164,8 @@ class RegexGrammar:
             msg = str(exc)
             if "incompatible" in msg:
                 raise GrammarError(
-                    f"{param}: this model's vocabulary cannot spell text the constraint requires ({msg})", param
+                    f"{param}: this model's vocabulary cannot spell text the constraint requires ({msg})",
+                    param,
                 ) from None
             raise GrammarError(f"{param}: cannot compile the constraint: {msg}", param) from None
         start = self._index.get_next_state(self._index.get_initial_state(), ivocab.mark_id)
@@ -157,7 +182,10 @@ class RegexGrammar:
         bits[self._eos_list] = True
         self._eos_mask = torch.from_numpy(_pack(bits))
         self.jump = ByteJumpForward(
-            self._index.get_next_state, self._finals.__contains__, ivocab.byte_tokens, ivocab.orphan_tokens
+            self._index.get_next_state,
+            self._finals.__contains__,
+            ivocab.byte_tokens,
+            ivocab.orphan_tokens,
         )
         # Every state reachable by bytes; with single-byte tokens for all bytes, that is
         # every state a request can be in.
@@ -211,7 +239,9 @@ class RegexGrammar:
             need = float("inf")
         else:
             data, final = path
-            need = _cover(data, self._ivocab.token_set, self._ivocab.max_token_len) + (1 if self._can_continue(final) else 0)
+            need = _cover(data, self._ivocab.token_set, self._ivocab.max_token_len) + (
+                1 if self._can_continue(final) else 0
+            )
         self._needs[state] = need
         return need
 
@@ -242,7 +272,10 @@ class RegexGrammar:
         if hit is None:
             ids = self._allowed_ids(state)
             nxt = self._index.get_next_state
-            hit = (ids.astype(np.int32), np.array([self._need(nxt(state, t)) for t in ids.tolist()], dtype=np.float32))
+            hit = (
+                ids.astype(np.int32),
+                np.array([self._need(nxt(state, t)) for t in ids.tolist()], dtype=np.float32),
+            )
             if len(self._next_need_cache) >= 128:  # up to 8 bytes a token each: bounded
                 self._next_need_cache.clear()
             self._next_need_cache[state] = hit

@@ -72,8 +72,14 @@ class _Ctx:
 
 
 def translate_regex(
-    pattern: str, *, param: str = "regex", emit: CharEmitter | None = None, search: bool = False, what: str = "regex",
-    length: tuple[int, int | None] | None = None, pad: Rx | None = None,
+    pattern: str,
+    *,
+    param: str = "regex",
+    emit: CharEmitter | None = None,
+    search: bool = False,
+    what: str = "regex",
+    length: tuple[int, int | None] | None = None,
+    pad: Rx | None = None,
 ) -> tuple[Rx | None, bool, bool]:
     """Parse a Python-syntax regex and re-emit it in canonical syntax.
 
@@ -99,18 +105,35 @@ def translate_regex(
         raise GrammarError(f"{what}: the LOCALE flag is not supported", param)
     ctx = _Ctx(emit=emit or rx_set, param=param, what=what, search=search)
     items = list(parsed)
-    if search and len(items) == 1 and items[0][0] is _OP.SUBPATTERN and not (items[0][1][1] | items[0][1][2]):
+    if (
+        search
+        and len(items) == 1
+        and items[0][0] is _OP.SUBPATTERN
+        and not (items[0][1][1] | items[0][1][2])
+    ):
         items = list(items[0][1][3])  # "(^...$)": the group changes nothing
     start = end = False
     if search:
         items, start, end = _strip_anchors(items)
-    if search and pad is not None and length is None and len(items) == 1 and items[0][0] is _OP.BRANCH:
+    if (
+        search
+        and pad is not None
+        and length is None
+        and len(items) == 1
+        and items[0][0] is _OP.BRANCH
+    ):
         # "^a|b$", "^(A)$|^(B)$" (Python moves the shared "^" out of the branches)
         branches = [_strip_anchors(list(alt)) for alt in items[0][1][1]]
         if any(s or e for _, s, e in branches):
             try:
-                parts = [rx_cat(EMPTY if s or start else pad, _seq(ctx, alt, flags, head=False, tail=False),
-                                EMPTY if e or end else pad) for alt, s, e in branches]
+                parts = [
+                    rx_cat(
+                        EMPTY if s or start else pad,
+                        _seq(ctx, alt, flags, head=False, tail=False),
+                        EMPTY if e or end else pad,
+                    )
+                    for alt, s, e in branches
+                ]
             except RecursionError:
                 raise GrammarError(f"{what} is nested too deeply", param) from None
             return rx_alt(*parts), True, True
@@ -119,13 +142,18 @@ def translate_regex(
             rx = _seq(ctx, items, flags, head=not search, tail=not search)
         else:
             if search and not (start and end):
-                raise GrammarError(f"{what}: a length bound (minLength/maxLength) needs the pattern anchored "
-                                  "at both ends (^...$)", param)
+                raise GrammarError(
+                    f"{what}: a length bound (minLength/maxLength) needs the pattern anchored "
+                    "at both ends (^...$)",
+                    param,
+                )
             variants = _fold_length(parsed.state, items, *length)
             if variants is None:
                 raise GrammarError(
                     f"{what}: cannot combine this pattern with minLength/maxLength (supported: one variable-length "
-                    "run of single characters, plus short optional parts); put the length in the pattern", param)
+                    "run of single characters, plus short optional parts); put the length in the pattern",
+                    param,
+                )
             rx = rx_alt(*(_seq(ctx, v, flags, head=not search, tail=not search) for v in variants))
     except RecursionError:
         raise GrammarError(f"{what} is nested too deeply", param) from None
@@ -155,7 +183,9 @@ def _fold_length(state: Any, items: list, lo: int, hi: int | None) -> list[list]
     if wmin >= lo and (hi is None or (wmax < _OP.MAXREPEAT and wmax <= hi)):
         return [items]  # the bounds cannot bind
     variable = [i for i, w in enumerate(widths) if w[0] != w[1]]
-    wide = [i for i in variable if _char_repeat(state, items[i]) and (widths[i][1] - widths[i][0] > 8)]
+    wide = [
+        i for i in variable if _char_repeat(state, items[i]) and (widths[i][1] - widths[i][0] > 8)
+    ]
     if len(wide) > 1:
         return None
     if not wide:  # all short: the widest single-character repeat absorbs
@@ -184,7 +214,9 @@ def _fold_length(state: Any, items: list, lo: int, hi: int | None) -> list[list]
         seq = list(items)
         for i, n in zip(short, combo):
             seq[i] = (items[i][0], (n, n, items[i][1][2]))
-        fixed = sum(_sre_p.SubPattern(state, [it]).getwidth()[0] for j, it in enumerate(seq) if j != w)
+        fixed = sum(
+            _sre_p.SubPattern(state, [it]).getwidth()[0] for j, it in enumerate(seq) if j != w
+        )
         new_lo = max(rlo, lo - fixed)
         new_hi = rhi if hi is None else min(rhi, hi - fixed)
         if new_lo <= new_hi:
@@ -196,7 +228,9 @@ def _fold_length(state: Any, items: list, lo: int, hi: int | None) -> list[list]
 def _char_repeat(state: Any, item: tuple) -> bool:
     """A repeat of something exactly one character wide."""
     op, av = item
-    return op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT) and _sre_p.SubPattern(state, list(av[2])).getwidth() == (1, 1)
+    return op in (_OP.MAX_REPEAT, _OP.MIN_REPEAT) and _sre_p.SubPattern(
+        state, list(av[2])
+    ).getwidth() == (1, 1)
 
 
 def normalize_regex(pattern: str, *, param: str = "regex") -> Rx | None:
@@ -244,7 +278,9 @@ def _charset_of(ctx: _Ctx, op, av, flags: int) -> CharSet:
                 elif sav in _NOT_CATEGORIES:
                     ranges.append(_NOT_CATEGORIES[sav].complement())
                 else:
-                    raise GrammarError(f"{ctx.what}: character category {sav} is not supported", ctx.param)
+                    raise GrammarError(
+                        f"{ctx.what}: character category {sav} is not supported", ctx.param
+                    )
             else:
                 raise GrammarError(f"{ctx.what}: class item {sop} is not supported", ctx.param)
         cs = CharSet()
@@ -278,7 +314,8 @@ def _item(ctx: _Ctx, op, av, flags: int, head: bool, tail: bool) -> Rx | None:
             return EMPTY
         if ctx.search and (av in _START_ANCHORS or av in _END_ANCHORS):
             raise GrammarError(
-                f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported as the first and last character", ctx.param
+                f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported as the first and last character",
+                ctx.param,
             )
         raise GrammarError(
             f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported at the start and end of the pattern, "
@@ -289,4 +326,3 @@ def _item(ctx: _Ctx, op, av, flags: int, head: bool, tail: bool) -> Rx | None:
         if getattr(_OP, key, None) is op:
             raise GrammarError(f"{ctx.what}: {desc} are not supported", ctx.param)
     raise GrammarError(f"{ctx.what}: construct {name} is not supported", ctx.param)
-

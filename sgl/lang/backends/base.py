@@ -48,8 +48,12 @@ class TokenUsage:
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
-            return {"calls": self.calls, "prompt_tokens": self.prompt_tokens,
-                    "completion_tokens": self.completion_tokens, "retries": self.retries}
+            return {
+                "calls": self.calls,
+                "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "retries": self.retries,
+            }
 
     def reset(self) -> None:
         with self._lock:
@@ -75,20 +79,31 @@ class Backend(ABC):
     supports_speculation = False
 
     @abstractmethod
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
-                 session: str | None = None) -> tuple[str, dict[str, Any]]:
+    def generate(
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
         """Continue `text`; returns the generated text and its meta_info. `session` (from
         `open_session`) names the program state the call belongs to."""
 
     @abstractmethod
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
         """Like generate, as (new text, meta_info so far) pieces: completion tokens and
         logprob entries up to that piece; the last piece's has the finish reason."""
 
     @abstractmethod
-    def select(self, text: str, choices: list[str], temperature: float, method: ChoicesMethod) -> ChoicesDecision:
+    def select(
+        self, text: str, choices: list[str], temperature: float, method: ChoicesMethod
+    ) -> ChoicesDecision:
         """Score every choice as a continuation of `text` (in one batched request) and decide."""
 
     @abstractmethod

@@ -21,15 +21,28 @@ class EngineBackend(TokenScoringBackend):
         self._template: ChatTemplate | None = None
         self._lock = threading.Lock()
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
-                 session: str | None = None) -> tuple[str, dict[str, Any]]:
-        out = self.engine.generate(text, sampling, session_params=_session_params(session), **logprobs)
+    def generate(
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        out = self.engine.generate(
+            text, sampling, session_params=_session_params(session), **logprobs
+        )
         return out["text"], out["meta_info"]
 
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
-        chunks = self.engine.generate(text, sampling, stream=True, session_params=_session_params(session), **logprobs)
+        chunks = self.engine.generate(
+            text, sampling, stream=True, session_params=_session_params(session), **logprobs
+        )
         so_far: dict[str, list] = {}
         for chunk in chunks:
             meta = chunk["meta_info"]
@@ -43,7 +56,10 @@ class EngineBackend(TokenScoringBackend):
 
     def score_tokens(self, id_lists: list[list[int]], start: int) -> list[list[float]]:
         outs = self.engine.generate(
-            input_ids=id_lists, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=start
+            input_ids=id_lists,
+            sampling_params={"max_new_tokens": 0},
+            return_logprob=True,
+            logprob_start_len=start,
         )
         return [logprobs_of(o["meta_info"]) for o in outs]
 

@@ -71,7 +71,9 @@ def extra_sampling_fields(kind: str, sampling: dict[str, Any]) -> dict[str, Any]
         field = fields.get(kind)
         if field is None:
             raise UnsupportedParameterError(
-                f"{name}={value!r}: a {kind} endpoint has no such sampling parameter; leave it unset", name)
+                f"{name}={value!r}: a {kind} endpoint has no such sampling parameter; leave it unset",
+                name,
+            )
         body[field] = value
     return body
 
@@ -88,17 +90,25 @@ def _constraint(sampling: dict[str, Any]) -> tuple[str, str, Any] | None:
             try:
                 spec = json.loads(spec)
             except ValueError as e:
-                raise UnsupportedParameterError(f"json_schema is not valid JSON: {e}", "json_schema") from e
+                raise UnsupportedParameterError(
+                    f"json_schema is not valid JSON: {e}", "json_schema"
+                ) from e
         return key, key, spec
     return None
 
 
 def _json_schema_format(schema: Any) -> dict[str, Any]:
-    return {"response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}}
+    return {
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": schema},
+        }
+    }
 
 
-def constraint_fields(kind: str, sampling: dict[str, Any], chat: bool, vllm_version: tuple[int, ...] = ()
-                      ) -> dict[str, Any]:
+def constraint_fields(
+    kind: str, sampling: dict[str, Any], chat: bool, vllm_version: tuple[int, ...] = ()
+) -> dict[str, Any]:
     """Request fields that enforce the gen's regex / json_schema / ebnf / dtype on `kind`."""
     found = _constraint(sampling)
     if found is None:
@@ -123,14 +133,20 @@ def constraint_fields(kind: str, sampling: dict[str, Any], chat: bool, vllm_vers
             return {"grammar": spec}
         raise UnsupportedParameterError(
             "regex: llama.cpp's server constrains output by GBNF grammar or JSON schema, not by regex; "
-            "write the constraint as ebnf= (GBNF) or json_schema=", "regex")
+            "write the constraint as ebnf= (GBNF) or json_schema=",
+            "regex",
+        )
     if what == "json_schema" and chat:
         return _json_schema_format(spec)
-    where = "OpenAI's completions endpoint has no response_format" if what == "json_schema" else \
-        "the OpenAI API can only enforce a JSON schema (response_format, chat models)"
+    where = (
+        "OpenAI's completions endpoint has no response_format"
+        if what == "json_schema"
+        else "the OpenAI API can only enforce a JSON schema (response_format, chat models)"
+    )
     raise UnsupportedParameterError(
         f"{param}: {where}; use a server that enforces it (server_kind sgl, sglang, vllm or llama.cpp)",
-        param.split("=")[0])
+        param.split("=")[0],
+    )
 
 
 def vllm_fields(key: str, value: Any, version: tuple[int, ...]) -> dict[str, Any]:
@@ -145,11 +161,20 @@ def _regex_literal(text: str) -> str:
 
 
 def _gbnf_literal(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r") \
-        .replace("\t", "\\t") + '"'
+    return (
+        '"'
+        + text.replace("\\", "\\\\")
+        .replace('"', '\\"')
+        .replace("\n", "\\n")
+        .replace("\r", "\\r")
+        .replace("\t", "\\t")
+        + '"'
+    )
 
 
-def choice_fields(kind: str, choices: list[str], vllm_version: tuple[int, ...] = ()) -> dict[str, Any] | None:
+def choice_fields(
+    kind: str, choices: list[str], vllm_version: tuple[int, ...] = ()
+) -> dict[str, Any] | None:
     """Fields that make the output exactly one of `choices`; None where `kind` has none."""
     if kind in ("sgl", "sglang"):
         return {"regex": "(" + "|".join(_regex_literal(c) for c in choices) + ")"}

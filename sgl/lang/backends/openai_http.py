@@ -42,8 +42,16 @@ def retry_after_seconds(value: str | None) -> float | None:
 class Http:
     """One requests.Session per thread (connection reuse), retries, error bodies -> RemoteError."""
 
-    def __init__(self, base_url: str, api_key: str | None, timeout: float, max_retries: int,
-                 retry_backoff: float, max_retry_wait: float, usage: TokenUsage) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        timeout: float,
+        max_retries: int,
+        retry_backoff: float,
+        max_retry_wait: float,
+        usage: TokenUsage,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.timeout = timeout
@@ -66,16 +74,25 @@ class Http:
         exponential backoff; at most `max_retry_wait`. Public so that tests check the policy."""
         hinted = retry_after_seconds(resp.headers.get("Retry-After")) if resp is not None else None
         if hinted is None:
-            hinted = self.retry_backoff * (2 ** attempt) * (0.5 + random.random() / 2)
+            hinted = self.retry_backoff * (2**attempt) * (0.5 + random.random() / 2)
         return min(hinted, self.max_retry_wait)
 
-    def request(self, method: str, url: str, body: Any = None, stream: bool = False,
-                timeout: float | None = None, retries: int | None = None) -> requests.Response:
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        stream: bool = False,
+        timeout: float | None = None,
+        retries: int | None = None,
+    ) -> requests.Response:
         """The response (status < 400), after retrying 429 / 5xx / refused connections."""
         retries = self.max_retries if retries is None else retries
         for attempt in range(retries + 1):
             try:
-                r = self.session().request(method, url, json=body, stream=stream, timeout=timeout or self.timeout)
+                r = self.session().request(
+                    method, url, json=body, stream=stream, timeout=timeout or self.timeout
+                )
             except requests.ConnectionError:
                 if attempt == retries:
                     raise

@@ -38,11 +38,19 @@ def match_choice(produced: str, choices: list[str]) -> str | None:
     return stripped[0] if stripped else None
 
 
-def _prompt_tokens(choice: dict[str, Any], prompt: str) -> tuple[list[Token], list[float | None]] | None:
+def _prompt_tokens(
+    choice: dict[str, Any], prompt: str
+) -> tuple[list[Token], list[float | None]] | None:
     """The echoed prompt's tokens and logprobs (generated tokens, at or past its end, dropped)."""
     lp = choice.get("logprobs") or {}
     tokens, lps, offsets = lp.get("tokens"), lp.get("token_logprobs"), lp.get("text_offset")
-    if not tokens or lps is None or offsets is None or len(tokens) != len(lps) or len(tokens) != len(offsets):
+    if (
+        not tokens
+        or lps is None
+        or offsets is None
+        or len(tokens) != len(lps)
+        or len(tokens) != len(offsets)
+    ):
         return None
     keep = [i for i, off in enumerate(offsets) if off < len(prompt)]
     if "".join(tokens[i] for i in keep) != prompt:
@@ -50,11 +58,19 @@ def _prompt_tokens(choice: dict[str, Any], prompt: str) -> tuple[list[Token], li
     return [(offsets[i], tokens[i]) for i in keep], [lps[i] for i in keep]
 
 
-def _echo(backend: OpenAI, prompts: list[str]) -> list[tuple[list[Token], list[float | None]]] | None:
+def _echo(
+    backend: OpenAI, prompts: list[str]
+) -> list[tuple[list[Token], list[float | None]]] | None:
     """Prompt tokens and logprobs of each prompt (one call); None if the endpoint has none."""
     for max_tokens in (0, 1):  # vLLM and sgl echo with 0 new tokens; others may need 1
-        body = {"model": backend.model, "prompt": prompts, "max_tokens": max_tokens, "echo": True,
-                "logprobs": 1, "temperature": 0}
+        body = {
+            "model": backend.model,
+            "prompt": prompts,
+            "max_tokens": max_tokens,
+            "echo": True,
+            "logprobs": 1,
+            "temperature": 0,
+        }
         try:
             out = backend.http.post("/completions", body)
         except RemoteError as e:
@@ -76,7 +92,9 @@ def _common(a: list[Token], b: list[Token]) -> int:
     return n
 
 
-def score_by_echo(backend: OpenAI, text: str, choices: list[str], unconditional: bool) -> ChoiceScores | None:
+def score_by_echo(
+    backend: OpenAI, text: str, choices: list[str], unconditional: bool
+) -> ChoiceScores | None:
     """Each choice's token logprobs after `text` (and alone, if asked), or None if unavailable."""
     got = _echo(backend, [text, *(text + c for c in choices)])
     if got is None:
@@ -94,5 +112,8 @@ def score_by_echo(backend: OpenAI, text: str, choices: list[str], unconditional:
         alone = _echo(backend, tails)
         if alone is None:
             return None
-        uncond = [c[:1] + [lp if lp is not None else 0.0 for lp in a[1:]] for c, (_, a) in zip(cond, alone)]
+        uncond = [
+            c[:1] + [lp if lp is not None else 0.0 for lp in a[1:]]
+            for c, (_, a) in zip(cond, alone)
+        ]
     return ChoiceScores(list(choices), cond, uncond)  # type: ignore[arg-type]

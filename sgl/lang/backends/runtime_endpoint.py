@@ -48,8 +48,14 @@ class RemoteError(ValueError):
 
 
 class RuntimeEndpoint(TokenScoringBackend):
-    def __init__(self, base_url: str, api_key: str | None = None, verify: Any = None,
-                 chat_template_name: str | None = None, timeout: float = 600.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        verify: Any = None,
+        chat_template_name: str | None = None,
+        timeout: float = 600.0,
+    ) -> None:
         """SGLang's arguments: `verify` is requests' (TLS certificate checking);
         `chat_template_name` is accepted and not needed: roles render with the server's own
         chat template (from /get_model_info), exact for every model."""
@@ -60,11 +66,16 @@ class RuntimeEndpoint(TokenScoringBackend):
         self.timeout = timeout
         self._local = threading.local()  # one HTTP session per thread (connection reuse)
         self.model_info = self._request("GET", "/get_model_info")
-        self._missing_routes: set[str] = set()  # routes that answered a route-missing 404 (a router in front)
+        self._missing_routes: set[str] = (
+            set()
+        )  # routes that answered a route-missing 404 (a router in front)
         roles = self.model_info.get("chat_roles")
         self._template = (
-            ChatTemplate(roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server")
-            if roles else ChatTemplate.plain()
+            ChatTemplate(
+                roles["prefix"], roles["suffix"], roles.get("default_system", ""), "server"
+            )
+            if roles
+            else ChatTemplate.plain()
         )
 
     @property
@@ -74,7 +85,10 @@ class RuntimeEndpoint(TokenScoringBackend):
     @property
     def serves_sessions(self) -> bool:
         """The server says it has sessions and its session routes were not found missing."""
-        return bool(self.model_info.get("supports_sessions")) and "/open_session" not in self._missing_routes
+        return (
+            bool(self.model_info.get("supports_sessions"))
+            and "/open_session" not in self._missing_routes
+        )
 
     @property
     def serves_tokenize(self) -> bool:
@@ -111,7 +125,9 @@ class RuntimeEndpoint(TokenScoringBackend):
         return s
 
     def _request(self, method: str, path: str, body: Any = None, stream: bool = False) -> Any:
-        r = self._session().request(method, self.base_url + path, json=body, stream=stream, timeout=self.timeout)
+        r = self._session().request(
+            method, self.base_url + path, json=body, stream=stream, timeout=self.timeout
+        )
         if r.status_code >= 400:
             try:
                 err = r.json().get("error", {})
@@ -124,18 +140,31 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     # ------------------------------------------------------------------ Backend
 
-    def _generate_request(self, body: dict[str, Any], session: str | None, stream: bool = False) -> Any:
+    def _generate_request(
+        self, body: dict[str, Any], session: str | None, stream: bool = False
+    ) -> Any:
         if session is not None:
             body = {**body, "session_params": {"id": session}}
         return self._request("POST", "/generate", body, stream=stream)
 
-    def generate(self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any],
-                 session: str | None = None) -> tuple[str, dict[str, Any]]:
-        out = self._generate_request({"text": text, "sampling_params": sampling, **logprobs}, session)
+    def generate(
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
+    ) -> tuple[str, dict[str, Any]]:
+        out = self._generate_request(
+            {"text": text, "sampling_params": sampling, **logprobs}, session
+        )
         return out["text"], out["meta_info"]
 
     def generate_stream(
-        self, text: str, sampling: dict[str, Any], logprobs: dict[str, Any], session: str | None = None
+        self,
+        text: str,
+        sampling: dict[str, Any],
+        logprobs: dict[str, Any],
+        session: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any] | None]]:
         body = {"text": text, "sampling_params": sampling, "stream": True, **logprobs}
         r = self._generate_request(body, session, stream=True)
@@ -150,8 +179,13 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     # ------------------------------------------------------------------ shipped programs
 
-    def run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool = False,
-                    arguments: list[dict[str, Any]] | None = None) -> list:
+    def run_program(
+        self,
+        programs: list[dict[str, Any]],
+        defaults: dict[str, Any],
+        stream: bool = False,
+        arguments: list[dict[str, Any]] | None = None,
+    ) -> list:
         """Run static programs (IR JSON, `sgl.lang.ir_json`) on the server in one request:
         a `ShippedState` each (streamed: one program, read as the server sends it). With
         `arguments`, the one program runs once per argument set (the batch form)."""
@@ -164,25 +198,47 @@ class RuntimeEndpoint(TokenScoringBackend):
                 raise
             raise ProgramsNotServed(str(e)) from e  # nothing ran: the route itself is missing
 
-    def _run_program(self, programs: list[dict[str, Any]], defaults: dict[str, Any], stream: bool,
-                     arguments: list[dict[str, Any]] | None) -> list:
+    def _run_program(
+        self,
+        programs: list[dict[str, Any]],
+        defaults: dict[str, Any],
+        stream: bool,
+        arguments: list[dict[str, Any]] | None,
+    ) -> list:
         from sgl.lang.shipping import ShippedState
 
         sampling = {k: v for k, v in defaults.items() if v is not None}
         if stream:
-            r = self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling, "stream": True},
-                              stream=True)
+            r = self._request(
+                "POST",
+                "/run_program",
+                {"program": programs[0], "sampling": sampling, "stream": True},
+                stream=True,
+            )
             return [ShippedState(events=sse_events(r, "/run_program"))]
         if arguments is not None:
-            results = self._request("POST", "/run_program", {"program": programs[0], "arguments": arguments,
-                                                             "sampling": sampling})
+            results = self._request(
+                "POST",
+                "/run_program",
+                {"program": programs[0], "arguments": arguments, "sampling": sampling},
+            )
         elif len(programs) == 1:
-            results = [self._request("POST", "/run_program", {"program": programs[0], "sampling": sampling})]
+            results = [
+                self._request(
+                    "POST", "/run_program", {"program": programs[0], "sampling": sampling}
+                )
+            ]
         else:
-            results = self._request("POST", "/run_program", {"programs": programs, "sampling": sampling})
-        for r in results:  # the server counted every gen of the program, as the interpreter does here
+            results = self._request(
+                "POST", "/run_program", {"programs": programs, "sampling": sampling}
+            )
+        for (
+            r
+        ) in results:  # the server counted every gen of the program, as the interpreter does here
             self.token_usage.merge(r.get("usage") or {})
-        return [ShippedState(result=r) if "error" not in r else _failed(r["error"]) for r in results]
+        return [
+            ShippedState(result=r) if "error" not in r else _failed(r["error"]) for r in results
+        ]
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Token ids as the server encodes prompts: its `/tokenize`, or behind the sglang-router
@@ -194,13 +250,21 @@ class RuntimeEndpoint(TokenScoringBackend):
             except RemoteError as e:
                 if not self._missing("/tokenize", e, "tokenizing with its /v1/tokenize"):
                     raise
-        return self._request("POST", "/v1/tokenize", {"model": self.get_model_name(), "prompt": texts})["tokens"]
+        return self._request(
+            "POST", "/v1/tokenize", {"model": self.get_model_name(), "prompt": texts}
+        )["tokens"]
 
     def score_tokens(self, id_lists: list[list[int]], start: int) -> list[list[float]]:
-        outs = self._request("POST", "/generate", {
-            "input_ids": id_lists, "sampling_params": {"max_new_tokens": 0},
-            "return_logprob": True, "logprob_start_len": start,
-        })
+        outs = self._request(
+            "POST",
+            "/generate",
+            {
+                "input_ids": id_lists,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": start,
+            },
+        )
         return [logprobs_of(o["meta_info"]) for o in outs]
 
     def bos_token_id(self) -> int | None:
@@ -208,7 +272,9 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     def cache_prefix(self, text: str) -> None:
         if text:
-            self._request("POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}})
+            self._request(
+                "POST", "/generate", {"text": text, "sampling_params": {"max_new_tokens": 0}}
+            )
 
     def chat_template(self) -> ChatTemplate:
         return self._template
@@ -252,12 +318,27 @@ class Runtime:
     once healthy; `shutdown()` (also at interpreter exit) stops the process.
     """
 
-    def __init__(self, model_path: str = "default", host: str = "127.0.0.1", port: int | None = None,
-                 startup_timeout: float = 300.0, **server_args: Any) -> None:
+    def __init__(
+        self,
+        model_path: str = "default",
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        startup_timeout: float = 300.0,
+        **server_args: Any,
+    ) -> None:
         self.port = port or _free_port()
         self.url = f"http://{host}:{self.port}"
-        cmd = [sys.executable, "-m", "sgl.launch_server", "--model-path", model_path, "--host", host,
-               "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "sgl.launch_server",
+            "--model-path",
+            model_path,
+            "--host",
+            host,
+            "--port",
+            str(self.port),
+        ]
         for key, value in server_args.items():
             flag = "--" + key.replace("_", "-")
             if value is True:
@@ -270,7 +351,9 @@ class Runtime:
         deadline = time.monotonic() + startup_timeout
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"the server exited with code {self.process.returncode} while starting: {' '.join(cmd)}")
+                raise RuntimeError(
+                    f"the server exited with code {self.process.returncode} while starting: {' '.join(cmd)}"
+                )
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
                     break
@@ -278,7 +361,9 @@ class Runtime:
                 pass
             if time.monotonic() > deadline:
                 self.shutdown()
-                raise TimeoutError(f"the server did not become healthy within {startup_timeout:.0f} s")
+                raise TimeoutError(
+                    f"the server did not become healthy within {startup_timeout:.0f} s"
+                )
             time.sleep(0.5)
         self.endpoint = RuntimeEndpoint(self.url, api_key=api_key)
 
@@ -310,7 +395,11 @@ def sse_events(r: requests.Response, what: str) -> Iterator[dict[str, Any]]:
             if "error" in event:
                 err = event["error"]
                 info = err if isinstance(err, dict) else {"message": err}
-                raise RemoteError(f"{what}: {info.get('message', err)}", info.get("code") or 500, info.get("param"))
+                raise RemoteError(
+                    f"{what}: {info.get('message', err)}",
+                    info.get("code") or 500,
+                    info.get("param"),
+                )
             yield event
     finally:
         r.close()

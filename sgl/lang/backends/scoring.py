@@ -37,8 +37,12 @@ class TokenScoringBackend(Backend):
     def bos_token_id(self) -> int | None:
         """The token an unconditional score starts from (None: the model has none)."""
 
-    def select(self, text: str, choices: list[str], temperature: float, method: ChoicesMethod) -> ChoicesDecision:
-        return decide(method, self.score_choices(text, choices, method.requires_unconditional), temperature)
+    def select(
+        self, text: str, choices: list[str], temperature: float, method: ChoicesMethod
+    ) -> ChoicesDecision:
+        return decide(
+            method, self.score_choices(text, choices, method.requires_unconditional), temperature
+        )
 
     def score_choices(self, text: str, choices: list[str], unconditional: bool) -> ChoiceScores:
         prompt_ids, *ids = self.encode_batch([text, *(text + c for c in choices)])

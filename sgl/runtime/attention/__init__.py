@@ -62,13 +62,19 @@ class RegisteredBackend:
 REGISTRY: dict[str, RegisteredBackend] = {}
 
 
-def register(name: str, make: Callable[[], AttentionBackend],
-             check: Callable[[torch.device, torch.dtype | None], str | None],
-             features: frozenset[str] = frozenset()) -> None:
+def register(
+    name: str,
+    make: Callable[[], AttentionBackend],
+    check: Callable[[torch.device, torch.dtype | None], str | None],
+    features: frozenset[str] = frozenset(),
+) -> None:
     REGISTRY[name] = RegisteredBackend(name, make, check, features)
 
 
-_FEATURE_NAMES = {"sliding_window": "sliding-window attention", "logit_cap": "attention logit soft-capping"}
+_FEATURE_NAMES = {
+    "sliding_window": "sliding-window attention",
+    "logit_cap": "attention logit soft-capping",
+}
 
 
 def missing_features(entry: RegisteredBackend, needs: frozenset[str]) -> str | None:
@@ -78,8 +84,10 @@ def missing_features(entry: RegisteredBackend, needs: frozenset[str]) -> str | N
         return None
     able = [n for n, e in REGISTRY.items() if needs <= e.features]
     what = " and ".join(_FEATURE_NAMES.get(f, f) for f in lacking)
-    return (f"attention_backend={entry.name!r} does not implement {what}, which this model's layers use; "
-            f"use attention_backend='auto' or one of {able}")
+    return (
+        f"attention_backend={entry.name!r} does not implement {what}, which this model's layers use; "
+        f"use attention_backend='auto' or one of {able}"
+    )
 
 
 def auto_order(device: torch.device) -> tuple[str, ...]:
@@ -113,11 +121,15 @@ def _make_cpu() -> AttentionBackend:
 
 def _check_cpu(device: torch.device, dtype: torch.dtype | None) -> str | None:
     if device.type != "cpu":
-        return (f"attention_backend='cpu' runs on the CPU (device is {str(device)!r}); "
-                "use 'auto', or 'triton' / 'flashinfer' on CUDA")
+        return (
+            f"attention_backend='cpu' runs on the CPU (device is {str(device)!r}); "
+            "use 'auto', or 'triton' / 'flashinfer' on CUDA"
+        )
     if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return (f"attention_backend='cpu' supports a float32, bfloat16 or float16 KV cache, not {dtype}; "
-                "use one of those dtypes, or attention_backend='torch_native'")
+        return (
+            f"attention_backend='cpu' supports a float32, bfloat16 or float16 KV cache, not {dtype}; "
+            "use one of those dtypes, or attention_backend='torch_native'"
+        )
     return None
 
 
@@ -133,9 +145,11 @@ def _check_triton(device: torch.device, dtype: torch.dtype | None) -> str | None
     if not _module_available("sgl.runtime.attention.triton_backend"):
         return "attention_backend='triton' is not available in this build of sgl (no triton_backend module)"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return (f"attention_backend='triton' needs a CUDA device (device is {str(device)!r}); use "
-                "attention_backend='torch_native' on CPU, or set TRITON_INTERPRET=1 to run the Triton "
-                "kernels in Triton's interpreter (slow; for tests)")
+        return (
+            f"attention_backend='triton' needs a CUDA device (device is {str(device)!r}); use "
+            "attention_backend='torch_native' on CPU, or set TRITON_INTERPRET=1 to run the Triton "
+            "kernels in Triton's interpreter (slow; for tests)"
+        )
     return None
 
 
@@ -149,11 +163,15 @@ def _check_flashinfer(device: torch.device, dtype: torch.dtype | None) -> str | 
     if not flashinfer_available():
         return f"attention_backend='flashinfer' needs the flashinfer package: {CUDA_EXTRA_HINT}"
     if device.type != "cuda":
-        return (f"attention_backend='flashinfer' needs a CUDA device (device is {str(device)!r}); "
-                "use attention_backend='torch_native' on CPU")
+        return (
+            f"attention_backend='flashinfer' needs a CUDA device (device is {str(device)!r}); "
+            "use attention_backend='torch_native' on CPU"
+        )
     if dtype is not None and dtype not in (torch.float16, torch.bfloat16):  # no float32 kernels
-        return (f"attention_backend='flashinfer' supports float16 and bfloat16 KV caches, not {dtype}; "
-                "use dtype='bfloat16', or attention_backend='triton' or 'torch_native'")
+        return (
+            f"attention_backend='flashinfer' supports float16 and bfloat16 KV caches, not {dtype}; "
+            "use dtype='bfloat16', or attention_backend='triton' or 'torch_native'"
+        )
     return None
 
 
@@ -161,30 +179,48 @@ _ALL = frozenset(FEATURES)
 register("cpu", _make_cpu, _check_cpu, _ALL)
 register("torch_native", _make_torch_native, _check_torch_native, _ALL)
 register("triton", _make_triton, _check_triton, _ALL)
-register("flashinfer", _make_flashinfer, _check_flashinfer)  # not yet: window_left / logits_soft_cap per layer
+register(
+    "flashinfer", _make_flashinfer, _check_flashinfer
+)  # not yet: window_left / logits_soft_cap per layer
 
 
 # ---------------------------------------------------------------------------- choosing
 
 
-def _auto(device: torch.device, dtype: torch.dtype | None, needs: frozenset[str]) -> AttentionBackend:
-    candidates = [REGISTRY[n] for n in auto_order(device)
-                  if REGISTRY[n].check(device, dtype) is None and missing_features(REGISTRY[n], needs) is None]
+def _auto(
+    device: torch.device, dtype: torch.dtype | None, needs: frozenset[str]
+) -> AttentionBackend:
+    candidates = [
+        REGISTRY[n]
+        for n in auto_order(device)
+        if REGISTRY[n].check(device, dtype) is None and missing_features(REGISTRY[n], needs) is None
+    ]
     for i, entry in enumerate(candidates):
         try:
             backend = entry.make()
-        except (ImportError, OSError, RuntimeError) as e:  # installed but broken (e.g. a CUDA mismatch)
+        except (
+            ImportError,
+            OSError,
+            RuntimeError,
+        ) as e:  # installed but broken (e.g. a CUDA mismatch)
             if i == len(candidates) - 1:
                 raise
-            logger.warning("attention backend %s failed to load (%s); trying the next one", entry.name, e)
+            logger.warning(
+                "attention backend %s failed to load (%s); trying the next one", entry.name, e
+            )
             continue
         logger.info("attention backend: %s", entry.name)
         return backend
-    raise ValueError(f"no attention backend can run on {device} with {dtype}")  # torch_native always can
+    raise ValueError(
+        f"no attention backend can run on {device} with {dtype}"
+    )  # torch_native always can
 
 
 def create_attention_backend(
-    name: str, device: str | torch.device, dtype: torch.dtype | None = None, needs: frozenset[str] = frozenset()
+    name: str,
+    device: str | torch.device,
+    dtype: torch.dtype | None = None,
+    needs: frozenset[str] = frozenset(),
 ) -> AttentionBackend:
     """The backend called `name` for `device` (and the KV dtype, which rules flashinfer in or out)
     that implements the attention features the model `needs` (`ModelConfig.attention_features`).

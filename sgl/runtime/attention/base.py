@@ -56,7 +56,12 @@ class AttentionBackend(ABC):
     features: frozenset[str] = frozenset()
 
     def reserved_memory_bytes(
-        self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
+        self,
+        max_total_tokens: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_layers: int,
+        dtype: torch.dtype,
     ) -> int:
         """The most memory this backend may keep allocated beyond a KV pool of this shape
         (state held across steps, such as torch_native's decode mirror), for the memory plan.
@@ -113,9 +118,13 @@ class CudaGraphHooks(Protocol):
 
     def init_cuda_graph_state(self, max_bs: int, max_context_len: int) -> None: ...
 
-    def init_forward_metadata_capture(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> Any: ...
+    def init_forward_metadata_capture(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> Any: ...
 
-    def init_forward_metadata_replay(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> None: ...
+    def init_forward_metadata_replay(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> None: ...
 
 
 def supports_cuda_graph(backend: AttentionBackend) -> bool:

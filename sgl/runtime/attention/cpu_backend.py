@@ -74,10 +74,21 @@ class CpuKernelBackend(AttentionBackend):
             else:
                 extends.append(pool_extend_row(table, prow, prefix, ext, first))
             first += ext
-        batch.metadata = _KernelMetadata(torch.tensor(rows, dtype=torch.int64) if rows else None, extends)
+        batch.metadata = _KernelMetadata(
+            torch.tensor(rows, dtype=torch.int64) if rows else None, extends
+        )
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, sliding_window: int = 0,
-                logit_cap: float = 0.0) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        layer_id,
+        scaling,
+        batch: ForwardBatch,
+        sliding_window: int = 0,
+        logit_cap: float = 0.0,
+    ) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
@@ -85,8 +96,16 @@ class CpuKernelBackend(AttentionBackend):
         if md.rows is not None:  # the kernel reads float32 queries (few: one row per new token)
             table = batch.req_to_token.req_to_token
             if sliding_window or logit_cap:
-                out = self._op(q.float().contiguous(), k_buf, v_buf, table, md.rows, scaling, sliding_window,
-                               logit_cap)
+                out = self._op(
+                    q.float().contiguous(),
+                    k_buf,
+                    v_buf,
+                    table,
+                    md.rows,
+                    scaling,
+                    sliding_window,
+                    logit_cap,
+                )
             else:
                 out = self._op(q.float().contiguous(), k_buf, v_buf, table, md.rows, scaling)
             out = out.to(q.dtype)
@@ -96,15 +115,31 @@ class CpuKernelBackend(AttentionBackend):
         for ext in md.extends:
             if use_prefill:
                 ke, ve = extend_row_context(k, v, k_buf, v_buf, ext)
-                out[ext.tok_start : ext.tok_end] = self._prefill(q[ext.tok_start : ext.tok_end], ke, ve, scaling)
+                out[ext.tok_start : ext.tok_end] = self._prefill(
+                    q[ext.tok_start : ext.tok_end], ke, ve, scaling
+                )
             else:
-                attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, sliding_window=sliding_window,
-                                  logit_cap=logit_cap)
+                attend_extend_row(
+                    q,
+                    k,
+                    v,
+                    k_buf,
+                    v_buf,
+                    ext,
+                    scaling,
+                    out,
+                    sliding_window=sliding_window,
+                    logit_cap=logit_cap,
+                )
         return out
 
     def _prefill_takes(self, q: torch.Tensor, k_buf: torch.Tensor) -> bool:
-        return (self._prefill is not None and q.dtype == torch.bfloat16 and k_buf.dtype == torch.bfloat16
-                and q.shape[-1] in PREFILL_HEAD_DIMS)
+        return (
+            self._prefill is not None
+            and q.dtype == torch.bfloat16
+            and k_buf.dtype == torch.bfloat16
+            and q.shape[-1] in PREFILL_HEAD_DIMS
+        )
 
 
 class CpuBackend(AttentionBackend):
@@ -130,7 +165,12 @@ class CpuBackend(AttentionBackend):
         return self._kernel if kernel_supports(dtype, head_dim) else self._torch
 
     def reserved_memory_bytes(
-        self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
+        self,
+        max_total_tokens: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_layers: int,
+        dtype: torch.dtype,
     ) -> int:
         """0 where the kernel will run (it holds nothing beyond the pool); else torch_native's."""
         return self._choose(dtype, head_dim).reserved_memory_bytes(

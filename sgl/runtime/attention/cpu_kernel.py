@@ -21,7 +21,12 @@ from sgl.runtime.cpu_features import cpu_flags
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
-CFLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # -fopenmp: at::parallel_for runs threads
+CFLAGS = [
+    "-O3",
+    "-march=native",
+    "-ffast-math",
+    "-fopenmp",
+]  # -fopenmp: at::parallel_for runs threads
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 96, 128, 256)
 PREFILL_SOURCE = Path(__file__).parent / "csrc" / "prefill_attention_cpu.cpp"
 PREFILL_HEAD_DIMS = (32, 64, 128)
@@ -66,11 +71,18 @@ def load_prefill_attention() -> Callable | None:
             op = None
             if {"avx512f", "avx512_bf16"} <= cpu_flags():
                 try:
-                    native.build("sgl_cpu_prefill_attention", PREFILL_SOURCE, CFLAGS, ldflags=["-fopenmp"],
-                                 python_module=False)
+                    native.build(
+                        "sgl_cpu_prefill_attention",
+                        PREFILL_SOURCE,
+                        CFLAGS,
+                        ldflags=["-fopenmp"],
+                        python_module=False,
+                    )
                     if torch.ops.sgl_prefill.available():
                         op = torch.ops.sgl_prefill.causal_attention
                 except Exception as e:  # compiler missing, build error, ...
-                    logger.warning("the CPU prefill attention kernel could not be built (SDPA is used): %s", e)
+                    logger.warning(
+                        "the CPU prefill attention kernel could not be built (SDPA is used): %s", e
+                    )
             _prefill.append(op)
         return _prefill[0]

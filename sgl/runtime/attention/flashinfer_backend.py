@@ -70,7 +70,9 @@ class FlashInferBackend(AttentionBackend):
 
     def bind(self, kv_pool: TokenToKVPool, req_to_token: ReqToTokenPool, num_qo_heads: int) -> None:
         if kv_pool.dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"the flashinfer backend needs a float16 or bfloat16 KV pool, not {kv_pool.dtype}")
+            raise ValueError(
+                f"the flashinfer backend needs a float16 or bfloat16 KV pool, not {kv_pool.dtype}"
+            )
         if kv_pool.device.type != "cuda":
             raise ValueError(f"the flashinfer backend needs a CUDA device, not {kv_pool.device}")
         self.kv_pool, self.req_to_token, self.num_qo_heads = kv_pool, req_to_token, num_qo_heads
@@ -109,15 +111,21 @@ class FlashInferBackend(AttentionBackend):
 
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self.kv_pool is None:
-            raise RuntimeError("FlashInferBackend.bind(kv_pool, req_to_token, num_qo_heads) must come before the first step")
+            raise RuntimeError(
+                "FlashInferBackend.bind(kv_pool, req_to_token, num_qo_heads) must come before the first step"
+            )
         seq_lens = batch.seq_lens
         bs = len(seq_lens)
         nq, nkv, hd = self.num_qo_heads, self.num_kv_heads, self.head_dim
         last_page_len = torch.ones(bs, dtype=torch.int32)
         if all(e == 1 for e in batch.extend_lens):
             rows = torch.tensor(batch.req_rows, dtype=torch.int64)
-            indices = self._kv_indices(rows, torch.tensor(seq_lens, dtype=torch.int32), max(seq_lens))
-            self._decode.plan(self._indptr(seq_lens), indices, last_page_len, nq, nkv, hd, 1, **self._dtypes())
+            indices = self._kv_indices(
+                rows, torch.tensor(seq_lens, dtype=torch.int32), max(seq_lens)
+            )
+            self._decode.plan(
+                self._indptr(seq_lens), indices, last_page_len, nq, nkv, hd, 1, **self._dtypes()
+            )
             batch.metadata = _Plan("decode", self._decode)
         elif all(p == 0 for p in batch.prefix_lens):
             qo_indptr = self._indptr(batch.extend_lens)
@@ -125,16 +133,28 @@ class FlashInferBackend(AttentionBackend):
             batch.metadata = _Plan("ragged", self._ragged)
         else:
             rows = torch.tensor(batch.req_rows, dtype=torch.int64)
-            indices = self._kv_indices(rows, torch.tensor(seq_lens, dtype=torch.int32), max(seq_lens))
+            indices = self._kv_indices(
+                rows, torch.tensor(seq_lens, dtype=torch.int32), max(seq_lens)
+            )
             self._paged.plan(
-                self._indptr(batch.extend_lens), self._indptr(seq_lens), indices, last_page_len,
-                nq, nkv, hd, 1, causal=True, **self._dtypes(),
+                self._indptr(batch.extend_lens),
+                self._indptr(seq_lens),
+                indices,
+                last_page_len,
+                nq,
+                nkv,
+                hd,
+                1,
+                causal=True,
+                **self._dtypes(),
             )
             batch.metadata = _Plan("paged", self._paged)
 
     def forward(self, q, k, v, layer_id: int, scaling: float, batch: ForwardBatch) -> torch.Tensor:
         if abs(scaling - self.sm_scale) > 1e-6 * self.sm_scale:
-            raise NotImplementedError(f"flashinfer backend: softmax scale {scaling} != head_dim**-0.5")
+            raise NotImplementedError(
+                f"flashinfer backend: softmax scale {scaling} != head_dim**-0.5"
+            )
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         md: _Plan = batch.metadata
@@ -154,7 +174,9 @@ class FlashInferBackend(AttentionBackend):
         self._cg_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=dev)
         self._cg_wrappers = {}
 
-    def init_forward_metadata_capture(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> _Plan:
+    def init_forward_metadata_capture(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> _Plan:
         wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
             self._workspace,
             "NHD",
@@ -168,16 +190,26 @@ class FlashInferBackend(AttentionBackend):
         self._plan_graph_decode(wrapper, bs, req_rows, seq_lens)
         return _Plan("decode", wrapper)
 
-    def init_forward_metadata_replay(self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def init_forward_metadata_replay(
+        self, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> None:
         self._plan_graph_decode(self._cg_wrappers[bs], bs, req_rows, seq_lens)
 
-    def _plan_graph_decode(self, wrapper: Any, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor) -> None:
+    def _plan_graph_decode(
+        self, wrapper: Any, bs: int, req_rows: torch.Tensor, seq_lens: torch.Tensor
+    ) -> None:
         # plan() needs the lengths on the host (its split-KV schedule); one small copy.
         lens_cpu = seq_lens[:bs].cpu()
         indices = self._kv_indices(req_rows[:bs], seq_lens[:bs], int(lens_cpu.max()))
         indptr = torch.zeros(bs + 1, dtype=torch.int32)
         indptr[1:] = torch.cumsum(lens_cpu.to(torch.int32), 0)
         wrapper.plan(
-            indptr, indices, torch.ones(bs, dtype=torch.int32), self.num_qo_heads, self.num_kv_heads,
-            self.head_dim, 1, **self._dtypes(),
+            indptr,
+            indices,
+            torch.ones(bs, dtype=torch.int32),
+            self.num_qo_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            1,
+            **self._dtypes(),
         )

@@ -60,20 +60,26 @@ class _ExtendRow:
     device: torch.device
     mirror_row: int | None = None  # context from the mirror; None: from the pool
     slots: torch.Tensor | None = None  # pool slots of the context (None with no prefix: fresh k/v)
-    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, made once a step
+    windowed: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # window -> mask, made once a step
 
     @functools.cached_property
     def mask(self) -> torch.Tensor | None:
         """[E, S] bool causal mask with the prefix offset (None: plain causal), made on first use:
         rows taken by a kernel never need it (a 2,048-token chunk's costs ~2 ms to build)."""
-        return _causal_mask(self.seq_len - (self.tok_end - self.tok_start), self.seq_len, self.device)
+        return _causal_mask(
+            self.seq_len - (self.tok_end - self.tok_start), self.seq_len, self.device
+        )
 
     def mask_for(self, window: int, device) -> torch.Tensor | None:
         """The causal mask, narrowed to the last `window` keys of each query where window > 0."""
         if not window:
             return self.mask
         if window not in self.windowed:
-            q_pos = torch.arange(self.seq_len - (self.tok_end - self.tok_start), self.seq_len, device=device)
+            q_pos = torch.arange(
+                self.seq_len - (self.tok_end - self.tok_start), self.seq_len, device=device
+            )
             self.windowed[window] = window_mask(self.mask, q_pos.unsqueeze(1), self.seq_len, window)
         return self.windowed[window]
 
@@ -91,7 +97,9 @@ class _Batched:
     identity: bool  # the batch is single-token rows 0..N-1, in token order
     q_pos: torch.Tensor  # [rows, 1, q_len, 1] each query's position (the mask's causal limit)
     gather_slots: torch.Tensor | None = None  # [rows, ctx_len] pool slots when there is no mirror
-    windowed: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, made once a step
+    windowed: dict[int, torch.Tensor] = field(
+        default_factory=dict
+    )  # window -> mask, made once a step
 
     def mask_for(self, window: int) -> torch.Tensor:
         if not window:
@@ -114,7 +122,9 @@ class _MirrorWrite:
 
 @dataclass
 class _Mirror:
-    index: dict[tuple[int, int], int] = field(default_factory=dict)  # (pool row, epoch) -> mirror row
+    index: dict[tuple[int, int], int] = field(
+        default_factory=dict
+    )  # (pool row, epoch) -> mirror row
     lens: list[int] = field(default_factory=list)  # valid context length per mirror row
     free: list[int] = field(default_factory=list)  # holes left by rows that stopped running
     row_capacity: int = 0
@@ -137,7 +147,9 @@ def _causal_mask(prefix: int, seq: int, device) -> torch.Tensor | None:
     return torch.arange(seq, device=device).unsqueeze(0) <= q_pos
 
 
-def window_mask(causal: torch.Tensor | None, q_pos: torch.Tensor, ctx_len: int, window: int) -> torch.Tensor:
+def window_mask(
+    causal: torch.Tensor | None, q_pos: torch.Tensor, ctx_len: int, window: int
+) -> torch.Tensor:
     """`causal` (None: plain causal over q_pos) and only keys inside each query's window: key
     position > query position - window, so a query sees `window` keys, itself included (HF's
     sliding-window rule)."""
@@ -146,12 +158,15 @@ def window_mask(causal: torch.Tensor | None, q_pos: torch.Tensor, ctx_len: int, 
     return (keys <= q_pos) & recent if causal is None else causal & recent
 
 
-def attend(q, k, v, mask: torch.Tensor | None, scale: float, logit_cap: float = 0.0) -> torch.Tensor:
+def attend(
+    q, k, v, mask: torch.Tensor | None, scale: float, logit_cap: float = 0.0
+) -> torch.Tensor:
     """softmax(q k^T * scale [soft-capped] + mask) v over [..., heads, len, D] (GQA: k/v heads
     divide q's). mask None: causal. SDPA where there is no cap (it has none); else in float32."""
     if not logit_cap:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                              enable_gqa=True)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
+        )
     group = q.shape[-3] // k.shape[-3]
     k32, v32 = k.float().repeat_interleave(group, -3), v.float().repeat_interleave(group, -3)
     scores = torch.matmul(q.float(), k32.transpose(-1, -2)) * scale
@@ -177,11 +192,14 @@ def attend_after_prefix(q, k, v, prefix: int, scale: float) -> torch.Tensor:
     return torch.lerp(out_new.float(), out_prefix.float(), share_prefix).to(q.dtype)
 
 
-def pool_extend_row(table: torch.Tensor, prow: int, prefix: int, ext: int, first: int) -> _ExtendRow:
+def pool_extend_row(
+    table: torch.Tensor, prow: int, prefix: int, ext: int, first: int
+) -> _ExtendRow:
     """A multi-token row whose context is read from the pool (or, with no prefix, is its own k/v)."""
     seq = prefix + ext
-    return _ExtendRow(first, first + ext, seq, table.device,
-                      slots=table[prow, :seq] if prefix > 0 else None)
+    return _ExtendRow(
+        first, first + ext, seq, table.device, slots=table[prow, :seq] if prefix > 0 else None
+    )
 
 
 def extend_row_context(k, v, k_buf, v_buf, ext: _ExtendRow) -> tuple[torch.Tensor, torch.Tensor]:
@@ -192,9 +210,20 @@ def extend_row_context(k, v, k_buf, v_buf, ext: _ExtendRow) -> tuple[torch.Tenso
     return k_buf.index_select(0, ext.slots), v_buf.index_select(0, ext.slots)
 
 
-def attend_extend_row(q, k, v, k_buf, v_buf, ext: _ExtendRow, scaling: float, out: torch.Tensor,
-                      ke: torch.Tensor | None = None, ve: torch.Tensor | None = None, sliding_window: int = 0,
-                      logit_cap: float = 0.0) -> None:
+def attend_extend_row(
+    q,
+    k,
+    v,
+    k_buf,
+    v_buf,
+    ext: _ExtendRow,
+    scaling: float,
+    out: torch.Tensor,
+    ke: torch.Tensor | None = None,
+    ve: torch.Tensor | None = None,
+    sliding_window: int = 0,
+    logit_cap: float = 0.0,
+) -> None:
     """One attention call for a multi-token row, written into out[tok_start:tok_end]. Its
     context is (ke, ve) when given, else the fresh k/v (no prefix) or the pool at ext.slots."""
     qe = q[ext.tok_start : ext.tok_end].transpose(0, 1).unsqueeze(0)  # [1, h, E, D]
@@ -237,12 +266,19 @@ class TorchNativeBackend(AttentionBackend):
         return self._mirror
 
     def reserved_memory_bytes(
-        self, max_total_tokens: int, num_kv_heads: int, head_dim: int, num_layers: int, dtype: torch.dtype
+        self,
+        max_total_tokens: int,
+        num_kv_heads: int,
+        head_dim: int,
+        num_layers: int,
+        dtype: torch.dtype,
     ) -> int:
         """The mirror's bound (see `mirror_bound_bytes`); 0 without a mirror."""
         if not self.use_mirror:
             return 0
-        bytes_per_token = TokenToKVPool.bytes_per_token_for(num_layers, num_kv_heads, head_dim, dtype)
+        bytes_per_token = TokenToKVPool.bytes_per_token_for(
+            num_layers, num_kv_heads, head_dim, dtype
+        )
         return mirror_bound_bytes(max_total_tokens, bytes_per_token, num_layers)
 
     # ------------------------------------------------------------------ planning
@@ -253,8 +289,18 @@ class TorchNativeBackend(AttentionBackend):
         # (pool row, epoch, prefix, ext, first token index) per request
         rows = []
         start = 0
-        for i, (row, prefix, ext) in enumerate(zip(batch.req_rows, batch.prefix_lens, batch.extend_lens)):
-            rows.append((row, batch.row_epochs[i] if batch.row_epochs is not None else -1, prefix, ext, start))
+        for i, (row, prefix, ext) in enumerate(
+            zip(batch.req_rows, batch.prefix_lens, batch.extend_lens)
+        ):
+            rows.append(
+                (
+                    row,
+                    batch.row_epochs[i] if batch.row_epochs is not None else -1,
+                    prefix,
+                    ext,
+                    start,
+                )
+            )
             start += ext
         mirrored = [r for r in rows if r[3] <= MIRRORED_EXTEND_MAX]
         placed = None
@@ -266,9 +312,15 @@ class TorchNativeBackend(AttentionBackend):
         else:
             batch.metadata = self._plan_with_mirror(rows, *placed, start, table, device)
 
-    def _plan_from_pool(self, rows: list, num_tokens: int, table: torch.Tensor, device) -> _Metadata:
+    def _plan_from_pool(
+        self, rows: list, num_tokens: int, table: torch.Tensor, device
+    ) -> _Metadata:
         decodes = [r for r in rows if r[3] == 1]
-        extends = [pool_extend_row(table, prow, prefix, ext, first) for prow, _, prefix, ext, first in rows if ext > 1]
+        extends = [
+            pool_extend_row(table, prow, prefix, ext, first)
+            for prow, _, prefix, ext, first in rows
+            if ext > 1
+        ]
         decode = None
         if decodes:
             lens = torch.tensor([prefix + 1 for _, _, prefix, _, _ in decodes], device=device)
@@ -288,7 +340,9 @@ class TorchNativeBackend(AttentionBackend):
             )
         return _Metadata(decode, extends, None)
 
-    def _place_in_mirror(self, mirrored: list, batch: ForwardBatch) -> tuple[list[int], tuple | None] | None:
+    def _place_in_mirror(
+        self, mirrored: list, batch: ForwardBatch
+    ) -> tuple[list[int], tuple | None] | None:
         """Give each mirrored request its mirror row, keeping old ones and reusing holes.
 
         Returns (mirror row per request, the old (rows, len) capacity if the mirror grew), or
@@ -336,12 +390,20 @@ class TorchNativeBackend(AttentionBackend):
         return placement, resize_from
 
     def _plan_with_mirror(
-        self, rows: list, placement: list[int], resize_from, num_tokens: int, table: torch.Tensor, device
+        self,
+        rows: list,
+        placement: list[int],
+        resize_from,
+        num_tokens: int,
+        table: torch.Tensor,
+        device,
     ) -> _Metadata:
         m = self._mirror
         cap = m.len_capacity
         extends: list[_ExtendRow] = []
-        multi: list[tuple[int, int, int, int]] = []  # mirrored multi-token rows: (mirror row, prefix, ext, first)
+        multi: list[
+            tuple[int, int, int, int]
+        ] = []  # mirrored multi-token rows: (mirror row, prefix, ext, first)
         single: list[tuple[int, int, int, int]] = []
         write_tok, write_dest, fill_dest, fill_slots = [], [], [], []
         placed = iter(placement)
@@ -398,13 +460,30 @@ class TorchNativeBackend(AttentionBackend):
         limit_t = torch.tensor(limit, device=device).view(num_rows, 1, q_len, 1)
         mask = torch.arange(ctx_len, device=device).view(1, 1, 1, -1) <= limit_t
         identity = q_len == 1 and num_rows == len(rows) == num_tokens and tok == slot
-        return _Batched(num_rows, q_len, ctx_len, mask, torch.tensor(tok, device=device),
-                        torch.tensor(slot, device=device), identity, q_pos=limit_t)
+        return _Batched(
+            num_rows,
+            q_len,
+            ctx_len,
+            mask,
+            torch.tensor(tok, device=device),
+            torch.tensor(slot, device=device),
+            identity,
+            q_pos=limit_t,
+        )
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, sliding_window: int = 0,
-                logit_cap: float = 0.0) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        layer_id,
+        scaling,
+        batch: ForwardBatch,
+        sliding_window: int = 0,
+        logit_cap: float = 0.0,
+    ) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
@@ -441,10 +520,14 @@ class TorchNativeBackend(AttentionBackend):
             ke = ve = None
             if ext.mirror_row is not None:
                 ke, ve = mk[ext.mirror_row, : ext.seq_len], mv[ext.mirror_row, : ext.seq_len]
-            attend_extend_row(q, k, v, k_buf, v_buf, ext, scaling, out, ke, ve, sliding_window, logit_cap)
+            attend_extend_row(
+                q, k, v, k_buf, v_buf, ext, scaling, out, ke, ve, sliding_window, logit_cap
+            )
         return out
 
-    def _update_mirror(self, k, v, k_buf, v_buf, layer_id: int, w: _MirrorWrite) -> tuple[torch.Tensor, torch.Tensor]:
+    def _update_mirror(
+        self, k, v, k_buf, v_buf, layer_id: int, w: _MirrorWrite
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Bring this layer's mirror up to date (resize, fill, new tokens); returns (k, v)."""
         m = self._mirror
         out = []
@@ -452,7 +535,11 @@ class TorchNativeBackend(AttentionBackend):
             t = store[layer_id]
             if t is None or w.resize_from is not None:
                 # zeros, not empty: padded positions are read (and masked), and must not hold NaN
-                grown = torch.zeros((m.row_capacity, m.len_capacity, *buf.shape[1:]), dtype=buf.dtype, device=buf.device)
+                grown = torch.zeros(
+                    (m.row_capacity, m.len_capacity, *buf.shape[1:]),
+                    dtype=buf.dtype,
+                    device=buf.device,
+                )
                 if t is not None:
                     rows, length = w.resize_from
                     grown[:rows, :length] = t[:rows, :length]

@@ -76,7 +76,10 @@ class TritonBackend(AttentionBackend):
     features = frozenset({"sliding_window", "logit_cap"})
 
     def __init__(
-        self, num_kv_splits: int = DEFAULT_NUM_KV_SPLITS, block_m: int | None = None, block_n: int | None = None
+        self,
+        num_kv_splits: int = DEFAULT_NUM_KV_SPLITS,
+        block_m: int | None = None,
+        block_n: int | None = None,
     ) -> None:
         if num_kv_splits < 1 or num_kv_splits & (num_kv_splits - 1):
             raise ValueError(f"num_kv_splits must be a power of two, got {num_kv_splits}")
@@ -105,7 +108,8 @@ class TritonBackend(AttentionBackend):
             qo_start.append(start)
             start += e
         host = torch.tensor(
-            [batch.req_rows, seq_lens, batch.prefix_lens, batch.extend_lens, qo_start], dtype=torch.int32
+            [batch.req_rows, seq_lens, batch.prefix_lens, batch.extend_lens, qo_start],
+            dtype=torch.int32,
         )
         dev = host.to(device, non_blocking=True)
         batch.metadata = TritonMetadata(
@@ -132,7 +136,9 @@ class TritonBackend(AttentionBackend):
         captured launches must keep using the same buffers)."""
         return self._graph
 
-    def init_cuda_graph_state(self, max_bs: int, max_context_len: int, device: torch.device | str | None = None) -> None:
+    def init_cuda_graph_state(
+        self, max_bs: int, max_context_len: int, device: torch.device | str | None = None
+    ) -> None:
         """Allocate the static decode metadata for graphs of up to `max_bs` requests.
 
         Call once before capturing (on the bound pool's device unless `device` is given).
@@ -163,7 +169,10 @@ class TritonBackend(AttentionBackend):
         return TritonMetadata(bs, True, g.req_rows[:bs], g.seq_lens[:bs], from_graph_buffers=True)
 
     def init_forward_metadata_replay(
-        self, bs: int, req_rows: torch.Tensor | Sequence[int], seq_lens: torch.Tensor | Sequence[int]
+        self,
+        bs: int,
+        req_rows: torch.Tensor | Sequence[int],
+        seq_lens: torch.Tensor | Sequence[int],
     ) -> None:
         """Copy a decode batch's rows and lengths (seq_len = prefix + 1) into the static buffers.
 
@@ -173,7 +182,9 @@ class TritonBackend(AttentionBackend):
         g = self._require_graph_state(bs)
         n = len(req_rows)
         if len(seq_lens) != n or n > bs:
-            raise ValueError(f"replay needs at most bs={bs} rows and as many seq_lens; got {n} and {len(seq_lens)}")
+            raise ValueError(
+                f"replay needs at most bs={bs} rows and as many seq_lens; got {n} and {len(seq_lens)}"
+            )
         g.req_rows[:n].copy_(torch.as_tensor(req_rows, dtype=torch.int32), non_blocking=True)
         g.seq_lens[:n].copy_(torch.as_tensor(seq_lens, dtype=torch.int32), non_blocking=True)
         if n < bs:
@@ -182,15 +193,28 @@ class TritonBackend(AttentionBackend):
 
     def _require_graph_state(self, bs: int) -> _GraphState:
         if self._graph is None:
-            raise RuntimeError("call init_cuda_graph_state(max_bs, max_context_len) before capturing or replaying")
+            raise RuntimeError(
+                "call init_cuda_graph_state(max_bs, max_context_len) before capturing or replaying"
+            )
         if bs > self._graph.max_bs:
-            raise ValueError(f"batch size {bs} exceeds the CUDA-graph state's max_bs {self._graph.max_bs}")
+            raise ValueError(
+                f"batch size {bs} exceeds the CUDA-graph state's max_bs {self._graph.max_bs}"
+            )
         return self._graph
 
     # ------------------------------------------------------------------ forward
 
-    def forward(self, q, k, v, layer_id, scaling, batch: ForwardBatch, sliding_window: int = 0,
-                logit_cap: float = 0.0) -> torch.Tensor:
+    def forward(
+        self,
+        q,
+        k,
+        v,
+        layer_id,
+        scaling,
+        batch: ForwardBatch,
+        sliding_window: int = 0,
+        logit_cap: float = 0.0,
+    ) -> torch.Tensor:
         pool = batch.kv_pool
         pool.set_kv(layer_id, batch.out_cache_loc, k, v)
         k_buf, v_buf = pool.k_buffers[layer_id], pool.v_buffers[layer_id]
@@ -211,17 +235,23 @@ class TritonBackend(AttentionBackend):
             )  # fmt: skip
         return out
 
-    def _decode_scratch(self, md: TritonMetadata, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _decode_scratch(
+        self, md: TritonMetadata, q: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Split scratch: fresh per call (the caching allocator makes that cheap), except under a
         graph, whose captured launches need one fixed buffer."""
         heads, head_dim = q.shape[1], q.shape[2]
         g = self._graph
         if not md.from_graph_buffers or g is None:
-            return triton_kernels.decode_partial_buffers(md.batch_size, heads, head_dim, self.num_kv_splits, q.device)
+            return triton_kernels.decode_partial_buffers(
+                md.batch_size, heads, head_dim, self.num_kv_splits, q.device
+            )
         if g.part_out is None:
             g.part_out, g.part_lse = triton_kernels.decode_partial_buffers(
                 g.max_bs, heads, head_dim, self.num_kv_splits, q.device
             )
         elif g.part_out.shape[1:] != (heads, self.num_kv_splits, head_dim):
-            raise RuntimeError("the CUDA-graph scratch was sized for another head count or head_dim")
+            raise RuntimeError(
+                "the CUDA-graph scratch was sized for another head count or head_dim"
+            )
         return g.part_out[: md.batch_size], g.part_lse[: md.batch_size]

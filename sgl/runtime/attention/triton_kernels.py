@@ -37,8 +37,15 @@ import triton.language as tl
 
 
 @triton.jit
-def _scores(q, k, sm_scale, logit_cap, USE_CAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
-            DOT_PRECISION: tl.constexpr):
+def _scores(
+    q,
+    k,
+    sm_scale,
+    logit_cap,
+    USE_CAP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
     """q k^T * scale, soft-capped when USE_CAP (tanh(x) = 2 sigmoid(2x) - 1)."""
     s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * sm_scale
     if USE_CAP:
@@ -54,15 +61,40 @@ def _online_update(s, m_i, l_i, acc, v, DOT_DTYPE: tl.constexpr, DOT_PRECISION: 
     alpha = tl.exp(m_i - m_safe)
     p = tl.exp(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + tl.dot(
+        p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION
+    )
     return m_new, l_i, acc
 
 
 @triton.jit
 def _attend_pool_keys(
-    q, q_pos, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
-    window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
-    BLOCK_N: tl.constexpr, USE_WINDOW: tl.constexpr, USE_CAP: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    q,
+    q_pos,
+    m_i,
+    l_i,
+    acc,
+    start,
+    end,
+    K_buf,
+    V_buf,
+    Req_to_token,
+    row,
+    kv_head,
+    offs_d,
+    d_mask,
+    sm_scale,
+    window,
+    logit_cap,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    stride_row,
+    BLOCK_N: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_CAP: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
     """Online softmax of the queries `q` [rows, D] (at positions `q_pos` [rows]) over context
@@ -73,13 +105,21 @@ def _attend_pool_keys(
         n_mask = offs_n < end
         slots = tl.load(Req_to_token + row * stride_row + offs_n, mask=n_mask, other=0).to(tl.int64)
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        k = tl.load(K_buf + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(
+            K_buf + slots[:, None] * stride_ks + kv_head * stride_kh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
         s = _scores(q, k, sm_scale, logit_cap, USE_CAP, DOT_DTYPE, DOT_PRECISION)
         visible = (q_pos[:, None] >= 0) & n_mask[None, :]  # [rows, BLOCK_N]
         if USE_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
-        v = tl.load(V_buf + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(
+            V_buf + slots[:, None] * stride_vs + kv_head * stride_vh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
+        )
         m_i, l_i, acc = _online_update(s, m_i, l_i, acc, v, DOT_DTYPE, DOT_PRECISION)
     return m_i, l_i, acc
 
@@ -199,7 +239,9 @@ def _decode_reduce_kernel(
     )
     total = tl.sum(w, 0)
     out = tl.sum(w[:, None] * part, 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask)
+    tl.store(
+        Out + b * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_mask
+    )
 
 
 @triton.jit
@@ -271,7 +313,9 @@ def _extend_kernel(
     q_pos = prefix + offs_m  # absolute positions of the tile's queries
     first = prefix * 0
     if USE_WINDOW:
-        first = tl.maximum(prefix + m_block * BLOCK_M - window + 1, 0)  # the tile's first query's window
+        first = tl.maximum(
+            prefix + m_block * BLOCK_M - window + 1, 0
+        )  # the tile's first query's window
     m_i, l_i, acc = _attend_pool_keys(
         q, q_pos, m_i, l_i, acc, tl.minimum(first, prefix), prefix, K_buf, V_buf, Req_to_token, row, kv_head,
         offs_d, d_mask, sm_scale, window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
@@ -285,7 +329,9 @@ def _extend_kernel(
         n_mask = offs_n < ext
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k = tl.load(
-            K_new + (qo + offs_n)[:, None] * stride_knt + kv_head * stride_knh + offs_d[None, :], mask=kv_mask, other=0.0
+            K_new + (qo + offs_n)[:, None] * stride_knt + kv_head * stride_knh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
         s = _scores(q, k, sm_scale, logit_cap, USE_CAP, DOT_DTYPE, DOT_PRECISION)
         visible = n_mask[None, :] & (offs_n[None, :] <= offs_m[:, None])
@@ -293,7 +339,9 @@ def _extend_kernel(
             visible = visible & (offs_n[None, :] > offs_m[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         v = tl.load(
-            V_new + (qo + offs_n)[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :], mask=kv_mask, other=0.0
+            V_new + (qo + offs_n)[:, None] * stride_vnt + kv_head * stride_vnh + offs_d[None, :],
+            mask=kv_mask,
+            other=0.0,
         )
         m_i, l_i, acc = _online_update(s, m_i, l_i, acc, v, DOT_DTYPE, DOT_PRECISION)
 
@@ -339,7 +387,9 @@ def dot_options(dtype: torch.dtype) -> dict:
 def _check_last_dim(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.stride(-1) != 1:
-            raise ValueError("attention kernels need a contiguous head_dim (stride 1 on the last dim)")
+            raise ValueError(
+                "attention kernels need a contiguous head_dim (stride 1 on the last dim)"
+            )
 
 
 def decode_partial_buffers(
@@ -379,7 +429,9 @@ def decode_attention(
     if num_splits & (num_splits - 1):
         raise ValueError(f"the number of decode splits must be a power of two, got {num_splits}")
     if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
+        raise ValueError(
+            f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads"
+        )
     _check_last_dim(q, k_buffer, v_buffer, out, req_to_token)
     group = num_heads // num_kv_heads
     block_d = _block_d(head_dim)
@@ -432,7 +484,9 @@ def extend_attention(
     num_heads, head_dim = q.shape[1], q.shape[2]
     num_kv_heads = k.shape[1]
     if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads")
+        raise ValueError(
+            f"{num_heads} query heads do not group evenly over {num_kv_heads} kv heads"
+        )
     _check_last_dim(q, k, v, out, k_buffer, v_buffer, req_to_token)
     bs = req_rows.shape[0]
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))

@@ -38,8 +38,10 @@ SUPPORTED_ARCHITECTURES = {
     "qwen2_moe": "qwen2_moe",
     "qwen3_moe": "qwen3_moe",
 }
-SUPPORTED_NAMES = ("Llama 2/3, Mistral, Ministral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3 (text), "
-                   "Phi-3 / 3.5 / Phi-4-mini, Mixtral, Qwen2-MoE, Qwen3-MoE, SmolLM")
+SUPPORTED_NAMES = (
+    "Llama 2/3, Mistral, Ministral, Qwen2/2.5, Qwen3, Gemma 2, Gemma 3 (text), "
+    "Phi-3 / 3.5 / Phi-4-mini, Mixtral, Qwen2-MoE, Qwen3-MoE, SmolLM"
+)
 ROPE_KINDS = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 # The activation each family's MLP gate uses (HF `hidden_act` / `hidden_activation`).
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -75,7 +77,9 @@ class ModelConfig:
     hidden_act: str = "silu"  # "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     qk_norm: bool = False  # RMSNorm over each head of q and k before RoPE (Qwen3, Gemma 3)
     norm_offset: float = 0.0  # RMSNorm scales by (offset + w): Gemma stores w - 1
-    sandwich_norms: bool = False  # Gemma 2/3: norms after attention and MLP too, before each residual add
+    sandwich_norms: bool = (
+        False  # Gemma 2/3: norms after attention and MLP too, before each residual add
+    )
     embed_scale: float | None = None  # embeddings times this (Gemma: sqrt(hidden))
     attn_scale: float | None = None  # q.k scale; None: head_dim ** -0.5
     attn_logit_cap: float = 0.0  # scores -> cap * tanh(scores / cap); 0: none
@@ -116,8 +120,11 @@ class ModelConfig:
             rope_scaling=scaling,
             max_position_embeddings=_max_positions(d, scaling),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", gemma)),
-            qkv_bias=(arch == "qwen2" or bool(d.get("attention_bias", False))
-                      or (arch == "qwen2_moe" and d.get("qkv_bias", True))),
+            qkv_bias=(
+                arch == "qwen2"
+                or bool(d.get("attention_bias", False))
+                or (arch == "qwen2_moe" and d.get("qkv_bias", True))
+            ),
             o_bias=arch not in ("qwen2", "qwen2_moe") and bool(d.get("attention_bias", False)),
             mlp_bias=bool(d.get("mlp_bias", False)),
             arch=arch,
@@ -170,20 +177,29 @@ class ModelConfig:
 
 def architecture_of(d: dict[str, Any]) -> str:
     archs = d.get("architectures") or [d.get("model_type", "llama")]
-    arch = SUPPORTED_ARCHITECTURES.get(archs[0]) or SUPPORTED_ARCHITECTURES.get(d.get("model_type", ""))
+    arch = SUPPORTED_ARCHITECTURES.get(archs[0]) or SUPPORTED_ARCHITECTURES.get(
+        d.get("model_type", "")
+    )
     if arch is None:
         raise UnsupportedConfigError(
             f"model architecture {archs[0]!r} (config key 'architectures') is not supported; supported: "
-            f"{SUPPORTED_NAMES}")
+            f"{SUPPORTED_NAMES}"
+        )
     return arch
 
 
 def _activation(d: dict[str, Any], arch: str) -> str:
-    key = "hidden_activation" if arch in ("gemma2", "gemma3") and "hidden_activation" in d else "hidden_act"
+    key = (
+        "hidden_activation"
+        if arch in ("gemma2", "gemma3") and "hidden_activation" in d
+        else "hidden_act"
+    )
     default = "gelu_pytorch_tanh" if arch in ("gemma2", "gemma3") else "silu"
     name = d.get(key) or default
     if name not in ACTIVATIONS:
-        raise UnsupportedConfigError(f"config key {key!r} = {name!r} is not supported (supported: {sorted(ACTIVATIONS)})")
+        raise UnsupportedConfigError(
+            f"config key {key!r} = {name!r} is not supported (supported: {sorted(ACTIVATIONS)})"
+        )
     return ACTIVATIONS[name]
 
 
@@ -199,12 +215,16 @@ def _rope_settings(d: dict[str, Any], arch: str) -> tuple[float, dict | None, fl
             params = dict(params.get("full_attention") or {})
             local_theta = local.get("rope_theta")
             if _rope_kind(local) != "default":
-                raise UnsupportedConfigError("config key 'rope_parameters.sliding_attention.rope_type' = "
-                                             f"{_rope_kind(local)!r}: sgl scales only the global layers' RoPE")
+                raise UnsupportedConfigError(
+                    "config key 'rope_parameters.sliding_attention.rope_type' = "
+                    f"{_rope_kind(local)!r}: sgl scales only the global layers' RoPE"
+                )
         local_theta = float(local_theta or d.get("rope_local_base_freq") or 10000.0)
     default_theta = 1_000_000.0 if arch == "gemma3" else 10000.0
     theta = params.pop("rope_theta", None) or d.get("rope_theta") or default_theta
-    scaling = params if params and _rope_kind(params) != "default" else d.get("rope_scaling") or None
+    scaling = (
+        params if params and _rope_kind(params) != "default" else d.get("rope_scaling") or None
+    )
     if scaling is not None:
         scaling = dict(scaling)
         kind = _rope_kind(scaling)
@@ -213,7 +233,8 @@ def _rope_settings(d: dict[str, Any], arch: str) -> tuple[float, dict | None, fl
         elif kind not in ROPE_KINDS:
             raise UnsupportedConfigError(
                 f"config key 'rope_scaling' has rope_type {kind!r}, which sgl does not implement yet "
-                f"(supported: {', '.join(ROPE_KINDS)})")
+                f"(supported: {', '.join(ROPE_KINDS)})"
+            )
         else:
             _complete_scaling(scaling, kind, d)
     return float(theta), scaling, local_theta
@@ -228,19 +249,27 @@ def _complete_scaling(scaling: dict[str, Any], kind: str, d: dict[str, Any]) -> 
         if top:
             scaling["original_max_position_embeddings"] = top
         elif kind != "llama3":  # llama3 keeps its own default (8192)
-            scaling.setdefault("original_max_position_embeddings", d.get("max_position_embeddings", 4096))
-    if kind == "dynamic":  # HF scales from the model's own max_position_embeddings, whatever else is set
+            scaling.setdefault(
+                "original_max_position_embeddings", d.get("max_position_embeddings", 4096)
+            )
+    if (
+        kind == "dynamic"
+    ):  # HF scales from the model's own max_position_embeddings, whatever else is set
         factor = scaling.get("factor")
         if not isinstance(factor, (int, float)) or factor < 1:
-            raise UnsupportedConfigError(f"config key 'rope_scaling.factor' = {factor!r}: dynamic NTK needs a factor >= 1")
+            raise UnsupportedConfigError(
+                f"config key 'rope_scaling.factor' = {factor!r}: dynamic NTK needs a factor >= 1"
+            )
         scaling["original_max_position_embeddings"] = d.get("max_position_embeddings", 4096)
     if kind == "longrope":
         head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
         half = (_rotary_dim(d) or head_dim) // 2
         for key in ("short_factor", "long_factor"):
             if len(scaling.get(key) or []) != half:
-                raise UnsupportedConfigError(f"config key 'rope_scaling.{key}' must list {half} factors (one per "
-                                             f"rotary frequency), got {len(scaling.get(key) or [])}")
+                raise UnsupportedConfigError(
+                    f"config key 'rope_scaling.{key}' must list {half} factors (one per "
+                    f"rotary frequency), got {len(scaling.get(key) or [])}"
+                )
 
 
 def _max_positions(d: dict[str, Any], scaling: dict[str, Any] | None) -> int:
@@ -261,18 +290,27 @@ def _layer_windows(d: dict[str, Any], arch: str) -> list[int]:
     it, else by each family's rule (HF's defaults for configs written before `layer_types`)."""
     n = d["num_hidden_layers"]
     window = d.get("sliding_window")
-    if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not d.get("use_sliding_window", False):
-        window = None  # Qwen configs carry a sliding_window that applies only with use_sliding_window
+    if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and not d.get(
+        "use_sliding_window", False
+    ):
+        window = (
+            None  # Qwen configs carry a sliding_window that applies only with use_sliding_window
+        )
     types = d.get("layer_types")
     if types is None:
         if arch in ("mistral", "ministral", "phi3", "mixtral"):
             types = ["sliding_attention" if window else "full_attention"] * n
         elif arch == "qwen2_moe":  # HF: alternate layers below max_window_layers
             last = d.get("max_window_layers", n)
-            types = ["sliding_attention" if window and (i + 1) % 2 and i < last else "full_attention" for i in range(n)]
+            types = [
+                "sliding_attention" if window and (i + 1) % 2 and i < last else "full_attention"
+                for i in range(n)
+            ]
         elif arch in ("qwen2", "qwen3", "qwen3_moe"):
             first = d.get("max_window_layers", n)
-            types = ["sliding_attention" if window and i >= first else "full_attention" for i in range(n)]
+            types = [
+                "sliding_attention" if window and i >= first else "full_attention" for i in range(n)
+            ]
         elif arch in ("gemma2", "gemma3"):
             every = 2 if arch == "gemma2" else int(d.get("sliding_window_pattern", 6))
             types = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(n)]
@@ -280,18 +318,25 @@ def _layer_windows(d: dict[str, Any], arch: str) -> list[int]:
             if window:
                 raise UnsupportedConfigError(
                     f"config key 'sliding_window' = {window} is not part of the {arch} architecture; "
-                    "remove it, or set 'architectures' to the family the checkpoint belongs to")
+                    "remove it, or set 'architectures' to the family the checkpoint belongs to"
+                )
             return []
     if len(types) != n:
-        raise UnsupportedConfigError(f"config key 'layer_types' has {len(types)} entries for {n} layers")
+        raise UnsupportedConfigError(
+            f"config key 'layer_types' has {len(types)} entries for {n} layers"
+        )
     unknown = sorted(set(types) - {"sliding_attention", "full_attention"})
     if unknown:
-        raise UnsupportedConfigError(f"config key 'layer_types' names {unknown}, which sgl does not implement "
-                                     "(supported: sliding_attention, full_attention)")
+        raise UnsupportedConfigError(
+            f"config key 'layer_types' names {unknown}, which sgl does not implement "
+            "(supported: sliding_attention, full_attention)"
+        )
     if "sliding_attention" in types and not window:
         if arch in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
             return []  # HF's Qwen layers slide only with use_sliding_window
-        raise UnsupportedConfigError("config key 'layer_types' names sliding_attention but 'sliding_window' is not set")
+        raise UnsupportedConfigError(
+            "config key 'layer_types' names sliding_attention but 'sliding_window' is not set"
+        )
     windows = [int(window) if t == "sliding_attention" else 0 for t in types]
     return windows if any(windows) else []
 
@@ -312,30 +357,44 @@ def _moe_settings(d: dict[str, Any], arch: str) -> dict[str, Any]:
         sparse = [i not in dense and experts > 0 and (i + 1) % step == 0 for i in range(n)]
     k = d.get("num_experts_per_tok", 2)
     if not 0 < k <= experts:
-        raise UnsupportedConfigError(f"config key 'num_experts_per_tok' = {k} must be between 1 and the {experts} "
-                                     "experts")
-    return dict(num_experts=experts, experts_per_token=k, moe_intermediate_size=size,
-                norm_topk_prob=True if arch == "mixtral" else bool(d.get("norm_topk_prob", False)),
-                shared_expert_intermediate_size=d.get("shared_expert_intermediate_size", 0) if arch == "qwen2_moe" else 0,
-                sparse_layers=sparse)
+        raise UnsupportedConfigError(
+            f"config key 'num_experts_per_tok' = {k} must be between 1 and the {experts} experts"
+        )
+    return dict(
+        num_experts=experts,
+        experts_per_token=k,
+        moe_intermediate_size=size,
+        norm_topk_prob=True if arch == "mixtral" else bool(d.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=d.get("shared_expert_intermediate_size", 0)
+        if arch == "qwen2_moe"
+        else 0,
+        sparse_layers=sparse,
+    )
 
 
 def _rotary_dim(d: dict[str, Any]) -> int:
     """Dims of a head that RoPE rotates, from `partial_rotary_factor` (top level, or in
     transformers 5's `rope_parameters`); 0 when it is the whole head."""
-    factor = d.get("partial_rotary_factor") or (d.get("rope_parameters") or {}).get("partial_rotary_factor") or 1.0
+    factor = (
+        d.get("partial_rotary_factor")
+        or (d.get("rope_parameters") or {}).get("partial_rotary_factor")
+        or 1.0
+    )
     if factor == 1.0:
         return 0
     head_dim = d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]
     dim = int(head_dim * factor)
     if not 0 < dim <= head_dim or dim % 2:
-        raise UnsupportedConfigError(f"config key 'partial_rotary_factor' = {factor} gives {dim} rotary dims of "
-                                     f"{head_dim}; it must give an even number between 2 and the head size")
+        raise UnsupportedConfigError(
+            f"config key 'partial_rotary_factor' = {factor} gives {dim} rotary dims of "
+            f"{head_dim}; it must give an even number between 2 and the head size"
+        )
     return dim
 
 
 def _refuse_unsupported(d: dict[str, Any], arch: str) -> None:
     """Keys that change the model in ways the decoder does not implement."""
     if d.get("use_bidirectional_attention"):
-        raise UnsupportedConfigError("config key 'use_bidirectional_attention' is not supported: sgl runs causal "
-                                     "decoders")
+        raise UnsupportedConfigError(
+            "config key 'use_bidirectional_attention' is not supported: sgl runs causal decoders"
+        )

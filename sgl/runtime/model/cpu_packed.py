@@ -31,11 +31,15 @@ from sgl.runtime.model.row_grid import on_row_grid
 class PackedLinear(nn.Module):
     """y = x W^T (+ b), W [out, in] bf16 held in oneDNN's packed layout."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int = 32) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, rows_hint: int = 32
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("packed", pack_bf16(weight, rows_hint))
-        self.register_buffer("bias", None if bias is None else bias.detach().to(torch.bfloat16).contiguous())
+        self.register_buffer(
+            "bias", None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
+        )
 
     def held_weight(self) -> torch.Tensor:
         """The float32 [out, in] weight the layer computes with, exactly."""
@@ -52,7 +56,9 @@ class PackedLinear(nn.Module):
 
 def pack_bf16(weight: torch.Tensor, rows_hint: int = 32) -> torch.Tensor:
     """A [out, in] weight in bf16, reordered once into oneDNN's blocked layout."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(torch.bfloat16).contiguous(), rows_hint)
+    return torch.ops.mkldnn._reorder_linear_weight(
+        weight.detach().to(torch.bfloat16).contiguous(), rows_hint
+    )
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -62,8 +68,12 @@ def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
     """Whether `pack_dense_layers` would pack here: bf16 on a CPU with native bf16 matmuls."""
-    return (device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
-            and bf16_matmul_support() is not None)
+    return (
+        device.type == "cpu"
+        and dtype == torch.bfloat16
+        and torch.backends.mkldnn.is_available()
+        and bf16_matmul_support() is not None
+    )
 
 
 class CpuPackable(Protocol):
@@ -90,8 +100,10 @@ def pack_dense_layers(model: nn.Module) -> int:
         packed, layers = pack_for_cpu()
         if packed is not module:
             if not qual:
-                raise ValueError(f"{type(module).__name__}.pack_for_cpu returned another module: the model "
-                                 "itself can only pack in place")
+                raise ValueError(
+                    f"{type(module).__name__}.pack_for_cpu returned another module: the model "
+                    "itself can only pack in place"
+                )
             owner, _, attr = qual.rpartition(".")
             setattr(model.get_submodule(owner), attr, packed)
         count += layers

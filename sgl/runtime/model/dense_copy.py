@@ -46,7 +46,11 @@ def copy_bytes(layer: nn.Module) -> int:
 
 def quantized_layers(model: nn.Module) -> list[nn.Module]:
     """The model's quantized linear layers that can hold a copy (not the int8 embedding table)."""
-    return [m for m in model.modules() if hasattr(m, "dense_packed") and not hasattr(m, "num_embeddings")]
+    return [
+        m
+        for m in model.modules()
+        if hasattr(m, "dense_packed") and not hasattr(m, "num_embeddings")
+    ]
 
 
 def held_copy_bytes(model: nn.Module) -> int:
@@ -70,13 +74,18 @@ def add_dense_copies(model: nn.Module, budget: Callable[[], int]) -> int:
         return 0
     total, allowed = sum(copy_bytes(m) for m in layers), budget()
     if total > allowed:
-        logger.info("dense copies of the quantized layers (%.0f MB) exceed the budget (%.0f MB): not kept",
-                    total / 2**20, allowed / 2**20)
+        logger.info(
+            "dense copies of the quantized layers (%.0f MB) exceed the budget (%.0f MB): not kept",
+            total / 2**20,
+            allowed / 2**20,
+        )
         return 0
     for layer in layers:
         layer.dense_packed = pack_bf16(layer.held_weight())
         layer.dense_from = dense_rows(layer)
-    logger.info("kept dense bf16 copies of %d quantized layers (%.0f MB)", len(layers), total / 2**20)
+    logger.info(
+        "kept dense bf16 copies of %d quantized layers (%.0f MB)", len(layers), total / 2**20
+    )
     return total
 
 
@@ -94,8 +103,10 @@ def dense_rows(layer: nn.Module) -> int:
         wins = []
         for rows in PROBE_ROWS:
             x = torch.randn(rows, layer.in_features).to(torch.bfloat16)
-            wins.append(_seconds(lambda x=x: packed_matmul(x, layer.dense_packed, None)) <
-                        _seconds(lambda x=x: layer.packed_mm(x)))
+            wins.append(
+                _seconds(lambda x=x: packed_matmul(x, layer.dense_packed, None))
+                < _seconds(lambda x=x: layer.packed_mm(x))
+            )
         for i in range(len(PROBE_ROWS)):
             if all(wins[i:]):
                 return PROBE_ROWS[i]
@@ -110,5 +121,7 @@ def dense_route(layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     and makes the same choice per call (csrc/dense_copy.h), so the graph does not guard on rows."""
     if torch.compiler.is_compiling() or layer.dense_packed is None or x.shape[0] < layer.dense_from:
         return None
-    y = on_row_grid(lambda rows: packed_matmul(rows, layer.dense_packed, layer.bias), x.to(torch.bfloat16))
+    y = on_row_grid(
+        lambda rows: packed_matmul(rows, layer.dense_packed, layer.bias), x.to(torch.bfloat16)
+    )
     return y.to(x.dtype)

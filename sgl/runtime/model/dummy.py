@@ -239,7 +239,9 @@ def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = DUMMY
             fill(name, p)
 
 
-def _dummy_filler(config: ModelConfig | None, seed: int, std: float) -> Callable[[str, torch.Tensor], None]:
+def _dummy_filler(
+    config: ModelConfig | None, seed: int, std: float
+) -> Callable[[str, torch.Tensor], None]:
     """fill(name, tensor): the dummy value of one parameter, drawn from one seeded generator
     per device in the order the parameters are filled."""
     generators: dict[torch.device, torch.Generator] = {}
@@ -274,13 +276,23 @@ def init_dummy_shards(model: LlamaForCausalLM, seed: int = 0, std: float = DUMMY
             device = ours[name].device if name in ours else next(iter(ours.values())).device
             full = torch.empty(meta.shape, dtype=dtype, device=device)
             fill(name, full)
-            cut = cut_of(model.shards, rule_for(name), tuple(full.shape), *param_dims(name, full.dim()), name=name)
+            cut = cut_of(
+                model.shards,
+                rule_for(name),
+                tuple(full.shape),
+                *param_dims(name, full.dim()),
+                name=name,
+            )
             if cut is not None:  # None: a row-parallel bias, rank 0's only
                 ours[name].copy_(cut.apply(full, name))
 
 
 def load_dummy_model(
-    model_path: str, dtype: torch.dtype, device: torch.device, seed: int = 0, tp: TPGroup | None = None
+    model_path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    seed: int = 0,
+    tp: TPGroup | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """A random-weight model of the config `model_path` names, in `dtype` on `device`; with
     `tp`, this rank's shard of the same weights as the whole model's."""
@@ -303,7 +315,9 @@ def dummy_tokenizer_source(model_path: str) -> str | None:
     else the embedded model's (its ids only need to be below the vocabulary size), else None
     (a byte-level tokenizer is built; see `byte_level_tokenizer`)."""
     path = Path(model_path).expanduser()
-    if path.is_dir() and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    if path.is_dir() and any(
+        (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    ):
         return str(path)
     from sgl.runtime.model.paths import resolve_model_path
 

@@ -18,29 +18,51 @@ import numpy as np
 import torch
 
 _LAYER = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-    "mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
-    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
     "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
 }
-_GEMMA_LAYER = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
-                 "post_feedforward_layernorm": "post_ffw_norm"}
+_GEMMA_LAYER = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 PERMUTED_ARCHS = ("llama", "mistral")  # llama.cpp's converter interleaves their Q/K rotary halves
 NORM_SHIFTED_ARCHS = ("gemma2", "gemma3")  # the converter stores Gemma's norm weights as 1 + w
-_PHI3_LAYER = {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # fused, as in its checkpoints
+_PHI3_LAYER = {
+    "self_attn.qkv_proj": "attn_qkv",
+    "mlp.gate_up_proj": "ffn_up",
+}  # fused, as in its checkpoints
 MOE_ARCHS = ("mixtral", "qwen2moe", "qwen3moe")
 _FILE_ARCH = {"mixtral": "llama"}  # llama.cpp's name for the architecture in the file
 WRITABLE_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", *MOE_ARCHS)
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
+_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's converter permutation (rotate-half halves -> interleaved pairs), per head."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def gguf_name(hf_name: str, arch: str = "llama") -> str:
@@ -48,12 +70,23 @@ def gguf_name(hf_name: str, arch: str = "llama") -> str:
         return _TOP[hf_name]
     _, _, layer, rest = hf_name.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    names = {**_LAYER, **(_GEMMA_LAYER if arch in NORM_SHIFTED_ARCHS else {}), **(_PHI3_LAYER if arch == "phi3" else {})}
+    names = {
+        **_LAYER,
+        **(_GEMMA_LAYER if arch in NORM_SHIFTED_ARCHS else {}),
+        **(_PHI3_LAYER if arch == "phi3" else {}),
+    }
     return f"blk.{layer}.{names[module]}.{kind}"
 
 
-def write_llama_gguf(path: Path, config: dict, weights: Iterable[tuple[str, torch.Tensor]], qtype: str = "F32",
-                     tokenizer_from: Path | None = None, embed_qtype: str | None = None, arch: str = "llama") -> None:
+def write_llama_gguf(
+    path: Path,
+    config: dict,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    qtype: str = "F32",
+    tokenizer_from: Path | None = None,
+    embed_qtype: str | None = None,
+    arch: str = "llama",
+) -> None:
     """Write `weights` (HF names, any order) as a GGUF of `arch` (WRITABLE_ARCHS; Mixtral is
     llama.cpp's `llama` with experts). Weights of 2+ dims are stored as `qtype` (F32, F16,
     Q8_0, Q4_0, Q4_1, ...), the token embedding / LM head as `embed_qtype` (default: qtype);
@@ -92,9 +125,13 @@ def _add_header(w, arch: str, config: dict) -> None:
     w.add_rope_freq_base(_rope_theta(config))
     w.add_vocab_size(config["vocab_size"])
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    partial = config.get("partial_rotary_factor") or (config.get("rope_parameters") or {}).get("partial_rotary_factor")
+    partial = config.get("partial_rotary_factor") or (config.get("rope_parameters") or {}).get(
+        "partial_rotary_factor"
+    )
     w.add_rope_dimension_count(int(head_dim * (partial or 1.0)))
-    if config.get("head_dim") or arch in NORM_SHIFTED_ARCHS:  # as llama.cpp's converter: when the config has it
+    if (
+        config.get("head_dim") or arch in NORM_SHIFTED_ARCHS
+    ):  # as llama.cpp's converter: when the config has it
         w.add_key_length(head_dim)
         w.add_value_length(head_dim)
     if arch in NORM_SHIFTED_ARCHS:
@@ -111,11 +148,17 @@ def _add_header(w, arch: str, config: dict) -> None:
             w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
 
 
-def _file_tensors(name: str, arr: np.ndarray, arch: str, config: dict) -> Iterable[tuple[str, np.ndarray]]:
+def _file_tensors(
+    name: str, arr: np.ndarray, arch: str, config: dict
+) -> Iterable[tuple[str, np.ndarray]]:
     """One HF-named weight as the file holds it: Q/K permuted for llama-layout archs, Gemma's
     norms as 1 + w (no tied output), stacked experts' gate and up apart, the shared expert's
     gate as a vector."""
-    if arch in NORM_SHIFTED_ARCHS and name == "lm_head.weight" and config.get("tie_word_embeddings", True):
+    if (
+        arch in NORM_SHIFTED_ARCHS
+        and name == "lm_head.weight"
+        and config.get("tie_word_embeddings", True)
+    ):
         return  # llama.cpp's Gemma has no output tensor when the head is tied
     if name.endswith("mlp.experts.gate_up_proj"):
         layer = name.split(".")[2]
@@ -156,13 +199,19 @@ def _add_gemma_fields(w, arch: str, config: dict) -> None:
     if scaling.get("rope_type", scaling.get("type")) == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(float(scaling["factor"]))
-    local = (rope.get("sliding_attention") or {}).get("rope_theta") or config.get("rope_local_base_freq")
+    local = (rope.get("sliding_attention") or {}).get("rope_theta") or config.get(
+        "rope_local_base_freq"
+    )
     if local:
         w.add_key_value(f"{arch}.rope.freq_base_swa", float(local), gguf.GGUFValueType.FLOAT32)
     types = config.get("layer_types")
     if types:
-        w.add_key_value(f"{arch}.attention.sliding_window_pattern", [t == "sliding_attention" for t in types],
-                        gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
+        w.add_key_value(
+            f"{arch}.attention.sliding_window_pattern",
+            [t == "sliding_attention" for t in types],
+            gguf.GGUFValueType.ARRAY,
+            sub_type=gguf.GGUFValueType.BOOL,
+        )
 
 
 def _add_phi3_fields(w, config: dict) -> None:
@@ -173,9 +222,13 @@ def _add_phi3_fields(w, config: dict) -> None:
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     if rope.get("rope_type", rope.get("type")) != "longrope":
         return
-    old_ctx = config.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
+    old_ctx = (
+        config.get("original_max_position_embeddings") or rope["original_max_position_embeddings"]
+    )
     scale = config["max_position_embeddings"] / old_ctx
-    attn = rope.get("attention_factor") or (math.sqrt(1 + math.log(scale) / math.log(old_ctx)) if scale > 1 else 1.0)
+    attn = rope.get("attention_factor") or (
+        math.sqrt(1 + math.log(scale) / math.log(old_ctx)) if scale > 1 else 1.0
+    )
     w.add_rope_scaling_attn_factors(float(attn))
     w.add_rope_scaling_orig_ctx_len(int(old_ctx))
     w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))

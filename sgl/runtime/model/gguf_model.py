@@ -44,24 +44,44 @@ _GGUF_TOP_NAMES = {
     "output.weight": "lm_head.weight",
     "rope_freqs.weight": "rope_freqs",
 }
-_GGUF_ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-               "mistral": "MistralForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-               "phi3": "Phi3ForCausalLM", "qwen2moe": "Qwen2MoeForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM"}
+_GGUF_ARCHS = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
 # Expert tensors as llama.cpp stacks them ([E, I, H] gate and up apart, [E, H, I] down) and the
 # shared expert of Qwen2-MoE; `load_moe_layer` joins gate and up.
-_GGUF_MOE_NAMES = {"ffn_gate_inp": "mlp.gate", "ffn_gate_exps": "mlp.experts.gate_proj",
-                   "ffn_up_exps": "mlp.experts.up_proj", "ffn_down_exps": "mlp.experts.down_proj",
-                   "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
-                   "ffn_down_shexp": "mlp.shared_expert.down_proj", "ffn_gate_inp_shexp": "mlp.shared_expert_gate"}
+_GGUF_MOE_NAMES = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
 # llama.cpp's default renormalization of the chosen experts' weights, where the file has no key.
 _GGUF_MOE_NORM = {"llama": True, "qwen2moe": False, "qwen3moe": True}
 # Phi-3 keeps q/k/v fused (attn_qkv) and gate/up fused in ffn_up, as its HF checkpoints do.
 _GGUF_PHI3_NAMES = {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-_GGUF_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")  # LongRoPE, read into the config
+_GGUF_ROPE_FACTORS = (
+    "rope_factors_long.weight",
+    "rope_factors_short.weight",
+)  # LongRoPE, read into the config
 # Gemma's norms around both blocks: llama.cpp's names (its `ffn_norm` is the pre-MLP norm, as
 # for Llama), and the converter stores every Gemma norm weight as 1 + w (undone on read).
-_GGUF_GEMMA_NAMES = {"ffn_norm": "pre_feedforward_layernorm", "post_attention_norm": "post_attention_layernorm",
-                     "post_ffw_norm": "post_feedforward_layernorm"}
+_GGUF_GEMMA_NAMES = {
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 GGUF_NORM_SHIFTED = ("gemma2", "gemma3")
 
 
@@ -119,7 +139,9 @@ def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 def _gguf_hf_config(reader) -> dict:
     arch = _field(reader, "general.architecture")
     if arch not in _GGUF_ARCHS:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: {sorted(_GGUF_ARCHS)}")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported; supported: {sorted(_GGUF_ARCHS)}"
+        )
     a = arch
     heads = int(_field(reader, f"{a}.attention.head_count"))
     hidden = int(_field(reader, f"{a}.embedding_length"))
@@ -144,7 +166,10 @@ def _gguf_hf_config(reader) -> dict:
     }
     scale_type = _field(reader, f"{a}.rope.scaling.type")
     if scale_type == "linear":
-        hf_config["rope_scaling"] = {"rope_type": "linear", "factor": float(_field(reader, f"{a}.rope.scaling.factor"))}
+        hf_config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(_field(reader, f"{a}.rope.scaling.factor")),
+        }
     if arch in GGUF_NORM_SHIFTED:
         hf_config.update(_gguf_gemma_config(reader, a, hf_config))
     if arch == "phi3":
@@ -157,14 +182,26 @@ def _gguf_hf_config(reader) -> dict:
 def _gguf_moe_config(reader, a: str, c: dict, tensors: dict) -> dict:
     """Experts: Mixtral is llama.cpp's `llama` with an expert count; Qwen2/3-MoE their own archs,
     a layer without a router (`ffn_gate_inp`) being a dense one (`mlp_only_layers`)."""
-    experts, used = int(_field(reader, f"{a}.expert_count")), int(_field(reader, f"{a}.expert_used_count"))
+    experts, used = (
+        int(_field(reader, f"{a}.expert_count")),
+        int(_field(reader, f"{a}.expert_used_count")),
+    )
     norm = _field(reader, f"{a}.expert_weights_norm")
-    out: dict[str, Any] = {"num_experts_per_tok": used,
-                           "norm_topk_prob": bool(_GGUF_MOE_NORM.get(a, True) if norm is None else norm)}
+    out: dict[str, Any] = {
+        "num_experts_per_tok": used,
+        "norm_topk_prob": bool(_GGUF_MOE_NORM.get(a, True) if norm is None else norm),
+    }
     if a == "llama":
         return {**out, "architectures": ["MixtralForCausalLM"], "num_local_experts": experts}
-    out.update(num_experts=experts, moe_intermediate_size=int(_field(reader, f"{a}.expert_feed_forward_length")),
-               mlp_only_layers=[i for i in range(c["num_hidden_layers"]) if f"blk.{i}.ffn_gate_inp.weight" not in tensors])
+    out.update(
+        num_experts=experts,
+        moe_intermediate_size=int(_field(reader, f"{a}.expert_feed_forward_length")),
+        mlp_only_layers=[
+            i
+            for i in range(c["num_hidden_layers"])
+            if f"blk.{i}.ffn_gate_inp.weight" not in tensors
+        ],
+    )
     shared = _field(reader, f"{a}.expert_shared_feed_forward_length")
     if shared:
         out["shared_expert_intermediate_size"] = int(shared)
@@ -174,13 +211,19 @@ def _gguf_moe_config(reader, a: str, c: dict, tensors: dict) -> dict:
 def _gguf_phi3_config(reader, a: str, c: dict, tensors: dict) -> dict:
     """Phi-3's window, rotary dims and LongRoPE (factors as two small tensors, the pre-training
     context and the attention factor as keys), as llama.cpp's converter writes them."""
-    out: dict[str, Any] = {"sliding_window": _field(reader, f"{a}.attention.sliding_window") or None}
+    out: dict[str, Any] = {
+        "sliding_window": _field(reader, f"{a}.attention.sliding_window") or None
+    }
     rope_dims = _field(reader, f"{a}.rope.dimension_count")
     if rope_dims and rope_dims != c["head_dim"]:
         out["partial_rotary_factor"] = rope_dims / c["head_dim"]
     if all(name in tensors for name in _GGUF_ROPE_FACTORS):
-        long, short = (tensors[name].data.astype("float64").reshape(-1).tolist() for name in _GGUF_ROPE_FACTORS)
-        out["original_max_position_embeddings"] = int(_field(reader, f"{a}.rope.scaling.original_context_length"))
+        long, short = (
+            tensors[name].data.astype("float64").reshape(-1).tolist() for name in _GGUF_ROPE_FACTORS
+        )
+        out["original_max_position_embeddings"] = int(
+            _field(reader, f"{a}.rope.scaling.original_context_length")
+        )
         out["rope_scaling"] = {"rope_type": "longrope", "long_factor": long, "short_factor": short}
         attn_factor = _field(reader, f"{a}.rope.scaling.attn_factor")
         if attn_factor is not None:
@@ -193,9 +236,11 @@ def _gguf_gemma_config(reader, a: str, c: dict) -> dict:
     layer pattern (keys, else llama.cpp's fixed values: base 10000, 5 local layers per global
     one for Gemma 3). It stores no query_pre_attn_scalar: like llama.cpp, the head size, except
     Gemma 2 27B's hidden / heads."""
-    out = {"sliding_window": _field(reader, f"{a}.attention.sliding_window"),
-           "final_logit_softcapping": _field(reader, f"{a}.final_logit_softcapping"),
-           "query_pre_attn_scalar": c["head_dim"]}
+    out = {
+        "sliding_window": _field(reader, f"{a}.attention.sliding_window"),
+        "final_logit_softcapping": _field(reader, f"{a}.final_logit_softcapping"),
+        "query_pre_attn_scalar": c["head_dim"],
+    }
     if a == "gemma2":
         out["attn_logit_softcapping"] = _field(reader, f"{a}.attn_logit_softcapping")
         if (c["hidden_size"], c["num_hidden_layers"]) == (4608, 46):  # Gemma 2 27B
@@ -218,9 +263,16 @@ class GgufSource:
     def __init__(self, tensors: GgufTensors, hf_config: dict) -> None:
         self.tensors = tensors
         self.arch = hf_config["model_type"]
-        self.heads, self.kv_heads = hf_config["num_attention_heads"], hf_config["num_key_value_heads"]
-        layer_names = {**_GGUF_LAYER_NAMES, **(_GGUF_GEMMA_NAMES if self.arch in GGUF_NORM_SHIFTED else {}),
-                       **(_GGUF_PHI3_NAMES if self.arch == "phi3" else {}), **_GGUF_MOE_NAMES}
+        self.heads, self.kv_heads = (
+            hf_config["num_attention_heads"],
+            hf_config["num_key_value_heads"],
+        )
+        layer_names = {
+            **_GGUF_LAYER_NAMES,
+            **(_GGUF_GEMMA_NAMES if self.arch in GGUF_NORM_SHIFTED else {}),
+            **(_GGUF_PHI3_NAMES if self.arch == "phi3" else {}),
+            **_GGUF_MOE_NAMES,
+        }
         self._gguf_name: dict[str, str] = {}
         for name in tensors.infos:
             if name in _GGUF_ROPE_FACTORS:
@@ -268,4 +320,8 @@ def unpermute_qk(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Inverse of llama.cpp's `permute` (pairs interleaved -> rotate-half halves), per head."""
     out_dim = w.shape[0]
     rest = w.shape[1:]
-    return w.reshape(n_heads, out_dim // n_heads // 2, 2, *rest).transpose(1, 2).reshape(out_dim, *rest)
+    return (
+        w.reshape(n_heads, out_dim // n_heads // 2, 2, *rest)
+        .transpose(1, 2)
+        .reshape(out_dim, *rest)
+    )

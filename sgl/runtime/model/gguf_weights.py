@@ -22,10 +22,21 @@ from sgl.runtime.model.quant_tensor import QuantizedTensor
 
 # The kernel layout each GGUF type is kept in under quantization="auto" (None: dense).
 FAMILY = {
-    "F32": None, "F16": None, "BF16": None,
-    "Q4_0": "int4", "Q4_1": "int4", "Q4_K": "int4", "Q3_K": "int4", "Q2_K": "int4",
-    "IQ4_NL": "int4", "IQ4_XS": "int4",
-    "Q8_0": "int8", "Q6_K": "int8", "Q5_0": "int8", "Q5_1": "int8", "Q5_K": "int8",
+    "F32": None,
+    "F16": None,
+    "BF16": None,
+    "Q4_0": "int4",
+    "Q4_1": "int4",
+    "Q4_K": "int4",
+    "Q3_K": "int4",
+    "Q2_K": "int4",
+    "IQ4_NL": "int4",
+    "IQ4_XS": "int4",
+    "Q8_0": "int8",
+    "Q6_K": "int8",
+    "Q5_0": "int8",
+    "Q5_1": "int8",
+    "Q5_K": "int8",
 }
 
 
@@ -70,10 +81,20 @@ class GgufTensors:
         if kind not in _EXACT:
             return list(self.read(name).unbind(0))
         w = self._read_blocks(name, kind, e * n, k)
-        return [QuantizedTensor(w.kind, w.codes[i * n : (i + 1) * n], w.scales[i * n : (i + 1) * n],
-                                None if w.zeros is None else w.zeros[i * n : (i + 1) * n], w.group) for i in range(e)]
+        return [
+            QuantizedTensor(
+                w.kind,
+                w.codes[i * n : (i + 1) * n],
+                w.scales[i * n : (i + 1) * n],
+                None if w.zeros is None else w.zeros[i * n : (i + 1) * n],
+                w.group,
+            )
+            for i in range(e)
+        ]
 
-    def _read_blocks(self, name: str, kind: str, n: int, k: int, chunk_elems: int = 1 << 22) -> QuantizedTensor:
+    def _read_blocks(
+        self, name: str, kind: str, n: int, k: int, chunk_elems: int = 1 << 22
+    ) -> QuantizedTensor:
         """A block-quantized tensor, a few million weights (whole rows) at a time into its codes
         and scales: neither the file's bytes nor the decoders' temporaries exist whole at once
         (a 128k-token Q8_0 embedding would otherwise cost ~3x its size while read)."""
@@ -88,8 +109,13 @@ class GgufTensors:
                 part = _EXACT[kind](np.frombuffer(f.read(m * row_bytes), dtype=np.uint8), m, k)
                 if out is None:
                     zeros = None if part.zeros is None else torch.empty(n, part.zeros.shape[1])
-                    out = QuantizedTensor(part.kind, torch.empty(n, k, dtype=part.codes.dtype),
-                                          torch.empty(n, part.scales.shape[1]), zeros, part.group)
+                    out = QuantizedTensor(
+                        part.kind,
+                        torch.empty(n, k, dtype=part.codes.dtype),
+                        torch.empty(n, part.scales.shape[1]),
+                        zeros,
+                        part.group,
+                    )
                 out.codes[start : start + m] = part.codes
                 out.scales[start : start + m] = part.scales
                 if out.zeros is not None:

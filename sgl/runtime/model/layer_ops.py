@@ -42,8 +42,13 @@ def _build() -> bool:
     try:
         from sgl import native
 
-        native.build("sgl_layer_ops", SOURCE, ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
-                     ldflags=["-fopenmp"], python_module=False)
+        native.build(
+            "sgl_layer_ops",
+            SOURCE,
+            ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
+            ldflags=["-fopenmp"],
+            python_module=False,
+        )
         return True
     except Exception as e:  # no compiler: the torch ops serve
         logger.warning("the fused CPU layer ops could not be built (%s); using torch ops", e)
@@ -52,5 +57,10 @@ def _build() -> bool:
 
 def fused_ops_for(x: torch.Tensor) -> bool:
     """Whether x's layer math goes through the fused ops: an eager step on the CPU."""
-    return (enabled and x.device.type == "cpu" and x.dtype in FUSED_DTYPES and not torch.compiler.is_compiling()
-            and layer_ops_built())
+    return (
+        enabled
+        and x.device.type == "cpu"
+        and x.dtype in FUSED_DTYPES
+        and not torch.compiler.is_compiling()
+        and layer_ops_built()
+    )

@@ -29,8 +29,13 @@ def linear_ops_built() -> bool:
                 from sgl import native
 
                 # no FMA contraction: a dequantized weight is (q - 8) * s + z rounded as torch rounds it
-                native.build("sgl_linear_ops", SOURCE, ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
-                             ldflags=["-fopenmp"], python_module=False)
+                native.build(
+                    "sgl_linear_ops",
+                    SOURCE,
+                    ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"],
+                    ldflags=["-fopenmp"],
+                    python_module=False,
+                )
                 _register_fakes()
                 _built.append(True)
             except Exception as e:  # no compiler: the torch-ops routes serve
@@ -47,11 +52,20 @@ def compiled_ops_ready() -> bool:
 def _register_fakes() -> None:
     fake = torch.library.register_fake
     fake("sgl_linear::int4_dequant_t")(
-        lambda packed, scales_zeros, group, block_n, pairs, dtype: packed.new_empty(packed.shape[1] * 2,
-                                                                                    packed.shape[0], dtype=dtype))
+        lambda packed, scales_zeros, group, block_n, pairs, dtype: packed.new_empty(
+            packed.shape[1] * 2, packed.shape[0], dtype=dtype
+        )
+    )
     fake("sgl_linear::int8_linear")(
-        lambda x, qweight, scales, crossover, dense_dtype, dense, dense_from: x.new_empty(x.shape[0], qweight.shape[0]))
+        lambda x, qweight, scales, crossover, dense_dtype, dense, dense_from: x.new_empty(
+            x.shape[0], qweight.shape[0]
+        )
+    )
     fake("sgl_linear::int4_linear")(
-        lambda x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype, dense, dense_from: x.new_empty(
-            x.shape[0], qweight.shape[0]))
-    fake("sgl_linear::packed_linear")(lambda x, packed, bias: x.new_empty(x.shape[0], packed.shape[0]))
+        lambda x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype, dense, dense_from: (
+            x.new_empty(x.shape[0], qweight.shape[0])
+        )
+    )
+    fake("sgl_linear::packed_linear")(
+        lambda x, packed, bias: x.new_empty(x.shape[0], packed.shape[0])
+    )

@@ -82,8 +82,9 @@ class RMSNorm(nn.Module):
     def add_forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(x + a, this norm of it): the residual add and the next block's norm, one call."""
         if fused_ops_for(x) and self.weight.dtype == x.dtype == a.dtype and x.dim() == 2:
-            return torch.ops.sgl_layer.add_rms_norm(x.contiguous(), a.contiguous(), self.weight, self.eps,
-                                                    self.offset)
+            return torch.ops.sgl_layer.add_rms_norm(
+                x.contiguous(), a.contiguous(), self.weight, self.eps, self.offset
+            )
         x = x + a
         return x, self(x)
 
@@ -102,9 +103,16 @@ class Attention(nn.Module):
         self.layer_id = layer_id
         self.num_heads, self.num_kv_heads = shards.num_heads, shards.num_kv_heads
         self.head_dim = config.head_dim
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_bias and shards.tp.rank == 0)
+        self.q_size, self.kv_size = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        self.qkv_proj = Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.qkv_bias
+        )
+        self.o_proj = Linear(
+            self.q_size, config.hidden_size, bias=config.o_bias and shards.tp.rank == 0
+        )
         self.scaling = config.attn_scale or self.head_dim**-0.5
         self.qk_norm = config.qk_norm
         if config.qk_norm:  # per head, before RoPE
@@ -112,13 +120,24 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
         # Only what the layer uses is passed on, so backends without these features still run
         # the models that do not need them.
-        self.features = {k: v for k, v in (("sliding_window", config.window_of(layer_id)),
-                                           ("logit_cap", config.attn_logit_cap)) if v}
+        self.features = {
+            k: v
+            for k, v in (
+                ("sliding_window", config.window_of(layer_id)),
+                ("logit_cap", config.attn_logit_cap),
+            )
+            if v
+        }
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch
+    ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim)
+        q, k = (
+            q.view(-1, self.num_heads, self.head_dim),
+            k.view(-1, self.num_kv_heads, self.head_dim),
+        )
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if fused_ops_for(x) and rope[0].dtype == torch.float32:  # contiguous, as the kernels want
@@ -126,7 +145,9 @@ class Attention(nn.Module):
         else:
             q, k = rotate(q, *rope), rotate(k, *rope)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        out = batch.attn_backend.forward(q, k, v, self.layer_id, self.scaling, batch, **self.features)
+        out = batch.attn_backend.forward(
+            q, k, v, self.layer_id, self.scaling, batch, **self.features
+        )
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
@@ -134,13 +155,21 @@ class MLP(nn.Module):
     """Gated MLP on this rank's slice of the intermediate dim; the output is down_proj's
     partial sum (bias on rank 0 only)."""
 
-    def __init__(self, config: ModelConfig, intermediate_size: int | None = None,
-                 shards: TPShards | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        intermediate_size: int | None = None,
+        shards: TPShards | None = None,
+    ) -> None:
         super().__init__()
         shards = _single(config, shards)
-        self.intermediate_size = size = shards.split(intermediate_size or config.intermediate_size, "intermediate_size")
+        self.intermediate_size = size = shards.split(
+            intermediate_size or config.intermediate_size, "intermediate_size"
+        )
         self.gate_up_proj = Linear(config.hidden_size, 2 * size, bias=config.mlp_bias)
-        self.down_proj = Linear(size, config.hidden_size, bias=config.mlp_bias and shards.tp.rank == 0)
+        self.down_proj = Linear(
+            size, config.hidden_size, bias=config.mlp_bias and shards.tp.rank == 0
+        )
         self.gelu = config.hidden_act == "gelu_tanh"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -165,7 +194,11 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = norm()
         self.self_attn = Attention(config, layer_id, shards)
         self.post_attention_layernorm = norm()
-        self.mlp = SparseMoE(config, MLP, shards) if config.is_sparse(layer_id) else MLP(config, shards=shards)
+        self.mlp = (
+            SparseMoE(config, MLP, shards)
+            if config.is_sparse(layer_id)
+            else MLP(config, shards=shards)
+        )
         self.sandwich = config.sandwich_norms
         if self.sandwich:
             self.pre_feedforward_layernorm = norm()
@@ -173,11 +206,17 @@ class DecoderLayer(nn.Module):
         # Sliding-window layers with their own RoPE base read the model's local tables.
         self.local_rope = bool(config.window_of(layer_id)) and config.local_rope_theta is not None
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], batch: ForwardBatch
+    ) -> torch.Tensor:
         reduce = self.tp.all_reduce  # returns its argument at tp size 1
         if self.sandwich:
-            x = x + self.post_attention_layernorm(reduce(self.self_attn(self.input_layernorm(x), rope, batch)))
-            return x + self.post_feedforward_layernorm(reduce(self.mlp(self.pre_feedforward_layernorm(x))))
+            x = x + self.post_attention_layernorm(
+                reduce(self.self_attn(self.input_layernorm(x), rope, batch))
+            )
+            return x + self.post_feedforward_layernorm(
+                reduce(self.mlp(self.pre_feedforward_layernorm(x)))
+            )
         attn = reduce(self.self_attn(self.input_layernorm(x), rope, batch))
         x, h = self.post_attention_layernorm.add_forward(x, attn)
         return x + reduce(self.mlp(h))
@@ -198,7 +237,9 @@ class LlamaForCausalLM(nn.Module):
         self.shards = shards = TPShards(config, self.tp)
         self.local_num_heads, self.local_num_kv_heads = shards.num_heads, shards.num_kv_heads
         self.embed_tokens = nn.Embedding(shards.vocab_per_rank, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i, shards) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i, shards) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
         self.build_rotary()
         if not config.tie_word_embeddings:
@@ -214,10 +255,14 @@ class LlamaForCausalLM(nn.Module):
             self.rotary.to(device)
             getattr(self, "rotary_local", self.rotary).to(device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch
+    ) -> torch.Tensor:
         """Final hidden states [T, hidden] for the flat token batch (after the last norm)."""
         x = self.embed(input_ids)
-        if self.config.embed_scale is not None:  # rounded to the activations' dtype first, as HF does
+        if (
+            self.config.embed_scale is not None
+        ):  # rounded to the activations' dtype first, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         rope = self.rotary.tables(positions)
         local = self.rotary_local.tables(positions) if hasattr(self, "rotary_local") else rope
@@ -242,9 +287,14 @@ class LlamaForCausalLM(nn.Module):
         if isinstance(head, nn.Linear) and head.weight.dtype == torch.bfloat16:
             self.lm_head = PackedLinear(head.weight, head.bias)
             return self, 1
-        if head is None and isinstance(self.embed_tokens, nn.Embedding) and \
-                self.embed_tokens.weight.dtype == torch.bfloat16:
-            self.lm_head = PackedLinear(self.embed_tokens.weight, None)  # a packed copy of the tied table
+        if (
+            head is None
+            and isinstance(self.embed_tokens, nn.Embedding)
+            and self.embed_tokens.weight.dtype == torch.bfloat16
+        ):
+            self.lm_head = PackedLinear(
+                self.embed_tokens.weight, None
+            )  # a packed copy of the tied table
             return self, 1
         return self, 0
 

@@ -52,7 +52,9 @@ class StackedExperts(nn.Module):
         self.num_experts, self.intermediate, self.act = num_experts, intermediate, act
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
-        self.per_expert: nn.ModuleList | None = None  # per expert: (gate_up, down) layers, once split
+        self.per_expert: nn.ModuleList | None = (
+            None  # per expert: (gate_up, down) layers, once split
+        )
 
     def use_per_expert_layers(self, layers: list[tuple[nn.Module, nn.Module]]) -> None:
         """Compute with these (gate_up [2I, H], down [H, I]) layers, one pair per expert."""
@@ -68,8 +70,12 @@ class StackedExperts(nn.Module):
         (cpu_packed.CpuPackable). Experts already split (quantized or packed) stay as they are."""
         if self.per_expert is not None or self.gate_up_proj.dtype != torch.bfloat16:
             return self, 0
-        self.use_per_expert_layers([(PackedLinear(self.gate_up_proj[e], None), PackedLinear(self.down_proj[e], None))
-                                    for e in range(self.num_experts)])
+        self.use_per_expert_layers(
+            [
+                (PackedLinear(self.gate_up_proj[e], None), PackedLinear(self.down_proj[e], None))
+                for e in range(self.num_experts)
+            ]
+        )
         return self, 2 * self.num_experts
 
     def stacked_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,13 +85,19 @@ class StackedExperts(nn.Module):
         held = [[layer.held_weight() for layer in pair] for pair in self.per_expert]
         return torch.stack([pair[0] for pair in held]), torch.stack([pair[1] for pair in held])
 
-    def forward(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """x [T, H]; experts, weights [T, k] (each token's chosen experts and their weights)."""
         if self.per_expert is None and x.is_cuda and _triton_grouped_experts() is not None:
-            return _triton_grouped_experts()(x, self.gate_up_proj, self.down_proj, experts, weights, self.act)
+            return _triton_grouped_experts()(
+                x, self.gate_up_proj, self.down_proj, experts, weights, self.act
+            )
         return self.grouped_matmuls(x, experts, weights)
 
-    def grouped_matmuls(self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def grouped_matmuls(
+        self, x: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """The torch path: one gate/up and one down matmul per expert that received rows."""
         k = experts.shape[1]
         flat = experts.reshape(-1)
@@ -97,10 +109,13 @@ class StackedExperts(nn.Module):
         start = 0
         for e, n in enumerate(counts):
             if n:  # rows padded to the grid: an expert's row count takes any value in prefill
-                out_rows[start : start + n] = on_row_grid(functools.partial(self._expert_mlp, e),
-                                                          rows[start : start + n])
+                out_rows[start : start + n] = on_row_grid(
+                    functools.partial(self._expert_mlp, e), rows[start : start + n]
+                )
                 start += n
-        out_rows = out_rows * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(out_rows.dtype)
+        out_rows = out_rows * weights.reshape(-1).index_select(0, order).unsqueeze(1).to(
+            out_rows.dtype
+        )
         return torch.zeros_like(x).index_add_(0, tokens, out_rows)
 
     def _expert_mlp(self, e: int, rows: torch.Tensor) -> torch.Tensor:
@@ -128,15 +143,24 @@ class SparseMoE(nn.Module):
     experts and the shared expert hold this rank's slice of their intermediate dims and the
     output is this rank's partial sum; the router and the shared expert's gate are whole."""
 
-    def __init__(self, config: ModelConfig, dense_mlp: type[nn.Module], shards: TPShards | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, dense_mlp: type[nn.Module], shards: TPShards | None = None
+    ) -> None:
         super().__init__()
         self.top_k, self.renormalize = config.experts_per_token, config.norm_topk_prob
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=False)
-        size = shards.split(config.moe_intermediate_size, "moe_intermediate_size") if shards else \
-            config.moe_intermediate_size
-        self.experts = StackedExperts(config.num_experts, config.hidden_size, size, config.hidden_act)
+        size = (
+            shards.split(config.moe_intermediate_size, "moe_intermediate_size")
+            if shards
+            else config.moe_intermediate_size
+        )
+        self.experts = StackedExperts(
+            config.num_experts, config.hidden_size, size, config.hidden_act
+        )
         if config.shared_expert_intermediate_size:
-            self.shared_expert = dense_mlp(config, config.shared_expert_intermediate_size, shards=shards)
+            self.shared_expert = dense_mlp(
+                config, config.shared_expert_intermediate_size, shards=shards
+            )
             self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -38,10 +38,25 @@ def _act_and_mul(gate, up, GELU_TANH: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(
-    X, W, H, Pair_of_row, Block_expert, num_pairs, top_k, hidden, inter,
-    stride_xt, stride_we, stride_wn, stride_hr,
-    GELU_TANH: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    X,
+    W,
+    H,
+    Pair_of_row,
+    Block_expert,
+    num_pairs,
+    top_k,
+    hidden,
+    inter,
+    stride_xt,
+    stride_we,
+    stride_wn,
+    stride_hr,
+    GELU_TANH: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """H[row, n] = act(x[token] . W[e, n]) * (x[token] . W[e, inter + n]) for a block's rows."""
     block, tile = tl.program_id(0), tl.program_id(1)
@@ -59,24 +74,52 @@ def _gate_up_kernel(
         for k0 in range(0, hidden, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < hidden
-            x = tl.load(X + tokens[:, None] * stride_xt + offs_k[None, :], mask=valid[:, None] & k_mask[None, :],
-                        other=0.0).to(DOT_DTYPE)
-            w_mask = n_mask[:, None] & k_mask[None, :]  # weight tiles [BLOCK_N, BLOCK_K], rows along K
-            w_gate = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
-            w_up = tl.load(w_base + (offs_n[:, None] + inter) * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
+            x = tl.load(
+                X + tokens[:, None] * stride_xt + offs_k[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0.0,
+            ).to(DOT_DTYPE)
+            w_mask = (
+                n_mask[:, None] & k_mask[None, :]
+            )  # weight tiles [BLOCK_N, BLOCK_K], rows along K
+            w_gate = tl.load(
+                w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0
+            )
+            w_up = tl.load(
+                w_base + (offs_n[:, None] + inter) * stride_wn + offs_k[None, :],
+                mask=w_mask,
+                other=0.0,
+            )
             acc_gate += tl.dot(x, tl.trans(w_gate.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
             acc_up += tl.dot(x, tl.trans(w_up.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
         h = _act_and_mul(acc_gate, acc_up, GELU_TANH)
-        tl.store(H + rows[:, None].to(tl.int64) * stride_hr + offs_n[None, :], h.to(H.dtype.element_ty),
-                 mask=valid[:, None] & n_mask[None, :])
+        tl.store(
+            H + rows[:, None].to(tl.int64) * stride_hr + offs_n[None, :],
+            h.to(H.dtype.element_ty),
+            mask=valid[:, None] & n_mask[None, :],
+        )
 
 
 @triton.jit
 def _down_kernel(
-    H, W, Out, Pair_of_row, Block_expert, Pair_weight, num_pairs, inter, hidden,
-    stride_hr, stride_we, stride_wn, stride_op,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    H,
+    W,
+    Out,
+    Pair_of_row,
+    Block_expert,
+    Pair_weight,
+    num_pairs,
+    inter,
+    hidden,
+    stride_hr,
+    stride_we,
+    stride_wn,
+    stride_op,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """Out[pair, n] = weight[pair] * (H[row] . W[e, n]) for a block's rows."""
     block, tile = tl.program_id(0), tl.program_id(1)
@@ -92,29 +135,44 @@ def _down_kernel(
         for k0 in range(0, inter, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < inter
-            h = tl.load(H + rows[:, None].to(tl.int64) * stride_hr + offs_k[None, :],
-                        mask=valid[:, None] & k_mask[None, :], other=0.0)
-            w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :],
-                        other=0.0)
+            h = tl.load(
+                H + rows[:, None].to(tl.int64) * stride_hr + offs_k[None, :],
+                mask=valid[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            w = tl.load(
+                w_base + offs_n[:, None] * stride_wn + offs_k[None, :],
+                mask=n_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
             acc += tl.dot(h.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
         weight = tl.load(Pair_weight + pairs, mask=valid, other=0.0)
         safe_pairs = tl.where(valid, pairs, 0).to(tl.int64)
-        tl.store(Out + safe_pairs[:, None] * stride_op + offs_n[None, :], acc * weight[:, None],
-                 mask=valid[:, None] & n_mask[None, :])
+        tl.store(
+            Out + safe_pairs[:, None] * stride_op + offs_n[None, :],
+            acc * weight[:, None],
+            mask=valid[:, None] & n_mask[None, :],
+        )
 
 
-def expert_blocks(experts: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def expert_blocks(
+    experts: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(pair_of_row [rows] int32, block_expert [rows / block_m] int32) for experts [T, k]: the
     pairs sorted by expert, each expert's run padded to a multiple of block_m. Sized for the
     worst case (every hit expert padded), so nothing waits on the device."""
     flat = experts.reshape(-1)
     num_pairs, device = flat.numel(), flat.device
     order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block_m - 1) // block_m * block_m
     padded_end = torch.cumsum(padded, 0)
     sorted_experts = flat[order]
-    rank = torch.arange(num_pairs, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    rank = (
+        torch.arange(num_pairs, device=device) - (torch.cumsum(counts, 0) - counts)[sorted_experts]
+    )
     dest = (padded_end - padded)[sorted_experts] + rank
     num_blocks = triton.cdiv(num_pairs + min(num_experts, num_pairs) * (block_m - 1), block_m)
     pair_of_row = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int32, device=device)
@@ -125,8 +183,14 @@ def expert_blocks(experts: torch.Tensor, num_experts: int, block_m: int) -> tupl
     return pair_of_row, block_expert
 
 
-def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, experts: torch.Tensor,
-                    weights: torch.Tensor, act: str) -> torch.Tensor:
+def grouped_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    experts: torch.Tensor,
+    weights: torch.Tensor,
+    act: str,
+) -> torch.Tensor:
     """sum over each token's k experts of weight * down_e(act(gate_e x) * up_e x): x [T, H];
     gate_up [E, 2I, H]; down [E, H, I]; experts, weights [T, k]. Returns [T, H] in x's dtype."""
     num_tokens, hidden = x.shape
@@ -140,12 +204,43 @@ def grouped_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, 
     dot = dot_options(x.dtype)  # float32 exact; bfloat16 as float32 under the interpreter
     h = torch.empty(pair_of_row.numel(), inter, dtype=x.dtype, device=x.device)
     _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
-        x, gate_up, h, pair_of_row, block_expert, num_pairs, top_k, hidden, inter,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), h.stride(0),
-        GELU_TANH=act == "gelu_tanh", BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **dot)
+        x,
+        gate_up,
+        h,
+        pair_of_row,
+        block_expert,
+        num_pairs,
+        top_k,
+        hidden,
+        inter,
+        x.stride(0),
+        gate_up.stride(0),
+        gate_up.stride(1),
+        h.stride(0),
+        GELU_TANH=act == "gelu_tanh",
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        **dot,
+    )
     out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
     _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
-        h, down, out, pair_of_row, block_expert, weights.reshape(-1).float().contiguous(), num_pairs, inter, hidden,
-        h.stride(0), down.stride(0), down.stride(1), out.stride(0),
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **dot)
+        h,
+        down,
+        out,
+        pair_of_row,
+        block_expert,
+        weights.reshape(-1).float().contiguous(),
+        num_pairs,
+        inter,
+        hidden,
+        h.stride(0),
+        down.stride(0),
+        down.stride(1),
+        out.stride(0),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        **dot,
+    )
     return out.view(num_tokens, top_k, hidden).sum(1).to(x.dtype)

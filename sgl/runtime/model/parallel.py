@@ -97,12 +97,16 @@ def check_splittable(config: ModelConfig, size: int) -> None:
             sizes["shared_expert_intermediate_size"] = config.shared_expert_intermediate_size
     for name, value in sizes.items():
         if value % size:
-            raise ValueError(f"tensor parallelism: {name}={value} is not divisible by tp_size={size}; "
-                             f"choose a tp_size that divides it")
+            raise ValueError(
+                f"tensor parallelism: {name}={value} is not divisible by tp_size={size}; "
+                f"choose a tp_size that divides it"
+            )
     if kv < size and size % kv:
-        raise ValueError(f"tensor parallelism: num_key_value_heads={kv} is fewer than tp_size={size} and does "
-                         f"not divide it, so KV heads cannot be replicated evenly; choose a tp_size that is a "
-                         f"multiple or divisor of {kv}")
+        raise ValueError(
+            f"tensor parallelism: num_key_value_heads={kv} is fewer than tp_size={size} and does "
+            f"not divide it, so KV heads cannot be replicated evenly; choose a tp_size that is a "
+            f"multiple or divisor of {kv}"
+        )
 
 
 class TPShards:
@@ -117,7 +121,10 @@ class TPShards:
         if kv >= n:  # a run of KV heads, and the query heads that read them
             self.kv_head_start, self.num_kv_heads = _balanced(kv, n, r)
             group = heads // kv
-            self.q_head_start, self.num_heads = self.kv_head_start * group, self.num_kv_heads * group
+            self.q_head_start, self.num_heads = (
+                self.kv_head_start * group,
+                self.num_kv_heads * group,
+            )
         else:  # replicated: rank r's query heads all read KV head r * kv // n
             self.num_kv_heads, self.kv_head_start = 1, r * kv // n
             self.num_heads = heads // n
@@ -132,21 +139,27 @@ class TPShards:
     def split(self, size: int, name: str = "a dimension") -> int:
         """size / N (refusing sizes that do not divide)."""
         if size % self.tp.size:
-            raise ValueError(f"tensor parallelism: {name} of size {size} is not divisible by tp_size={self.tp.size}")
+            raise ValueError(
+                f"tensor parallelism: {name} of size {size} is not divisible by tp_size={self.tp.size}"
+            )
         return size // self.tp.size
 
     def part_range(self, kind: str, size: int) -> tuple[int, int]:
         """This rank's rows of one fused part of `size` rows (or inputs of a row-parallel one)."""
         if kind == "kv":
             head_dim = size // self.config.num_key_value_heads
-            return self.kv_head_start * head_dim, (self.kv_head_start + self.num_kv_heads) * head_dim
+            return self.kv_head_start * head_dim, (
+                self.kv_head_start + self.num_kv_heads
+            ) * head_dim
         if kind == "q":
             head_dim = size // self.config.num_attention_heads
             return self.q_head_start * head_dim, (self.q_head_start + self.num_heads) * head_dim
         per = self.split(size)
         return self.tp.rank * per, (self.tp.rank + 1) * per
 
-    def out_ranges(self, rule: ShardRule, size: int, part: int | None = None) -> list[tuple[int, int]]:
+    def out_ranges(
+        self, rule: ShardRule, size: int, part: int | None = None
+    ) -> list[tuple[int, int]]:
         """This rank's rows of a column-parallel weight's output dim of `size`: of the whole
         fused weight (part None), or of its `part`-th piece alone."""
         if part is not None:
@@ -167,7 +180,9 @@ class TPShards:
             raise ValueError(f"a fused weight of {size} rows does not split into the parts {parts}")
         return [known.get(p, rest // max(len(even), 1)) for p in parts]
 
-    def in_range(self, size: int, name: str = "a row-parallel layer", kind: str = "even") -> tuple[int, int]:
+    def in_range(
+        self, size: int, name: str = "a row-parallel layer", kind: str = "even"
+    ) -> tuple[int, int]:
         """This rank's slice of a row-parallel weight's input dim (`kind`: its rule's part)."""
         if kind != "even":
             return self.part_range(kind, size)
@@ -188,15 +203,19 @@ class TPShards:
         return start, stop, self.vocab_per_rank - (stop - start)
 
 
-def take(value: torch.Tensor | QuantizedTensor, dim: int, ranges: list[tuple[int, int]],
-         name: str = "a weight") -> torch.Tensor | QuantizedTensor:
+def take(
+    value: torch.Tensor | QuantizedTensor,
+    dim: int,
+    ranges: list[tuple[int, int]],
+    name: str = "a weight",
+) -> torch.Tensor | QuantizedTensor:
     """The pieces `ranges` of `value` along `dim`, concatenated, as a new tensor (the caller
     may drop `value` at once). Quantized codes are cut along rows, or along inputs on their
     groups' boundaries only."""
     if isinstance(value, QuantizedTensor):
         if dim == 0:
             return value.rows(torch.cat([torch.arange(a, b) for a, b in ranges]))
-        (a, b), = ranges
+        ((a, b),) = ranges
         return value.columns(a, b, name)
     pieces = [value.narrow(dim, a, b - a) for a, b in ranges]
     return pieces[0].clone() if len(pieces) == 1 else torch.cat(pieces, dim)
@@ -208,9 +227,13 @@ def pad_rows(value: torch.Tensor | QuantizedTensor, extra: int) -> torch.Tensor 
         return value
     if isinstance(value, QuantizedTensor):
         n, k = value.shape
-        zeros = QuantizedTensor(value.kind, torch.zeros(extra, k, dtype=value.codes.dtype),
-                                torch.zeros(extra, value.scales.shape[1]),
-                                None if value.zeros is None else torch.zeros(extra, value.zeros.shape[1]), value.group)
+        zeros = QuantizedTensor(
+            value.kind,
+            torch.zeros(extra, k, dtype=value.codes.dtype),
+            torch.zeros(extra, value.scales.shape[1]),
+            None if value.zeros is None else torch.zeros(extra, value.zeros.shape[1]),
+            value.group,
+        )
         if value.kind == "int4":
             zeros.codes.fill_(8)  # (8 - 8) * s + 0
         return cat_rows([value, zeros])
@@ -226,14 +249,23 @@ class Cut:
     ranges: tuple[tuple[int, int], ...] = ()
     pad: int = 0
 
-    def apply(self, value: torch.Tensor | QuantizedTensor, name: str = "a weight") -> torch.Tensor | QuantizedTensor:
+    def apply(
+        self, value: torch.Tensor | QuantizedTensor, name: str = "a weight"
+    ) -> torch.Tensor | QuantizedTensor:
         if self.dim is None:
             return value
         return pad_rows(take(value, self.dim, list(self.ranges), name), self.pad)
 
 
-def cut_of(shards: TPShards, rule: ShardRule, shape: tuple[int, ...], out_dim: int, in_dim: int | None,
-           part: int | None = None, name: str = "a weight") -> Cut | None:
+def cut_of(
+    shards: TPShards,
+    rule: ShardRule,
+    shape: tuple[int, ...],
+    out_dim: int,
+    in_dim: int | None,
+    part: int | None = None,
+    name: str = "a weight",
+) -> Cut | None:
     """How `rule` cuts a full weight (or, `in_dim` None, bias) of `shape` for this rank; None
     where the rank holds none of it (a row-parallel bias off rank 0)."""
     if not shards.sharded or rule.kind == "replicated":

@@ -83,7 +83,9 @@ def _torch_pack_int4(codes: torch.Tensor) -> torch.Tensor:
 def _int4_probe_codes() -> torch.Tensor:
     """Fixed random codes, [64, 16]: whole blocks in every layout, and (checked by the unit
     tests) packed differently by each, so exactly one layout reads torch's pack back."""
-    return torch.randint(0, 16, (INT4_PAD_ROWS, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4))
+    return torch.randint(
+        0, 16, (INT4_PAD_ROWS, 16), dtype=torch.uint8, generator=torch.Generator().manual_seed(4)
+    )
 
 
 @functools.cache
@@ -96,12 +98,18 @@ def int4_pack_layout() -> Int4PackLayout:
     probe = _int4_probe_codes()
     packed = _torch_pack_int4(probe)
     n, k = probe.shape
-    matches = [layout for layout in INT4_PACK_LAYOUTS if torch.equal(unpack_int4(packed, n, k, layout), probe)]
+    matches = [
+        layout
+        for layout in INT4_PACK_LAYOUTS
+        if torch.equal(unpack_int4(packed, n, k, layout), probe)
+    ]
     if len(matches) != 1:
-        raise RuntimeError(f"torch {torch.__version__}'s CPU int4 pack (capability "
-                           f"{torch.backends.cpu.get_cpu_capability()}) matches "
-                           f"{[m.name for m in matches] or 'none'} of the known layouts "
-                           f"{[m.name for m in INT4_PACK_LAYOUTS]}: the int4 kernels cannot read it")
+        raise RuntimeError(
+            f"torch {torch.__version__}'s CPU int4 pack (capability "
+            f"{torch.backends.cpu.get_cpu_capability()}) matches "
+            f"{[m.name for m in matches] or 'none'} of the known layouts "
+            f"{[m.name for m in INT4_PACK_LAYOUTS]}: the int4 kernels cannot read it"
+        )
     return matches[0]
 
 
@@ -115,12 +123,16 @@ def pack_int4(codes: torch.Tensor, chunk_elems: int = 1 << 22) -> torch.Tensor:
     return torch.cat([_torch_pack_int4(codes[i : i + rows]) for i in range(0, n, rows)])
 
 
-def unpack_int4(packed: torch.Tensor, n: int, k: int, layout: Int4PackLayout | None = None) -> torch.Tensor:
+def unpack_int4(
+    packed: torch.Tensor, n: int, k: int, layout: Int4PackLayout | None = None
+) -> torch.Tensor:
     """Inverse of `pack_int4`: uint8 [N, K] codes of bytes in `layout` (default: this
     process's, `int4_pack_layout`), N a multiple of its block."""
     layout = layout or int4_pack_layout()
     if n % layout.block_n:
-        raise ValueError(f"unpack_int4: {n} rows are not whole blocks of {layout.block_n} ({layout.name} layout)")
+        raise ValueError(
+            f"unpack_int4: {n} rows are not whole blocks of {layout.block_n} ({layout.name} layout)"
+        )
     blocks = packed.reshape(n // layout.block_n, k, layout.block_n // 2)
     low, high = blocks & 15, blocks >> 4  # [N/B, K, B/2]
     if layout.pairs:  # byte j: rows 2j, 2j + 1
@@ -145,7 +157,9 @@ def int4_dequant_op() -> Callable | None:
     return torch.ops.sgl_linear.int4_dequant_t if linear_ops_built() else None
 
 
-def int8_mm(xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int) -> torch.Tensor:
+def int8_mm(
+    xb: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, crossover: int
+) -> torch.Tensor:
     """bf16 x [M, K] @ (int8 W [N, K] * scales)^T: packed kernel up to `crossover` rows (bf16
     out), else dequantized (a oneDNN matmul in `dense_dtype()`, on the row grid)."""
     if xb.shape[0] > crossover:
@@ -160,19 +174,34 @@ def _int8_dequantized(qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tens
     return qweight.to(dtype) * scales.to(dtype).unsqueeze(1)
 
 
-def int4_mm(xb: torch.Tensor, qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, padded_out: int,
-            crossover: int, layout: Int4PackLayout) -> torch.Tensor:
+def int4_mm(
+    xb: torch.Tensor,
+    qweight: torch.Tensor,
+    scales_zeros: torch.Tensor,
+    group: int,
+    padded_out: int,
+    crossover: int,
+    layout: Int4PackLayout,
+) -> torch.Tensor:
     """bf16 x [M, K] @ W^T for torch's packed int4 W (padded_out rows, in `layout`): packed
     kernel up to `crossover` rows (bf16 out), else dequantized (one C++ pass where it builds)
     and multiplied in `dense_dtype()`."""
     if xb.shape[0] > crossover:
-        weight_t = _int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1], layout)
+        weight_t = _int4_dequantized_t(
+            qweight, scales_zeros, group, padded_out, xb.shape[1], layout
+        )
         return on_row_grid(lambda rows: torch.mm(rows, weight_t), xb.to(weight_t.dtype))
     return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qweight, group, scales_zeros)
 
 
-def _int4_dequantized_t(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int,
-                        layout: Int4PackLayout) -> torch.Tensor:
+def _int4_dequantized_t(
+    qweight: torch.Tensor,
+    scales_zeros: torch.Tensor,
+    group: int,
+    n: int,
+    k: int,
+    layout: Int4PackLayout,
+) -> torch.Tensor:
     """W^T [K, N] in `dense_dtype()` (padded rows included): one C++ pass where the op is
     built, else torch ops."""
     op, dtype = int4_dequant_op(), dense_dtype()
@@ -181,8 +210,15 @@ def _int4_dequantized_t(qweight: torch.Tensor, scales_zeros: torch.Tensor, group
     return op(qweight, scales_zeros, group, layout.block_n, layout.pairs, dtype)
 
 
-def _int4_dequantized(qweight: torch.Tensor, scales_zeros: torch.Tensor, group: int, n: int, k: int,
-                      layout: Int4PackLayout, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def _int4_dequantized(
+    qweight: torch.Tensor,
+    scales_zeros: torch.Tensor,
+    group: int,
+    n: int,
+    k: int,
+    layout: Int4PackLayout,
+    dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """The [N, K] weight (padded rows included) of torch's packed int4 bytes in `layout`, with torch ops."""
     codes = unpack_int4(qweight, n, k, layout).to(dtype).reshape(n, k // group, group)
     scales, zeros = scales_zeros.to(dtype).permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
@@ -223,8 +259,15 @@ class Int8Linear(nn.Module):
             return dense
         xb = x.to(torch.bfloat16)
         if in_compiled_graph():
-            y = torch.ops.sgl_linear.int8_linear(xb, self.qweight, self.scales, prepared_crossover(self),
-                                                 self.dense_dtype, self.dense_packed, self.dense_from)
+            y = torch.ops.sgl_linear.int8_linear(
+                xb,
+                self.qweight,
+                self.scales,
+                prepared_crossover(self),
+                self.dense_dtype,
+                self.dense_packed,
+                self.dense_from,
+            )
         else:
             y = int8_mm(xb, self.qweight, self.scales, crossover_for(self, xb.shape[0]))
         if self.bias is not None:
@@ -243,7 +286,9 @@ class Int4Linear(nn.Module):
         self.group = q.group
         padded = _pad_rows(q, INT4_PAD_ROWS)
         self.padded_out = padded.codes.shape[0]
-        self.pack_layout = int4_pack_layout()  # how torch laid out qweight: read by every dequantize
+        self.pack_layout = (
+            int4_pack_layout()
+        )  # how torch laid out qweight: read by every dequantize
         self.register_buffer("qweight", pack_int4(padded.codes))
         sz = torch.stack([padded.scales.t(), padded.zeros.t()], dim=2)  # [K/g, N, 2]
         self.register_buffer("scales_zeros", sz.to(torch.bfloat16).contiguous())
@@ -256,22 +301,43 @@ class Int4Linear(nn.Module):
 
     def dequantized_t(self) -> torch.Tensor:
         """W^T [K, N] in `dense_dtype()` (padded rows included; one call's worth: prefill)."""
-        return _int4_dequantized_t(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
-                                   self.pack_layout)
+        return _int4_dequantized_t(
+            self.qweight,
+            self.scales_zeros,
+            self.group,
+            self.padded_out,
+            self.in_features,
+            self.pack_layout,
+        )
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (padded rows included), with torch ops."""
-        return _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
-                                 self.pack_layout)
+        return _int4_dequantized(
+            self.qweight,
+            self.scales_zeros,
+            self.group,
+            self.padded_out,
+            self.in_features,
+            self.pack_layout,
+        )
 
     def held_weight(self) -> torch.Tensor:
         """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros), exactly."""
-        w = _int4_dequantized(self.qweight, self.scales_zeros, self.group, self.padded_out, self.in_features,
-                              self.pack_layout, torch.float32)
+        w = _int4_dequantized(
+            self.qweight,
+            self.scales_zeros,
+            self.group,
+            self.padded_out,
+            self.in_features,
+            self.pack_layout,
+            torch.float32,
+        )
         return w[: self.out_features]
 
     def packed_mm(self, xb: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, self.qweight, self.group, self.scales_zeros)
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(
+            xb, self.qweight, self.group, self.scales_zeros
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dense = dense_copy.dense_route(self, x)
@@ -279,13 +345,28 @@ class Int4Linear(nn.Module):
             return dense
         xb = x.to(torch.bfloat16)
         if in_compiled_graph():
-            y = torch.ops.sgl_linear.int4_linear(xb, self.qweight, self.scales_zeros, self.group,
-                                                 self.pack_layout.block_n, self.pack_layout.pairs,
-                                                 prepared_crossover(self), self.dense_dtype, self.dense_packed,
-                                                 self.dense_from)
+            y = torch.ops.sgl_linear.int4_linear(
+                xb,
+                self.qweight,
+                self.scales_zeros,
+                self.group,
+                self.pack_layout.block_n,
+                self.pack_layout.pairs,
+                prepared_crossover(self),
+                self.dense_dtype,
+                self.dense_packed,
+                self.dense_from,
+            )
         else:
-            y = int4_mm(xb, self.qweight, self.scales_zeros, self.group, self.padded_out,
-                        crossover_for(self, xb.shape[0]), self.pack_layout)
+            y = int4_mm(
+                xb,
+                self.qweight,
+                self.scales_zeros,
+                self.group,
+                self.padded_out,
+                crossover_for(self, xb.shape[0]),
+                self.pack_layout,
+            )
         if self.padded_out != self.out_features:
             y = y[:, : self.out_features]
         if self.bias is not None:
@@ -321,15 +402,23 @@ class Int8Embedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """float32 [N, vocab] = hidden @ E^T (the LM head)."""
-        return int8_mm(hidden.to(torch.bfloat16).contiguous(), self.qweight, self.scales,
-                       crossover_for(self, hidden.shape[0])).float()
+        return int8_mm(
+            hidden.to(torch.bfloat16).contiguous(),
+            self.qweight,
+            self.scales,
+            crossover_for(self, hidden.shape[0]),
+        ).float()
 
 
 def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module:
     """The layer for `q`: on our VNNI kernels where the CPU has them (quant_vnni), else on torch's
     (an int8 weight in groups then goes to one scale per row, the only layout torch's kernel takes)."""
     if quant_vnni.vnni_available() and quant_vnni.fits(q):
-        return quant_vnni.VnniInt8Linear(q, bias) if q.kind == "int8" else quant_vnni.VnniInt4Linear(q, bias)
+        return (
+            quant_vnni.VnniInt8Linear(q, bias)
+            if q.kind == "int8"
+            else quant_vnni.VnniInt4Linear(q, bias)
+        )
     if q.kind == "int8":
         return Int8Linear(per_row_int8(q), bias)
     return Int4Linear(q, bias)

@@ -41,8 +41,9 @@ class QuantPolicy:
             return self.quantization
         return family if self.quantization == "auto" else None
 
-    def linear_weight(self, value: Any, family: str | None, whole_in: int | None = None,
-                      name: str = "a weight") -> torch.Tensor | QuantizedTensor:
+    def linear_weight(
+        self, value: Any, family: str | None, whole_in: int | None = None, name: str = "a weight"
+    ) -> torch.Tensor | QuantizedTensor:
         """A linear layer's [out, in] weight in the kernel's layout (or dense). `whole_in`: the
         layer's inputs at tp size 1 where `value` is one rank's slice of a row-parallel layer's;
         its int4 groups are the whole layer's (as at tp size 1), so the slice must hold whole
@@ -51,14 +52,22 @@ class QuantPolicy:
         k = value.shape[1]
         group = int4_group_for(whole_in or k, self.group_size) if kind == "int4" else k
         if kind == "int4" and group is not None and k % group:
-            raise ValueError(f"tensor parallelism: {name} gives a rank {k} of its {whole_in} inputs, not a "
-                             f"multiple of its int4 group size {group}; choose a tp_size that cuts it on "
-                             f"{group}-input boundaries, or quantization int8")
+            raise ValueError(
+                f"tensor parallelism: {name} gives a rank {k} of its {whole_in} inputs, not a "
+                f"multiple of its int4 group size {group}; choose a tp_size that cuts it on "
+                f"{group}-input boundaries, or quantization int8"
+            )
         if kind is None or group is None:
             if kind is not None:
-                logger.warning("a layer with %d inputs cannot be int4 (groups of 32): kept dense", k)
+                logger.warning(
+                    "a layer with %d inputs cannot be int4 (groups of 32): kept dense", k
+                )
             return dense_weight(value)
-        if isinstance(value, QuantizedTensor) and value.kind == kind and (value.group == group or kind == "int8"):
+        if (
+            isinstance(value, QuantizedTensor)
+            and value.kind == kind
+            and (value.group == group or kind == "int8")
+        ):
             return value  # exact: the file's blocks are the kernel's groups (int8: any group; quantized_linear)
         return quantize(value, kind, group)
 
@@ -78,32 +87,54 @@ def quantize_model(model: LlamaForCausalLM, policy: QuantPolicy) -> None:
     for qual, module in list(model.named_modules()):
         if isinstance(module, Linear):
             w = module.weight_t.detach().t().float()
-            weight = policy.linear_weight(w, None, model.shards.whole_inputs(rule_for(qual), w.shape[1]), qual)
+            weight = policy.linear_weight(
+                w, None, model.shards.whole_inputs(rule_for(qual), w.shape[1]), qual
+            )
             if isinstance(weight, QuantizedTensor):
                 owner, _, attr = qual.rpartition(".")
                 bias = None if module.bias is None else module.bias.detach().float()
                 setattr(model.get_submodule(owner), attr, quantized_linear(weight, bias))
         elif isinstance(module, StackedExperts):
             dtype, device = module.gate_up_proj.dtype, module.gate_up_proj.device
-            module.use_per_expert_layers([
-                tuple(expert_layer([w.detach()], [None], policy, dtype, device, w.shape[1] * split, qual)
-                      for w, split in zip(pair, (1, model.tp.size)))
-                for pair in zip(module.gate_up_proj, module.down_proj)])
-    model.embed_tokens = int8_embedding(quantize_int8(model.embed_tokens.weight.detach()), model.norm.weight.dtype)
+            module.use_per_expert_layers(
+                [
+                    tuple(
+                        expert_layer(
+                            [w.detach()], [None], policy, dtype, device, w.shape[1] * split, qual
+                        )
+                        for w, split in zip(pair, (1, model.tp.size))
+                    )
+                    for pair in zip(module.gate_up_proj, module.down_proj)
+                ]
+            )
+    model.embed_tokens = int8_embedding(
+        quantize_int8(model.embed_tokens.weight.detach()), model.norm.weight.dtype
+    )
     if not model.config.tie_word_embeddings:
         model.lm_head = quantized_linear(quantize_int8(model.lm_head.weight.detach()), None)
 
 
-def expert_layer(parts: list[Any], families: list[str | None], policy: QuantPolicy, dtype: torch.dtype,
-                  device: torch.device, whole_in: int | None = None, name: str = "") -> nn.Module:
+def expert_layer(
+    parts: list[Any],
+    families: list[str | None],
+    policy: QuantPolicy,
+    dtype: torch.dtype,
+    device: torch.device,
+    whole_in: int | None = None,
+    name: str = "",
+) -> nn.Module:
     """One expert's layer from its weights stacked on the output dim: quantized where the
     policy says, else dense (`whole_in`: see `QuantPolicy.linear_weight`)."""
-    weights = [policy.linear_weight(w, family, whole_in, name) for w, family in zip(parts, families)]
+    weights = [
+        policy.linear_weight(w, family, whole_in, name) for w, family in zip(parts, families)
+    ]
     if all(isinstance(w, QuantizedTensor) for w in weights):
         if len({w.group for w in weights}) > 1:
             weights = [per_row_int8(w) for w in weights]
         return quantized_linear(cat_rows(weights), None)
     w = torch.cat([dense_weight(x).float() for x in weights])
     dense = Linear(w.shape[1], w.shape[0], bias=False)
-    dense.weight_t = nn.Parameter(w.t().to(device=device, dtype=dtype).contiguous(), requires_grad=False)
+    dense.weight_t = nn.Parameter(
+        w.t().to(device=device, dtype=dtype).contiguous(), requires_grad=False
+    )
     return dense

@@ -50,19 +50,30 @@ def crossover_rows(layer: nn.Module) -> int:
     on this machine (a few ms; at most ~0.5 s for a 1B layer) and kept on disk
     (`crossovers.py`), so compiled graphs stay the same from one start to the next."""
     dtype = dense_dtype()
-    key = (f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)} "
-           f"{str(dtype).removeprefix('torch.')}")
+    key = (
+        f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)} "
+        f"{str(dtype).removeprefix('torch.')}"
+    )
 
     def measure() -> int:
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
         packed_per_row = crossovers.best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
-        dequantize = layer.dequantized_t if hasattr(layer, "dequantized_t") else (lambda: layer.dequantized().t())
+        dequantize = (
+            layer.dequantized_t
+            if hasattr(layer, "dequantized_t")
+            else (lambda: layer.dequantized().t())
+        )
         dequant = crossovers.best_seconds(dequantize, 2)
         weight_t, rows = dequantize(), torch.zeros(DENSE_PROBE_ROWS, layer.in_features, dtype=dtype)
-        dense_per_row = crossovers.best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
+        dense_per_row = (
+            crossovers.best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
+        )
         if packed_per_row <= dense_per_row:
             return NEVER_DEQUANTIZE
-        return min(NEVER_DEQUANTIZE, max(DEQUANT_MIN_TOKENS, int(dequant / (packed_per_row - dense_per_row))))
+        return min(
+            NEVER_DEQUANTIZE,
+            max(DEQUANT_MIN_TOKENS, int(dequant / (packed_per_row - dense_per_row))),
+        )
 
     return crossovers.measured(key, measure)
 

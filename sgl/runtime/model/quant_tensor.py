@@ -54,18 +54,27 @@ class QuantizedTensor:
         n, k = self.shape
         per_row = self.scales.shape[1] == 1
         if not per_row and (start % self.group or stop % self.group):
-            raise ValueError(f"tensor parallelism: {name} of shape {[n, k]} cannot give inputs {start}:{stop} to a "
-                             f"rank: its quantization groups of {self.group} would be split; choose a tp_size "
-                             f"with in_features / tp_size a multiple of {self.group}")
+            raise ValueError(
+                f"tensor parallelism: {name} of shape {[n, k]} cannot give inputs {start}:{stop} to a "
+                f"rank: its quantization groups of {self.group} would be split; choose a tp_size "
+                f"with in_features / tp_size a multiple of {self.group}"
+            )
         g0, g1 = (0, 1) if per_row else (start // self.group, stop // self.group)
         zeros = None if self.zeros is None else self.zeros[:, g0:g1].contiguous()
-        return QuantizedTensor(self.kind, self.codes[:, start:stop].contiguous(), self.scales[:, g0:g1].contiguous(),
-                               zeros, stop - start if per_row else self.group)
+        return QuantizedTensor(
+            self.kind,
+            self.codes[:, start:stop].contiguous(),
+            self.scales[:, g0:g1].contiguous(),
+            zeros,
+            stop - start if per_row else self.group,
+        )
 
     def rounded_scales(self) -> QuantizedTensor:
         """The same codes with scales and zeros rounded to bf16, as the packed kernels hold them."""
         zeros = None if self.zeros is None else self.zeros.bfloat16().float()
-        return QuantizedTensor(self.kind, self.codes, self.scales.bfloat16().float(), zeros, self.group)
+        return QuantizedTensor(
+            self.kind, self.codes, self.scales.bfloat16().float(), zeros, self.group
+        )
 
 
 def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
@@ -74,8 +83,13 @@ def cat_rows(parts: list[QuantizedTensor]) -> QuantizedTensor:
     if len(kinds) != 1:
         raise ValueError(f"cannot fuse quantized weights of different layouts: {sorted(kinds)}")
     zeros = None if parts[0].zeros is None else torch.cat([p.zeros for p in parts])
-    return QuantizedTensor(parts[0].kind, torch.cat([p.codes for p in parts]),
-                           torch.cat([p.scales for p in parts]), zeros, parts[0].group)
+    return QuantizedTensor(
+        parts[0].kind,
+        torch.cat([p.codes for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        zeros,
+        parts[0].group,
+    )
 
 
 # ----------------------------------------------------------------------------- quantizers
@@ -108,8 +122,9 @@ def quantize_int4(w: torch.Tensor, group: int) -> QuantizedTensor:
     return QuantizedTensor("int4", codes.reshape(n, k), scale, lo + 8 * scale, group)
 
 
-def quantize(w: torch.Tensor | QuantizedTensor, kind: str, group: int,
-             chunk_elems: int = 1 << 22) -> QuantizedTensor:
+def quantize(
+    w: torch.Tensor | QuantizedTensor, kind: str, group: int, chunk_elems: int = 1 << 22
+) -> QuantizedTensor:
     """`w` (dense, or codes in another layout) in `kind`'s layout. Rows are independent, so
     it goes a few million weights at a time: the float32 temporaries stay small (a 128k x 4k
     embedding would otherwise need several 2 GB copies at once)."""
@@ -117,7 +132,11 @@ def quantize(w: torch.Tensor | QuantizedTensor, kind: str, group: int,
     parts = []
     for start in range(0, w.shape[0], rows):
         index = torch.arange(start, min(start + rows, w.shape[0]))
-        chunk = w.rows(index).dequantize() if isinstance(w, QuantizedTensor) else w[start : start + rows].float()
+        chunk = (
+            w.rows(index).dequantize()
+            if isinstance(w, QuantizedTensor)
+            else w[start : start + rows].float()
+        )
         parts.append(quantize_int8(chunk) if kind == "int8" else quantize_int4(chunk, group))
     return cat_rows(parts)
 

@@ -53,8 +53,13 @@ def _build() -> bool:
     try:
         from sgl import native
 
-        native.build("sgl_qmm", SOURCE, ["-O3", "-march=native", "-fopenmp"], ldflags=["-fopenmp"],
-                     python_module=False)
+        native.build(
+            "sgl_qmm",
+            SOURCE,
+            ["-O3", "-march=native", "-fopenmp"],
+            ldflags=["-fopenmp"],
+            python_module=False,
+        )
     except Exception as e:  # no compiler: torch's kernels serve
         logger.warning("the VNNI quantized kernels could not be built (%s); using torch's", e)
         return False
@@ -63,9 +68,15 @@ def _build() -> bool:
         return False
     fake = torch.library.register_fake
     fake("sgl_qmm::int4_linear")(
-        lambda x, qw, sm, group, n, crossover, dense_dtype, dense, dense_from: x.new_empty(x.shape[0], n))
+        lambda x, qw, sm, group, n, crossover, dense_dtype, dense, dense_from: x.new_empty(
+            x.shape[0], n
+        )
+    )
     fake("sgl_qmm::int8_linear")(
-        lambda x, qw, sc, group, n, crossover, dense_dtype, dense, dense_from: x.new_empty(x.shape[0], n))
+        lambda x, qw, sc, group, n, crossover, dense_dtype, dense, dense_from: x.new_empty(
+            x.shape[0], n
+        )
+    )
     return True
 
 
@@ -94,11 +105,15 @@ def pack_int4_tiles(q: QuantizedTensor) -> tuple[torch.Tensor, torch.Tensor]:
     tiles = -(-n // TILE)
     c = _padded(q.codes, tiles * TILE).reshape(tiles, TILE, k // 4, 4)
     packed = (c[..., 0:2] | (c[..., 2:4] << 4)).permute(0, 2, 1, 3).reshape(tiles, k // 4, 2 * TILE)
-    scale_min = torch.stack([_tiled_groups(q.scales, tiles), _tiled_groups(q.zeros - 8 * q.scales, tiles)], dim=2)
+    scale_min = torch.stack(
+        [_tiled_groups(q.scales, tiles), _tiled_groups(q.zeros - 8 * q.scales, tiles)], dim=2
+    )
     return packed.contiguous(), scale_min.half().contiguous()
 
 
-def pack_int8_tiles(q: QuantizedTensor, consume: bool = False, chunk_tiles: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def pack_int8_tiles(
+    q: QuantizedTensor, consume: bool = False, chunk_tiles: int = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """-> int8 [N/16, K/2, 32] codes, fp16 [N/16, K/g, 16] scales (w = q s).
 
     consume: `q.codes` may be overwritten (the caller drops `q`). A tile's 16 rows occupy the
@@ -123,17 +138,27 @@ def _untiled(groups: torch.Tensor, n: int) -> torch.Tensor:
     return groups.permute(0, 2, 1).reshape(-1, groups.shape[1])[:n].float()
 
 
-def unpack_int4_tiles(packed: torch.Tensor, scale_min: torch.Tensor, n: int) -> tuple[torch.Tensor, ...]:
+def unpack_int4_tiles(
+    packed: torch.Tensor, scale_min: torch.Tensor, n: int
+) -> tuple[torch.Tensor, ...]:
     """-> codes uint8 [n, K], scale and min float [n, K/g] (what the kernel holds)."""
     tiles, steps, _ = packed.shape
     b = packed.reshape(tiles, steps, TILE, 2).permute(0, 2, 1, 3)  # [t, i, step, j]
-    codes = torch.stack([b & 15, b >> 4], dim=3).reshape(tiles * TILE, steps * 4)[:n]  # k = 4 step + 2 h + j
+    codes = torch.stack([b & 15, b >> 4], dim=3).reshape(tiles * TILE, steps * 4)[
+        :n
+    ]  # k = 4 step + 2 h + j
     return codes, _untiled(scale_min[:, :, 0], n), _untiled(scale_min[:, :, 1], n)
 
 
-def unpack_int8_tiles(packed: torch.Tensor, scales: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def unpack_int8_tiles(
+    packed: torch.Tensor, scales: torch.Tensor, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     tiles, steps, _ = packed.shape
-    codes = packed.reshape(tiles, steps, TILE, 2).permute(0, 2, 1, 3).reshape(tiles * TILE, steps * 2)[:n]
+    codes = (
+        packed.reshape(tiles, steps, TILE, 2)
+        .permute(0, 2, 1, 3)
+        .reshape(tiles * TILE, steps * 2)[:n]
+    )
     return codes, _untiled(scales, n)
 
 
@@ -163,15 +188,30 @@ class _TiledLinear(nn.Module):
         self.dense_from = dense_copy.NEVER
 
     def _op(self):
-        return torch.ops.sgl_qmm.int4_linear if self.kind == "int4" else torch.ops.sgl_qmm.int8_linear
+        return (
+            torch.ops.sgl_qmm.int4_linear if self.kind == "int4" else torch.ops.sgl_qmm.int8_linear
+        )
 
     def packed_mm(self, x: torch.Tensor) -> torch.Tensor:
-        return self._op()(x, self.qweight, self.qscales, self.group, self.out_features, 1 << 30, self.dense_dtype,
-                          None, dense_copy.NEVER)
+        return self._op()(
+            x,
+            self.qweight,
+            self.qscales,
+            self.group,
+            self.out_features,
+            1 << 30,
+            self.dense_dtype,
+            None,
+            dense_copy.NEVER,
+        )
 
     def dequantized_t(self) -> torch.Tensor:
         """W^T [K, N padded to 16] in `dense_dtype()` (one call's worth: prefill)."""
-        op = torch.ops.sgl_qmm.int4_dequant_t if self.kind == "int4" else torch.ops.sgl_qmm.int8_dequant_t
+        op = (
+            torch.ops.sgl_qmm.int4_dequant_t
+            if self.kind == "int4"
+            else torch.ops.sgl_qmm.int8_dequant_t
+        )
         return op(self.qweight, self.qscales, self.group).to(self.dense_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,17 +219,37 @@ class _TiledLinear(nn.Module):
         if dense is not None:
             return dense
         if in_compiled_graph():
-            y = self._op()(x, self.qweight, self.qscales, self.group, self.out_features, prepared_crossover(self),
-                           self.dense_dtype, self.dense_packed, self.dense_from)
+            y = self._op()(
+                x,
+                self.qweight,
+                self.qscales,
+                self.group,
+                self.out_features,
+                prepared_crossover(self),
+                self.dense_dtype,
+                self.dense_packed,
+                self.dense_from,
+            )
         else:
             y = self._dispatch(x, crossover_for(self, x.shape[0]))
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _dispatch(self, x: torch.Tensor, crossover: int) -> torch.Tensor:
         """The op on x; above `crossover` rows (a dequantized dense matmul in oneDNN) on the row grid."""
+
         def call(rows: torch.Tensor) -> torch.Tensor:
-            return self._op()(rows, self.qweight, self.qscales, self.group, self.out_features, crossover,
-                              self.dense_dtype, None, dense_copy.NEVER)
+            return self._op()(
+                rows,
+                self.qweight,
+                self.qscales,
+                self.group,
+                self.out_features,
+                crossover,
+                self.dense_dtype,
+                None,
+                dense_copy.NEVER,
+            )
+
         return on_row_grid(call, x) if x.shape[0] > crossover else call(x)
 
 
@@ -211,7 +271,9 @@ class VnniInt4Linear(_TiledLinear):
 class VnniInt8Linear(_TiledLinear):
     kind = "int8"
 
-    def __init__(self, q: QuantizedTensor, bias: torch.Tensor | None, consume: bool = False) -> None:
+    def __init__(
+        self, q: QuantizedTensor, bias: torch.Tensor | None, consume: bool = False
+    ) -> None:
         super().__init__(q, bias)
         qweight, scales = pack_int8_tiles(q, consume)
         self.register_buffer("qweight", qweight)

@@ -18,16 +18,19 @@ from sgl.runtime.distributed import TPGroup
 from sgl.runtime.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from sgl.runtime.model.llama import LlamaForCausalLM
 
-MODEL_CLASSES: dict[str, type[nn.Module]] = {family: LlamaForCausalLM
-                                             for family in sorted(set(SUPPORTED_ARCHITECTURES.values()))}
+MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    family: LlamaForCausalLM for family in sorted(set(SUPPORTED_ARCHITECTURES.values()))
+}
 
 
 def model_class(config: ModelConfig) -> type[nn.Module]:
     try:
         return MODEL_CLASSES[config.arch]
     except KeyError:
-        raise ValueError(f"no model class is registered for the architecture family {config.arch!r} "
-                         f"(registered: {sorted(MODEL_CLASSES)}): add one to registry.MODEL_CLASSES") from None
+        raise ValueError(
+            f"no model class is registered for the architecture family {config.arch!r} "
+            f"(registered: {sorted(MODEL_CLASSES)}): add one to registry.MODEL_CLASSES"
+        ) from None
 
 
 def build_model(config: ModelConfig, tp: TPGroup | None = None) -> nn.Module:

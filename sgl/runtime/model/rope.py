@@ -47,13 +47,19 @@ def rope_inv_freq(config: ModelConfig, local: bool = False, long: bool = False) 
         inv_freq = inv_freq / scaling["factor"]
     elif kind == "yarn":
         inv_freq = _yarn(base_freq, dim, theta, scaling, config)
-    elif kind == "dynamic":  # the pre-training context's frequencies; RotaryEmbedding scales past it
+    elif (
+        kind == "dynamic"
+    ):  # the pre-training context's frequencies; RotaryEmbedding scales past it
         pass
     elif kind == "longrope":
-        factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float64)
+        factors = torch.tensor(
+            scaling["long_factor" if long else "short_factor"], dtype=torch.float64
+        )
         inv_freq = 1.0 / (factors * base_freq)
     elif kind not in (None, "default"):
-        raise ValueError(f"rope scaling type {kind!r} is not supported (supported: llama3, linear, dynamic, yarn, longrope)")
+        raise ValueError(
+            f"rope scaling type {kind!r} is not supported (supported: llama3, linear, dynamic, yarn, longrope)"
+        )
     return inv_freq
 
 
@@ -84,10 +90,15 @@ def _dynamic_ntk_inv_freq(config: ModelConfig, positions: torch.Tensor) -> torch
 
 
 def _yarn_factor(scaling: dict, config: ModelConfig) -> float:
-    return scaling.get("factor") or config.max_position_embeddings / scaling["original_max_position_embeddings"]
+    return (
+        scaling.get("factor")
+        or config.max_position_embeddings / scaling["original_max_position_embeddings"]
+    )
 
 
-def _yarn(base_freq: torch.Tensor, dim: int, theta: float, scaling: dict, config: ModelConfig) -> torch.Tensor:
+def _yarn(
+    base_freq: torch.Tensor, dim: int, theta: float, scaling: dict, config: ModelConfig
+) -> torch.Tensor:
     """YaRN: frequencies that turn fewer than `beta_slow` times over the original context are
     interpolated (divided by the factor), those turning more than `beta_fast` times kept, with
     a linear ramp over the dims between."""
@@ -95,7 +106,9 @@ def _yarn(base_freq: torch.Tensor, dim: int, theta: float, scaling: dict, config
     old_ctx = scaling["original_max_position_embeddings"]
     fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
-    def dim_turning(turns: float) -> float:  # the dim whose frequency turns `turns` times over old_ctx
+    def dim_turning(
+        turns: float,
+    ) -> float:  # the dim whose frequency turns `turns` times over old_ctx
         return dim * math.log(old_ctx / (turns * 2 * math.pi)) / (2 * math.log(theta))
 
     low, high = dim_turning(fast), dim_turning(slow)
@@ -144,7 +157,9 @@ class RotaryEmbedding(nn.Module):
         kind = scaling.get("rope_type", scaling.get("type"))
         if kind == "longrope":  # long factors from the old context on
             long = torch.outer(t, rope_inv_freq(config, local, long=True))
-            freqs = torch.where(t[:, None] >= scaling["original_max_position_embeddings"], long, freqs)
+            freqs = torch.where(
+                t[:, None] >= scaling["original_max_position_embeddings"], long, freqs
+            )
         elif kind == "dynamic":
             freqs = t[:, None] * _dynamic_ntk_inv_freq(config, t)
         factor = 1.0 if local else rope_attention_factor(config)
@@ -165,4 +180,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     if r == x.shape[-1]:
         return (x32 * cos + torch.roll(x32, r // 2, -1) * sin).to(x.dtype)
     part = x32[..., :r]
-    return torch.cat((part * cos + torch.roll(part, r // 2, -1) * sin, x32[..., r:]), -1).to(x.dtype)
+    return torch.cat((part * cos + torch.roll(part, r // 2, -1) * sin, x32[..., r:]), -1).to(
+        x.dtype
+    )

@@ -73,11 +73,22 @@ class SafetensorsSource:
         return None
 
 
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+}
 
 
-def read_safetensors_slices(path: Path, name: str, dim: int, ranges: list[tuple[int, int]]) -> torch.Tensor:
+def read_safetensors_slices(
+    path: Path, name: str, dim: int, ranges: list[tuple[int, int]]
+) -> torch.Tensor:
     """The pieces `ranges` along `dim` of tensor `name` in a safetensors file, concatenated,
     reading only their bytes: one read per run of contiguous bytes (rows before `dim` times
     pieces), into the result's own memory."""
@@ -86,15 +97,15 @@ def read_safetensors_slices(path: Path, name: str, dim: int, ranges: list[tuple[
         entry = json.loads(f.read(header_len))[name]
         dtype, shape = _SAFETENSORS_DTYPES[entry["dtype"]], entry["shape"]
         start = 8 + header_len + entry["data_offsets"][0]
-        outer, inner_bytes = math.prod(shape[:dim]), math.prod(shape[dim + 1:]) * dtype.itemsize
+        outer, inner_bytes = math.prod(shape[:dim]), math.prod(shape[dim + 1 :]) * dtype.itemsize
         taken = sum(b - a for a, b in ranges)
-        out = torch.empty((*shape[:dim], taken, *shape[dim + 1:]), dtype=dtype)
+        out = torch.empty((*shape[:dim], taken, *shape[dim + 1 :]), dtype=dtype)
         dest = out.view(-1).view(torch.uint8).numpy().reshape(outer, taken * inner_bytes)
         for o in range(outer):
             at = 0
             for a, b in ranges:
                 f.seek(start + (o * shape[dim] + a) * inner_bytes)
-                f.readinto(memoryview(dest[o, at * inner_bytes:(at + b - a) * inner_bytes]))
+                f.readinto(memoryview(dest[o, at * inner_bytes : (at + b - a) * inner_bytes]))
                 at += b - a
     return out
 
@@ -121,19 +132,25 @@ class DictSource:
 # HF checkpoint names (less `model.layers.N.` and `.weight` / `.bias`; `E` an expert's number)
 # -> (our layer, which of its fused parts the tensor is, None: all), to cut by `SHARD_RULES`.
 _HF_LAYERS: dict[str, tuple[str, int | None]] = {
-    "model.embed_tokens": ("embed_tokens", None), "lm_head": ("lm_head", None),
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0), "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2), "self_attn.qkv_proj": ("self_attn.qkv_proj", None),
+    "model.embed_tokens": ("embed_tokens", None),
+    "lm_head": ("lm_head", None),
+    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
+    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
+    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
+    "self_attn.qkv_proj": ("self_attn.qkv_proj", None),
     "self_attn.o_proj": ("self_attn.o_proj", None),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0), "mlp.up_proj": ("mlp.gate_up_proj", 1),
-    "mlp.gate_up_proj": ("mlp.gate_up_proj", None), "mlp.down_proj": ("mlp.down_proj", None),
+    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
+    "mlp.up_proj": ("mlp.gate_up_proj", 1),
+    "mlp.gate_up_proj": ("mlp.gate_up_proj", None),
+    "mlp.down_proj": ("mlp.down_proj", None),
     "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", 0),
     "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", 1),
     "mlp.shared_expert.down_proj": ("mlp.shared_expert.down_proj", None),
     # stacked: transformers 5 ([E, 2I, H], [E, H, I]) and GGUF (gate and up apart, [E, I, H])
     "mlp.experts.gate_up_proj": ("mlp.experts.gate_up_proj", None),
     "mlp.experts.down_proj": ("mlp.experts.down_proj", None),
-    "mlp.experts.gate_proj": ("mlp.experts.gate_up_proj", 0), "mlp.experts.up_proj": ("mlp.experts.gate_up_proj", 1),
+    "mlp.experts.gate_proj": ("mlp.experts.gate_up_proj", 0),
+    "mlp.experts.up_proj": ("mlp.experts.gate_up_proj", 1),
     # per expert: Qwen-MoE's and Mixtral's Hub names
     "mlp.experts.E.gate_proj": ("mlp.experts.gate_up_proj", 0),
     "mlp.experts.E.up_proj": ("mlp.experts.gate_up_proj", 1),
@@ -159,7 +176,9 @@ class ShardedSource:
         self.family = source.family
 
     def _rule(self, name: str) -> tuple[ShardRule, int | None]:
-        layer, part = _HF_LAYERS.get(_HF_EXPERT.sub(".experts.E.", _HF_KEY.sub("", name)), ("", None))
+        layer, part = _HF_LAYERS.get(
+            _HF_EXPERT.sub(".experts.E.", _HF_KEY.sub("", name)), ("", None)
+        )
         return SHARD_RULES.get(layer, REPLICATED), part
 
     def _cut(self, name: str, shape: tuple[int, ...]) -> Cut | None:
@@ -169,7 +188,11 @@ class ShardedSource:
 
     def _held(self, name: str) -> bool:
         """Whether this rank holds any of `name`: all but a row-parallel bias off rank 0."""
-        return not (name.endswith(".bias") and self._rule(name)[0].kind == "row" and self.shards.tp.rank != 0)
+        return not (
+            name.endswith(".bias")
+            and self._rule(name)[0].kind == "row"
+            and self.shards.tp.rank != 0
+        )
 
     def names(self) -> list[str]:
         return [n for n in self._source.names() if self._held(n)]
@@ -192,7 +215,9 @@ class ShardedSource:
             return list(self.get(name).unbind(0))
         per_expert = self._source.get_experts(name)
         cut = self._cut(name, (len(per_expert), *per_expert[0].shape))
-        cut = Cut(None if cut.dim is None else cut.dim - 1, cut.ranges, cut.pad)  # the expert dim gone
+        cut = Cut(
+            None if cut.dim is None else cut.dim - 1, cut.ranges, cut.pad
+        )  # the expert dim gone
         return [cut.apply(w, name) for w in per_expert]
 
 

@@ -11,9 +11,22 @@ from typing import Any
 
 from sgl.runtime.sampling.params import PARAMS, PARAMS_BY_NAME, Param, SamplingParams
 
-__all__ = ["PARAMS", "PARAMS_BY_NAME", "Param", "SamplingParams", "SamplingBatch", "SampleOutput", "make_generator",
-           "sample"]
-_LAZY = {"SamplingBatch": "batch", "SampleOutput": "sampler", "make_generator": "sampler", "sample": "sampler"}
+__all__ = [
+    "PARAMS",
+    "PARAMS_BY_NAME",
+    "Param",
+    "SamplingParams",
+    "SamplingBatch",
+    "SampleOutput",
+    "make_generator",
+    "sample",
+]
+_LAZY = {
+    "SamplingBatch": "batch",
+    "SampleOutput": "sampler",
+    "make_generator": "sampler",
+    "sample": "sampler",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -160,12 +160,18 @@ def _banned_keys(row: int, allowed: Sequence[int], V: int) -> torch.Tensor:
     return (~keep).nonzero().squeeze(1) + row * V
 
 
-def _bias_tensors(keys: list[int], values: list[float], banned: list[torch.Tensor],
-                  device: torch.device) -> dict[str, torch.Tensor | None]:
+def _bias_tensors(
+    keys: list[int], values: list[float], banned: list[torch.Tensor], device: torch.device
+) -> dict[str, torch.Tensor | None]:
     """bias_keys / bias_values: logit_bias's, then -inf for the `banned` keys (a -inf logit
     stays -inf whatever is added to it, so the sampler needs no stage of its own)."""
     if not keys and not banned:
         return {"bias_keys": None, "bias_values": None}
     k = torch.cat([torch.tensor(keys, dtype=torch.int64), *banned])
-    v = torch.cat([torch.tensor(values, dtype=torch.float32), torch.full((k.numel() - len(keys),), float("-inf"))])
+    v = torch.cat(
+        [
+            torch.tensor(values, dtype=torch.float32),
+            torch.full((k.numel() - len(keys),), float("-inf")),
+        ]
+    )
     return {"bias_keys": k.to(device), "bias_values": v.to(device)}

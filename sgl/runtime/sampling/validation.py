@@ -42,13 +42,17 @@ def validate(params: Any, vocab_size: int | None = None) -> None:
 def _check_range(p: Param, value: Any) -> None:
     if value is None or p.bounds_text is None:
         return
-    ok = ((p.ge is None or value >= p.ge) and (p.gt is None or value > p.gt)
-          and (p.le is None or value <= p.le))
+    ok = (
+        (p.ge is None or value >= p.ge)
+        and (p.gt is None or value > p.gt)
+        and (p.le is None or value <= p.le)
+    )
     if ok:
         return
     if p.kind == "int_or_null":
-        raise InvalidRequestError(f"{p.name} must be an integer {p.bounds_text} or null, got {value!r}",
-                                  param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be an integer {p.bounds_text} or null, got {value!r}", param=p.name
+        )
     shown = f"{value:g}" if p.kind == "number" else f"{value}"
     raise InvalidRequestError(f"{p.name} must be {p.bounds_text}, got {shown}", param=p.name)
 
@@ -57,8 +61,10 @@ def _check_across_fields(params: Any, vocab_size: int | None) -> None:
     """sampling_seed folds into seed; min_new_tokens <= max_new_tokens; one constraint; ids in range."""
     if params.sampling_seed is not None:
         if params.seed is not None and params.seed != params.sampling_seed:
-            raise InvalidRequestError(f"seed ({params.seed}) and sampling_seed ({params.sampling_seed}) differ; "
-                                      "give one", param="sampling_seed")
+            raise InvalidRequestError(
+                f"seed ({params.seed}) and sampling_seed ({params.sampling_seed}) differ; give one",
+                param="sampling_seed",
+            )
         params.seed = params.sampling_seed
     if params.max_new_tokens is not None and params.min_new_tokens > params.max_new_tokens:
         raise InvalidRequestError(
@@ -79,7 +85,9 @@ def _check_across_fields(params: Any, vocab_size: int | None) -> None:
             continue
         for tid in getattr(params, p.name) or ():
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
-                raise InvalidRequestError(f"{p.name} token ids must be in {id_range}, got {tid}", param=p.name)
+                raise InvalidRequestError(
+                    f"{p.name} token ids must be in {id_range}, got {tid}", param=p.name
+                )
 
 
 # ---------------------------------------------------------------------------- one check per kind
@@ -89,57 +97,70 @@ def _check_across_fields(params: Any, vocab_size: int | None) -> None:
 def _int(p: Param, value: Any) -> int:
     if not _is_int(value):
         if p.kind == "int_or_null" and p.bounds_text is not None:
-            raise InvalidRequestError(f"{p.name} must be an integer {p.bounds_text} or null, got {value!r}",
-                                      param=p.name)
+            raise InvalidRequestError(
+                f"{p.name} must be an integer {p.bounds_text} or null, got {value!r}", param=p.name
+            )
         null = " or null" if p.kind == "int_or_null" else ""
-        raise InvalidRequestError(f"{p.name} must be an integer{null}, got {_type_name(value)} {value!r}",
-                                  param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be an integer{null}, got {_type_name(value)} {value!r}", param=p.name
+        )
     return value
 
 
 def _number(p: Param, value: Any) -> float:
     if not _is_number(value) or not math.isfinite(value):
-        raise InvalidRequestError(f"{p.name} must be a finite number, got {_type_name(value)} {value!r}",
-                                  param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be a finite number, got {_type_name(value)} {value!r}", param=p.name
+        )
     return float(value)
 
 
 def _bool(p: Param, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise InvalidRequestError(f"{p.name} must be true or false, got {_type_name(value)} {value!r}",
-                                  param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be true or false, got {_type_name(value)} {value!r}", param=p.name
+        )
     return value
 
 
 def _str(p: Param, value: Any) -> str:
     if not isinstance(value, str):
-        raise InvalidRequestError(f"{p.name} must be a string, got {_type_name(value)}", param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be a string, got {_type_name(value)}", param=p.name
+        )
     return value
 
 
 def _schema(p: Param, value: Any) -> str | dict:
     if not isinstance(value, (str, dict)):
-        raise InvalidRequestError(f"{p.name} must be a JSON schema object or its JSON string, "
-                                  f"got {_type_name(value)}", param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be a JSON schema object or its JSON string, got {_type_name(value)}",
+            param=p.name,
+        )
     return value
 
 
 def _tag(p: Param, value: Any) -> str | dict:
     if not isinstance(value, (str, dict)):
-        raise InvalidRequestError(f"{p.name} must be an object or its JSON text, got {_type_name(value)}",
-                                  param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be an object or its JSON text, got {_type_name(value)}", param=p.name
+        )
     return value
 
 
 def _object(p: Param, value: Any) -> dict:
     if not isinstance(value, dict):
-        raise InvalidRequestError(f"{p.name} must be an object or null, got {_type_name(value)}", param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be an object or null, got {_type_name(value)}", param=p.name
+        )
     return value
 
 
 def _token_ids(p: Param, value: Any) -> list[int]:
     if not isinstance(value, (list, tuple)) or not all(_is_int(t) for t in value):
-        raise InvalidRequestError(f"{p.name} must be a list of integer token ids, got {value!r}", param=p.name)
+        raise InvalidRequestError(
+            f"{p.name} must be a list of integer token ids, got {value!r}", param=p.name
+        )
     return list(value)
 
 
@@ -162,8 +183,10 @@ def _stop_regex(p: Param, stop_regex: Any) -> list[str] | None:
     each one checked to compile the way the stop matcher runs it (an error names the pattern)."""
     items = [stop_regex] if isinstance(stop_regex, str) else stop_regex
     if not isinstance(items, (list, tuple)) or not all(isinstance(p, str) for p in items):
-        raise InvalidRequestError(f"stop_regex must be a regex string or a list of them, got {stop_regex!r}",
-                                  param="stop_regex")
+        raise InvalidRequestError(
+            f"stop_regex must be a regex string or a list of them, got {stop_regex!r}",
+            param="stop_regex",
+        )
     if any(p == "" for p in items):
         raise InvalidRequestError("stop_regex patterns must be non-empty", param="stop_regex")
     from sgl.runtime.stop_regex import check_stop_regex
@@ -206,7 +229,16 @@ def _logit_bias(p: Param, bias: Any) -> dict[int, float]:
 
 
 _CHECK_KIND: dict[str, Callable[[Param, Any], Any]] = {
-    "int": _int, "int_or_null": _int, "number": _number, "bool": _bool, "str": _str, "schema": _schema,
-    "tag": _tag, "object": _object, "token_ids": _token_ids, "stop": _stop, "stop_regex": _stop_regex,
+    "int": _int,
+    "int_or_null": _int,
+    "number": _number,
+    "bool": _bool,
+    "str": _str,
+    "schema": _schema,
+    "tag": _tag,
+    "object": _object,
+    "token_ids": _token_ids,
+    "stop": _stop,
+    "stop_regex": _stop_regex,
     "logit_bias": _logit_bias,
 }

@@ -43,8 +43,10 @@ class _ValidUnicode(BaseModel):
     def _valid_unicode(cls, value: Any) -> Any:
         where = _not_unicode_at(value)
         if where is not None:
-            raise ValueError(f"a string{' at ' + where if where else ''} is not valid Unicode (it has a lone "
-                             "surrogate such as \\ud800)")
+            raise ValueError(
+                f"a string{' at ' + where if where else ''} is not valid Unicode (it has a lone "
+                "surrogate such as \\ud800)"
+            )
         return value
 
 
@@ -58,10 +60,15 @@ class _StrictLenient(_ValidUnicode):
 
 def exactly_one_of(*fields: str) -> dict[str, Any]:
     """`json_schema_extra` of a model that takes exactly one of `fields` (set, not null)."""
-    return {"oneOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in fields]}
+    return {
+        "oneOf": [{"required": [f], "properties": {f: {"not": {"type": "null"}}}} for f in fields]
+    }
 
 
 # A JSON schema the request examples (in /docs, and the first bodies a schema-driven fuzzer
 # sends) extract or answer with.
-PERSON_SCHEMA_EXAMPLE = {"type": "object", "properties": {"name": {"type": "string"}, "born": {"type": "integer"}},
-                         "required": ["name", "born"]}
+PERSON_SCHEMA_EXAMPLE = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "born": {"type": "integer"}},
+    "required": ["name", "born"],
+}

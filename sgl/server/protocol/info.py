@@ -19,10 +19,15 @@ class ModelInfo(BaseModel):
     context_length: int
     eos_token_ids: list[int]
     bos_token_id: int | None = None
-    tokenizer_path: str | None = Field(None, description="A local directory with the tokenizer's files "
-                                       "(tokenizer.json, its config and chat template), for routers and clients.")
+    tokenizer_path: str | None = Field(
+        None,
+        description="A local directory with the tokenizer's files "
+        "(tokenizer.json, its config and chat template), for routers and clients.",
+    )
     chat_roles: ChatRoles
-    supports_sessions: bool = Field(True, description="/open_session, /close_session and session_params work.")
+    supports_sessions: bool = Field(
+        True, description="/open_session, /close_session and session_params work."
+    )
 
 
 class LoadReport(BaseModel):
@@ -31,8 +36,10 @@ class LoadReport(BaseModel):
     dp_rank: int
     num_reqs: int = Field(description="Requests running and waiting.")
     num_waiting_reqs: int
-    num_tokens: int = Field(description="Their tokens: running requests' prompt and output so far, waiting "
-                            "requests' prompts.")
+    num_tokens: int = Field(
+        description="Their tokens: running requests' prompt and output so far, waiting "
+        "requests' prompts."
+    )
 
 
 class HealthResponse(BaseModel):
@@ -46,7 +53,9 @@ class ServerInfo(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     max_total_tokens: int = Field(description="The KV pool's capacity in tokens.")
-    available_kv_tokens: int = Field(description="Free KV slots (the radix cache's evictable ones are not free).")
+    available_kv_tokens: int = Field(
+        description="Free KV slots (the radix cache's evictable ones are not free)."
+    )
     num_running_reqs: int
     num_waiting_reqs: int
     context_length: int

@@ -17,9 +17,18 @@ from sgl.server.protocol.sampling import SAMPLING_PARAMS_SCHEMA
 # Request examples (in /docs, and the first bodies a schema-driven fuzzer sends): short
 # generations, whole and streamed.
 GENERATE_EXAMPLES = [
-    {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
-    {"text": ["1, 2, 3,", "a, b, c,"], "sampling_params": {"max_new_tokens": 8, "n": 2, "temperature": 0.7, "seed": 1},
-     "stream": True, "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True},
+    {
+        "text": "The capital of France is",
+        "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+    },
+    {
+        "text": ["1, 2, 3,", "a, b, c,"],
+        "sampling_params": {"max_new_tokens": 8, "n": 2, "temperature": 0.7, "seed": 1},
+        "stream": True,
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "return_text_in_logprobs": True,
+    },
 ]
 
 
@@ -27,21 +36,38 @@ class SessionParams(_Strict):
     """Make a /generate request a turn of an open session (see /open_session)."""
 
     id: str = Field(description="The session id /open_session returned.")
-    rid: str | None = Field(None, description="Continue this earlier finished turn: its prompt and output tokens "
-                            "come before this request's input. Null: start from this request's input alone.")
-    offset: int | None = Field(None, description="Keep only this many tokens of that history (Python slice).")
-    drop_previous_output: bool = Field(False, description="Continue from the earlier turn's prompt, without its output.")
-    replace: bool | None = Field(None, description="Accepted for SGLang clients; only false/null (true is refused).")
+    rid: str | None = Field(
+        None,
+        description="Continue this earlier finished turn: its prompt and output tokens "
+        "come before this request's input. Null: start from this request's input alone.",
+    )
+    offset: int | None = Field(
+        None, description="Keep only this many tokens of that history (Python slice)."
+    )
+    drop_previous_output: bool = Field(
+        False, description="Continue from the earlier turn's prompt, without its output."
+    )
+    replace: bool | None = Field(
+        None, description="Accepted for SGLang clients; only false/null (true is refused)."
+    )
 
 
 class OpenSessionReqInput(_Strict):
-    capacity_tokens: int | None = Field(None, description="Most tokens (history + input + max_new_tokens) one turn "
-                                        "may use; default: the context length.")
-    capacity_of_str_len: int | None = Field(None, description="Accepted for SGLang clients; unused (capacity is "
-                                            "counted in tokens).")
+    capacity_tokens: int | None = Field(
+        None,
+        description="Most tokens (history + input + max_new_tokens) one turn "
+        "may use; default: the context length.",
+    )
+    capacity_of_str_len: int | None = Field(
+        None, description="Accepted for SGLang clients; unused (capacity is counted in tokens)."
+    )
     session_id: str | None = Field(None, description="Choose the id; default: a random one.")
-    timeout: float | None = Field(None, description="Seconds without use before the session closes itself "
-                                  "(default 600, at most 86400).", allow_inf_nan=False)
+    timeout: float | None = Field(
+        None,
+        description="Seconds without use before the session closes itself "
+        "(default 600, at most 86400).",
+        allow_inf_nan=False,
+    )
 
 
 class CloseSessionReqInput(_Strict):
@@ -51,28 +77,42 @@ class CloseSessionReqInput(_Strict):
 class ConcateAndAppendReqInput(_Strict):
     """SGLang's `fork(...).join(mode="concate_and_append")`: the forks' request ids and the parent's."""
 
-    src_rids: list[str] = Field(min_length=1, description="The forks' request ids (SGLang's StreamExecutor sids).")
+    src_rids: list[str] = Field(
+        min_length=1, description="The forks' request ids (SGLang's StreamExecutor sids)."
+    )
     dst_rid: str = Field(description="The parent program's request id.")
 
 
 class GenerateReqInput(_Strict):
     """`POST /generate`: one prompt or a batch, as text or token ids."""
 
-    model_config = ConfigDict(json_schema_extra={**exactly_one_of("text", "input_ids"), "examples": GENERATE_EXAMPLES})
+    model_config = ConfigDict(
+        json_schema_extra={**exactly_one_of("text", "input_ids"), "examples": GENERATE_EXAMPLES}
+    )
 
     text: str | list[str] | None = Field(None, description="A prompt or a batch of prompts.")
-    input_ids: list[int] | list[list[int]] | None = Field(None, description="Token ids instead of text.")
+    input_ids: list[int] | list[list[int]] | None = Field(
+        None, description="Token ids instead of text."
+    )
     # Checked by the engine (its errors name the field); the schema lists the keys.
-    sampling_params: Annotated[dict[str, Any] | list[dict[str, Any]] | None,
-                               WithJsonSchema(SAMPLING_PARAMS_SCHEMA)] = None
-    stream: bool = Field(False, description="Server-sent events with cumulative text; a batch or n > 1 "
-                         "interleaves its requests' chunks, each with `index` (prompt k, sample i: k * n + i).")
+    sampling_params: Annotated[
+        dict[str, Any] | list[dict[str, Any]] | None, WithJsonSchema(SAMPLING_PARAMS_SCHEMA)
+    ] = None
+    stream: bool = Field(
+        False,
+        description="Server-sent events with cumulative text; a batch or n > 1 "
+        "interleaves its requests' chunks, each with `index` (prompt k, sample i: k * n + i).",
+    )
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
-    rid: str | list[str] | None = Field(None, description="Request id(s), usable with /abort_request.")
-    session_params: SessionParams | None = Field(None, description="Run as a turn of an open session.")
+    rid: str | list[str] | None = Field(
+        None, description="Request id(s), usable with /abort_request."
+    )
+    session_params: SessionParams | None = Field(
+        None, description="Run as a turn of an open session."
+    )
     # SGLang's other fields: accepted with their "off" value (what its clients send); anything
     # else is refused by the handler, naming the field (sgl has no LoRA, multimodal input,
     # hidden-state output or custom logit processors).
@@ -95,13 +135,17 @@ class GenerateReqInput(_Strict):
     conversation_id: str | None = Field(None, description="SGLang's; ignored.")
     label: str | None = Field(None, description="SGLang's; ignored.")
     custom_labels: dict[str, Any] | None = Field(None, description="SGLang's; ignored.")
-    data_parallel_rank: int | None = Field(None, description="SGLang's; only null or 0 (a worker is one rank).")
+    data_parallel_rank: int | None = Field(
+        None, description="SGLang's; only null or 0 (a worker is one rank)."
+    )
     routed_dp_rank: int | None = Field(None, description="SGLang's; only null or 0.")
     background: bool = Field(False, description="SGLang's; only false.")
     return_bytes: bool = Field(False, description="SGLang's; only false.")
     return_entropy: bool = Field(False, description="SGLang's; only false.")
     lora_id: Any = Field(None, description="SGLang's; only null.")
-    bootstrap_host: Any = Field(None, description="SGLang's (prefill-decode disaggregation); only null.")
+    bootstrap_host: Any = Field(
+        None, description="SGLang's (prefill-decode disaggregation); only null."
+    )
     bootstrap_port: Any = Field(None, description="SGLang's; only null.")
     bootstrap_room: Any = Field(None, description="SGLang's; only null.")
     bootstrap_pair_key: Any = Field(None, description="SGLang's; only null.")
@@ -114,9 +158,21 @@ class GenerateReqInput(_Strict):
         for name in ("data_parallel_rank", "routed_dp_rank"):
             if getattr(self, name) not in (None, 0):
                 return name
-        for name in ("token_ids_logprob", "lora_path", "lora_id", "custom_logit_processor", "image_data", "video_data",
-                     "audio_data", "input_embeds", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-                     "bootstrap_pair_key"):
+        for name in (
+            "token_ids_logprob",
+            "lora_path",
+            "lora_id",
+            "custom_logit_processor",
+            "image_data",
+            "video_data",
+            "audio_data",
+            "input_embeds",
+            "modalities",
+            "bootstrap_host",
+            "bootstrap_port",
+            "bootstrap_room",
+            "bootstrap_pair_key",
+        ):
             if getattr(self, name) not in (None, [], [None]):
                 return name
         return None
@@ -129,7 +185,8 @@ class GenerateOutput(BaseModel):
     output_ids: list[int]
     meta_info: dict[str, Any] = Field(
         description="id, prompt_tokens, completion_tokens, cached_tokens, finish_reason, e2e_latency, ttft, "
-        "and logprobs when asked for.")
+        "and logprobs when asked for."
+    )
 
 
 class TokenizeRequest(_Strict):
@@ -147,14 +204,18 @@ class TokenizeRequest(_Strict):
     def _one_input(self) -> TokenizeRequest:
         given = [k for k in ("text", "prompt", "messages") if getattr(self, k) is not None]
         if len(given) != 1:
-            raise ValueError("give exactly one of text (ours), prompt or messages (SGLang's / vLLM's); "
-                             f"got {', '.join(given) or 'none'}")
+            raise ValueError(
+                "give exactly one of text (ours), prompt or messages (SGLang's / vLLM's); "
+                f"got {', '.join(given) or 'none'}"
+            )
         return self
 
 
 class TokenizeResponse(BaseModel):
     input_ids: list[int] | list[list[int]] | None = None  # for `text`
-    tokens: list[int] | list[list[int]] | None = None  # for `prompt` / `messages`, with count and max_model_len
+    tokens: list[int] | list[list[int]] | None = (
+        None  # for `prompt` / `messages`, with count and max_model_len
+    )
     count: int | list[int] | None = None
     max_model_len: int | None = None
 
@@ -180,11 +241,16 @@ class ProfileReqInput(_StrictLenient):
     """`POST /start_profile` (SGLang's fields; others it sends are ignored)."""
 
     output_dir: str | None = Field(
-        None, pattern=r"^[^\x00-\x1f\x7f]*$", max_length=1024,
+        None,
+        pattern=r"^[^\x00-\x1f\x7f]*$",
+        max_length=1024,
         description="A subdirectory of the server's --profile-dir for the traces: no control characters, each "
-                    "path component at most 255 bytes (UTF-8).")
+        "path component at most 255 bytes (UTF-8).",
+    )
     num_steps: int | None = Field(None, description="Stop by itself after this many forward steps.")
-    activities: list[str] | None = Field(None, description='"CPU" and/or "GPU" (default: both where there is a GPU).')
+    activities: list[str] | None = Field(
+        None, description='"CPU" and/or "GPU" (default: both where there is a GPU).'
+    )
     record_shapes: bool = False
     with_stack: bool = False
 
@@ -200,5 +266,7 @@ class ProfileReqInput(_StrictLenient):
 class GenerateChunk(GenerateOutput):
     """A streamed /generate event: the request's text and ids so far."""
 
-    index: int | None = Field(None, description="A batch or n > 1: the request's place in the flattened "
-                              "(prompt, sample) list.")
+    index: int | None = Field(
+        None,
+        description="A batch or n > 1: the request's place in the flattened (prompt, sample) list.",
+    )

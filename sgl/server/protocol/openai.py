@@ -14,21 +14,63 @@ from sgl.server.protocol.common import PERSON_SCHEMA_EXAMPLE, _StrictLenient
 from sgl.server.protocol.sampling import v1_extension_fields
 
 CHAT_EXAMPLES = [
-    {"model": "default", "messages": [{"role": "system", "content": "You answer in one word."},
-                                      {"role": "user", "content": "Name a color."}], "max_tokens": 8, "temperature": 0},
-    {"messages": [{"role": "user", "content": "Count to three."}], "max_tokens": 8, "n": 2, "seed": 1, "stream": True,
-     "stream_options": {"include_usage": True}, "logprobs": True, "top_logprobs": 2},
-    {"messages": [{"role": "user", "content": "What is the weather in Rome?"}], "max_tokens": 8, "stream": True,
-     "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {
-         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
-     "tool_choice": "auto"},
-    {"messages": [{"role": "user", "content": "Ada Lovelace, born 1815."}], "max_tokens": 8,
-     "response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON_SCHEMA_EXAMPLE}}},
+    {
+        "model": "default",
+        "messages": [
+            {"role": "system", "content": "You answer in one word."},
+            {"role": "user", "content": "Name a color."},
+        ],
+        "max_tokens": 8,
+        "temperature": 0,
+    },
+    {
+        "messages": [{"role": "user", "content": "Count to three."}],
+        "max_tokens": 8,
+        "n": 2,
+        "seed": 1,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "logprobs": True,
+        "top_logprobs": 2,
+    },
+    {
+        "messages": [{"role": "user", "content": "What is the weather in Rome?"}],
+        "max_tokens": 8,
+        "stream": True,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "get_weather",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"city": {"type": "string"}},
+                        "required": ["city"],
+                    },
+                },
+            }
+        ],
+        "tool_choice": "auto",
+    },
+    {
+        "messages": [{"role": "user", "content": "Ada Lovelace, born 1815."}],
+        "max_tokens": 8,
+        "response_format": {
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON_SCHEMA_EXAMPLE},
+        },
+    },
 ]
 COMPLETION_EXAMPLES = [
     {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0},
-    {"prompt": ["Once upon a time", "In a galaxy far away"], "max_tokens": 8, "stream": True, "echo": True,
-     "logprobs": 2, "stream_options": {"include_usage": True}},
+    {
+        "prompt": ["Once upon a time", "In a galaxy far away"],
+        "max_tokens": 8,
+        "stream": True,
+        "echo": True,
+        "logprobs": 2,
+        "stream_options": {"include_usage": True},
+    },
 ]
 
 
@@ -39,7 +81,9 @@ class ContentPart(_StrictLenient):
 
 class FunctionCall(_StrictLenient):
     name: str
-    arguments: str | dict[str, Any] = Field(description="The arguments as JSON text (or an object).")
+    arguments: str | dict[str, Any] = Field(
+        description="The arguments as JSON text (or an object)."
+    )
 
 
 class ToolCall(_StrictLenient):
@@ -60,8 +104,12 @@ class ChatMessage(_StrictLenient):
 class FunctionDefinition(_StrictLenient):
     name: str
     description: str | None = None
-    parameters: dict[str, Any] | None = Field(None, description="A JSON schema; the arguments are constrained to it.")
-    strict: bool | None = Field(None, description="Accepted; arguments are always constrained to the parameters.")
+    parameters: dict[str, Any] | None = Field(
+        None, description="A JSON schema; the arguments are constrained to it."
+    )
+    strict: bool | None = Field(
+        None, description="Accepted; arguments are always constrained to the parameters."
+    )
 
 
 class Tool(_StrictLenient):
@@ -130,15 +178,24 @@ class ChatCompletionRequest(OpenAISamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
-    tools: list[Tool] | None = Field(None, description="Functions the model may call (see tool_choice).")
+    tools: list[Tool] | None = Field(
+        None, description="Functions the model may call (see tool_choice)."
+    )
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="'auto' (the default with tools): text or calls; 'required': calls only; a named "
-                          "function: one call to it; 'none': no calls parsed. Calls are constrained to the "
-                          "format's syntax and each function's parameters.")
-    parallel_tool_calls: bool | None = Field(None, description="False: at most one call (default true).")
+        None,
+        description="'auto' (the default with tools): text or calls; 'required': calls only; a named "
+        "function: one call to it; 'none': no calls parsed. Calls are constrained to the "
+        "format's syntax and each function's parameters.",
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="False: at most one call (default true)."
+    )
     chat_template_kwargs: dict[str, Any] | None = Field(
-        None, description="Extra variables for the chat template, e.g. {\"enable_thinking\": false}.")
-    separate_reasoning: bool = Field(True, description="With a reasoning parser: reasoning in reasoning_content.")
+        None, description='Extra variables for the chat template, e.g. {"enable_thinking": false}.'
+    )
+    separate_reasoning: bool = Field(
+        True, description="With a reasoning parser: reasoning in reasoning_content."
+    )
 
 
 class CompletionRequest(OpenAISamplingFields):
@@ -271,8 +328,12 @@ class ChatCompletionChunk(BaseModel):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
-    choices: list[ChatChunkChoice] = Field(description="One choice's delta; empty in the final usage event.")
-    usage: Usage | None = Field(None, description="With stream_options.include_usage: null, then the totals.")
+    choices: list[ChatChunkChoice] = Field(
+        description="One choice's delta; empty in the final usage event."
+    )
+    usage: Usage | None = Field(
+        None, description="With stream_options.include_usage: null, then the totals."
+    )
 
 
 class CompletionChunkChoice(BaseModel):
@@ -288,5 +349,9 @@ class CompletionChunk(BaseModel):
     object: Literal["text_completion"] = "text_completion"
     created: int
     model: str
-    choices: list[CompletionChunkChoice] = Field(description="One choice's new text; empty in the final usage event.")
-    usage: Usage | None = Field(None, description="With stream_options.include_usage: null, then the totals.")
+    choices: list[CompletionChunkChoice] = Field(
+        description="One choice's new text; empty in the final usage event."
+    )
+    usage: Usage | None = Field(
+        None, description="With stream_options.include_usage: null, then the totals."
+    )

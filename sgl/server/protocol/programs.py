@@ -14,11 +14,19 @@ from sgl.server.protocol.common import (
 )
 from sgl.server.protocol.openai import ChatMessage, Usage
 
-_PROGRAM = {"format_version": 1, "nodes": [
-    {"type": "text", "text": "Q: What is 2 + 2?\nA:"},
-    {"type": "gen", "name": "answer", "sampling": {"max_new_tokens": 8, "temperature": 0}, "logprobs": {},
-     "dtype": None},
-]}
+_PROGRAM = {
+    "format_version": 1,
+    "nodes": [
+        {"type": "text", "text": "Q: What is 2 + 2?\nA:"},
+        {
+            "type": "gen",
+            "name": "answer",
+            "sampling": {"max_new_tokens": 8, "temperature": 0},
+            "logprobs": {},
+            "dtype": None,
+        },
+    ],
+}
 
 
 RUN_PROGRAM_EXAMPLES = [
@@ -30,15 +38,27 @@ RUN_PROGRAM_EXAMPLES = [
 class RunProgramRequest(_StrictLenient):
     """`POST /run_program`: shipped programs (see sgl.server.programs and sgl.lang.ir_json)."""
 
-    model_config = ConfigDict(json_schema_extra={**exactly_one_of("program", "programs"),
-                                                 "examples": RUN_PROGRAM_EXAMPLES})
+    model_config = ConfigDict(
+        json_schema_extra={
+            **exactly_one_of("program", "programs"),
+            "examples": RUN_PROGRAM_EXAMPLES,
+        }
+    )
 
-    program: dict[str, Any] | None = Field(None, description="One program's IR: {format_version, nodes}.")
-    programs: list[dict[str, Any]] | None = Field(None, description="A batch of programs, run concurrently.")
+    program: dict[str, Any] | None = Field(
+        None, description="One program's IR: {format_version, nodes}."
+    )
+    programs: list[dict[str, Any]] | None = Field(
+        None, description="A batch of programs, run concurrently."
+    )
     arguments: dict[str, Any] | list[dict[str, Any]] | None = Field(
-        None, description="Values of the IR's argument nodes: one object, or one per program; a list with "
-                          "`program` runs that program once per object (the batch form, answered with a list).")
-    sampling: dict[str, Any] | None = Field(None, description="The run's sampling and logprob defaults.")
+        None,
+        description="Values of the IR's argument nodes: one object, or one per program; a list with "
+        "`program` runs that program once per object (the batch form, answered with a list).",
+    )
+    sampling: dict[str, Any] | None = Field(
+        None, description="The run's sampling and logprob defaults."
+    )
     stream: bool = Field(False, description="One program: SSE events {var, text}, then {result}.")
 
 
@@ -60,11 +80,17 @@ class ProgramResult(BaseModel):
 
 
 class ProgramTextEvent(BaseModel):
-    var: str | None = Field(description="The variable the text is generated into; null: other program text.")
+    var: str | None = Field(
+        description="The variable the text is generated into; null: other program text."
+    )
     text: str
-    branch: list[list[int]] | None = Field(None, description=(
-        "Absent for the program's own text. For text of a fork branch, its place in the fork tree: per "
-        "fork level [which fork of the parent state (0 for its first), which branch of it]."))
+    branch: list[list[int]] | None = Field(
+        None,
+        description=(
+            "Absent for the program's own text. For text of a fork branch, its place in the fork tree: per "
+            "fork level [which fork of the parent state (0 for its first), which branch of it]."
+        ),
+    )
 
 
 class ProgramResultEvent(BaseModel):
@@ -79,13 +105,19 @@ EXTRACT_EXAMPLES = [
 class ExtractRequest(_Strict):
     """`POST /v1/extract`: pull data matching `schema` out of `text` or a conversation."""
 
-    model_config = ConfigDict(json_schema_extra={**exactly_one_of("text", "messages"), "examples": EXTRACT_EXAMPLES})
+    model_config = ConfigDict(
+        json_schema_extra={**exactly_one_of("text", "messages"), "examples": EXTRACT_EXAMPLES}
+    )
 
     model: str | None = None
     text: str | None = Field(None, description="The text to extract from (or give `messages`).")
     messages: list[ChatMessage] | None = Field(None, description="A conversation to extract from.")
-    schema_: dict[str, Any] = Field(alias="schema", description="The JSON schema the answer must match.")
-    instructions: str | None = Field(None, description="Replaces the default extraction instructions.")
+    schema_: dict[str, Any] = Field(
+        alias="schema", description="The JSON schema the answer must match."
+    )
+    instructions: str | None = Field(
+        None, description="Replaces the default extraction instructions."
+    )
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, description="Default 0 (greedy).")
     seed: int | None = None

@@ -27,27 +27,36 @@ class SuccessResponse(BaseModel):
 
 # ---------------------------------------------------------------------------- declared error statuses
 
-_RETRY_AFTER = {"Retry-After": {"description": "Seconds to wait before retrying.", "required": True,
-                                "schema": {"type": "integer", "minimum": 0}}}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
 ERROR_DESCRIPTIONS: dict[int, str] = {
     400: "Invalid request: malformed JSON, a field of the wrong type, or a value the engine refuses "
-         "(`param` names the field).",
+    "(`param` names the field).",
     401: "Missing or invalid API key (a server started with --api-key): send `Authorization: Bearer <key>`.",
     404: "Not found (`param` names what).",
     413: "Too large: the body is over --max-request-bytes, or the request over a size limit (prompt tokens, "
-         "max tokens, n, top logprobs).",
+    "max tokens, n, top logprobs).",
     422: "Unprocessable.",
     429: "At capacity (too many requests in flight): retry after `Retry-After` seconds.",
     503: "Draining (shutting down) or the engine failed: retry after `Retry-After` seconds, on another replica "
-         "or on this one once restarted.",
+    "or on this one once restarted.",
 }
 # What any route may answer whatever it does: the API key check, the body size cap, admission
 # (the queue bound) and draining / an engine fault (sgl.server.auth, sgl.server.lifecycle).
 COMMON_ERROR_STATUSES = (401, 413, 429, 503)
 
 
-def error_responses(*statuses: int, descriptions: dict[int, str] | None = None, needs_key: bool = True,
-                    media_type: str | None = None) -> dict[int | str, dict[str, Any]]:
+def error_responses(
+    *statuses: int,
+    descriptions: dict[int, str] | None = None,
+    needs_key: bool = True,
+    media_type: str | None = None,
+) -> dict[int | str, dict[str, Any]]:
     """A route's `responses=`: the statuses every route may answer (COMMON_ERROR_STATUSES; without
     401 for a route open without the key) plus `statuses`, each an `ErrorResponse` (429 and 503
     with `Retry-After`). `descriptions` replaces the generic text of a status (say what 404 is
@@ -60,7 +69,9 @@ def error_responses(*statuses: int, descriptions: dict[int, str] | None = None, 
         if media_type is None or media_type == "application/json":
             entry["model"] = ErrorResponse
         else:
-            entry["content"] = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+            entry["content"] = {
+                "application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}
+            }
         if status in (429, 503):
             entry["headers"] = dict(_RETRY_AFTER)
         out[status] = entry
@@ -74,7 +85,7 @@ def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
         ref = schema.get("$ref")
         if isinstance(ref, str) and ref.startswith("#/$defs/"):
             rest = {k: v for k, v in schema.items() if k != "$ref"}
-            return {**_inline_refs(defs[ref[len("#/$defs/"):]], defs), **_inline_refs(rest, defs)}
+            return {**_inline_refs(defs[ref[len("#/$defs/") :]], defs), **_inline_refs(rest, defs)}
         return {k: _inline_refs(v, defs) for k, v in schema.items() if k != "$defs"}
     if isinstance(schema, list):
         return [_inline_refs(v, defs) for v in schema]
@@ -83,7 +94,9 @@ def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
 
 def event_data_schema(*models: type[BaseModel]) -> dict[str, Any]:
     """The JSON schema of an SSE event's `data` (one of `models`), with no references."""
-    schema = TypeAdapter(Union[tuple(models)] if len(models) > 1 else models[0]).json_schema(mode="serialization")  # noqa: UP007 (runtime value)
+    schema = TypeAdapter(Union[tuple(models)] if len(models) > 1 else models[0]).json_schema(
+        mode="serialization"
+    )  # noqa: UP007 (runtime value)
     return _inline_refs(schema, schema.get("$defs", {}))
 
 
@@ -95,13 +108,21 @@ def sse_responses(*models: type[BaseModel], description: str) -> dict[int | str,
         "type": "object",
         "required": ["data"],
         "properties": {
-            "data": {"anyOf": [
-                {"const": "[DONE]", "description": "The last event."},
-                {"type": "string", "contentMediaType": "application/json", "contentSchema": event_data_schema(*models)},
-            ]},
+            "data": {
+                "anyOf": [
+                    {"const": "[DONE]", "description": "The last event."},
+                    {
+                        "type": "string",
+                        "contentMediaType": "application/json",
+                        "contentSchema": event_data_schema(*models),
+                    },
+                ]
+            },
             "event": {"type": "string"},
             "id": {"type": "string"},
             "retry": {"type": "integer", "minimum": 0},
         },
     }
-    return {200: {"description": description, "content": {"text/event-stream": {"itemSchema": item}}}}
+    return {
+        200: {"description": description, "content": {"text/event-stream": {"itemSchema": item}}}
+    }

@@ -32,7 +32,11 @@ _KIND_ANNOTATIONS: dict[str, Any] = {
     "object": dict[str, Any],
 }
 # Looser on /v1 as before: OpenAI's own clients send logit_bias keys and ids as they are.
-_V1_ANNOTATIONS: dict[str, Any] = {**_KIND_ANNOTATIONS, "token_ids": list[int], "logit_bias": dict[str, float]}
+_V1_ANNOTATIONS: dict[str, Any] = {
+    **_KIND_ANNOTATIONS,
+    "token_ids": list[int],
+    "logit_bias": dict[str, float],
+}
 
 
 def _annotation(p: Param, kinds: dict[str, Any]) -> Any:
@@ -71,6 +75,11 @@ V1_TO_ENGINE: dict[str, str] = {p.v1: p.name for p in PARAMS if p.v1 is not None
 def v1_extension_fields() -> dict[str, tuple[Any, Any]]:
     """The `/v1` request fields beyond OpenAI's (SGLang's / vLLM's extensions): each optional,
     null meaning the engine's default, for `create_model`."""
-    return {p.v1: (Union[_V1_ANNOTATIONS[p.kind], None],  # noqa: UP007 (runtime value)
-                   Field(None, description=f"{p.doc} Default: {json.dumps(p.default)}."))
-            for p in PARAMS if p.v1 is not None and not p.openai}
+    return {
+        p.v1: (
+            Union[_V1_ANNOTATIONS[p.kind], None],  # noqa: UP007 (runtime value)
+            Field(None, description=f"{p.doc} Default: {json.dumps(p.default)}."),
+        )
+        for p in PARAMS
+        if p.v1 is not None and not p.openai
+    }

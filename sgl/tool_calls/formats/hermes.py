@@ -26,8 +26,9 @@ class HermesParser(MarkerParser):
     marker = "<tool_call>"
     end_marker = "</tool_call>"
 
-    def _match_block(self, text: str, start: int, final: bool,
-                     memo: Memo | None = None) -> Block | Need | None:
+    def _match_block(
+        self, text: str, start: int, final: bool, memo: Memo | None = None
+    ) -> Block | Need | None:
         i = skip_ws(text, start + len(self.marker))
         if i == len(text):
             return not_final(final)
@@ -46,6 +47,8 @@ class HermesParser(MarkerParser):
 FORMAT = JsonCallFormat(
     aliases=("qwen25", "qwen"),
     parser=HermesParser,
-    syntax=CallSyntax("<tool_call>", '<tool_call>\n{{"name": {name}, "arguments": ', "}\n</tool_call>", "\n"),
+    syntax=CallSyntax(
+        "<tool_call>", '<tool_call>\n{{"name": {name}, "arguments": ', "}\n</tool_call>", "\n"
+    ),
     teaches_when=lambda template: "<tool_call>" in template,
 )

@@ -19,7 +19,9 @@ from sgl.tool_calls.syntax import CallSyntax, JsonCallFormat
 PYTHON_TAG = "<|python_tag|>"
 
 
-def _json_call_list(body: str, final: bool, memo: Memo | None = None) -> list[ToolCall] | Need | None:
+def _json_call_list(
+    body: str, final: bool, memo: Memo | None = None
+) -> list[ToolCall] | Need | None:
     """`{call}; {call} ...` filling all of `body` (whitespace around, a trailing ';' allowed).
 
     Each call needs "parameters" (or "arguments"): with no marker, a plain JSON answer such as
@@ -64,7 +66,7 @@ class Llama3JsonParser(ToolParser):
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         i = text.find(PYTHON_TAG)
-        pre, body = (text[:i], text[i + len(PYTHON_TAG):]) if i >= 0 else ("", text)
+        pre, body = (text[:i], text[i + len(PYTHON_TAG) :]) if i >= 0 else ("", text)
         calls = _json_call_list(body, final=True)
         if not isinstance(calls, list):
             return text, []
@@ -98,7 +100,9 @@ class _Llama3Streamer(ToolStreamer):
             return self._release(len(self._held)), []
         if self._mode == "tagged":
             return self._check_tagged(), []
-        i = self._held.find(PYTHON_TAG, max(0, seen - len(PYTHON_TAG) + 1))  # (not in what was seen)
+        i = self._held.find(
+            PYTHON_TAG, max(0, seen - len(PYTHON_TAG) + 1)
+        )  # (not in what was seen)
         if i >= 0:
             # before the tag: content, unless (at the start) it is whitespace only, then dropped
             out = ""
@@ -109,13 +113,15 @@ class _Llama3Streamer(ToolStreamer):
         cut = len(self._held) - partial_len(self._held, 0, PYTHON_TAG)
         if self._mode == "start":
             j = skip_ws(self._held, 0)
-            if j >= cut or (self._held[j] == "{" and _json_call_list(self._held, False, self._memo) is not None):
+            if j >= cut or (
+                self._held[j] == "{" and _json_call_list(self._held, False, self._memo) is not None
+            ):
                 return "", []
             self._mode = "text"
         return self._release(cut), []
 
     def _check_tagged(self) -> str:
-        if _json_call_list(self._held[self._body_at:], False, self._memo) is None:
+        if _json_call_list(self._held[self._body_at :], False, self._memo) is None:
             self._mode = "through"
             return self._release(len(self._held))
         return ""
@@ -125,7 +131,7 @@ class _Llama3Streamer(ToolStreamer):
             content, calls = self._parser.parse(self._release(len(self._held)))
             return content, deltas(calls)
         if self._mode == "tagged":
-            calls = _json_call_list(self._held[self._body_at:], final=True)
+            calls = _json_call_list(self._held[self._body_at :], final=True)
             if isinstance(calls, list):
                 self._held = ""
                 return "", deltas(calls)

@@ -30,8 +30,9 @@ class MistralParser(MarkerParser):
     marker = "[TOOL_CALLS]"
     args_marker = "[ARGS]"
 
-    def _match_block(self, text: str, start: int, final: bool,
-                     memo: Memo | None = None) -> Block | Need | None:
+    def _match_block(
+        self, text: str, start: int, final: bool, memo: Memo | None = None
+    ) -> Block | Need | None:
         i = skip_ws(text, start + len(self.marker))
         if i == len(text):
             return not_final(final)
@@ -45,7 +46,7 @@ class MistralParser(MarkerParser):
         if m is None:
             return None
         if not text.startswith(self.args_marker, m.end()):  # (the name may still be growing)
-            return MORE if not final and self.args_marker.startswith(text[m.end():]) else None
+            return MORE if not final and self.args_marker.startswith(text[m.end() :]) else None
         k = skip_ws(text, m.end() + len(self.args_marker))
         if k == len(text):
             return not_final(final)

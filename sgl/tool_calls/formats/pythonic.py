@@ -49,9 +49,9 @@ def _py_literal_kwargs(call: ast.expr) -> tuple[str, str] | None:
 def _py_unwrap(text: str) -> str:
     s = text.strip()
     if s.startswith(PYTHON_START):
-        s = s[len(PYTHON_START):]
+        s = s[len(PYTHON_START) :]
     s = s.rstrip()
-    return (s[:-len(PYTHON_END)] if s.endswith(PYTHON_END) else s).strip()
+    return (s[: -len(PYTHON_END)] if s.endswith(PYTHON_END) else s).strip()
 
 
 class PythonicParser(ToolParser):
@@ -86,7 +86,7 @@ def _may_be_py_calls(text: str) -> bool:
     if PYTHON_START.startswith(s):  # nothing yet, or part of the tag
         return True
     if s.startswith(PYTHON_START):
-        s = s[len(PYTHON_START):].lstrip()
+        s = s[len(PYTHON_START) :].lstrip()
     return bool(_PY_CALLS_START.match(s) or _PY_CALLS_PREFIX.match(s))
 
 
@@ -120,9 +120,13 @@ def pythonic_constraint(functions: Functions, free_text: bool, one_call: bool) -
     """The constraint for pythonic calls (`[f(a=1)]`, `sgl.constrained.pythonic`), passed
     as a structural tag: the output is such a list (or, with `free_text`, text that does not
     start with `[`)."""
-    spec: dict[str, Any] = {"type": "pythonic_calls", "free_text": free_text,
-                            "functions": [{"name": name, "parameters": object_schema(params, name)}
-                                          for name, params in functions]}
+    spec: dict[str, Any] = {
+        "type": "pythonic_calls",
+        "free_text": free_text,
+        "functions": [
+            {"name": name, "parameters": object_schema(params, name)} for name, params in functions
+        ],
+    }
     if one_call:
         spec["max_calls"] = 1
     return spec
@@ -134,7 +138,11 @@ def _python_literal(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(_python_literal(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)}: {_python_literal(v)}" for k, v in value.items()) + "}"
+        return (
+            "{"
+            + ", ".join(f"{json.dumps(k)}: {_python_literal(v)}" for k, v in value.items())
+            + "}"
+        )
     return json.dumps(value, ensure_ascii=False)
 
 

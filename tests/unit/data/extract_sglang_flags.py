@@ -19,7 +19,10 @@ HEADER = """# SGLang {version}'s `python -m sglang.launch_server` flags (ServerA
 
 def _annotated_meta(ann: ast.expr) -> list[ast.expr] | None:
     head = getattr(ann, "value", None)
-    if not (isinstance(ann, ast.Subscript) and getattr(head, "id", getattr(head, "attr", "")) in ("Annotated", "A")):
+    if not (
+        isinstance(ann, ast.Subscript)
+        and getattr(head, "id", getattr(head, "attr", "")) in ("Annotated", "A")
+    ):
         return None
     return list(ann.slice.elts[1:]) if isinstance(ann.slice, ast.Tuple) else []
 
@@ -28,8 +31,12 @@ def field_flags(node: ast.AnnAssign) -> list[str]:
     meta = _annotated_meta(node.annotation)
     if meta is None or not isinstance(node.target, ast.Name):
         return []
-    arg = next((m for m in meta if isinstance(m, ast.Call) and getattr(m.func, "id", "") == "Arg"), None)
-    if arg is None and not any(isinstance(m, ast.Constant) and isinstance(m.value, str) for m in meta):
+    arg = next(
+        (m for m in meta if isinstance(m, ast.Call) and getattr(m.func, "id", "") == "Arg"), None
+    )
+    if arg is None and not any(
+        isinstance(m, ast.Constant) and isinstance(m.value, str) for m in meta
+    ):
         return []
     kw = {k.arg: k.value for k in (arg.keywords if arg else [])}
     if getattr(kw.get("no_cli"), "value", False):
@@ -42,14 +49,21 @@ def field_flags(node: ast.AnnAssign) -> list[str]:
 
 def flags(srt_dir: str) -> set[str]:
     out: set[str] = set()
-    for path in [f"{srt_dir}/server_args.py", *sorted(glob.glob(f"{srt_dir}/arg_groups/fields/*.py"))]:
+    for path in [
+        f"{srt_dir}/server_args.py",
+        *sorted(glob.glob(f"{srt_dir}/arg_groups/fields/*.py")),
+    ]:
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.AnnAssign):
                 out.update(field_flags(node))
             elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
-                out.update(a.value for a in node.args if isinstance(a, ast.Constant) and str(a.value).startswith("--"))
+                out.update(
+                    a.value
+                    for a in node.args
+                    if isinstance(a, ast.Constant) and str(a.value).startswith("--")
+                )
     return out
 
 
