@@ -7,8 +7,8 @@ Each engine runs in its own process, one after another, on the same token-id pro
     batch1   one prompt, 128 new tokens: tokens/s (llama.cpp also by `llama-bench -n 128`)
 
 Engines: sgl fp32 / bf16 (dense), int8 / int4 (weights quantized), each with the batch-1
-decode forward compiled (`torch_compile=True`; load_s includes the compile); llama.cpp `llama-server`
-(Q4_1 and Q8_0 GGUF, 16 slots, continuous batching, prompt cache on); vLLM CPU (bf16,
+decode forward compiled (`torch_compile=True`; load_s includes the compile); llama.cpp
+`llama-server` (Q4_1 and Q8_0 GGUF, 16 slots, continuous batching, prompt cache on); vLLM CPU (bf16,
 prefix caching on); HF transformers fp32 (static batches of 16; no prefix workload: it has
 no prefix cache). Models: the embedded SmolLM2-135M (its Q4_1 file; a Q8_0 file and an HF
 directory written from the same weights) and a Llama-3.2-1B body with random weights
@@ -482,9 +482,10 @@ def main() -> None:
         for engine, r in res.items():
             if engine == "workloads":
                 continue
-            cell = lambda w, key, r=r: (
-                r.get(w, {}).get(key, "-") if isinstance(r.get(w), dict) else "-"
-            )  # noqa: E731
+
+            def cell(w, key, r=r):
+                return r.get(w, {}).get(key, "-") if isinstance(r.get(w), dict) else "-"
+
             rows.append(
                 (
                     engine,

@@ -60,7 +60,8 @@ class DecodeRows:
         self.lengths = [0] * rows
 
     def step(self, ids: list[list[int]], forward) -> torch.Tensor:
-        """One forward: ids[i] are row i's new tokens (slots interleave across rows, as in decoding)."""
+        """One forward: ids[i] are row i's new tokens (slots interleave across rows, as in
+        decoding)."""
         from sgl.runtime.attention import ForwardBatch
 
         n = sum(len(t) for t in ids)
@@ -122,7 +123,8 @@ def split(req: DecodeRows, forward, steps: int, top: int = 0) -> dict[str, float
             groups["other ops"] += ms
     for ev in sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)[:top]:
         print(
-            f"  {ev.self_cpu_time_total / 1e3 / steps:7.3f} ms  {ev.count // steps:4d} calls  {ev.key[:90]}"
+            f"  {ev.self_cpu_time_total / 1e3 / steps:7.3f} ms  {ev.count // steps:4d} calls  "
+            f"{ev.key[:90]}"
         )
     profiled_ms = sum(groups.values())
     out = {k: round(v, 3) for k, v in groups.items()}
@@ -177,7 +179,8 @@ def main() -> None:
     results = {}
 
     def fresh_rows() -> DecodeRows:
-        """Rows holding `context` tokens each (one prefill), so every column starts at the same context."""
+        """Rows holding `context` tokens each (one prefill), so every column starts at the same
+        context."""
         req = DecodeRows(model, getattr(torch, args.dtype), args.batch)
         req.step(
             [list(range(1000 + r, 1000 + r + args.context)) for r in range(args.batch)],

@@ -225,7 +225,8 @@ def bench_sgl(w: Workload, args: argparse.Namespace, budget: Budget) -> dict[str
                 "prefill_seconds": t_prefill,
             }
             print(
-                f"sgl decode batch {bs}: {tokens / t:.0f} tok/s, {1000 * t / w.output_len:.2f} ms/step",
+                f"sgl decode batch {bs}: {tokens / t:.0f} tok/s, {1000 * t / w.output_len:.2f} "
+                "ms/step",
                 flush=True,
             )
         if budget.allows("sgl prefill", 10, w.notes):
@@ -305,7 +306,8 @@ def bench_hf(w: Workload, budget: Budget) -> dict[str, Any]:
         assert gen.shape[1] == w.input_len + 1 + k
         if tk > t1:
             step = (tk - t1) / k
-        else:  # noise swamped the difference (tiny smoke shapes on a busy CPU): the whole run's mean
+        # noise swamped the difference (tiny smoke shapes on a busy CPU): the whole run's mean
+        else:
             step = tk / (1 + k)
             w.notes.append(
                 f"HF decode batch {bs}: the {k}-step run was not slower than the 1-step run; "
@@ -368,9 +370,12 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# GPU benchmark: {result['device_name']}",
         "",
-        f"{result['date']}; torch {result['torch']}, model shape `{w['shape']}` ({s['weight_bytes'] / 1e9:.2f} GB of "
-        f"{w['dtype']} weights, dummy values); sgl attention backend `{s['attention_backend']}`, CUDA graphs for "
-        f"batch sizes {s['cuda_graph_batch_sizes'] or 'none'}; HF transformers {h['transformers'] if h else '-'} (sdpa).",
+        f"{result['date']}; torch {result['torch']}, model shape `{w['shape']}` "
+        f"({s['weight_bytes'] / 1e9:.2f} GB of "
+        f"{w['dtype']} weights, dummy values); sgl attention backend `{s['attention_backend']}`, "
+        "CUDA graphs for "
+        f"batch sizes {s['cuda_graph_batch_sizes'] or 'none'}; HF transformers "
+        f"{h['transformers'] if h else '-'} (sdpa).",
         "",
         f"## Decode ({w['input_len']}-token prompts, {w['output_len']} new tokens)",
         "",
@@ -395,23 +400,28 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", f"## Prefill ({w['prefill_len']}-token prompt)", ""]
     if "prefill" in s:
         lines.append(
-            f"- sgl: {s['prefill']['tokens_per_s']:.0f} tok/s ({1000 * s['prefill']['seconds']:.1f} ms)"
+            f"- sgl: {s['prefill']['tokens_per_s']:.0f} tok/s "
+            f"({1000 * s['prefill']['seconds']:.1f} ms)"
         )
     if h and "prefill" in h:
         lines.append(
-            f"- HF: {h['prefill']['tokens_per_s']:.0f} tok/s ({1000 * h['prefill']['seconds']:.1f} ms)"
+            f"- HF: {h['prefill']['tokens_per_s']:.0f} tok/s "
+            f"({1000 * h['prefill']['seconds']:.1f} ms)"
         )
     lines += [
         "",
         "## Targets",
         "",
-        f"- copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; a batch-1 decode step reads "
+        f"- copy bandwidth {result['copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s; a batch-1 "
+        "decode step reads "
         f"{s['step_weight_bytes'] / 1e9:.2f} GB of weights: floor {m['batch1_floor_ms']:.2f} ms",
     ]
     if "batch1_step_vs_floor" in m:
         lines.append(
-            f"- batch-1 decode step {m['batch1_step_ms']:.2f} ms = {m['batch1_step_vs_floor']:.2f}x the floor "
-            f"(target <= {TARGET_BATCH1_VS_FLOOR}x): {'met' if m['batch1_target_met'] else 'NOT met'}"
+            f"- batch-1 decode step {m['batch1_step_ms']:.2f} ms = "
+            f"{m['batch1_step_vs_floor']:.2f}x the floor "
+            f"(target <= {TARGET_BATCH1_VS_FLOOR}x): "
+            f"{'met' if m['batch1_target_met'] else 'NOT met'}"
         )
     top = max(w["batch_sizes"])
     if f"batch{top}_vs_hf" in m:

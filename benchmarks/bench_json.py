@@ -69,7 +69,8 @@ def run_engine(engine, prompts: list[str], params: dict) -> tuple[float, int, li
 
 
 def mask_latency(engine, kind: str, spec, steps: int = 200) -> dict:
-    """Compile (first, cached) and fill_mask time along a greedy-free random walk of allowed tokens."""
+    """Compile (first, cached) and fill_mask time along a greedy-free random walk of allowed
+    tokens."""
     import random
 
     from sgl.constrained.compiler import GrammarCompiler
@@ -247,7 +248,8 @@ def main() -> None:
     )
     print(
         f"jump-forward: {together['step_ratio']:.2f}x fewer forward steps (target >= 1.5x), "
-        f"{together['speedup']:.2f}x faster (target >= 1.3x); identical outputs: {together['identical_outputs']}"
+        f"{together['speedup']:.2f}x faster (target >= 1.3x); identical outputs: "
+        f"{together['identical_outputs']}"
     )
     results["jump_forward_step_ratio"], results["jump_forward_speedup"] = (
         together["step_ratio"],
@@ -262,7 +264,8 @@ def main() -> None:
         table_cols,
     )
     print(
-        f"jump-forward one at a time: {alone['step_ratio']:.2f}x fewer forward steps, {alone['speedup']:.2f}x faster"
+        f"jump-forward one at a time: {alone['step_ratio']:.2f}x fewer forward steps, "
+        f"{alone['speedup']:.2f}x faster"
     )
 
     # 2. Mask cost per decode step at batch 32: decode-only time (a 64-token run minus a
@@ -289,7 +292,8 @@ def main() -> None:
         }
     overhead = costs["regex-constrained"]["ms_per_step"] / costs["unconstrained"]["ms_per_step"] - 1
     print_table(
-        f"Decode step cost at batch {len(prompts)} (64 decode steps, prefill excluded, best of {args.repeats})",
+        f"Decode step cost at batch {len(prompts)} (64 decode steps, prefill excluded, best of "
+        f"{args.repeats})",
         [
             (k, f"{v['decode_seconds']:.2f}", v["decode_steps"], f"{v['ms_per_step']:.1f}")
             for k, v in costs.items()
@@ -342,7 +346,8 @@ def main() -> None:
         speedup = seconds / on["seconds"]
         results["speedup_vs_outlines"] = speedup
         print_table(
-            "sgl vs outlines + HF transformers (same model, schema, texts; outlines one text at a time)",
+            "sgl vs outlines + HF transformers (same model, schema, texts; outlines one text at a "
+            "time)",
             [
                 (
                     "sgl (jump-forward on)",

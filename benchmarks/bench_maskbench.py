@@ -47,7 +47,7 @@ from common import print_table, write_result
 ENGINES = ("sgl", "llguidance", "xgrammar")
 
 
-# ---------------------------------------------------------------------------- engines (in the worker)
+# -------------------------------------------------------------------------- engines (in the worker)
 
 
 class BackendEngine:
@@ -308,7 +308,8 @@ def main() -> None:
             }
             if r["status"] != "pass":
                 print(
-                    f"[{name} {i + 1}/{len(files)}] {Path(f).stem}: {r['status']} {r.get('error', '')[:160]}",
+                    f"[{name} {i + 1}/{len(files)}] {Path(f).stem}: {r['status']} "
+                    f"{r.get('error', '')[:160]}",
                     flush=True,
                 )
         w.stop()

@@ -223,7 +223,8 @@ def main() -> int:
     use_flag = flag_known and args.max_queued_requests >= 0
     if not flag_known:
         print(
-            "NOTE: this launch_server has no --max-queued-requests: running without it (no 429s expected)"
+            "NOTE: this launch_server has no --max-queued-requests: running without it (no 429s "
+            "expected)"
         )
     server_args = [
         "--model-path",
@@ -327,8 +328,10 @@ def main() -> int:
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     print(
-        f"\n{len(recs)} clients in {duration:.1f}s: completed {len(done)}, refused 429 {len(refused)} "
-        f"(Retry-After {results['retry_after_values']}), other errors {len(other)}; statuses {statuses}"
+        f"\n{len(recs)} clients in {duration:.1f}s: completed {len(done)}, refused 429 "
+        f"{len(refused)} "
+        f"(Retry-After {results['retry_after_values']}), other errors {len(other)}; statuses "
+        f"{statuses}"
     )
     print(
         f"admitted TTFT ms p50 {results['ttft_ms']['p50']} p99 {results['ttft_ms']['p99']}; "
@@ -336,7 +339,8 @@ def main() -> int:
     )
     print(f"server RSS MB {results['server_rss_mb']}, threads {results['server_threads']}")
     print(
-        f"after: {after_wave}; exit code on SIGTERM {exit_code}; log lines at ERROR / tracebacks {problems}"
+        f"after: {after_wave}; exit code on SIGTERM {exit_code}; log lines at ERROR / tracebacks "
+        f"{problems}"
     )
     for d in results["other_error_samples"][:5]:
         print("  " + d)

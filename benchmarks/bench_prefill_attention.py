@@ -122,7 +122,8 @@ def main() -> None:
             )
         )
     print_table(
-        f"prefill attention, one layer, bf16, {torch.get_num_threads()} threads (best of {args.rounds})",
+        f"prefill attention, one layer, bf16, {torch.get_num_threads()} threads (best of "
+        f"{args.rounds})",
         rows,
         (
             "model",

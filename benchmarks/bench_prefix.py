@@ -47,7 +47,8 @@ def main() -> None:
         engine = sgl.Engine(model_path="default", disable_radix_cache=disable)
         prefix = few_shot_prefix(engine, args.prefix_tokens)
         prompts = [
-            f"{prefix}Question: What is {i} plus {2 * i + 3}, and which country is Bern in?\nAnswer:"
+            f"{prefix}Question: What is {i} plus {2 * i + 3}, and which country is Bern "
+            "in?\nAnswer:"
             for i in range(args.num_requests)
         ]
         engine.generate(prompts[0][-200:], {"max_new_tokens": 2})  # warm-up
@@ -78,7 +79,8 @@ def main() -> None:
         for name, r in results.items()
     ]
     print_table(
-        f"{args.num_requests} requests sharing a {on['prefix_tokens']}-token prefix, {args.new_tokens} new tokens",
+        f"{args.num_requests} requests sharing a {on['prefix_tokens']}-token prefix, "
+        f"{args.new_tokens} new tokens",
         rows,
         ("engine", "seconds", "prompt tokens", "cached tokens", "cached ratio"),
     )

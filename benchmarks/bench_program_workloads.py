@@ -162,7 +162,8 @@ def measure(
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per workload: sgl's best (in process or server) over the best peer, throughput and latency."""
+    """Per workload: sgl's best (in process or server) over the best peer, throughput and
+    latency."""
     out = {}
     for name, by_engine in results.items():
         ok = {e: r for e, r in by_engine.items() if "programs_per_s" in r}
@@ -225,12 +226,14 @@ def main() -> None:
             print(f"  skipped: {e}", flush=True)
     engines = list(dict.fromkeys(e for by in results.values() for e in by))
     print_table(
-        f"programs/s ({args.programs} programs, {args.concurrency} in flight); latency of one program, s",
+        f"programs/s ({args.programs} programs, {args.concurrency} in flight); latency of one "
+        "program, s",
         [
             (
                 w,
                 *(
-                    f"{by.get(e, {}).get('programs_per_s', '-')} / {by.get(e, {}).get('latency_s', '-')}"
+                    f"{by.get(e, {}).get('programs_per_s', '-')} / "
+                    f"{by.get(e, {}).get('latency_s', '-')}"
                     for e in engines
                 ),
             )

@@ -173,7 +173,8 @@ def main() -> None:
         ("how", "seconds"),
     )
     print(
-        f"run_batch speedup: {rb['speedup']:.2f}x (target >= 4x); identical answers {rb['identical_answers']}/{args.items}"
+        f"run_batch speedup: {rb['speedup']:.2f}x (target >= 4x); identical answers "
+        f"{rb['identical_answers']}/{args.items}"
     )
 
     no_radix = sgl.Engine(model_path="default", disable_radix_cache=True)
@@ -182,7 +183,8 @@ def main() -> None:
     results["fork"] = fk
     fk["speedup"] = fk["radix cache off"]["seconds"] / fk["radix cache on"]["seconds"]
     print_table(
-        f"4-way fork program ({args.fork_runs} runs, ~{len(engine.encode(DOC))}-token shared document)",
+        f"4-way fork program ({args.fork_runs} runs, ~{len(engine.encode(DOC))}-token shared "
+        "document)",
         [
             (k, f"{v['seconds']:.2f}", v["prefill_tokens"], v["cached_tokens"])
             for k, v in fk.items()

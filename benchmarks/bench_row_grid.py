@@ -134,7 +134,8 @@ def main() -> int:
         for m, s in summary.items()
     ]
     print_table(
-        f"prefill of {args.lengths} distinct lengths 65..{args.max_len} (medians of {args.rounds} rounds)",
+        f"prefill of {args.lengths} distinct lengths 65..{args.max_len} (medians of {args.rounds} "
+        "rounds)",
         rows,
         ("rows", "1st pass tok/s", "2nd pass tok/s", "malloc MB start", "after", "growth"),
     )

@@ -79,7 +79,8 @@ TEMPLATES = [
 
 
 def chat_prompts(n: int, seed: int = 0) -> list[str]:
-    """n user questions: the distinct subject x template pairs in a fixed shuffled order (cycled)."""
+    """n user questions: the distinct subject x template pairs in a fixed shuffled order
+    (cycled)."""
     pool = [t.format(s) for t in TEMPLATES for s in SUBJECTS]
     random.Random(seed).shuffle(pool)
     return [pool[i % len(pool)] for i in range(n)]
@@ -389,7 +390,8 @@ def compare_modes(args: argparse.Namespace) -> None:
             )
         )
     print_table(
-        f"Chat workload, scheduler on a thread vs in its own process (best of {args.rounds}, interleaved)",
+        f"Chat workload, scheduler on a thread vs in its own process (best of {args.rounds}, "
+        "interleaved)",
         rows,
         (
             "req/s",

@@ -133,7 +133,8 @@ def main() -> int:
     t_start = time.monotonic()
     url = server.start()
     print(
-        f"server pid {server.pid} at {url}, log {log} (healthy after {time.monotonic() - t_start:.1f}s)"
+        f"server pid {server.pid} at {url}, log {log} (healthy after "
+        f"{time.monotonic() - t_start:.1f}s)"
     )
     opts = dict(
         session_timeout=args.session_timeout,
@@ -158,7 +159,8 @@ def main() -> int:
         )
         print("\n".join("  " + ln for ln in summary_lines(warm)))
         print(
-            f"\nsoak: {args.requests} requests at concurrency {args.concurrency} (at most {args.max_seconds:.0f}s)"
+            f"\nsoak: {args.requests} requests at concurrency {args.concurrency} (at most "
+            f"{args.max_seconds:.0f}s)"
         )
         soak = run_soak(
             url,
@@ -220,7 +222,8 @@ def main() -> int:
         f"\nmargins: RSS {margins['rss_mb_post_warmup']} -> {margins['rss_mb_end']} MB "
         f"({margins['rss_growth_pct']:+.1f}%, allowed +{margins['rss_margin_pct']:.0f}%: "
         f"{'OK' if margins['rss_ok'] else 'FAILED'}); threads {margins['threads_post_warmup']} -> "
-        f"{margins['threads_end']} (allowed +{args.thread_margin}: {'OK' if margins['threads_ok'] else 'FAILED'})"
+        f"{margins['threads_end']} (allowed +{args.thread_margin}: "
+        f"{'OK' if margins['threads_ok'] else 'FAILED'})"
     )
     print(f"server exit code on SIGTERM: {exit_code}; log lines at ERROR / tracebacks: {problems}")
     for line in problem_lines[:5]:

@@ -89,7 +89,8 @@ def main() -> None:
         ),
     ]
     print_table(
-        f"Throughput: {args.num_prompts} prompts of 20-80 tokens, {args.new_tokens} new tokens each, fp32, CPU",
+        f"Throughput: {args.num_prompts} prompts of 20-80 tokens, {args.new_tokens} new tokens "
+        "each, fp32, CPU",
         rows,
         ("system", "tokens", "seconds", "tokens/s", "vs sgl"),
     )
@@ -100,7 +101,8 @@ def main() -> None:
         ("bandwidth floor", f"{floor_tps:.1f}", f"{1000 / floor_tps:.1f}", "1.00"),
     ]
     print_table(
-        f"Batch-1 decode ({weight_bytes / 1e6:.0f} MB of weights, copy bandwidth {bw / 1e9:.1f} GB/s)",
+        f"Batch-1 decode ({weight_bytes / 1e6:.0f} MB of weights, copy bandwidth {bw / 1e9:.1f} "
+        "GB/s)",
         rows,
         ("system", "tokens/s", "ms/token", "fraction of floor"),
     )

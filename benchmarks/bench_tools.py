@@ -253,7 +253,8 @@ def main() -> None:
         2,
     )
     print_table(
-        f"Function calling on the embedded model: {len(REQUESTS)} requests x {args.samples} samples, "
+        f"Function calling on the embedded model: {len(REQUESTS)} requests x {args.samples} "
+        "samples, "
         f"temperature {args.temperature}",
         rows,
         (

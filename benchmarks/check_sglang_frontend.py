@@ -5,10 +5,10 @@ model, greedy: once with SGLang 0.5.23's frontend (`import sglang as sgl`, its
 `RuntimeEndpoint`), once with sgl's (`import sgl`): only the import differs. Every variable
 must come out equal. (SGLang picks a chat template by the model's name and knows none for
 SmolLM2, so its endpoint is told `chat_template_name="chatml"`, the model's format; the
-programs give a system message, so ChatML and the model's own template render alike.) The SGLang frontend is pip-installed (without its runtime's dependencies:
-the frontend needs six small packages) into ~/.cache/sgl-peers/sglang-frontend-<version> on
-first use. Not part of `make test` (it installs a peer); results in
-results/sglang_frontend.json.
+programs give a system message, so ChatML and the model's own template render alike.) The SGLang
+frontend is pip-installed (without its runtime's dependencies: the frontend needs six small
+packages) into ~/.cache/sgl-peers/sglang-frontend-<version> on first use. Not part of `make test`
+(it installs a peer); results in results/sglang_frontend.json.
 
     .venv/bin/python benchmarks/check_sglang_frontend.py
 """

@@ -68,7 +68,8 @@ def hf_generate_static(
 
 
 def call_seconds(fn, repeats: int, quantile: float = 0.5, warmup: int = 3) -> float:
-    """Seconds of one `fn()` call: the `quantile` of `repeats` timed calls after `warmup` untimed ones."""
+    """Seconds of one `fn()` call: the `quantile` of `repeats` timed calls after `warmup` untimed
+    ones."""
     for _ in range(warmup):
         fn()
     times = []

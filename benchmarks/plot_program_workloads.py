@@ -109,7 +109,8 @@ def draw(data: dict, out: Path) -> Path:
     )
     m, c = data.get("machine", {}), data.get("config", {})
     fig.suptitle(
-        f"Program workloads, SmolLM2-135M, greedy, {c.get('programs')} programs / {c.get('concurrency')} "
+        f"Program workloads, SmolLM2-135M, greedy, {c.get('programs')} programs / "
+        f"{c.get('concurrency')} "
         f"in flight; {m.get('cpu_model', '')}, {m.get('cpu_count')} CPUs",
         fontsize=10,
     )

@@ -203,7 +203,8 @@ def plot_remote_programs(results: Path, out_dir: Path) -> Path:
     ax.set_title("client-side / shipped per added latency; shipped / in process", fontsize=8)
     ax.legend(fontsize=7)
     fig.suptitle(
-        f"Shipped programs, median of {field(d, 'runs')} (results/remote_programs.json); {machine(d)}",
+        f"Shipped programs, median of {field(d, 'runs')} (results/remote_programs.json); "
+        f"{machine(d)}",
         fontsize=9,
     )
     return save(fig, out_dir / "remote_programs.png")
@@ -236,7 +237,8 @@ def plot_tools(results: Path, out_dir: Path) -> Path:
     )
     b.set_ylabel("median ms per output token")
     fig.suptitle(
-        f"Tool calls, {field(d, 'requests')} requests x {field(d, 'samples')} samples at temperature "
+        f"Tool calls, {field(d, 'requests')} requests x {field(d, 'samples')} samples at "
+        "temperature "
         f"{field(d, 'temperature')} (results/tools.json); {machine(d)}",
         fontsize=9,
     )

@@ -81,10 +81,14 @@ TEMPLATES = [
     "Write a short headline about {}.",
 ]
 LONG_TEXT = (
-    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined a "
-    "screw press with movable metal type, oil-based ink and a mould for casting letters. Before that, books "
-    "in Europe were copied by hand, and a single Bible could take years to finish. Printing changed the "
-    "economics of knowledge: pamphlets, newspapers and journals spread ideas faster than any authority could "
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
+    "combined a "
+    "screw press with movable metal type, oil-based ink and a mould for casting letters. Before "
+    "that, books "
+    "in Europe were copied by hand, and a single Bible could take years to finish. Printing "
+    "changed the "
+    "economics of knowledge: pamphlets, newspapers and journals spread ideas faster than any "
+    "authority could "
     "control them, and literacy rose across the continent. "
 )
 FOLLOW_UPS = ["And why is that?", "Say it again, shorter.", "What else?", "Give one example."]
@@ -948,18 +952,23 @@ def summary_lines(f: dict[str, Any]) -> list[str]:
     lines = [
         f"{f['generations']} generations from {f['specs_sent']} specs in {f['duration_s']:.1f}s "
         f"({f['generations_per_s']}/s){' (stopped early: --max-seconds)' if f['stopped_early'] else ''}",
-        f"outcomes: completed {c['completed']}, error {c['error']} (expected {f['expected_errors']}, "
-        f"unexpected {f['unexpected_errors']}, 5xx {f['server_errors_5xx']}), aborted {c['aborted']}, "
+        f"outcomes: completed {c['completed']}, error {c['error']} (expected "
+        f"{f['expected_errors']}, "
+        f"unexpected {f['unexpected_errors']}, 5xx {f['server_errors_5xx']}), aborted "
+        f"{c['aborted']}, "
         f"disconnected {c['disconnected']}, vanished/broken {c['broken']} "
         f"(of which client timeouts {f['broken_client_timeouts']})",
         f"aborts sent {f['aborts_sent']} (finished abort {f['aborts_finished_abort']}, "
         f"too late {f['aborts_too_late']}); "
-        f"sessions opened {f['sessions_opened']}; constraint violations {f['constraint_violations']}; "
+        f"sessions opened {f['sessions_opened']}; constraint violations "
+        f"{f['constraint_violations']}; "
         f"retractions {f['retractions']}",
         f"latency ms: e2e p50 {f['latency_ms']['e2e_p50']} p99 {f['latency_ms']['e2e_p99']}, "
         f"TTFT p50 {f['latency_ms']['ttft_p50']} p99 {f['latency_ms']['ttft_p99']}",
-        f"KV free: before {f['kv_free_before']}, after flush {f['kv_free_after_flush']} of {f['max_total_tokens']}; "
-        f"open sessions after the mix {f['open_sessions_after_mix']}, final {f['open_sessions_final']} "
+        f"KV free: before {f['kv_free_before']}, after flush {f['kv_free_after_flush']} of "
+        f"{f['max_total_tokens']}; "
+        f"open sessions after the mix {f['open_sessions_after_mix']}, final "
+        f"{f['open_sessions_final']} "
         f"(waited {f['sessions_expired_wait_s']}s)",
     ]
     if "process" in f:
@@ -1096,7 +1105,8 @@ class ServerProcess:
         return self.proc.pid
 
     def stop(self, timeout: float = 90.0) -> int | None:
-        """SIGTERM and wait (the server drains, then exits 0); SIGKILL past `timeout`. The exit code."""
+        """SIGTERM and wait (the server drains, then exits 0); SIGKILL past `timeout`. The exit
+        code."""
         import signal
         import subprocess
 
@@ -1119,7 +1129,8 @@ class ServerProcess:
             return ""
 
     def log_problems(self, limit: int = 20) -> tuple[int, list[str]]:
-        """Lines of the server's log at ERROR/CRITICAL, or tracebacks: (count, the first `limit`)."""
+        """Lines of the server's log at ERROR/CRITICAL, or tracebacks: (count, the first
+        `limit`)."""
         try:
             text = self.log_path.read_text(errors="replace")
         except OSError:

@@ -73,7 +73,8 @@ def main() -> None:
 
         info = engine.get_server_info()
         print(
-            f"jump-forward tokens: {info['jump_forward_tokens']}, forward steps: {info['forward_steps']}"
+            f"jump-forward tokens: {info['jump_forward_tokens']}, forward steps: "
+            f"{info['forward_steps']}"
         )
 
     from sgl.constrained.backends import available_backends

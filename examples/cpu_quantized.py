@@ -24,7 +24,8 @@ def main() -> None:
         with sgl.Engine(model_path="default", torch_compile=compile_steps, **options) as engine:
             info = engine.get_server_info()
             print(
-                f"{name}: dtype={info['dtype']} ({info['dtype_reason']}) layouts={info['weight_layouts']}"
+                f"{name}: dtype={info['dtype']} ({info['dtype_reason']}) "
+                f"layouts={info['weight_layouts']}"
             )
             engine.generate(messages=prompt, sampling_params={"max_new_tokens": 4})  # warm up
             t = time.perf_counter()
@@ -35,7 +36,8 @@ def main() -> None:
             seconds = time.perf_counter() - t
             tokens = out["meta_info"]["completion_tokens"]
             print(
-                f"  {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tok/s): {out['text'][:60]!r}"
+                f"  {tokens} tokens in {seconds:.2f} s ({tokens / seconds:.0f} tok/s): "
+                f"{out['text'][:60]!r}"
             )
 
 

@@ -24,7 +24,8 @@ def main() -> None:
                 messages=messages, sampling_params={"max_new_tokens": 24, "temperature": 0}
             )
             print(
-                f"{q} -> {o['text'].strip()!r} (cached prompt tokens: {o['meta_info']['cached_tokens']})"
+                f"{q} -> {o['text'].strip()!r} (cached prompt tokens: "
+                f"{o['meta_info']['cached_tokens']})"
             )
 
         # Three seeded samples of one prompt, streamed together: chunks carry their sample's index.

@@ -67,7 +67,8 @@ def main() -> None:
                     "Hello", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
                 )
                 print(
-                    f"{architecture}: architecture={info['architecture']} features={info['attention_features']} "
+                    f"{architecture}: architecture={info['architecture']} "
+                    f"features={info['attention_features']} "
                     f"experts={info['num_experts']} backend={info['attention_backend']} "
                     f"tokens={out['meta_info']['completion_tokens']}"
                 )

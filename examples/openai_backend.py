@@ -1,4 +1,5 @@
-"""sgl programs on an OpenAI-compatible API: here sgl's own server, as a chat and as a completion model.
+"""sgl programs on an OpenAI-compatible API: here sgl's own server, as a chat and as a completion
+model.
 
     python -m sgl.launch_server --model-path default --port 30000 &     # or: make serve
     python examples/openai_backend.py [--base-url http://127.0.0.1:30000/v1]

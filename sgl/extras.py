@@ -28,6 +28,7 @@ def needs_extra(extra: str, what: str) -> Iterator[None]:
         if not root or root == "sgl":
             raise
         raise MissingExtraError(
-            f"{what} needs the Python package {root!r}, which sgl installs with its {extra!r} extra: "
+            f"{what} needs the Python package {root!r}, which sgl installs with its {extra!r} "
+            "extra: "
             f"pip install 'sgl[{extra}]'"
         ) from exc

@@ -93,7 +93,8 @@ def wait_for_lock(directory: Path) -> None:
 
 
 def _ninja_dir() -> str | None:
-    """Where the pip package's ninja lives, when `ninja` is not on PATH (torch runs it from PATH)."""
+    """Where the pip package's ninja lives, when `ninja` is not on PATH (torch runs it from
+    PATH)."""
     if shutil.which("ninja"):
         return None
     try:

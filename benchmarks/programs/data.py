@@ -9,8 +9,10 @@ import random
 
 WORDS = (
     "river town market bridge library harbour garden winter summer morning evening farmer teacher "
-    "doctor painter sailor engine signal letter window mountain forest valley island village castle "
-    "kitchen bakery station museum theatre journey storm lantern festival cliff meadow orchard mill "
+    "doctor painter sailor engine signal letter window mountain forest valley island village "
+    "castle "
+    "kitchen bakery station museum theatre journey storm lantern festival cliff meadow orchard "
+    "mill "
     "quiet bright heavy narrow ancient modern gentle careful sudden distant golden silver wooden "
     "carries builds finds keeps opens paints reads sells watches writes repairs follows remembers"
 ).split()

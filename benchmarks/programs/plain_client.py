@@ -164,7 +164,8 @@ class Recorder:
 
 
 class RecordingBackend(Backend):
-    """The sgl program's side of the check: every gen and select recorded, answered as `Recorder`."""
+    """The sgl program's side of the check: every gen and select recorded, answered as
+    `Recorder`."""
 
     def __init__(self, chat_template: ChatTemplate) -> None:
         self._template, self.calls, self._lock = chat_template, [], threading.Lock()

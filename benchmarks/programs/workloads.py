@@ -22,7 +22,7 @@ from . import held_out
 from .data import SUBJECTS, mcq, paragraph, seeded, sentence
 from .plain_client import Completions
 
-# ----------------------------------------------------------------------------- few-shot QA (MMLU-like)
+# -------------------------------------------------------------------------- few-shot QA (MMLU-like)
 
 
 def _mcq_block(question: str, options: list[str], answer: str | None) -> str:
@@ -59,7 +59,7 @@ def few_shot_qa_items(n: int, seed: int) -> list[dict]:
     return items
 
 
-# ----------------------------------------------------------------------------- select (HellaSwag-like)
+# -------------------------------------------------------------------------- select (HellaSwag-like)
 
 
 @sgl.function
@@ -109,8 +109,8 @@ def _react_instruction(seed: int) -> str:
     return (
         "Solve a question answering task with interleaving Thought, Action, Observation steps. "
         "Thought can reason about the current situation, and Action can be Search[entity], which "
-        "searches the entity and returns a paragraph, or Finish[answer].\nHere are some examples.\n\n"
-        + examples
+        "searches the entity and returns a paragraph, or Finish[answer].\nHere are some "
+        "examples.\n\n" + examples
     )
 
 
@@ -184,7 +184,7 @@ def skeleton_items(n: int, seed: int) -> list[dict]:
     return [{"topic": sentence(seeded(seed, "sot", i), 6)[:-1]} for i in range(n)]
 
 
-# ----------------------------------------------------------------------------- JSON decode (regex fields)
+# ----------------------------------------------------------------------- JSON decode (regex fields)
 
 # Each field's constraint as a regex (sgl, SGLang, vLLM) and as the same language in GBNF
 # (llama.cpp's server constrains by grammar, not regex).

@@ -116,7 +116,8 @@ class LlguidanceBackend:
         self.fill = llguidance.torch.fill_next_token_bitmask
         eos = list(vocab.eos_token_ids)
         if tokenizer is not None and getattr(tokenizer, "is_fast", False):
-            # Its forced text is tokenized as the model's tokenizer would (what it lets through depends on it).
+            # Its forced text is tokenized as the model's tokenizer would (what it lets through
+            # depends on it).
             import llguidance.hf
 
             self.tok = llguidance.hf.from_tokenizer(

@@ -68,7 +68,8 @@ class GrammarCompiler:
             from sgl.constrained.ebnf_runtime import native_walk
             from sgl.constrained.regex.index import index_vocab
 
-            native_walk()  # the grammar route's mask walk: built (once per machine) at start, not mid-request
+            # the grammar route's mask walk: built (once per machine) at start, not mid-request
+            native_walk()
 
             ivocab = index_vocab(vocab)
             self._builder = isolation.IndexBuilder(

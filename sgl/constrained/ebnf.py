@@ -255,7 +255,8 @@ class EbnfMatcher:
             return True
 
     def accept_text(self, text: str | bytes) -> bool:
-        """Advance by raw text (e.g. jump-forward text) without tokens; False and unchanged if invalid.
+        """Advance by raw text (e.g. jump-forward text) without tokens; False and unchanged if
+        invalid.
 
         Rolls back as one step.
         """
@@ -321,7 +322,8 @@ COMPLETIONS_MAX_STATES = 100_000
 
 
 def _build_token_cover(vocab: TokenVocabulary) -> TokenCover:
-    """The vocabulary's :class:`TokenCover`, special and EOS tokens excluded (~0.1 s for 49k tokens)."""
+    """The vocabulary's :class:`TokenCover`, special and EOS tokens excluded (~0.1 s for 49k
+    tokens)."""
     eos = set(vocab.eos_token_ids)
     return TokenCover(
         frozenset(

@@ -116,9 +116,12 @@ def _check_left_recursion(net: Network, used: list[int], nullable: set[int]) -> 
                 cycle = path[path.index(nxt) :] + [nxt]
                 names = " -> ".join(net.rule_names[x] for x in cycle)
                 raise GrammarError(
-                    f"EBNF grammar: rule '{net.rule_names[nxt]}' is left-recursive ({names} without "
-                    "reading any text), which this matcher does not support; rewrite it with repetition, "
-                    "e.g. 'expr ::= term (\"+\" term)*' instead of 'expr ::= expr \"+\" term | term'",
+                    f"EBNF grammar: rule '{net.rule_names[nxt]}' is left-recursive ({names} "
+                    "without "
+                    "reading any text), which this matcher does not support; rewrite it with "
+                    "repetition, "
+                    'e.g. \'expr ::= term ("+" term)*\' instead of \'expr ::= expr "+" term | '
+                    "term'",
                     param="ebnf",
                 )
             if nxt not in color:
@@ -128,7 +131,8 @@ def _check_left_recursion(net: Network, used: list[int], nullable: set[int]) -> 
 
 
 def _trim(net: Network, productive: set[int]) -> None:
-    """Drop calls of rules that never finish, then every edge into a state that cannot finish its rule."""
+    """Drop calls of rules that never finish, then every edge into a state that cannot finish its
+    rule."""
     n = net.n_states
     for s in range(n):
         if net.calls[s]:

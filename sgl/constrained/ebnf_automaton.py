@@ -1,4 +1,5 @@
-"""EBNF AST -> a byte-level recursive transition network (the middle of :mod:`sgl.constrained.ebnf`).
+"""EBNF AST -> a byte-level recursive transition network (the middle of
+:mod:`sgl.constrained.ebnf`).
 
 Every rule becomes a small NFA over *bytes*: character classes are expanded into
 the UTF-8 byte sequences of their code points (so tokens that end in the middle of a
@@ -47,7 +48,8 @@ def _encode(cp: int) -> bytes:
 
 
 def _split_same_length(lo: int, hi: int, out: list) -> None:
-    """Append byte-range tuples for [lo, hi] (same encoded length), each a cross product of byte ranges."""
+    """Append byte-range tuples for [lo, hi] (same encoded length), each a cross product of byte
+    ranges."""
     n = len(_encode(lo))
     for i in range(1, n):
         m = (1 << (6 * i)) - 1  # the low bits held by the last i continuation bytes
@@ -120,7 +122,8 @@ class Network:
     def new_state(self, rule: int) -> int:
         if len(self.eps) >= MAX_STATES:
             raise GrammarError(
-                f"EBNF grammar is too large: more than {MAX_STATES} automaton states after expanding "
+                f"EBNF grammar is too large: more than {MAX_STATES} automaton states after "
+                "expanding "
                 "repetitions; use smaller {m,n} bounds",
                 param="ebnf",
             )

@@ -18,7 +18,8 @@ import heapq
 from sgl.constrained.ebnf_automaton import Network
 
 INF = float("inf")
-TAIL_WINDOW = 256  # bytes of a shortest completion covered by tokens; the rest at one token a byte (an upper bound)
+# bytes of a shortest completion covered by tokens; the rest at one token a byte (an upper bound)
+TAIL_WINDOW = 256
 
 
 def shortest_tails(net: Network) -> tuple[list[float], list[tuple]]:
@@ -87,7 +88,8 @@ class Completions:
         self._tokens: dict[int, float] = {}
 
     def tail_bytes(self, state: int, limit: float = INF) -> bytes | None:
-        """The shortest bytes finishing ``state``'s rule, the first ``limit`` of them (None: none)."""
+        """The shortest bytes finishing ``state``'s rule, the first ``limit`` of them (None:
+        none)."""
         if self.dist[state] == INF:
             return None
         out = bytearray()

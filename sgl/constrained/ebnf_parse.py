@@ -158,7 +158,8 @@ def _error(text: str, line: int, column: int, what: str) -> GrammarError:
 
 
 def _unclosed_paren(text: str, upto: int | None) -> tuple[int, int] | None:
-    """Line/column of the last '(' left open before offset `upto` (strings, classes, comments skipped)."""
+    """Line/column of the last '(' left open before offset `upto` (strings, classes, comments
+    skipped)."""
     opens: list[int] = []
     i, n = 0, len(text) if upto is None else min(upto, len(text))
     while i < n:
@@ -465,7 +466,8 @@ def parse_grammar(text: str) -> dict[str, RuleDef]:
         near = difflib.get_close_matches("root", list(rules), n=1)
         hint = f" (did you mean to name '{near[0]}' root?)" if near else ""
         raise GrammarError(
-            f"invalid EBNF grammar: there is no 'root' rule; the grammar starts at 'root ::= ...'{hint}",
+            "invalid EBNF grammar: there is no 'root' rule; the grammar starts at 'root ::= "
+            f"...'{hint}",
             param="ebnf",
         )
     for rule in rules.values():

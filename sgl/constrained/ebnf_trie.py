@@ -69,7 +69,8 @@ class VocabTrie:
             if tb and i not in eos:
                 token_node[i] = index[tb]
         self.token_node = token_node
-        # node -> the tokens whose bytes end there: toks[tok_start[u]:tok_start[u + 1]] (for the native walk)
+        # node -> the tokens whose bytes end there: toks[tok_start[u]:tok_start[u + 1]] (for the
+        # native walk)
         ids = np.flatnonzero(token_node < n)
         order = np.argsort(token_node[ids], kind="stable")
         self.toks = ids[order].astype(np.int64)

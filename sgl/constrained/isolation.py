@@ -106,8 +106,10 @@ class IndexBuilder:
             except TimeoutError:
                 self._stop()
                 raise ConstraintTooLarge(
-                    f"{param}: compiling the constraint took longer than {limit:g} s of CPU (the compile time "
-                    "limit); its automaton is too large: simplify it (fewer nested repetitions or alternatives)",
+                    f"{param}: compiling the constraint took longer than {limit:g} s of CPU (the "
+                    "compile time "
+                    "limit); its automaton is too large: simplify it (fewer nested repetitions or "
+                    "alternatives)",
                     param,
                 ) from None
             except _ChildGone:  # the child died: the allocator aborted it for memory
@@ -128,8 +130,10 @@ class IndexBuilder:
 
     def _memory_error(self, param: str, what: str) -> ConstraintTooLarge:
         return ConstraintTooLarge(
-            f"{param}: compiling the constraint needs more than {self.memory_bytes / 2**30:.3g} GB (the compile memory "
-            f"limit; {what}); its automaton is too large: simplify it (fewer nested repetitions or alternatives)",
+            f"{param}: compiling the constraint needs more than {self.memory_bytes / 2**30:.3g} "
+            "GB (the compile memory "
+            f"limit; {what}); its automaton is too large: simplify it (fewer nested repetitions "
+            "or alternatives)",
             param,
         )
 

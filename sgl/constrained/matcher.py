@@ -85,7 +85,8 @@ def bitmask_to_bool(mask: torch.Tensor, vocab_size: int) -> torch.Tensor:
         mask = mask.unsqueeze(0)
     if mask.shape[1] * 32 < vocab_size:
         raise ValueError(
-            f"bitmask has {mask.shape[1]} words; vocab_size {vocab_size} needs {(vocab_size + 31) // 32}"
+            f"bitmask has {mask.shape[1]} words; vocab_size {vocab_size} needs "
+            f"{(vocab_size + 31) // 32}"
         )
     shifts = torch.arange(32, dtype=torch.int32, device=mask.device)
     bits = (

@@ -113,7 +113,8 @@ def _function(fn: Any, where: str) -> tuple[str, dict[str, Any]]:
     for key in params.get("properties") or {}:
         if not IDENTIFIER.match(key):
             raise GrammarError(
-                f"{where}.parameters: property {key!r} is not a Python identifier, so it cannot be a "
+                f"{where}.parameters: property {key!r} is not a Python identifier, so it cannot "
+                "be a "
                 "keyword argument",
                 f"{where}.parameters",
             )

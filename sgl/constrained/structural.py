@@ -124,7 +124,8 @@ def load_structural_tag(spec: Any) -> StructuralTag:
     ):
         raise GrammarError(
             f"structural_tag: max_structures ({count}) x the triggers' length is too large for the "
-            f"free-text automaton (at most {MAX_FREE_STATES} states); use fewer or shorter triggers",
+            f"free-text automaton (at most {MAX_FREE_STATES} states); use fewer or shorter "
+            "triggers",
             f"{PARAM}.max_structures",
         )
     separator = spec.get("separator", "")
@@ -168,7 +169,8 @@ def _triggers(raw: Any, structures: tuple[Structure, ...], free_text: bool) -> t
     for i, s in enumerate(structures):
         if free_text and not any(s.begin.startswith(t) for t in raw):
             raise GrammarError(
-                f"structural_tag.structures[{i}].begin {s.begin!r} starts with none of the triggers",
+                f"structural_tag.structures[{i}].begin {s.begin!r} starts with none of the "
+                "triggers",
                 f"{PARAM}.structures[{i}].begin",
             )
     return tuple(dict.fromkeys(raw))

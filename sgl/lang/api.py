@@ -243,7 +243,8 @@ def as_backend(backend: Any) -> Backend:
 
         return EngineBackend(backend)
     raise TypeError(
-        f"expected an sgl backend (sgl.Engine, sgl.RuntimeEndpoint, ...), got {type(backend).__name__}"
+        "expected an sgl backend (sgl.Engine, sgl.RuntimeEndpoint, ...), got "
+        f"{type(backend).__name__}"
     )
 
 
@@ -332,7 +333,8 @@ class SglFunction:
             raise ValueError(
                 f"num_api_spec_tokens must be a positive integer, got {num_api_spec_tokens!r}"
             )
-        # Speculative execution on completion APIs (sgl.OpenAI(is_chat_model=False)); others ignore it.
+        # Speculative execution on completion APIs (sgl.OpenAI(is_chat_model=False)); others ignore
+        # it.
         self.num_api_spec_tokens = num_api_spec_tokens
         self.bind_arguments = dict(bind_arguments or {})
         params = list(inspect.signature(func).parameters.values())
@@ -497,7 +499,8 @@ class SglFunction:
                 items.append((tuple(item), dict(self.bind_arguments)))
             else:
                 raise TypeError(
-                    f"run_batch item {i} must be a dict of arguments or a tuple; got {type(item).__name__}"
+                    f"run_batch item {i} must be a dict of arguments or a tuple; got "
+                    f"{type(item).__name__}"
                 )
         be = _resolve(backend)
         shipped = (

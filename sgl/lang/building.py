@@ -87,7 +87,8 @@ class BranchGroup:
         return iter(self.states)
 
     def __iadd__(self, other: Any):
-        """`forks += expr` adds to every branch; `forks += lambda i: expr` adds expr(i) to branch i."""
+        """`forks += expr` adds to every branch; `forks += lambda i: expr` adds expr(i) to branch
+        i."""
         for i, s in enumerate(self.states):
             s += other(i) if callable(other) else other
         return self

@@ -105,7 +105,8 @@ def decide(
     temperature: float,
     rng: random.Random | None = None,
 ) -> ChoicesDecision:
-    """Apply `method`; with temperature > 0, sample a choice from softmax(mean logprob / T) instead."""
+    """Apply `method`; with temperature > 0, sample a choice from softmax(mean logprob / T)
+    instead."""
     result = method(scores)
     if temperature and temperature > 0:
         norm = (

@@ -332,4 +332,5 @@ class ForkPoint(ir.Expr):
         self._ready.set()
 
     def _start(self, branch: StreamExecutor) -> None:
-        self._ready.wait()  # a failed parent's error is then the branch's: its expressions are skipped
+        # a failed parent's error is then the branch's: its expressions are skipped
+        self._ready.wait()

@@ -111,14 +111,19 @@ class GenerationMixin:
                 else "after text already in the assistant turn"
             )
             raise ProgramError(
-                f"{what}: this backend is a chat model, which answers with a whole assistant message, so a gen or "
-                f"select must be the first thing in an assistant turn (s += sgl.assistant(sgl.gen(...))); this one "
-                f"is {where}. Move that text into the user turn, or use a completion model (is_chat_model=False)."
+                f"{what}: this backend is a chat model, which answers with a whole assistant "
+                "message, so a gen or "
+                "select must be the first thing in an assistant turn (s += "
+                "sgl.assistant(sgl.gen(...))); this one "
+                f"is {where}. Move that text into the user turn, or use a completion model "
+                "(is_chat_model=False)."
             )
         if self.loose_text:
             raise ProgramError(
-                f"{what}: this backend is a chat model and receives only the role messages, but the program added "
-                f"text outside any role, which it would never see. Put that text inside sgl.system/user/assistant, "
+                f"{what}: this backend is a chat model and receives only the role messages, but "
+                "the program added "
+                "text outside any role, which it would never see. Put that text inside "
+                "sgl.system/user/assistant, "
                 f"or use a completion model (is_chat_model=False)."
             )
         return {"messages": [dict(m) for m in self.messages_]}

@@ -4,8 +4,9 @@
 `sgl.set_default_backend` sets; reading it never starts the embedded model, unlike
 `get_default_backend()`). `enable_precache_with_tracing`: `run_batch` first computes the
 program's constant prefix (found by tracing) into the cache, so every item starts with a
-hit. `verbosity` > 0 logs each program's gens at INFO (to stderr unless logging is set up). SGLang's runtime-side knobs (token
-ratio estimation, ...) belong to the engine's options here and are not read.
+hit. `verbosity` > 0 logs each program's gens at INFO (to stderr unless logging is set up). SGLang's
+runtime-side knobs (token ratio estimation, ...) belong to the engine's options here and are not
+read.
 """
 
 from __future__ import annotations

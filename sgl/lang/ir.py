@@ -180,7 +180,8 @@ def to_expr(x: Any) -> Expr:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         return Text(str(x))
     raise TypeError(
-        f"cannot add {type(x).__name__} to a program state: add a str, a number, or an sgl expression "
+        f"cannot add {type(x).__name__} to a program state: add a str, a number, or an sgl "
+        "expression "
         "(sgl.gen, sgl.select, sgl.user(...), ...)"
     )
 

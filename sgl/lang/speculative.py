@@ -27,7 +27,8 @@ _IGNORED_IN_KEY = ("max_new_tokens", "stop")
 
 
 def speculable(sampling: dict[str, Any]) -> bool:
-    """No constraint, stop token ids or history-dependent penalty (those see the other gens' tokens)."""
+    """No constraint, stop token ids or history-dependent penalty (those see the other gens'
+    tokens)."""
     if any(sampling.get(k) not in (None, [], ()) for k in _NOT_SPECULABLE):
         return False
     if sampling.get("repetition_penalty") not in (None, 1.0):
@@ -84,13 +85,15 @@ class Speculation:
         return cls(text, tuple(ends), eos, sampling_key(sampling))
 
     def after(self, appended: str) -> Speculation | None:
-        """The speculation once the program appends `appended`; None if the model wrote otherwise."""
+        """The speculation once the program appends `appended`; None if the model wrote
+        otherwise."""
         if self.text.startswith(appended, self.pos):
             return replace(self, pos=self.pos + len(appended))
         return None
 
     def take(self, sampling: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
-        """The gen's text and meta_info from the continuation, or None if it cannot be proven equal."""
+        """The gen's text and meta_info from the continuation, or None if it cannot be proven
+        equal."""
         if sampling_key(sampling) != self.key or not speculable(sampling):
             return None
         if self.pos == 0:

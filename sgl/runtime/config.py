@@ -49,8 +49,9 @@ class EngineConfig:
     )
     cuda_graph_max_bs: int = 160  # decode steps of up to this many requests replay CUDA graphs
     disable_cuda_graph: bool = False
-    # Admission limits: past them a request is refused (EngineOverloadedError / RequestTooLargeError,
-    # a 429 / 413 from the server), so what a burst of clients can make the engine hold stays bounded.
+    # Admission limits: past them a request is refused (EngineOverloadedError /
+    # RequestTooLargeError, a 429 / 413 from the server), so what a burst of clients can make the
+    # engine hold stays bounded.
     max_queued_requests: int | None = 1024  # in flight beyond max_running_requests; None: no limit
     max_prompt_tokens: int | None = None  # None: up to the context length
     max_new_tokens_limit: int | None = None  # None: up to the context length
@@ -111,7 +112,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be a positive integer or None, got {value!r}")
         if self.max_n < 1 or self.max_top_logprobs < 0:
             raise ValueError(
-                f"max_n must be >= 1 and max_top_logprobs >= 0, got {self.max_n}, {self.max_top_logprobs}"
+                f"max_n must be >= 1 and max_top_logprobs >= 0, got {self.max_n}, "
+                f"{self.max_top_logprobs}"
             )
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise ValueError(
@@ -121,17 +123,20 @@ class EngineConfig:
 
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got "
+                f"{self.attention_backend!r}"
             )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         if not self.constraint_compile_timeout > 0:
             raise ValueError(
-                f"constraint_compile_timeout must be > 0 seconds, got {self.constraint_compile_timeout}"
+                "constraint_compile_timeout must be > 0 seconds, got "
+                f"{self.constraint_compile_timeout}"
             )
         if not self.constraint_compile_memory_gb >= 0.5:
             raise ValueError(
-                f"constraint_compile_memory_gb must be >= 0.5, got {self.constraint_compile_memory_gb}"
+                "constraint_compile_memory_gb must be >= 0.5, got "
+                f"{self.constraint_compile_memory_gb}"
             )
         from sgl.constrained.backends import BACKENDS, available_backends
 
@@ -146,7 +151,8 @@ class EngineConfig:
             )
         if self.cuda_graph_max_bs < 1:
             raise ValueError(
-                f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use disable_cuda_graph=True to turn graphs off"
+                f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use "
+                "disable_cuda_graph=True to turn graphs off"
             )
 
     def resolve_device(self) -> torch.device:
@@ -188,7 +194,8 @@ class EngineConfig:
 
 
 def cuda_graph_max_bs(cfg: EngineConfig, device: torch.device) -> int:
-    """The largest decode batch replayed from a CUDA graph; 0 turns graphs off (not CUDA, or disabled)."""
+    """The largest decode batch replayed from a CUDA graph; 0 turns graphs off (not CUDA, or
+    disabled)."""
     if device.type != "cuda" or cfg.disable_cuda_graph:
         return 0
     return min(cfg.cuda_graph_max_bs, cfg.max_running_requests)

@@ -67,7 +67,8 @@ class CompiledDecode:
         errors: dict[str, str] = {}
         wrappers: dict[str, str] = {}
         logger.info(
-            "compiling the decode graphs (batch 1, batch 2+) with torch.compile: minutes the first time "
+            "compiling the decode graphs (batch 1, batch 2+) with torch.compile: minutes the "
+            "first time "
             "on a small CPU, seconds once inductor's disk cache holds them"
         )
         self.forward = self._compile(
@@ -119,7 +120,8 @@ class CompiledDecode:
         errors: dict,
         wrappers: dict,
     ) -> Callable | None:
-        """The graph compiled (and run once) with the first wrapper that works, else None (eager)."""
+        """The graph compiled (and run once) with the first wrapper that works, else None
+        (eager)."""
         t = time.perf_counter()
         for wrapper in WRAPPERS:
             logger.info("compiling the %s decode forward (%s wrapper)", name, wrapper)

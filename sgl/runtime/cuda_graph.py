@@ -64,7 +64,8 @@ class DecodeInputs:
     seq_lens: list[int]
 
     def padded(self, size: int, padding_row: int) -> DecodeInputs:
-        """The rows padded to `size`: token 0 at position 0 into slot 0, over `padding_row`, length 1."""
+        """The rows padded to `size`: token 0 at position 0 into slot 0, over `padding_row`, length
+        1."""
         n = size - len(self.input_ids)
         if n < 0:
             raise ValueError(f"cannot pad {len(self.input_ids)} rows to {size}")

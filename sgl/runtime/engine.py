@@ -65,7 +65,8 @@ def _shutdown_live_engines() -> None:
 
 
 class Engine(EngineControl, EngineDebugHooks):
-    """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens": 8})`.
+    """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens":
+    8})`.
 
     `tokenizer` is the callers' copy (the scheduler has its own); the engine's uses of its
     encoder and decoder hold one lock, so concurrent callers are safe through `encode`,
@@ -320,7 +321,8 @@ class Engine(EngineControl, EngineDebugHooks):
 
         Tokenizing and rendering run in a worker thread, off the event loop. If the caller is
         cancelled meanwhile, nothing is submitted."""
-        self._check_admission()  # refuse on the event loop at once, not after a worker thread frees up
+        # refuse on the event loop at once, not after a worker thread frees up
+        self._check_admission()
         call = await asyncio.to_thread(
             self._build_requests,
             prompt,

@@ -23,7 +23,8 @@ QUERY_TIMEOUT_S = 60.0
 
 
 class EngineControl:
-    """`Engine`'s queries (it provides `_send`, `_router`, `_check_open`, `config` and the model info)."""
+    """`Engine`'s queries (it provides `_send`, `_router`, `_check_open`, `config` and the model
+    info)."""
 
     def _query(self, make: Any) -> Any:
         self._check_open()

@@ -41,13 +41,15 @@ class InvalidRequestError(_PlainDataError, ValueError):
 
 
 class NotFoundError(InvalidRequestError):
-    """The request names something that does not exist (a session closed, expired, or lost in a restart)."""
+    """The request names something that does not exist (a session closed, expired, or lost in a
+    restart)."""
 
     status = 404
 
 
 class RequestTooLargeError(InvalidRequestError):
-    """The request is over a configured size limit (prompt tokens, max_new_tokens, n, top logprobs)."""
+    """The request is over a configured size limit (prompt tokens, max_new_tokens, n, top
+    logprobs)."""
 
     status = 413
 

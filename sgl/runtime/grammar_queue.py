@@ -55,7 +55,8 @@ class GrammarQueue:
             except Exception as e:
                 fut = Future()
                 fut.set_exception(e)
-        else:  # the first constraint: the compiler (vocabulary, index builder) is built off the loop
+        # the first constraint: the compiler (vocabulary, index builder) is built off the loop
+        else:
             fut = self._pool.submit(self._compile_first, constraint)
         self.pending.append((req, fut))
         if not fut.done():

@@ -115,7 +115,8 @@ class KVManager:
         req.pool_row, req.kv_len, req.prefix_len, req.last_node = None, 0, 0, None
 
     def truncate(self, req: Req, seq_len: int) -> None:
-        """Drop the K/V of the request's tokens from `seq_len` on (jump-forward rolled them back)."""
+        """Drop the K/V of the request's tokens from `seq_len` on (jump-forward rolled them
+        back)."""
         if req.pool_row is not None and req.kv_len > seq_len:
             row = self.req_to_token.req_to_token[req.pool_row]
             self.pool.free(row[seq_len : req.kv_len].clone())

@@ -114,7 +114,8 @@ def plan_kv_pool(
             free_bytes_after_weights=free, mem_fraction_static=fraction, headroom_bytes=headroom
         )
         logger.info(
-            "KV pool: %d tokens x %d B = %.2f GiB (%.2f GiB free after the weights x %.2f - %.2f GiB headroom"
+            "KV pool: %d tokens x %d B = %.2f GiB (%.2f GiB free after the weights x %.2f - %.2f "
+            "GiB headroom"
             " - %.2f GiB attention backend)",
             max_total,
             per_token,

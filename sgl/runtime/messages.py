@@ -177,14 +177,14 @@ class Shutdown:
     pass
 
 
-SchedulerMessage = Union[
+SchedulerMessage = Union[  # noqa: UP007 (runtime value)
     SubmitRequest,
     AbortRequest,
     OpenSession,
     CloseSession,
     FlushCache,
     GetInfo,
-    Profile,  # noqa: UP007 (runtime value)
+    Profile,
     UpdateOptions,
     Shutdown,
 ]

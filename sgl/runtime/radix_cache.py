@@ -195,7 +195,8 @@ class RadixCache(PrefixCache):
         self.dec_lock_ref(node)
 
     def _split(self, node: TreeNode, at: int) -> TreeNode:
-        """Cut `node`'s edge after `at` tokens; return the new upper node (the old one becomes its child).
+        """Cut `node`'s edge after `at` tokens; return the new upper node (the old one becomes its
+        child).
 
         The upper node is an ancestor of everything the old node was, so it inherits the same
         lock_ref; both halves keep the same lock state, which leaves the size counters exact.
@@ -301,7 +302,8 @@ class RadixCache(PrefixCache):
         return freed
 
     def flush(self) -> bool:
-        """Return every cached slot to the pool and empty the tree, unless a request holds a lock."""
+        """Return every cached slot to the pool and empty the tree, unless a request holds a
+        lock."""
         # Every non-root node has a non-empty key, so "nothing locked" <=> protected size 0.
         if self._protected_size > 0:
             return False
@@ -327,7 +329,8 @@ class RadixCache(PrefixCache):
             head = node.key[:8]
             more = "..." if len(node.key) > 8 else ""
             lines.append(
-                f"{'  ' * depth}{head}{more} len={len(node.key)} lock={node.lock_ref} t={node.last_access_time}"
+                f"{'  ' * depth}{head}{more} len={len(node.key)} lock={node.lock_ref} "
+                f"t={node.last_access_time}"
             )
             stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
         return "\n".join(lines)

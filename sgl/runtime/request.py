@@ -42,7 +42,8 @@ class Req:
     # output_ids, sent to the caller with the first sampled token.
     unsent_forced_ids: list[int] = field(default_factory=list)
     unsent_forced_text: str = ""
-    # Streamed with stream_interval > 1: what the next event carries, and tokens held since the last.
+    # Streamed with stream_interval > 1: what the next event carries, and tokens held since the
+    # last.
     unsent_stream: Any = None
     tokens_held: int = 0
     finish: FinishReason | None = None

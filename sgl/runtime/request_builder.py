@@ -207,13 +207,15 @@ def check_fit(
         p.min_new_tokens = min(p.min_new_tokens, p.max_new_tokens)
     if len(ids) + p.max_new_tokens > context_len:
         raise InvalidRequestError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the context length "
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the "
+            "context length "
             f"{context_len}; lower max_new_tokens",
             "max_new_tokens",
         )
     if len(ids) + p.max_new_tokens * p.n > capacity - 1:
         raise InvalidRequestError(
-            f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) x n ({p.n}) does not fit in the "
+            f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) x n ({p.n}) does "
+            "not fit in the "
             f"KV pool ({capacity} tokens); lower max_new_tokens or raise max_total_tokens",
             "max_new_tokens",
         )

@@ -69,7 +69,8 @@ class ResultRouter:
         with self._lock:
             if max_in_flight is not None and len(self._sinks) + len(rids) > max_in_flight:
                 raise EngineOverloadedError(
-                    f"the server is at capacity ({len(self._sinks)} requests in flight, at most {max_in_flight}); "
+                    f"the server is at capacity ({len(self._sinks)} requests in flight, at most "
+                    f"{max_in_flight}); "
                     "retry later"
                 )
             for rid in rids:

@@ -180,7 +180,8 @@ class Scheduler(SchedulerControl):
                 if self._stop:
                     break
                 self._admit_and_expire()
-                self._flush()  # this turn's replies (a session opened, info) do not wait for the step
+                # this turn's replies (a session opened, info) do not wait for the step
+                self._flush()
                 self.step()
             except (
                 Exception
@@ -211,7 +212,8 @@ class Scheduler(SchedulerControl):
             self._stop = True
 
     def _refuse_late_messages(self) -> None:
-        """Messages that arrived after the last drain: every request and query still gets an answer."""
+        """Messages that arrived after the last drain: every request and query still gets an
+        answer."""
         error = RuntimeError("engine shut down")
         while True:
             try:
@@ -358,7 +360,8 @@ class Scheduler(SchedulerControl):
         self.grammars.submit(req)  # started by `_admit_and_expire` when its constraint is compiled
 
     def _start(self, req: Req, grammar: Any, error: InvalidRequestError | None) -> None:
-        """Queue a request whose constraint (if any) is compiled; a bad one ends it with its error."""
+        """Queue a request whose constraint (if any) is compiled; a bad one ends it with its
+        error."""
         if error is not None:
             self._finish(req, FinishReason.abort(error.message), error=error)
             return

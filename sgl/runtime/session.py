@@ -54,7 +54,8 @@ class SessionParams:
         unknown = sorted(set(value) - {"id", "rid", "offset", "drop_previous_output", "replace"})
         if unknown:
             raise InvalidRequestError(
-                f"session_params has unknown field(s) {unknown}; valid: id, rid, offset, drop_previous_output",
+                f"session_params has unknown field(s) {unknown}; valid: id, rid, offset, "
+                "drop_previous_output",
                 "session_params",
             )
         if value.get("replace") not in (None, False):  # SGLang clients send replace: false
@@ -131,7 +132,8 @@ class SessionRegistry:
             or not 0 < timeout <= MAX_SESSION_TIMEOUT
         ):
             raise InvalidRequestError(
-                f"timeout must be a number of seconds in (0, {MAX_SESSION_TIMEOUT:.0f}], got {timeout!r}",
+                f"timeout must be a number of seconds in (0, {MAX_SESSION_TIMEOUT:.0f}], got "
+                f"{timeout!r}",
                 "timeout",
             )
         if session_id is not None and (not isinstance(session_id, str) or not session_id):
@@ -167,7 +169,8 @@ class SessionRegistry:
         s = self._sessions.get(params.id)
         if s is None:
             raise NotFoundError(
-                f"no open session {params.id!r} (closed, timed out, never opened, or lost in a server restart); "
+                f"no open session {params.id!r} (closed, timed out, never opened, or lost in a "
+                "server restart); "
                 "call /open_session",
                 "session_params.id",
             )
@@ -177,7 +180,8 @@ class SessionRegistry:
             turn = s.turns.get(params.rid)
             if turn is None:
                 raise InvalidRequestError(
-                    f"session {params.id!r} has no finished request {params.rid!r}; a request can be continued "
+                    f"session {params.id!r} has no finished request {params.rid!r}; a request can "
+                    "be continued "
                     "once it has finished",
                     "session_params.rid",
                 )
@@ -191,15 +195,18 @@ class SessionRegistry:
         if params.offset is not None:
             if abs(params.offset) > len(history):
                 raise InvalidRequestError(
-                    f"session_params.offset {params.offset} is outside the history of {len(history)} tokens",
+                    f"session_params.offset {params.offset} is outside the history of "
+                    f"{len(history)} tokens",
                     "session_params.offset",
                 )
             history = history[: params.offset]
         ids = history + new_ids
         if s.capacity is not None and len(ids) + max_new_tokens > s.capacity:
             raise InvalidRequestError(
-                f"session {params.id!r} was opened with capacity_tokens {s.capacity}; this turn needs "
-                f"{len(ids)} tokens of history and input + max_new_tokens {max_new_tokens}; lower max_new_tokens "
+                f"session {params.id!r} was opened with capacity_tokens {s.capacity}; this turn "
+                "needs "
+                f"{len(ids)} tokens of history and input + max_new_tokens {max_new_tokens}; lower "
+                "max_new_tokens "
                 "or open the session with a larger capacity_tokens",
                 "max_new_tokens",
             )

@@ -1,4 +1,5 @@
-"""Tokenizer loading (an HF directory or hub id, or the tokenizer embedded in a GGUF file) and encoding.
+"""Tokenizer loading (an HF directory or hub id, or the tokenizer embedded in a GGUF file) and
+encoding.
 
 Converting a GGUF file's tokenizer is slow, so :func:`load_gguf_tokenizer` caches the
 conversion on disk (the cached copy loads in a fraction of the time), chat template included.

@@ -197,7 +197,8 @@ class ProcessTransport:
             shutil.rmtree(sock_dir, ignore_errors=True)
 
     def _accept(self, listener: Listener) -> Connection:
-        """Accept a child's connection, or fail if a child exits first (accept alone would block)."""
+        """Accept a child's connection, or fail if a child exits first (accept alone would
+        block)."""
         accepted: list[Connection] = []
         waiter = threading.Thread(target=lambda: accepted.append(listener.accept()), daemon=True)
         waiter.start()
@@ -280,7 +281,8 @@ class ProcessTransport:
                 raise EngineDeadError("the scheduler process is gone", new_incident_id()) from e
 
     def close(self) -> None:
-        """Ask the scheduler to stop, wait for its last outputs and the ranks' exit; kill what hangs."""
+        """Ask the scheduler to stop, wait for its last outputs and the ranks' exit; kill what
+        hangs."""
         with self._dead_lock:
             self._closing = True
         if not self._conns:

@@ -49,7 +49,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             choices=DENSE_COPY_MODES,
             help="a dense bf16 copy beside each quantized layer, taken from the row count where it is faster "
-            "(batched decode); auto: where bf16 matmuls are native and the copies fit 20%% of available "
+            "(batched decode); auto: where bf16 matmuls are native and the copies fit 20%% of "
+            "available "
             "memory (at most 4 GiB)",
         ),
     ),
@@ -154,7 +155,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             action="store_true",
             help="CPU: compile the decode forwards (batch 1, batch 2+) with torch.compile at start-up "
-            "(SmolLM2-135M on a 2-core EPYC: ~210 s the first time, ~12 s once inductor's disk cache holds them)",
+            "(SmolLM2-135M on a 2-core EPYC: ~210 s the first time, ~12 s once inductor's disk "
+            "cache holds them)",
         ),
     ),
 }

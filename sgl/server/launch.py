@@ -4,8 +4,8 @@ Engine options are the `EngineConfig` fields as `--kebab-case` flags (`engine_fl
 SIGTERM (or Ctrl-C) starts a drain: `/health` and new requests get 503, in-flight requests
 finish for up to `--graceful-shutdown-timeout` seconds (streams still open then are
 cancelled, which aborts their requests), then uvicorn stops, the engine shuts down and the
-process exits 0. A second signal stops at once. An engine fault (an exception in the scheduler loop) drains
-the same way and exits 1, so a supervisor restarts a fresh process instead of a dead
+process exits 0. A second signal stops at once. An engine fault (an exception in the scheduler loop)
+drains the same way and exits 1, so a supervisor restarts a fresh process instead of a dead
 engine being served.
 """
 
@@ -195,7 +195,8 @@ def resolve_api_key(args: argparse.Namespace) -> str | None:
 def parse_args(
     parser: argparse.ArgumentParser, argv: list[str] | None = None
 ) -> argparse.Namespace:
-    """The command line over its --config file (whose flags come first, so the command line's win)."""
+    """The command line over its --config file (whose flags come first, so the command line's
+    win)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
     try:

@@ -1,4 +1,5 @@
-"""SGLang's and vLLM's launch names: value aliases, `--config`, `--chat-template`, `--kv-cache-dtype`.
+"""SGLang's and vLLM's launch names: value aliases, `--config`, `--chat-template`,
+`--kv-cache-dtype`.
 
 So a command line written for `sglang.launch_server` (or vLLM) runs here where we do the same
 thing, and says what we lack where we do not.
@@ -86,7 +87,8 @@ def _tokens(action: argparse.Action, flag: str, value: Any) -> list[str]:
 
 
 def check_kv_cache_dtype(args: argparse.Namespace) -> None:
-    """ValueError unless --kv-cache-dtype is auto or names --dtype (the only layout of our KV pool)."""
+    """ValueError unless --kv-cache-dtype is auto or names --dtype (the only layout of our KV
+    pool)."""
     kv = DTYPE_ALIASES.get(args.kv_cache_dtype, args.kv_cache_dtype)
     if kv != "auto" and kv != args.dtype:
         raise ValueError(

@@ -114,7 +114,8 @@ class Metrics:
         self.refused: dict[int, int] = {}  # HTTP status (413, 429, 503) -> requests refused with it
 
     def record_refusal(self, status: int) -> None:
-        """A request turned away by a limit, overload, draining or a fault (never reached the engine)."""
+        """A request turned away by a limit, overload, draining or a fault (never reached the
+        engine)."""
         with self._lock:
             self.refused[status] = self.refused.get(status, 0) + 1
 
@@ -234,7 +235,8 @@ class Metrics:
             )
             lines.extend(
                 (
-                    "# HELP sgl:num_refused_requests_total Requests refused: 413 over a size limit, 429 at "
+                    "# HELP sgl:num_refused_requests_total Requests refused: 413 over a size "
+                    "limit, 429 at "
                     "capacity, 503 draining or failed.",
                     "# TYPE sgl:num_refused_requests_total counter",
                 )

@@ -37,7 +37,8 @@ GENERATE_RESPONSES = {
         GenerateChunk,
         ErrorResponse,
         description="The result dict (a list of them for a batch or n > 1); "
-        "with `stream: true`, server-sent events of the results so far, then `[DONE]` (an error after "
+        "with `stream: true`, server-sent events of the results so far, then `[DONE]` (an error "
+        "after "
         'the stream started is an `{"error"}` event).',
     ),
     **error_responses(400, 404, descriptions={404: "`session_params.id` names no open session."}),
@@ -46,9 +47,9 @@ GENERATE_RESPONSES = {
 
 @router.post(
     "/generate",
-    response_model=Union[GenerateOutput, list[GenerateOutput]],
+    response_model=Union[GenerateOutput, list[GenerateOutput]],  # noqa: UP007 (runtime value)
     responses=GENERATE_RESPONSES,
-)  # noqa: UP007 (runtime value)
+)
 async def generate(req: GenerateReqInput, request: Request) -> Response:
     """Generate for one prompt (a result dict) or a batch / n > 1 (a list of them).
 
@@ -65,7 +66,8 @@ async def generate(req: GenerateReqInput, request: Request) -> Response:
     if unsupported is not None:
         raise APIError(
             400,
-            f"{unsupported} is not supported by sgl (no LoRA adapters, multimodal input, hidden-state, "
+            f"{unsupported} is not supported by sgl (no LoRA adapters, multimodal input, "
+            "hidden-state, "
             "byte or entropy output, custom logit processors, background requests, prefill-decode "
             "disaggregation; a worker is one data-parallel rank); leave it null / false",
             unsupported,
@@ -216,7 +218,8 @@ def _encode_each(engine: Any, text: str | list[str], add_special_tokens: bool) -
     include_in_schema=False,
 )
 async def detokenize(req: DetokenizeRequest, request: Request) -> JSONBody:
-    """SGLang's and vLLM's `{"tokens"}` -> the text, under SGLang's name (`text`) and vLLM's (`prompt`)."""
+    """SGLang's and vLLM's `{"tokens"}` -> the text, under SGLang's name (`text`) and vLLM's
+    (`prompt`)."""
     engine = get_state(request).engine
     skip = req.skip_special_tokens
     vocab = (

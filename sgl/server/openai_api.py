@@ -60,7 +60,8 @@ from sgl.server.streaming import client_gone, sse, sse_response, until_disconnec
 router = APIRouter(prefix="/v1", tags=["openai"])
 _NO_MODEL = {404: "`model` names a model this server does not serve."}
 _STREAMED = (
-    "; with `stream: true`, server-sent events of {}, then `[DONE]` (an error after the stream started is "
+    "; with `stream: true`, server-sent events of {}, then `[DONE]` (an error after the stream "
+    "started is "
     'an `{{"error"}}` event).'
 )
 CHAT_RESPONSES = {
@@ -120,7 +121,8 @@ def _sampling(
             if spec is None or spec.schema_ is None:
                 raise APIError(
                     400,
-                    "response_format of type json_schema needs json_schema.schema (a JSON schema object)",
+                    "response_format of type json_schema needs json_schema.schema (a JSON schema "
+                    "object)",
                     "response_format.json_schema.schema",
                 )
             sp["json_schema"] = spec.schema_
@@ -290,7 +292,8 @@ async def _complete(
     rename: dict[str, str],
     **engine_kwargs: Any,
 ) -> Response:
-    """One engine call for the whole request (every prompt and sample), answered whole or streamed."""
+    """One engine call for the whole request (every prompt and sample), answered whole or
+    streamed."""
     head = {"id": cid, "created": int(time.time()), "model": state.served_model_name}
     engine = state.engine
     try:
@@ -332,7 +335,8 @@ async def retrieve_model(model_id: str, request: Request) -> JSONBody:
     if model_id != state.served_model_name:
         raise APIError(
             404,
-            f"The model '{model_id}' does not exist; this server serves '{state.served_model_name}'",
+            f"The model '{model_id}' does not exist; this server serves "
+            f"'{state.served_model_name}'",
             param="model",
         )
     return JSONBody(_model_card(state))

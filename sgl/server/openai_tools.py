@@ -299,7 +299,8 @@ class ChoiceOutput:
     or as streamed deltas; `parser` None: no tools to parse, `reasoning` None: no reasoning.
 
     Every call is checked against the declared functions (`validators`: name -> the
-    `jsonschema` validator of its parameters). The constraint makes every call pass; this is the guarantee's last
+    `jsonschema` validator of its parameters). The constraint makes every call pass; this is the
+    guarantee's last
     line: a call that fails is not returned as a tool call, its text goes to the end of
     the content instead."""
 

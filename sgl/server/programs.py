@@ -8,8 +8,9 @@ defaults, as `f.run(temperature=...)` takes them) and `"stream"` (one program: S
 `{"var", "text"}` as pieces are produced, with `"branch"` for the text of fork branches, then
 `{"result": ...}`). A result is
 `{"text", "messages", "variables", "meta_info", "usage"}` (`usage`: the program's gens'
-calls, prompt and completion tokens); in a batch, a failed program's is `{"error": {...}}`. Malformed IR is a 400 naming the node path; every gen's sampling is
-checked as /generate checks it, before anything runs. A client that disconnects cancels the
+calls, prompt and completion tokens); in a batch, a failed program's is `{"error": {...}}`.
+Malformed IR is a 400 naming the node path; every gen's sampling is checked as /generate checks it,
+before anything runs. A client that disconnects cancels the
 program: its states' sessions are closed, which aborts their running generations.
 """
 
@@ -53,8 +54,10 @@ RESPONSES = {
         ProgramResultEvent,
         ErrorResponse,
         description=(
-            "One program's result, or a list in order for a batch (a failed program's item is an error body); "
-            "with `stream: true`, server-sent events `{var, text}` as pieces are produced (`{var, text, branch}` "
+            "One program's result, or a list in order for a batch (a failed program's item is an "
+            "error body); "
+            "with `stream: true`, server-sent events `{var, text}` as pieces are produced (`{var, "
+            "text, branch}` "
             "for fork branches' text), then `{result}` (or `{error}`), then `[DONE]`."
         ),
     ),

@@ -20,7 +20,9 @@ class ServerState:
     chat_template: (
         ChatTemplate  # the model's chat roles as prefix/suffix strings (for remote programs)
     )
-    model_path: str  # local: the HF directory, or a GGUF's tokenizer files (runtime/tokenizer.py tokenizer_directory)
+    # local: the HF directory, or a GGUF's tokenizer files (runtime/tokenizer.py
+    # tokenizer_directory)
+    model_path: str
     context_len: int
     created: int  # unix time the app was built (OpenAI's `created` of the model)
     bos_token_id: int | None = None
@@ -37,7 +39,8 @@ class ServerState:
         if model is not None and model not in (self.served_model_name, "default"):
             raise APIError(
                 404,
-                f"The model {model!r} does not exist; this server serves {self.served_model_name!r}",
+                f"The model {model!r} does not exist; this server serves "
+                f"{self.served_model_name!r}",
                 "model",
             )
 

@@ -5,8 +5,9 @@ checks for a disconnect between events, and whether it ends by disconnect, cance
 (Starlette cancels the response task when the client leaves) or garbage collection, its
 `finally` aborts the requests synchronously by id (also when the body never started, so
 the engine's iterator never ran) and closes the engine iterator, whose own `finally`
-aborts whatever of its call is still running. A non-streamed generation is watched by `until_disconnected`,
-which cancels it (the engine aborts a cancelled `async_generate`) if the client leaves.
+aborts whatever of its call is still running. A non-streamed generation is watched by
+`until_disconnected`, which cancels it (the engine aborts a cancelled `async_generate`) if the
+client leaves.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ class ToolCall:
 
 @dataclass
 class ToolCallDelta:
-    """One streamed piece of a call: its first delta carries the name (and here all its arguments)."""
+    """One streamed piece of a call: its first delta carries the name (and here all its
+    arguments)."""
 
     index: int  # the call's position in this response (0, 1, ...)
     name: str | None = None
@@ -35,7 +36,8 @@ class ToolCallDelta:
 
 
 class ToolStreamer:
-    """Splits a streamed output into content and call deltas, exactly as `parse` splits the whole."""
+    """Splits a streamed output into content and call deltas, exactly as `parse` splits the
+    whole."""
 
     def feed(self, piece: str) -> tuple[str, list[ToolCallDelta]]:
         """New output text -> (content safe to send now, call deltas)."""

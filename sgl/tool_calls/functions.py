@@ -28,7 +28,8 @@ def function_tool(fn: Callable[..., Any] | dict[str, Any]) -> dict[str, Any]:
             fn["function"].get("name"), str
         ):
             raise TypeError(
-                "a tool dict must be {'type': 'function', 'function': {'name': ..., 'parameters': ...}}"
+                "a tool dict must be {'type': 'function', 'function': {'name': ..., 'parameters': "
+                "...}}"
             )
         return fn
     if not callable(fn):
@@ -77,6 +78,7 @@ def _schema(hint: Any, where: str) -> dict[str, Any]:
             schemas.append({"type": "null"})
         return schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
     raise TypeError(
-        f"tool {where}: cannot describe the annotation {hint!r} as JSON (use str, int, float, bool, "
+        f"tool {where}: cannot describe the annotation {hint!r} as JSON (use str, int, float, "
+        "bool, "
         "list[...], dict, Literal[...] or Optional[...])"
     )

@@ -20,7 +20,8 @@ FORMATS: dict[str, ToolFormat] = {
 DEFAULT_FORMAT = (
     "hermes"  # when a chat template names none, and for a name we do not know in `call_text`
 )
-# The order templates are tested in: pythonic before llama3_json, as Llama 4 templates also mention ipython.
+# The order templates are tested in: pythonic before llama3_json, as Llama 4 templates also mention
+# ipython.
 DETECTION_ORDER = ("hermes", "mistral", "pythonic", "llama3_json")
 
 PARSERS: dict[str, type[ToolParser]] = {name: f.parser for name, f in FORMATS.items()}
@@ -53,7 +54,8 @@ def get_parser(name: str) -> ToolParser:
 
 
 def detect_parser(chat_template: str | None) -> str:
-    """The tool-call format a chat template teaches the model, from its markers; "hermes" if unknown."""
+    """The tool-call format a chat template teaches the model, from its markers; "hermes" if
+    unknown."""
     t = chat_template or ""
     return next((name for name in DETECTION_ORDER if FORMATS[name].teaches(t)), DEFAULT_FORMAT)
 
@@ -79,7 +81,8 @@ def tools_prompt(tools: list[dict[str, Any]], parser: str = DEFAULT_FORMAT) -> s
     lines = "\n".join(json.dumps(t["function"], ensure_ascii=False) for t in tools)
     example = FORMATS.get(parser, FORMATS[DEFAULT_FORMAT]).prompt_example()
     return (
-        "You can call functions to help answer. These are the functions, one JSON signature a line:\n"
+        "You can call functions to help answer. These are the functions, one JSON signature a "
+        "line:\n"
         f"{lines}\n\nTo call a function, write exactly:\n{example}\n"
         "You may write several calls one after another. The results come back in the next message."
     )

@@ -43,7 +43,8 @@ def assert_same_greedy(ref: list[dict], got: list[dict], lp_tol: float, tie_marg
             (lp1, _), (lp2, _) = a["top2"][step][:2]
             if ta != tb:
                 assert lp1 - lp2 < tie_margin, (
-                    f"prompt {i} step {step}: token {tb} instead of {ta}, but the reference's margin is {lp1 - lp2:.3g}"
+                    f"prompt {i} step {step}: token {tb} instead of {ta}, but the reference's "
+                    f"margin is {lp1 - lp2:.3g}"
                 )
                 break  # after a legitimate tie-break the continuations differ
             lp_b = b["top2"][step][0][0]

@@ -23,11 +23,16 @@ TINY_POOL = 400
 
 _LONG_TEXT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
-    "combined a screw press with movable metal type, oil-based ink and a mould for casting letters. "
-    "Before that, books in Europe were copied by hand, usually by monks, and a single Bible could take "
-    "years to finish. Printing changed the economics of knowledge: pamphlets, newspapers and scientific "
-    "journals spread ideas faster than any authority could control them, and literacy rose across the "
-    "continent. Historians still argue about how much of the Reformation, the Scientific Revolution and "
+    "combined a screw press with movable metal type, oil-based ink and a mould for casting "
+    "letters. "
+    "Before that, books in Europe were copied by hand, usually by monks, and a single Bible could "
+    "take "
+    "years to finish. Printing changed the economics of knowledge: pamphlets, newspapers and "
+    "scientific "
+    "journals spread ideas faster than any authority could control them, and literacy rose across "
+    "the "
+    "continent. Historians still argue about how much of the Reformation, the Scientific "
+    "Revolution and "
     "the rise of the modern state can be traced back to this one invention."
 )
 

@@ -1,7 +1,7 @@
 """Run SGLang 0.5.23's test programs (sglang/test/test_programs.py) against a server, through
 SGLang's real frontend (`sglang`) or sgl's with only the import changed (`sgl`); prints one JSON
-object: {program: "ok" | "assertion: <the failed assert line>" | "error: ..."}. Run as a subprocess by
-test_sglang_test_programs.py: argv = frontend, server url, program names."""
+object: {program: "ok" | "assertion: <the failed assert line>" | "error: ..."}. Run as a subprocess
+by test_sglang_test_programs.py: argv = frontend, server url, program names."""
 
 import json
 import sys

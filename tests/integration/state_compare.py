@@ -22,7 +22,8 @@ def comparable(meta):
 
 
 def close(a, b, path="") -> None:
-    """Equal, floats within 1e-4 (logprobs of a prefix computed in another batch round differently)."""
+    """Equal, floats within 1e-4 (logprobs of a prefix computed in another batch round
+    differently)."""
     if isinstance(a, float) or isinstance(b, float):
         assert a == pytest.approx(b, abs=1e-4), path
     elif isinstance(a, dict) and isinstance(b, dict):

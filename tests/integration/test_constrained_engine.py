@@ -220,7 +220,8 @@ def test_external_grammar_backends_constrain_and_jump_forward(backend):
     pytest.importorskip(backend)
     with sgl.Engine(model_path="default", max_total_tokens=4000, grammar_backend=backend) as engine:
         assert engine.get_server_info()["grammar_backend"] == backend
-        outs = engine.generate(  # greedy: xgrammar's bounded strings admit control characters (see the unit tests)
+        # greedy: xgrammar's bounded strings admit control characters (see the unit tests)
+        outs = engine.generate(
             [chat(engine, f"Describe user number {i} as JSON.") for i in range(3)],
             {"json_schema": PERSON, "temperature": 0, "max_new_tokens": 96},
         )

@@ -137,6 +137,7 @@ def test_default_engine_agrees_with_hf_greedy_teacher_forced(hf_model, prompts):
                 checked += 1
                 near_ties += pick != int(logp[t].argmax())
     print(
-        f"dtype={info['dtype']} layouts={info['weight_layouts']}: {checked} positions, {near_ties} near ties"
+        f"dtype={info['dtype']} layouts={info['weight_layouts']}: {checked} positions, "
+        f"{near_ties} near ties"
     )
     assert checked >= 6 * 10

@@ -175,7 +175,8 @@ def test_generate_through_router_equals_one_worker(cluster):
 
 
 def test_generate_takes_fields_sglang_clients_add(cluster):
-    """The router's and SGLang 0.5 clients' extra fields are accepted; a misspelt real one is not."""
+    """The router's and SGLang 0.5 clients' extra fields are accepted; a misspelt real one is
+    not."""
     extras = {
         "model": "default",
         "background": False,

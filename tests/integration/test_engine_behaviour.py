@@ -259,7 +259,8 @@ def _dist_check(samples: list[int], probs: torch.Tensor, what: str) -> None:
 
 
 def test_sampling_distribution_matches_hf(engine, hf_model):
-    """First sampled token under temperature / top_k / top_p follows HF's softmax (seeded: deterministic)."""
+    """First sampled token under temperature / top_k / top_p follows HF's softmax (seeded:
+    deterministic)."""
     ids = engine.encode("My favorite color is")
     logits = hf_logits(hf_model, ids)[-1]
     groups = {

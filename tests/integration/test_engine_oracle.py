@@ -264,20 +264,31 @@ def test_greedy_schedule_policies(hf_model, greedy_refs, batch_outputs, policy):
 # --------------------------------------------------------------------------- retraction
 
 RETRACT_PROMPTS = [
-    "Alice packed her bag for the long journey north, checking twice that she had the map, the lantern, "
+    "Alice packed her bag for the long journey north, checking twice that she had the map, the "
+    "lantern, "
     "the dried apples and the letter from her grandmother, which she had not yet opened. Then she",
-    "The committee met on a rainy Tuesday to discuss the new library budget, which had been cut by a "
-    "third since last spring, leaving the children's section without new books for a year. The chair opened by saying that",
-    "In the laboratory, the graduate student carefully measured the temperature of the solution every "
-    "five minutes and wrote the numbers in a small green notebook that her advisor had given her on the first day. After an hour,",
-    "Marcus had never seen the ocean before. When the train finally came around the last hill and the "
-    "water appeared, bright and endless under the afternoon sun, he pressed his face to the window and",
+    "The committee met on a rainy Tuesday to discuss the new library budget, which had been cut "
+    "by a "
+    "third since last spring, leaving the children's section without new books for a year. The "
+    "chair opened by saying that",
+    "In the laboratory, the graduate student carefully measured the temperature of the solution "
+    "every "
+    "five minutes and wrote the numbers in a small green notebook that her advisor had given her "
+    "on the first day. After an hour,",
+    "Marcus had never seen the ocean before. When the train finally came around the last hill and "
+    "the "
+    "water appeared, bright and endless under the afternoon sun, he pressed his face to the "
+    "window and",
     "To bake a simple loaf of bread you need flour, water, salt and yeast. First, mix the dry "
     "ingredients in a large bowl, then slowly add the warm water, a little at a time, while",
-    "Quarterly revenue rose by twelve percent, driven mostly by strong sales in the European market "
-    "and a successful product launch in March, despite rising costs for shipping. Analysts expect that next quarter",
-    "Every night the old lighthouse keeper climbed the spiral stairs, polished the great lens and lit "
-    "the lamp, even though no ship had passed in years and the village below had long been empty. One evening,",
+    "Quarterly revenue rose by twelve percent, driven mostly by strong sales in the European "
+    "market "
+    "and a successful product launch in March, despite rising costs for shipping. Analysts expect "
+    "that next quarter",
+    "Every night the old lighthouse keeper climbed the spiral stairs, polished the great lens and "
+    "lit "
+    "the lamp, even though no ship had passed in years and the village below had long been empty. "
+    "One evening,",
     "Python lists are ordered, mutable collections that can hold items of any type. You can append "
     "to them, slice them and sort them in place with a custom key function, but be careful when",
 ]

@@ -21,15 +21,19 @@ from tiny_models import save_tiny_engine_dir  # noqa: E402
 import sgl  # noqa: E402
 from sgl.server import create_app  # noqa: E402
 
-# Gemma-style turns for the Gemma families, ChatML for the Qwen ones, Phi-3's tags, a plain one else.
+# Gemma-style turns for the Gemma families, ChatML for the Qwen ones, Phi-3's tags, a plain one
+# else.
 TEMPLATES = {
     "gemma": (
-        "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
-        "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+        "{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else "
+        "m['role'] }}\n"
+        "{{ m['content'] }}<end_of_turn>\n{% endfor %}{% if add_generation_prompt "
+        "%}<start_of_turn>model\n"
         "{% endif %}"
     ),
     "qwen": (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% "
+        "endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     ),
     "phi": (

@@ -329,7 +329,8 @@ def test_speculation_that_does_not_hold_makes_a_new_call(text_api):
 
 
 class _Stub:
-    """An OpenAI-ish server on 127.0.0.1 answering from a script of (status, headers) before a 200."""
+    """An OpenAI-ish server on 127.0.0.1 answering from a script of (status, headers) before a
+    200."""
 
     def __init__(self, failures: list[tuple[int, dict[str, str]]]) -> None:
         self.failures = list(failures)

@@ -129,7 +129,8 @@ def test_runtime_subprocess_serves_programs():
     assert runtime.process.poll() is not None
 
 
-# the separators str.splitlines breaks at (and SSE does not): a stream split on decoded text cut them
+# the separators str.splitlines breaks at (and SSE does not): a stream split on decoded text cut
+# them
 SEPARATED = "a\u2028b\u0085c"
 
 

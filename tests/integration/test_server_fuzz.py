@@ -1,10 +1,10 @@
 """The server against its own published OpenAPI schema: schemathesis drives every operation
 of `/openapi.json` over real HTTP with generated bodies, valid and mutated (the documented
 examples; its coverage phase: boundary and type-violating values of every field; its fuzzing
-phase: hypothesis-generated bodies, both modes), and checks every answer: no 5xx, the status code is one the operation
-declares, so is the content type, the body (and each server-sent event's JSON) matches the
-declared schema, and the declared headers (`Retry-After` on 429 / 503) are there. Then the
-server must be healthy and, once flushed, its KV pool whole: nothing the fuzz did leaked.
+phase: hypothesis-generated bodies, both modes), and checks every answer: no 5xx, the status code is
+one the operation declares, so is the content type, the body (and each server-sent event's JSON)
+matches the declared schema, and the declared headers (`Retry-After` on 429 / 503) are there. Then
+the server must be healthy and, once flushed, its KV pool whole: nothing the fuzz did leaked.
 
 The engine is the tiny random-weight Llama with the embedded model's tokenizer (and so its
 chat template), and every generation is short (`max_new_tokens_limit`, `max_n`), so thousands
@@ -72,7 +72,8 @@ CHECKS = [
     response_schema_conformance,
     response_headers_conformance,
 ]
-# Each call, by operation label ("POST /generate") and status: the proof that every operation was driven.
+# Each call, by operation label ("POST /generate") and status: the proof that every operation was
+# driven.
 CALLS: collections.Counter = collections.Counter()
 STREAMS: collections.Counter = collections.Counter()  # streamed answers whose events were validated
 OPENED_SESSIONS: set[str] = set()  # closed after the fuzz: an open session's turns pin their KV
@@ -227,7 +228,8 @@ def test_fuzz_every_operation_then_the_server_is_whole(server, http, openapi):
     for (label, _status), n in CALLS.items():
         by_operation[label] += n
     print(
-        f"\n{sum(CALLS.values())} requests: {dict(sorted(by_operation.items()))}; streamed: {dict(STREAMS)}"
+        f"\n{sum(CALLS.values())} requests: {dict(sorted(by_operation.items()))}; streamed: "
+        f"{dict(STREAMS)}"
     )
     assert set(by_operation) >= {op.label for op in operations}
     assert sum(CALLS.values()) >= MIN_REQUESTS, dict(by_operation)
@@ -384,10 +386,10 @@ def test_the_declared_sampling_params_are_the_engines():
 
 
 def test_every_operation_declares_what_any_route_may_answer(fuzz_engine, openapi):
-    """401 without the key (all but /health; /metrics too, as guarded here), 413 for a body over the cap, 503 with
-    Retry-After while the server drains (all but the paths that stay open): each operation
-    answers them, and declares them (the fuzz's server has no key, no small cap, no drain).
-    (429, at capacity, needs requests held in flight: test_server_admission has it; its body
+    """401 without the key (all but /health; /metrics too, as guarded here), 413 for a body over the
+    cap, 503 with Retry-After while the server drains (all but the paths that stay open): each
+    operation answers them, and declares them (the fuzz's server has no key, no small cap, no
+    drain). (429, at capacity, needs requests held in flight: test_server_admission has it; its body
     is the same error response, declared by the same table.)"""
     app = create_app(
         fuzz_engine, MODEL, api_key="k", max_request_bytes=1024, metrics_require_api_key=True
@@ -411,7 +413,8 @@ def test_every_operation_declares_what_any_route_may_answer(fuzz_engine, openapi
         for path, ops in openapi["paths"].items():
             for method in ops:
                 if path in ALWAYS_OPEN and path != "/health":  # /health itself says 503
-                    continue  # open while draining: a supervisor reads them, a client cancels its work
+                    # open while draining: a supervisor reads them, a client cancels its work
+                    continue
                 draining = requests.request(method, url + path, json={}, headers=key, timeout=30)
                 assert_error(draining, 503)
                 assert draining.headers["Retry-After"].isdigit()

@@ -201,8 +201,8 @@ def test_a_killed_scheduler_process_fails_the_stream_and_exits_1(tmp_path, tp_si
         assert proc.wait(timeout=60) == 1
         log = proc.stdout.read()
         assert (
-            f"incident {incident}: the scheduler process (pid {pid}, rank {killed_rank}) exited unexpectedly"
-            in log
+            f"incident {incident}: the scheduler process (pid {pid}, rank {killed_rank}) exited "
+            "unexpectedly" in log
         ), log[-3000:]
         assert all(gone(p) for p in pids)
     finally:

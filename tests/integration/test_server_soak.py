@@ -56,7 +56,8 @@ def test_soak_nothing_vanishes_or_leaks(soak_server):
     elapsed = time.monotonic() - t0
     print("\n".join(summary_lines(f)))
     print(
-        f"test process threads {start['threads']} -> {end['threads']}, RSS {start['rss_kb'] >> 10} -> "
+        f"test process threads {start['threads']} -> {end['threads']}, RSS "
+        f"{start['rss_kb'] >> 10} -> "
         f"{end['rss_kb'] >> 10} MB; soak {elapsed:.1f}s"
     )
 

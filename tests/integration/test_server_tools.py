@@ -380,14 +380,19 @@ def test_kv_is_whole_after_the_tool_requests(url, fast_url):
 # system turn, calls as <tool_call> blocks, results in <tool_response> user turns, and a
 # thinking switch read from chat_template_kwargs.
 TOOL_TEMPLATE = (
-    "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t['function'] | tojson }}\n{% endfor %}"
+    "{% if tools %}<|im_start|>system\nTools:\n{% for t in tools %}{{ t['function'] | tojson "
+    "}}\n{% endfor %}"
     "<|im_end|>\n{% endif %}"
-    "{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n"
+    "{% for m in messages %}{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ "
+    "m['content'] }}\n"
     "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] or '' }}"
-    "{% for c in m.get('tool_calls') or [] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] }}\", "
-    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for c in m.get('tool_calls') or [] %}<tool_call>\n{\"name\": \"{{ c['function']['name'] "
+    '}}", '
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}\n</tool_call>{% endfor "
+    "%}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif "
+    "%}{% endif %}"
 )
 
 

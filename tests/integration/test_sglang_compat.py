@@ -204,7 +204,8 @@ def test_stop_regex_stops_at_the_first_match_across_tokens_and_trims(url, engine
     assert kept["text"] == prefixes[k - 1] and kept["meta_info"]["finish_reason"][
         "matched"
     ] == m.group(0)
-    # streamed: the pieces add up to the same trimmed text (text that might still match is held back)
+    # streamed: the pieces add up to the same trimmed text (text that might still match is held
+    # back)
     events = [
         e
         for e in sse_events(
@@ -401,7 +402,8 @@ def test_profiles_ended_in_the_same_second_write_distinct_traces(tmp_path):
 
 
 def test_output_token_logprobs_length_counts_the_entries_so_far(url):
-    """SGLang's meta carries `output_token_logprobs_length` (its frontend's stream consumers read it)."""
+    """SGLang's meta carries `output_token_logprobs_length` (its frontend's stream consumers read
+    it)."""
     body = {
         "text": PROMPT,
         "sampling_params": {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},

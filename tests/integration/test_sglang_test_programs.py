@@ -41,7 +41,8 @@ ANSWER_DEPENDENT = {
 # `output_token_logprobs` holds only that chunk's entries; SGLang's server (default streaming, not
 # --incremental-streaming-output, under which SGLang's RuntimeEndpoint would drop text) and sgl's
 # stream every entry so far, counted by `output_token_logprobs_length`, which the test's previous
-# assertions check. Both frontends fail at this line, as SGLang's frontend does against SGLang's server.
+# assertions check. Both frontends fail at this line, as SGLang's frontend does against SGLang's
+# server.
 KNOWN_FAILURES = {
     "test_stream_logprobs": "assert len(chunk_output_token_logprobs) == (",
 }
@@ -69,7 +70,8 @@ def sglang_frontend() -> Path:
         if os.environ.get("CI", "").lower() not in ("", "0", "false"):
             pytest.fail(f"SGLang's frontend is missing at {FRONTEND_DIR}: `make setup` installs it")
         pytest.skip(
-            f"SGLang's frontend is not installed at {FRONTEND_DIR}: run `make setup` (its sglang-frontend step)"
+            f"SGLang's frontend is not installed at {FRONTEND_DIR}: run `make setup` (its "
+            "sglang-frontend step)"
         )
     return FRONTEND_DIR
 

@@ -54,7 +54,8 @@ class Driver:
         self.lens: dict[int, int] = {}  # table row -> tokens in the pool
 
     def step(self, decodes: list[int], new: list[int]) -> list[int]:
-        """One step: rows `decodes` decode a token, and fresh requests with `new` prompt lengths start."""
+        """One step: rows `decodes` decode a token, and fresh requests with `new` prompt lengths
+        start."""
         rows, prefix, ext = list(decodes), [self.lens[r] for r in decodes], [1] * len(decodes)
         for n in new:
             rows.append(self.table.alloc())

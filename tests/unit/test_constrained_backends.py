@@ -116,7 +116,8 @@ FINITE = {
 def test_json_schema_walks_validate(name: str, schema: dict) -> None:
     if name == "xgrammar" and schema is SCHEMA:
         pytest.skip(
-            "xgrammar's strings admit invalid characters: test_json_strings_admit_only_valid_characters"
+            "xgrammar's strings admit invalid characters: "
+            "test_json_strings_admit_only_valid_characters"
         )
     vocab = make_vocab("byte_level")
     grammar = compiler(name).compile("json_schema", schema)

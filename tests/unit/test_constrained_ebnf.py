@@ -990,7 +990,8 @@ def shortest_completion(m: EbnfMatcher, vocab: TokenVocabulary, max_depth: int =
 
 
 def guided_walk(grammar, vocab: TokenVocabulary, rng: random.Random, steps: int) -> bytes:
-    """Random tokens from the mask for `steps` steps, then the shortest way to a sentence, then EOS."""
+    """Random tokens from the mask for `steps` steps, then the shortest way to a sentence, then
+    EOS."""
     m = grammar.matcher()
     out = b""
     for _ in range(steps):

@@ -363,7 +363,8 @@ def test_string_escapes_and_lengths() -> None:
         assert re.fullmatch(
             json_schema_to_regex({"type": "string", "minLength": 3}), json.dumps(text + "abc")
         )
-    # ... but not under maxLength (documented: they would multiply the automaton): raw characters only
+    # ... but not under maxLength (documented: they would multiply the automaton): raw characters
+    # only
     assert _matches(schema, "é中😀") and not re.fullmatch(
         json_schema_to_regex(schema), json.dumps("é中😀")
     )
@@ -1301,7 +1302,8 @@ ONE_OF_UNPROVEN = [  # overlaps that the generated languages alone would hide
             },
         ]
     },
-    # We generate URIs without userinfo: "http://a@b" is a URI the first branch accepts, not one it generates.
+    # We generate URIs without userinfo: "http://a@b" is a URI the first branch accepts, not one it
+    # generates.
     {"oneOf": [{"type": "string", "format": "uri"}, {"type": "string", "pattern": "^http://a@b$"}]},
 ]
 

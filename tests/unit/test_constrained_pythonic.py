@@ -75,7 +75,8 @@ def oracle(text: str, free_text: bool, one_call: bool) -> bool:
         except jsonschema.ValidationError:
             return False
         if list(args) != [k for k in SCHEMAS[c.name]["properties"] if k in args]:
-            return False  # the grammar writes keywords in the declared order (as the JSON route its members)
+            # the grammar writes keywords in the declared order (as the JSON route its members)
+            return False
     return True
 
 

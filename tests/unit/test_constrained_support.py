@@ -374,7 +374,8 @@ def _split(data: bytes) -> tuple[str | None, bytes]:
 
 
 def _completions(tail: bytes) -> tuple[int, int] | None:
-    """Code points whose UTF-8 encoding starts with ``tail`` (an unfinished sequence), as a range."""
+    """Code points whose UTF-8 encoding starts with ``tail`` (an unfinished sequence), as a
+    range."""
     lead = tail[0]
     need = 2 if lead >> 5 == 0b110 else 3 if lead >> 4 == 0b1110 else 4
     value = lead & (0x7F >> need)

@@ -1,4 +1,5 @@
-"""The CPU attention backend and its C++ kernel (sgl/runtime/attention/csrc/paged_attention_cpu.cpp).
+"""The CPU attention backend and its C++ kernel
+(sgl/runtime/attention/csrc/paged_attention_cpu.cpp).
 
 Oracles: a float64 softmax(QK^T * scale + causal mask) V in plain torch, torch_native on the
 same pool, and HF transformers' greedy tokens on a tiny model. The kernel is compiled on

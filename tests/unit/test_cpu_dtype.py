@@ -58,7 +58,8 @@ def test_engine_reports_its_choice(flags):
 
 
 def test_usable_cpus_follow_the_affinity_mask():
-    """A process limited to one CPU (taskset, a container's cpuset) counts one, whatever the machine has."""
+    """A process limited to one CPU (taskset, a container's cpuset) counts one, whatever the machine
+    has."""
     import os
     import subprocess
     import sys

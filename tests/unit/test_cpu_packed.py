@@ -110,7 +110,8 @@ def test_packed_model_matches_hf_on_its_weights(tmp_path, tie):
 
 
 def _assert_matches_hf_on_held_weights(ours, oracle, ids: list[int]) -> None:
-    """Logits of `ours` (bf16) vs HF float32 on the weights it holds, within bf16's error over 2 layers."""
+    """Logits of `ours` (bf16) vs HF float32 on the weights it holds, within bf16's error over 2
+    layers."""
     from sgl.runtime.model.held_weights import held_hf_state_dict
 
     missing, unexpected = oracle.load_state_dict(held_hf_state_dict(ours), strict=False)

@@ -213,7 +213,8 @@ def test_finish_listeners_see_every_request_aborts_included(engine):
     )
     next(chunks)
     chunks.close()
-    engine.get_server_info()  # the abort was handled before this answer: its final event was emitted
+    # the abort was handled before this answer: its final event was emitted
+    engine.get_server_info()
     mine = {e.rid: e for e in seen if e.rid.startswith("lst")}
     assert set(mine) == {"lst-0", "lst-1", "lst-gone"}
     assert (

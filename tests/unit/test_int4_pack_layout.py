@@ -111,8 +111,8 @@ def test_an_unknown_layout_fails_loudly(monkeypatch):
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_the_cpp_dequantize_reads_every_layout(name):
     """int4_dequant_t (the prefill route) on bytes in each layout: each weight
-    (q - 8) * scale + zero in float32, exactly, or rounded once to bf16. The expected weights are computed from the
-    codes themselves, without unpacking; the torch-ops route must match too."""
+    (q - 8) * scale + zero in float32, exactly, or rounded once to bf16. The expected weights are
+    computed from the codes themselves, without unpacking; the torch-ops route must match too."""
     op = quant.int4_dequant_op()
     if op is None:
         pytest.skip("no C++ compiler: the int4 dequantize kernel cannot be built here")

@@ -317,8 +317,8 @@ def test_regex_reaches_backend():
 # --------------------------------------------------------------------------- select
 
 CHOICES = ["cat", "tiger", "dog"]
-# Means of the conditional logprobs: cat -2.0, tiger -1.2, dog -1.5 -> token_length_normalized: tiger.
-# First token: cat -0.4 is the most likely -> greedy_token_selection: cat.
+# Means of the conditional logprobs: cat -2.0, tiger -1.2, dog -1.5 -> token_length_normalized:
+# tiger. First token: cat -0.4 is the most likely -> greedy_token_selection: cat.
 TABLE = {"cat": [-0.4, -3.6], "tiger": [-1.0, -1.2, -1.4], "dog": [-1.5, -1.5]}
 # cond - uncond: cat [0.1, -0.1] -> 0.0; tiger [-0.8, -1.0, -1.2] -> -1.0; dog [1.5, 1.5] -> 1.5
 # -> unconditional_likelihood_normalized: dog.
@@ -464,7 +464,8 @@ def test_no_default_system_when_the_first_role_is_system():
 
     state = prog.run(backend=FakeBackend())
     assert state.text() == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
+        "<|im_start|>system\nBe "
+        "brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nyo<|im_end|>\n"
     )
     assert "You are a fake assistant." not in state.text()
     assert state.messages() == [
@@ -797,8 +798,10 @@ def test_programs_run_without_importing_the_runtime():
         "from lang_fakes import FakeBackend\n"
         "f = sgl.function(lambda s: s.__iadd__(sgl.user('hi') + sgl.gen('a')))\n"
         "assert f.run(backend=FakeBackend()).text().endswith('fake output')\n"
-        "table = {'sgl.runtime', 'sgl.runtime.errors', 'sgl.runtime.sampling', 'sgl.runtime.sampling.params'}\n"
-        "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('sgl.runtime', 'sgl.server')) and m not in table]\n"
+        "table = {'sgl.runtime', 'sgl.runtime.errors', 'sgl.runtime.sampling', "
+        "'sgl.runtime.sampling.params'}\n"
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('sgl.runtime', "
+        "'sgl.server')) and m not in table]\n"
         "assert not bad, bad\n"
     )
     here = os.path.dirname(os.path.abspath(__file__))

@@ -67,7 +67,8 @@ def test_kv_cache_dtype_is_the_model_dtype(capsys):
     [
         (
             ".yaml",
-            "tp_size: 2\nenable-torch-compile: true\ndtype: half\ntool-call-parser: qwen25\nport: 31000\n",
+            "tp_size: 2\nenable-torch-compile: true\ndtype: half\ntool-call-parser: qwen25\nport: "
+            "31000\n",
         ),
         (
             ".json",

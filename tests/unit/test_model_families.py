@@ -175,7 +175,8 @@ def test_loaded_families_reject_what_they_do_not_implement():
 
 
 def test_qwen_window_applies_only_with_use_sliding_window():
-    """Qwen2.5 configs carry `sliding_window` with use_sliding_window false: HF ignores it, so do we."""
+    """Qwen2.5 configs carry `sliding_window` with use_sliding_window false: HF ignores it, so do
+    we."""
     base = dict(
         vocab_size=97,
         hidden_size=64,
@@ -544,9 +545,9 @@ def test_longrope_takes_the_long_factors_from_the_pretraining_length_on(models):
 
 def test_dynamic_ntk_rope_equals_hf_decoding_past_the_pretraining_context():
     """Dynamic NTK (pre-training context 24, factor 4): the model serves 4x the positions;
-    prompts within the context give HF's logits, and each step of greedy decoding across the boundary
-    gives HF generate's logits (HF rescales the base per step from the newest position, as sgl does
-    per position; see model/rope.py)."""
+    prompts within the context give HF's logits, and each step of greedy decoding across the
+    boundary gives HF generate's logits (HF rescales the base per step from the newest position, as
+    sgl does per position; see model/rope.py)."""
     hf = hf_tiny(
         seed=11, max_position_embeddings=24, rope_scaling={"rope_type": "dynamic", "factor": 4.0}
     )

@@ -46,7 +46,8 @@ def test_gen_signature_lists_exactly_the_gen_params_of_the_table() -> None:
 
 @pytest.mark.parametrize("p", [p for p in PARAMS if p.dsl == "gen"], ids=lambda p: p.name)
 def test_every_gen_param_reaches_the_ir(p) -> None:
-    """Passing the parameter to gen() puts it in the Gen node's sampling dict, under its engine name."""
+    """Passing the parameter to gen() puts it in the Gen node's sampling dict, under its engine
+    name."""
     value = (
         p.default
         if p.default is not None

@@ -52,7 +52,8 @@ def test_finished_and_aborted_requests_are_counted():
 def test_an_abort_before_the_first_token_and_a_rejected_request():
     m = Metrics("m")
     m.record_event(event(FinishReason.abort("aborted by request"), completion=0, ttft=None))
-    # A turn the scheduler rejected (its session was closed) is a 400, like any invalid request: not counted.
+    # A turn the scheduler rejected (its session was closed) is a 400, like any invalid request: not
+    # counted.
     m.record_event(
         event(
             FinishReason.abort("no open session"),

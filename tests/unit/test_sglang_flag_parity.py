@@ -13,7 +13,8 @@ SGLANG_FLAGS = Path(__file__).parent / "data" / "sglang_0_5_launch_flags.txt"
 
 # reason -> the flag patterns (fnmatch) it covers
 MISSING_BY_DESIGN: dict[str, list[str]] = {
-    "multi-node, pipeline, expert, context and attention parallelism (we shard by --tp-size on one machine)": [
+    "multi-node, pipeline, expert, context and attention parallelism (we shard by --tp-size on "
+    "one machine)": [
         "--dist-*",
         "--nccl-*",
         "--nnodes",
@@ -145,7 +146,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--is-embedding",
         "--file-storage-path",
     ],
-    "architectures we do not implement (Mamba, SWA, DSA/MLA, DeepSeek V4, linear attention, dLLM, offloaded MoE)": [
+    "architectures we do not implement (Mamba, SWA, DSA/MLA, DeepSeek V4, linear attention, dLLM, "
+    "offloaded MoE)": [
         "--mamba-*",
         "--max-mamba-cache-size",
         "--int8-mamba-ckpt-size",
@@ -179,7 +181,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--ple-offload-*",
         "--enable-mis",
     ],
-    "hardware and kernel choices we do not target (ROCm, MLX, fp4/fp8 GEMMs, FlashInfer and CUDA-graph knobs)": [
+    "hardware and kernel choices we do not target (ROCm, MLX, fp4/fp8 GEMMs, FlashInfer and "
+    "CUDA-graph knobs)": [
         "--*aiter*",
         "--enable-amd-monokernel",
         "--monokernel-backend",
@@ -216,7 +219,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--scheduler-recv-interval",
         "--enable-dynamic-chunking",
     ],
-    "model sources and loaders (hub downloads, remote code, remote/streamed weights, ModelOpt, offloading, RL)": [
+    "model sources and loaders (hub downloads, remote code, remote/streamed weights, ModelOpt, "
+    "offloading, RL)": [
         "--download-dir",
         "--revision",
         "--trust-remote-code",
@@ -254,7 +258,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--enable-tokenizer-batch-encode",
         "--disable-tokenizer-batch-decode",
     ],
-    "tracing, metric buckets and labels, dumps, watchdogs, request-log formats (our /metrics and --log-requests are fixed)": [
+    "tracing, metric buckets and labels, dumps, watchdogs, request-log formats (our /metrics and "
+    "--log-requests are fixed)": [
         "--otlp-*",
         "--enable-trace",
         "--trace-modules",
@@ -292,7 +297,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--return-aux-hidden-state-layer-ids",
         "--forward-hooks",
     ],
-    "transports and front doors we do not serve (gRPC, HTTP/2, TLS, sidecars, admin key, root path, tool server)": [
+    "transports and front doors we do not serve (gRPC, HTTP/2, TLS, sidecars, admin key, root "
+    "path, tool server)": [
         "--grpc-*",
         "--smg-*",
         "--sidecar*",
@@ -306,7 +312,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--tool-server",
         "--enable-response-store",
     ],
-    "scheduling policies we do not have (priorities, preemption, prefill delayer, eviction and retraction policies)": [
+    "scheduling policies we do not have (priorities, preemption, prefill delayer, eviction and "
+    "retraction policies)": [
         "--enable-priority-scheduling",
         "--priority-*",
         "--schedule-low-priority-values-first",
@@ -330,7 +337,8 @@ MISSING_BY_DESIGN: dict[str, list[str]] = {
         "--enable-strict-thinking",
         "--sampling-mask-max-tokens",
     ],
-    "request defaults and API extras not offered (server-side sampling defaults, template names, watermarks, warm-up)": [
+    "request defaults and API extras not offered (server-side sampling defaults, template names, "
+    "watermarks, warm-up)": [
         "--completion-template",
         "--hf-chat-template-name",
         "--default-chat-template-kwargs",

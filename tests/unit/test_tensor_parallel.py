@@ -142,7 +142,8 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def _spawn(tmp_path: Path) -> list[dict]:
-    """Run `_worker` on TP ranks; every process ends (terminated past the timeout or when one fails)."""
+    """Run `_worker` on TP ranks; every process ends (terminated past the timeout or when one
+    fails)."""
     import torch.multiprocessing as mp
 
     ctx = mp.start_processes(

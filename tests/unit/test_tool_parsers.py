@@ -28,7 +28,8 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     # -- hermes
     (
         "hermes",
-        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": '
+        '"celsius"}}\n</tool_call>',
         "",
         [("get_weather", '{"city": "Paris", "unit": "celsius"}')],
     ),
@@ -41,7 +42,8 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "hermes",
-        'I\'ll look that up.\n\n<tool_call>\n{"name": "search", "arguments": {"q": "sgl"}}\n</tool_call>',
+        'I\'ll look that up.\n\n<tool_call>\n{"name": "search", "arguments": {"q": '
+        '"sgl"}}\n</tool_call>',
         "I'll look that up.\n\n",
         [("search", '{"q": "sgl"}')],
     ),
@@ -53,19 +55,22 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
         [
             (
                 "run_sql",
-                '{"query": "SELECT \'}\' FROM t", "opts": {"limit": 10, "tags": ["a}", "{b", "\\"}"]}}',
+                '{"query": "SELECT \'}\' FROM t", "opts": {"limit": 10, "tags": ["a}", "{b", '
+                '"\\"}"]}}',
             )
         ],
     ),
     (
         "hermes",
-        '<tool_call>{"name": "echo", "arguments": {"text": "close with </tool_call> then <tool_call>"}}</tool_call>',
+        '<tool_call>{"name": "echo", "arguments": {"text": "close with </tool_call> then '
+        '<tool_call>"}}</tool_call>',
         "",
         [("echo", '{"text": "close with </tool_call> then <tool_call>"}')],
     ),
     (
         "hermes",
-        '<tool_call>\n{"name": "traduire", "arguments": {"texte": "Où est la gare ? 東京 🚉"}}\n</tool_call>',
+        '<tool_call>\n{"name": "traduire", "arguments": {"texte": "Où est la gare ? 東京 '
+        '🚉"}}\n</tool_call>',
         "",
         [("traduire", '{"texte": "Où est la gare ? 東京 🚉"}')],
     ),
@@ -121,7 +126,8 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "hermes",
-        '<tool_call>{"name": oops}</tool_call>\n<tool_call>{"name": "g", "arguments": {"x": 1}}</tool_call>\n',
+        '<tool_call>{"name": oops}</tool_call>\n<tool_call>{"name": "g", "arguments": {"x": '
+        "1}}</tool_call>\n",
         '<tool_call>{"name": oops}</tool_call>\n',
         [("g", '{"x": 1}')],
     ),
@@ -201,7 +207,8 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "mistral",
-        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": "]}[TOOL_CALLS]"}}]',
+        '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {"s": '
+        '"]}[TOOL_CALLS]"}}]',
         "",
         [("a", '{"x": 1}'), ("b", '{"s": "]}[TOOL_CALLS]"}')],
     ),
@@ -219,7 +226,8 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
     ),
     (
         "mistral",
-        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": "Europe/Paris"}',
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"tz": '
+        '"Europe/Paris"}',
         "",
         [("get_weather", '{"city": "Paris"}'), ("get_time", '{"tz": "Europe/Paris"}')],
     ),
@@ -268,7 +276,8 @@ TOOL_CASES: list[tuple[str, str, str, list[tuple[str, str]]]] = [
         [
             (
                 "search",
-                '{"query": "llama 4", "filters": {"year": 2025, "tags": ["ai", "}"]}, "exact": true, "limit": null}',
+                '{"query": "llama 4", "filters": {"year": 2025, "tags": ["ai", "}"]}, "exact": '
+                'true, "limit": null}',
             )
         ],
     ),
@@ -334,7 +343,8 @@ def _calls(pairs: list[tuple[str, str]]) -> list[ToolCall]:
 
 
 def stream_tools(parser: ToolParser, pieces: list[str]) -> tuple[str, list[ToolCall]]:
-    """Run a streamer over pieces; check the delta rules; -> (content, calls) as parse gives them."""
+    """Run a streamer over pieces; check the delta rules; -> (content, calls) as parse gives
+    them."""
     streamer = parser.streamer()
     content: list[str] = []
     names: list[str] = []

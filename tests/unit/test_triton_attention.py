@@ -282,7 +282,8 @@ def test_graph_runner_with_triton_hooks_matches_torch_native(tiny_dir, monkeypat
 
 
 def test_kernels_compile_for_sm90(tmp_path):
-    """Interpreted kernels are not compiled ones: compile them for an H100/H200 target, no GPU needed."""
+    """Interpreted kernels are not compiled ones: compile them for an H100/H200 target, no GPU
+    needed."""
     script = textwrap.dedent(
         """
         import triton

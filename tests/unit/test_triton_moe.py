@@ -91,7 +91,8 @@ def test_grouped_kernels_match_float64_reference_and_torch_path(
 
 
 def test_expert_blocks_give_each_block_one_expert():
-    """Every pair lands in exactly one padded row of a block owned by its expert; unused blocks are -1."""
+    """Every pair lands in exactly one padded row of a block owned by its expert; unused blocks are
+    -1."""
     experts, _ = routed(37, 5, 2, seed=1, skew=True)
     pair_of_row, block_expert = moe_triton.expert_blocks(experts, 5, 16)
     num_pairs = experts.numel()
@@ -109,7 +110,8 @@ def test_expert_blocks_give_each_block_one_expert():
 
 
 def test_moe_kernels_compile_for_sm90(tmp_path):
-    """Interpreted kernels are not compiled ones: compile them for an H100/H200 target, no GPU needed."""
+    """Interpreted kernels are not compiled ones: compile them for an H100/H200 target, no GPU
+    needed."""
     script = textwrap.dedent(
         """
         import triton

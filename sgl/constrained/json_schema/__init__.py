@@ -47,12 +47,12 @@ list as in draft 4), ``prefixItems``, ``additionalItems``, ``minItems``, ``maxIt
 ``pattern`` (Python/ASCII regex syntax, search semantics; with the length keywords when
 anchored and of one variable-length run of single characters plus short optional parts,
 e.g. ``^[a-z]+$``, ``^https?://.+$``), ``format`` (date, time, date-time, uuid, ipv4, ipv6,
-email, hostname, uri, uri-reference, iri, iri-reference), ``minimum``/``maximum``/``exclusiveMinimum``/
-``exclusiveMaximum`` (any for integers; integer-valued for numbers), ``multipleOf`` in
-decimal arithmetic (powers of ten like 0.01 on numbers: at most that many decimals;
-integer steps that divide 1000, or any step over a range with few multiples), ``anyOf``,
-``oneOf`` (when its branches are provably disjoint), ``allOf`` (parts constraining different
-keywords; ``properties``/``additionalProperties`` (see ``merge_members``), ``required``,
+email, hostname, uri, uri-reference, iri, iri-reference),
+``minimum``/``maximum``/``exclusiveMinimum``/ ``exclusiveMaximum`` (any for integers; integer-valued
+for numbers), ``multipleOf`` in decimal arithmetic (powers of ten like 0.01 on numbers: at most that
+many decimals; integer steps that divide 1000, or any step over a range with few multiples),
+``anyOf``, ``oneOf`` (when its branches are provably disjoint), ``allOf`` (parts constraining
+different keywords; ``properties``/``additionalProperties`` (see ``merge_members``), ``required``,
 ``type``, ``not`` and unions of several parts merge), ``$ref`` by JSON pointer, ``$anchor``
 or a subschema's ``$id`` (:mod:`.refs`; remote documents are not
 fetched); ``not``, ``if``/``then``/``else``, ``dependentSchemas`` and

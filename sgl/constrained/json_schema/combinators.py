@@ -41,7 +41,8 @@ class CombinatorsMixin:
             if "integer" in excluded and "number" in kept:
                 raise self.fail(
                     where,
-                    "not: excluding integers from numbers (non-integral numbers only) is not supported",
+                    "not: excluding integers from numbers (non-integral numbers only) is not "
+                    "supported",
                 )
             return self.convert({**rest, "type": kept}, where) if kept else None
         if set(neg) <= {"enum", "const", "type"} and ("enum" in neg or "const" in neg):
@@ -101,7 +102,8 @@ class CombinatorsMixin:
         if unused:
             raise self.fail(
                 where,
-                "not: required is supported on an object with declared properties, given next to them",
+                "not: required is supported on an object with declared properties, given next to "
+                "them",
             )
         return rx
 

@@ -130,8 +130,10 @@ class Negation:
         if key in ("then", "else"):
             return []  # without "if" they have no effect
         raise NotNegatable(
-            f"keyword '{key}' cannot be negated (inside not, or in an if condition); negatable keywords: type, "
-            "const, enum, required, properties, bounds (minimum, minLength, minItems, minProperties, ...), "
+            f"keyword '{key}' cannot be negated (inside not, or in an if condition); negatable "
+            "keywords: type, "
+            "const, enum, required, properties, bounds (minimum, minLength, minItems, "
+            "minProperties, ...), "
             "dependentRequired, dependentSchemas, not, allOf, anyOf, oneOf, if/then/else, $ref"
         )
 

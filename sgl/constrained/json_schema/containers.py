@@ -23,7 +23,8 @@ def _free_value(depth: int) -> Rx | None:
 
 
 def _map_object(value: Rx | None, lo: int, hi: int | None, key: Rx | None = _STRING) -> Rx | None:
-    """``{}``-style objects with ``key`` strings (any, by default) mapping to ``value``, ``lo..hi`` members."""
+    """``{}``-style objects with ``key`` strings (any, by default) mapping to ``value``, ``lo..hi``
+    members."""
     return _map_of(rx_cat(key, _COLON, value), lo, hi)
 
 

@@ -201,7 +201,8 @@ class Converter(
 
     def too_large(self, what: str) -> GrammarError:
         return ConstraintTooLarge(
-            f"json_schema is too large to compile: translating it took {what} (the compile budget); "
+            f"json_schema is too large to compile: translating it took {what} (the compile "
+            "budget); "
             "deep or wide $ref recursion is the usual cause: reduce it, or constrain fewer fields",
             PARAM,
         )

@@ -31,16 +31,17 @@ def _members(
     tail: Rx | None = None,
 ) -> Rx | None:
     """Members in order, optional ones skippable, then any number of ``tail`` members
-    (pattern keys, or undeclared members), commas only between written members; between ``lo`` and ``hi`` of them
-    written, each written name of ``deps`` with the names it requires written too, and no
-    set of ``forbid`` written whole. ``share`` turns a continuation used twice into one rule
+    (pattern keys, or undeclared members), commas only between written members; between ``lo`` and
+    ``hi`` of them written, each written name of ``deps`` with the names it requires written too,
+    and no set of ``forbid`` written whole. ``share`` turns a continuation used twice into one rule
     (grammar mode)."""
     deps, forbid = deps or {}, forbid or []
     tracked = {n for k, v in deps.items() for n in [k, *v]} | {n for f in forbid for n in f}
     relevant = sorted(tracked & {m[0] for m in members})
     if len(relevant) > MAX_DEPENDENT_NAMES:
         raise GrammarError(
-            f"json_schema: dependentRequired (and not-required) involve {len(relevant)} properties; at most "
+            f"json_schema: dependentRequired (and not-required) involve {len(relevant)} "
+            "properties; at most "
             f"{MAX_DEPENDENT_NAMES} are supported",
             PARAM,
         )

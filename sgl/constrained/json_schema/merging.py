@@ -164,7 +164,8 @@ class MergingMixin:
                 elif merged[k] != v:
                     raise self.fail(
                         where,
-                        f"allOf: keyword '{k}' appears in two parts with different values; only parts that "
+                        f"allOf: keyword '{k}' appears in two parts with different values; only "
+                        "parts that "
                         "constrain different keywords can be combined",
                     )
         for group in _COUPLED:

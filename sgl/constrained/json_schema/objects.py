@@ -79,7 +79,8 @@ class ObjectsMixin:
         req = set(required)
         closed = extra is False or unevaluated is False
         if not patterns and not closed and key_schema is True:
-            # undeclared members after the declared ones; never a name whose presence matters elsewhere
+            # undeclared members after the declared ones; never a name whose presence matters
+            # elsewhere
             excluded = (
                 set(names)
                 | {n for k, v in deps.items() for n in [k, *v]}
@@ -223,7 +224,8 @@ class ObjectsMixin:
         return re.fullmatch(key.text, json.dumps(name, ensure_ascii=False)) is not None
 
     def dependencies(self, schema: dict, where: str) -> dict[str, list[str]]:
-        """dependentRequired, and the array form of draft 4-7 dependencies: name -> names it requires."""
+        """dependentRequired, and the array form of draft 4-7 dependencies: name -> names it
+        requires."""
         out: dict[str, list[str]] = {}
         for key in ("dependentRequired", "dependencies"):
             spec = schema.get(key)

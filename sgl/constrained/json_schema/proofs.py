@@ -39,13 +39,15 @@ class ProofsMixin:
         }
         if schemas is not None:
             # The automata compare what we generate; that decides only where we generate all a
-            # branch accepts (else a value of one branch could be accepted, not generated, by another).
+            # branch accepts (else a value of one branch could be accepted, not generated, by
+            # another).
             narrow = [i for i in sorted(unproven) if not self.exact(schemas[i], where)]
             if narrow:
                 raise self.fail(
                     where,
                     f"{what}: cannot prove branch {narrow[0]} exclusive of the others: it accepts "
-                    "more than is generated (an open object, a free value, an inferred type); use anyOf, "
+                    "more than is generated (an open object, a free value, an inferred type); use "
+                    "anyOf, "
                     "or give the branches distinct const tags or types",
                 )
         rxs = [rxs[i] for i in sorted(unproven)]
@@ -60,7 +62,8 @@ class ProofsMixin:
         if sum(r.size for r in rxs) > _ONEOF_PROOF_LIMIT:
             raise self.fail(
                 where,
-                f"{what}: its branches are too large to prove exclusive; use anyOf if overlaps are fine",
+                f"{what}: its branches are too large to prove exclusive; use anyOf if overlaps "
+                "are fine",
             )
         try:
             import interegular
@@ -76,7 +79,8 @@ class ProofsMixin:
                 if not fsms[i].isdisjoint(fsms[j]):
                     raise self.fail(
                         where,
-                        f"{what}: branches {i} and {j} can match the same value, and exclusivity cannot be "
+                        f"{what}: branches {i} and {j} can match the same value, and exclusivity "
+                        "cannot be "
                         "enforced; use anyOf, or make the branches distinct (e.g. a const tag)",
                     )
 

@@ -139,7 +139,8 @@ class ScalarsMixin:
             if v is not None and not float(v).is_integer():
                 raise self.fail(
                     where,
-                    f"a non-integer bound ({key}/exclusive{key.capitalize()} = {v}) on a number is not supported; "
+                    f"a non-integer bound ({key}/exclusive{key.capitalize()} = {v}) on a number "
+                    "is not supported; "
                     "integer-valued bounds are",
                 )
         return number_range(

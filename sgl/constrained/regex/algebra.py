@@ -158,8 +158,8 @@ def _escape_char(c: str) -> str:
     """One character, spelled so that outlines-core, interegular and Python agree.
 
     Unprintable Latin-1 characters are ``\\xHH``; ASCII punctuation is backslash-escaped
-    (valid in and out of classes for all three), except ``<`` and ``>`` which regex-automata reads as word
-    boundaries when escaped; everything else, non-ASCII included, is literal.
+    (valid in and out of classes for all three), except ``<`` and ``>`` which regex-automata reads
+    as word boundaries when escaped; everything else, non-ASCII included, is literal.
     """
     cp = ord(c)
     if cp < 0x100 and not c.isprintable():

@@ -65,8 +65,10 @@ def check_size(rx: Rx, param: str, what: str) -> None:
     """Reject constraints whose automaton would be too big to build quickly."""
     if rx.size > MAX_POSITIONS:
         raise ConstraintTooLarge(
-            f"{what} is too large to compile: {rx.size} character positions on its longest path after "
-            f"expanding bounded repetitions (the limit is {MAX_POSITIONS}); lower the repetition bounds "
+            f"{what} is too large to compile: {rx.size} character positions on its longest path "
+            "after "
+            f"expanding bounded repetitions (the limit is {MAX_POSITIONS}); lower the repetition "
+            "bounds "
             "(maxLength, maxItems, {m,n})",
             param,
         )
@@ -164,7 +166,8 @@ class RegexGrammar:
             msg = str(exc)
             if "incompatible" in msg:
                 raise GrammarError(
-                    f"{param}: this model's vocabulary cannot spell text the constraint requires ({msg})",
+                    f"{param}: this model's vocabulary cannot spell text the constraint requires "
+                    f"({msg})",
                     param,
                 ) from None
             raise GrammarError(f"{param}: cannot compile the constraint: {msg}", param) from None

@@ -150,8 +150,10 @@ def translate_regex(
             variants = _fold_length(parsed.state, items, *length)
             if variants is None:
                 raise GrammarError(
-                    f"{what}: cannot combine this pattern with minLength/maxLength (supported: one variable-length "
-                    "run of single characters, plus short optional parts); put the length in the pattern",
+                    f"{what}: cannot combine this pattern with minLength/maxLength (supported: "
+                    "one variable-length "
+                    "run of single characters, plus short optional parts); put the length in the "
+                    "pattern",
                     param,
                 )
             rx = rx_alt(*(_seq(ctx, v, flags, head=not search, tail=not search) for v in variants))
@@ -314,11 +316,13 @@ def _item(ctx: _Ctx, op, av, flags: int, head: bool, tail: bool) -> Rx | None:
             return EMPTY
         if ctx.search and (av in _START_ANCHORS or av in _END_ANCHORS):
             raise GrammarError(
-                f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported as the first and last character",
+                f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported as the first and last "
+                "character",
                 ctx.param,
             )
         raise GrammarError(
-            f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported at the start and end of the pattern, "
+            f"{ctx.what}: anchors (^, $, \\A, \\Z) are only supported at the start and end of the "
+            "pattern, "
             f"and word boundaries (\\b, \\B) not at all",
             ctx.param,
         )

@@ -48,7 +48,8 @@ _HANDLED = {p.name for p in PARAMS if p.dsl is not None and (p.openai or p.diale
 
 
 class OpenAI(Backend):
-    """A backend over an OpenAI-compatible HTTP API. `token_usage` counts calls and billed tokens."""
+    """A backend over an OpenAI-compatible HTTP API. `token_usage` counts calls and billed
+    tokens."""
 
     def __init__(
         self,
@@ -68,7 +69,8 @@ class OpenAI(Backend):
             raise ValueError(f"model must be the served model's name, got {model!r}")
         if server_kind not in (*SERVER_KINDS, "auto"):
             raise ValueError(
-                f"server_kind must be one of {', '.join(SERVER_KINDS)} or 'auto'; got {server_kind!r}"
+                f"server_kind must be one of {', '.join(SERVER_KINDS)} or 'auto'; got "
+                f"{server_kind!r}"
             )
         if not isinstance(is_chat_model, bool):
             raise ValueError(f"is_chat_model must be True or False, got {is_chat_model!r}")
@@ -139,7 +141,8 @@ class OpenAI(Backend):
     def _pick_template(
         self, given: ChatTemplate | None, model_info: dict | None
     ) -> tuple[ChatTemplate, bool]:
-        """Roles in the program text: given, else sgl's own roles (exact), else `Role: content` lines."""
+        """Roles in the program text: given, else sgl's own roles (exact), else `Role: content`
+        lines."""
         if given is not None:
             return given, True
         roles = (model_info or {}).get("chat_roles")
@@ -289,7 +292,8 @@ class OpenAI(Backend):
     # ------------------------------------------------------------------ the rest of the protocol
 
     def cache_prefix(self, text: str) -> None:
-        """Nothing to do: an OpenAI-compatible API has no explicit cache (servers cache by themselves)."""
+        """Nothing to do: an OpenAI-compatible API has no explicit cache (servers cache by
+        themselves)."""
 
     def chat_template(self) -> ChatTemplate:
         return self._template
@@ -345,7 +349,8 @@ def _logprob_fields(logprobs: dict[str, Any], chat: bool, kind: str) -> dict[str
 
 
 def _parse_logprobs(lp: dict[str, Any] | None, chat: bool) -> dict[str, Any]:
-    """meta_info's output_token_logprobs [(logprob, None, token text)] (the API gives no token ids)."""
+    """meta_info's output_token_logprobs [(logprob, None, token text)] (the API gives no token
+    ids)."""
     if not lp:
         return {"output_token_logprobs": [], "input_token_logprobs": []}
     if chat or "content" in lp:  # llama.cpp answers completions in the chat format too

@@ -71,7 +71,8 @@ def extra_sampling_fields(kind: str, sampling: dict[str, Any]) -> dict[str, Any]
         field = fields.get(kind)
         if field is None:
             raise UnsupportedParameterError(
-                f"{name}={value!r}: a {kind} endpoint has no such sampling parameter; leave it unset",
+                f"{name}={value!r}: a {kind} endpoint has no such sampling parameter; leave it "
+                "unset",
                 name,
             )
         body[field] = value
@@ -132,7 +133,8 @@ def constraint_fields(
         if what == "ebnf":
             return {"grammar": spec}
         raise UnsupportedParameterError(
-            "regex: llama.cpp's server constrains output by GBNF grammar or JSON schema, not by regex; "
+            "regex: llama.cpp's server constrains output by GBNF grammar or JSON schema, not by "
+            "regex; "
             "write the constraint as ebnf= (GBNF) or json_schema=",
             "regex",
         )
@@ -144,7 +146,8 @@ def constraint_fields(
         else "the OpenAI API can only enforce a JSON schema (response_format, chat models)"
     )
     raise UnsupportedParameterError(
-        f"{param}: {where}; use a server that enforces it (server_kind sgl, sglang, vllm or llama.cpp)",
+        f"{param}: {where}; use a server that enforces it (server_kind sgl, sglang, vllm or "
+        "llama.cpp)",
         param.split("=")[0],
     )
 

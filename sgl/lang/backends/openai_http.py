@@ -117,7 +117,8 @@ class Http:
         return out
 
     def post_stream(self, path: str, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
-        """The SSE `data:` chunks of a streamed call; the connection closes when the caller stops."""
+        """The SSE `data:` chunks of a streamed call; the connection closes when the caller
+        stops."""
         r = self.request("POST", self.base_url + path, body, stream=True)
         usage = None
         try:
@@ -129,7 +130,8 @@ class Http:
             self.usage.add(usage)
 
     def probe(self, url: str) -> Any:
-        """GET `url` once with a short timeout: its JSON, or None if it does not answer with JSON."""
+        """GET `url` once with a short timeout: its JSON, or None if it does not answer with
+        JSON."""
         try:
             r = self.request("GET", url, timeout=min(self.timeout, 10.0), retries=0)
             return r.json()

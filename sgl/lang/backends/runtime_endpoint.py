@@ -352,7 +352,8 @@ class Runtime:
         while True:
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    f"the server exited with code {self.process.returncode} while starting: {' '.join(cmd)}"
+                    f"the server exited with code {self.process.returncode} while starting: "
+                    f"{' '.join(cmd)}"
                 )
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:

@@ -53,7 +53,8 @@ def triton_available() -> bool:
 class RegisteredBackend:
     name: str
     make: Callable[[], AttentionBackend]
-    # Why the backend cannot run on (device, KV dtype; None: not yet known), naming the fix; None: it can.
+    # Why the backend cannot run on (device, KV dtype; None: not yet known), naming the fix; None:
+    # it can.
     check: Callable[[torch.device, torch.dtype | None], str | None]
     # Which of base.FEATURES it implements (known without importing it).
     features: frozenset[str] = frozenset()
@@ -78,14 +79,16 @@ _FEATURE_NAMES = {
 
 
 def missing_features(entry: RegisteredBackend, needs: frozenset[str]) -> str | None:
-    """Why the backend cannot run a model needing `needs`, naming the backends that can; None: it can."""
+    """Why the backend cannot run a model needing `needs`, naming the backends that can; None: it
+    can."""
     lacking = sorted(needs - entry.features)
     if not lacking:
         return None
     able = [n for n, e in REGISTRY.items() if needs <= e.features]
     what = " and ".join(_FEATURE_NAMES.get(f, f) for f in lacking)
     return (
-        f"attention_backend={entry.name!r} does not implement {what}, which this model's layers use; "
+        f"attention_backend={entry.name!r} does not implement {what}, which this model's layers "
+        "use; "
         f"use attention_backend='auto' or one of {able}"
     )
 
@@ -127,7 +130,8 @@ def _check_cpu(device: torch.device, dtype: torch.dtype | None) -> str | None:
         )
     if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return (
-            f"attention_backend='cpu' supports a float32, bfloat16 or float16 KV cache, not {dtype}; "
+            "attention_backend='cpu' supports a float32, bfloat16 or float16 KV cache, not "
+            f"{dtype}; "
             "use one of those dtypes, or attention_backend='torch_native'"
         )
     return None

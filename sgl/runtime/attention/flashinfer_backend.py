@@ -112,7 +112,8 @@ class FlashInferBackend(AttentionBackend):
     def init_forward_metadata(self, batch: ForwardBatch) -> None:
         if self.kv_pool is None:
             raise RuntimeError(
-                "FlashInferBackend.bind(kv_pool, req_to_token, num_qo_heads) must come before the first step"
+                "FlashInferBackend.bind(kv_pool, req_to_token, num_qo_heads) must come before the "
+                "first step"
             )
         seq_lens = batch.seq_lens
         bs = len(seq_lens)

@@ -195,7 +195,8 @@ def attend_after_prefix(q, k, v, prefix: int, scale: float) -> torch.Tensor:
 def pool_extend_row(
     table: torch.Tensor, prow: int, prefix: int, ext: int, first: int
 ) -> _ExtendRow:
-    """A multi-token row whose context is read from the pool (or, with no prefix, is its own k/v)."""
+    """A multi-token row whose context is read from the pool (or, with no prefix, is its own
+    k/v)."""
     seq = prefix + ext
     return _ExtendRow(
         first, first + ext, seq, table.device, slots=table[prow, :seq] if prefix > 0 else None

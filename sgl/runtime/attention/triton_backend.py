@@ -122,7 +122,8 @@ class TritonBackend(AttentionBackend):
         if device.type != "cuda" and not triton_kernels.interpreting():
             raise RuntimeError(
                 f"the triton attention backend runs on CUDA tensors, not {device.type}; "
-                "use attention_backend='torch_native' (or set TRITON_INTERPRET=1 before importing triton, for tests)"
+                "use attention_backend='torch_native' (or set TRITON_INTERPRET=1 before importing "
+                "triton, for tests)"
             )
 
     # ------------------------------------------------------------------ CUDA-graph hooks
@@ -183,7 +184,8 @@ class TritonBackend(AttentionBackend):
         n = len(req_rows)
         if len(seq_lens) != n or n > bs:
             raise ValueError(
-                f"replay needs at most bs={bs} rows and as many seq_lens; got {n} and {len(seq_lens)}"
+                f"replay needs at most bs={bs} rows and as many seq_lens; got {n} and "
+                f"{len(seq_lens)}"
             )
         g.req_rows[:n].copy_(torch.as_tensor(req_rows, dtype=torch.int32), non_blocking=True)
         g.seq_lens[:n].copy_(torch.as_tensor(seq_lens, dtype=torch.int32), non_blocking=True)

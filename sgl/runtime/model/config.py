@@ -48,7 +48,8 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"
 
 
 class UnsupportedConfigError(ValueError):
-    """A config key that changes the model and that sgl does not implement (named in the message)."""
+    """A config key that changes the model and that sgl does not implement (named in the
+    message)."""
 
 
 @dataclass
@@ -182,7 +183,8 @@ def architecture_of(d: dict[str, Any]) -> str:
     )
     if arch is None:
         raise UnsupportedConfigError(
-            f"model architecture {archs[0]!r} (config key 'architectures') is not supported; supported: "
+            f"model architecture {archs[0]!r} (config key 'architectures') is not supported; "
+            "supported: "
             f"{SUPPORTED_NAMES}"
         )
     return arch
@@ -232,7 +234,8 @@ def _rope_settings(d: dict[str, Any], arch: str) -> tuple[float, dict | None, fl
             scaling = None
         elif kind not in ROPE_KINDS:
             raise UnsupportedConfigError(
-                f"config key 'rope_scaling' has rope_type {kind!r}, which sgl does not implement yet "
+                f"config key 'rope_scaling' has rope_type {kind!r}, which sgl does not implement "
+                "yet "
                 f"(supported: {', '.join(ROPE_KINDS)})"
             )
         else:
@@ -241,9 +244,9 @@ def _rope_settings(d: dict[str, Any], arch: str) -> tuple[float, dict | None, fl
 
 
 def _complete_scaling(scaling: dict[str, Any], kind: str, d: dict[str, Any]) -> None:
-    """The pre-training context these kinds scale from (a top-level `original_max_position_embeddings`
-    wins, as Phi-3 configs keep it there; else the model's own), and LongRoPE's factor lists
-    checked against the rotary dims."""
+    """The pre-training context these kinds scale from (a top-level
+    `original_max_position_embeddings` wins, as Phi-3 configs keep it there; else the model's own),
+    and LongRoPE's factor lists checked against the rotary dims."""
     if kind in ("llama3", "yarn", "longrope"):
         top = d.get("original_max_position_embeddings")
         if top:
@@ -317,7 +320,8 @@ def _layer_windows(d: dict[str, Any], arch: str) -> list[int]:
         else:
             if window:
                 raise UnsupportedConfigError(
-                    f"config key 'sliding_window' = {window} is not part of the {arch} architecture; "
+                    f"config key 'sliding_window' = {window} is not part of the {arch} "
+                    "architecture; "
                     "remove it, or set 'architectures' to the family the checkpoint belongs to"
                 )
             return []

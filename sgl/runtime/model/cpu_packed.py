@@ -13,7 +13,8 @@ vocab x hidden x 2 bytes more (56 MB on SmolLM2-135M, 200 MB on a 1B with a 49k 
 Only on CPUs with native bf16 matmuls (`bf16_matmul_support`); elsewhere layers stay plain.
 Under torch.compile the call goes through our C++ op `sgl_linear::packed_linear`
 (csrc/linear_ops_cpu.cpp), because inductor lowers oneDNN's packed linear only for weights
-it packed itself. Row counts go through `row_grid` (a bounded set of shapes for oneDNN's per-shape caches).
+it packed itself. Row counts go through `row_grid` (a bounded set of shapes for oneDNN's per-shape
+caches).
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ Why: the quantized kernels (quant_vnni.py; torch's packed int4 / int8) stream ev
 once per block of activation rows, so their cost grows with the rows. For a few rows (batch-1
 decode) they win by reading 2-4x fewer bytes; from some rows on (a decode step of 16-48
 requests) a bf16 matmul on oneDNN's prepacked weight is faster (SmolLM2's decode at 48 rows on
-a 2-core Zen 4: 409 tok/s int4, 506 dense bf16; `benchmarks/bench_dense_copy.py`). Dequantizing for a call costs about as much as the
-call, so without a copy a layer only switches to the dense route at hundreds of rows
-(`quant_route.crossover_rows`). With a copy it switches at the row count where the dense matmul
-wins, measured per layer shape on this machine (`dense_rows`, kept with the crossovers).
+a 2-core Zen 4: 409 tok/s int4, 506 dense bf16; `benchmarks/bench_dense_copy.py`). Dequantizing for
+a call costs about as much as the call, so without a copy a layer only switches to the dense route
+at hundreds of rows (`quant_route.crossover_rows`). With a copy it switches at the row count where
+the dense matmul wins, measured per layer shape on this machine (`dense_rows`, kept with the
+crossovers).
 
 The copy costs memory (bf16: 4x an int4 layer, 2x an int8 one), so it is kept only where the
 CPU multiplies bf16 natively (`cpu_packed.packing_applies`) and where all copies fit the

@@ -225,7 +225,8 @@ def dummy_hf_config(model_path: str) -> dict[str, Any]:
     if path.is_file() and path.suffix == ".json":
         return json.loads(path.read_text())
     raise FileNotFoundError(
-        f"load_format='dummy' needs model_path to be a named shape {sorted(NAMED_SHAPES)}, a directory "
+        f"load_format='dummy' needs model_path to be a named shape {sorted(NAMED_SHAPES)}, a "
+        "directory "
         f"holding config.json, or a config .json file; got {model_path!r}"
     )
 

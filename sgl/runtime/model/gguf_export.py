@@ -182,8 +182,8 @@ def _file_tensors(
 
 
 def _add_gemma_fields(w, arch: str, config: dict) -> None:
-    """Gemma's keys as llama.cpp's converter writes them (key length in `_add_header`), plus the local RoPE base and the
-    sliding-layer period where a config's differ from llama.cpp's fixed ones (10000, 6)."""
+    """Gemma's keys as llama.cpp's converter writes them (key length in `_add_header`), plus the
+    local RoPE base and the sliding-layer period where a config's differ from llama.cpp's fixed ones (10000, 6)."""
     if config.get("sliding_window"):
         w.add_sliding_window(config["sliding_window"])
     if config.get("final_logit_softcapping"):
@@ -236,7 +236,8 @@ def _add_phi3_fields(w, config: dict) -> None:
 
 
 def _rope_theta(config: dict) -> float:
-    """The (global layers') RoPE base, from either config format (transformers 5's rope_parameters)."""
+    """The (global layers') RoPE base, from either config format (transformers 5's
+    rope_parameters)."""
     rope = config.get("rope_parameters") or {}
     rope = rope.get("full_attention") or rope
     return float(rope.get("rope_theta") or config.get("rope_theta") or 10000.0)

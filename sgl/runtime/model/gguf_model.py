@@ -92,7 +92,8 @@ def gguf_cache_key(path: Path) -> str:
 
 
 def gguf_to_hf_dir(path: Path) -> Path:
-    """Dequantize a GGUF file once into an HF-style directory in the cache; return that directory."""
+    """Dequantize a GGUF file once into an HF-style directory in the cache; return that
+    directory."""
     target = cache_root() / "models" / f"{path.stem}-{gguf_cache_key(path)}"
     if (target / "config.json").exists():
         return target
@@ -131,7 +132,8 @@ def open_gguf(path: Path) -> tuple[dict, GgufSource]:
 
 
 def read_gguf(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    """HF config dict and HF-named float32 state dict from a GGUF file (every tensor dequantized)."""
+    """HF config dict and HF-named float32 state dict from a GGUF file (every tensor
+    dequantized)."""
     hf_config, source = open_gguf(path)
     return hf_config, {name: dense_weight(source.get(name)) for name in source.names()}
 

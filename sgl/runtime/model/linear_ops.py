@@ -28,7 +28,8 @@ def linear_ops_built() -> bool:
             try:
                 from sgl import native
 
-                # no FMA contraction: a dequantized weight is (q - 8) * s + z rounded as torch rounds it
+                # no FMA contraction: a dequantized weight is (q - 8) * s + z rounded as torch
+                # rounds it
                 native.build(
                     "sgl_linear_ops",
                     SOURCE,

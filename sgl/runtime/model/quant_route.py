@@ -51,7 +51,8 @@ def crossover_rows(layer: nn.Module) -> int:
     (`crossovers.py`), so compiled graphs stay the same from one start to the next."""
     dtype = dense_dtype()
     key = (
-        f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)} "
+        f"{type(layer).__name__} {layer.out_features}x{layer.in_features} "
+        f"g{getattr(layer, 'group', 0)} "
         f"{str(dtype).removeprefix('torch.')}"
     )
 

@@ -55,7 +55,8 @@ class QuantizedTensor:
         per_row = self.scales.shape[1] == 1
         if not per_row and (start % self.group or stop % self.group):
             raise ValueError(
-                f"tensor parallelism: {name} of shape {[n, k]} cannot give inputs {start}:{stop} to a "
+                f"tensor parallelism: {name} of shape {[n, k]} cannot give inputs {start}:{stop} "
+                "to a "
                 f"rank: its quantization groups of {self.group} would be split; choose a tp_size "
                 f"with in_features / tp_size a multiple of {self.group}"
             )

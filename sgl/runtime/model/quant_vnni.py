@@ -4,8 +4,8 @@ Why: a decode step is a few activation rows against every weight. torch's packed
 int4 CPU kernels convert each weight to float before multiplying; ours multiply the integer
 codes by int16-quantized activations with `vpdpwssd` and scale once per group. Measured on
 SmolLM2 and Llama-1B shapes (`benchmarks/bench_quant_matmul.py`, results/quant_matmul.json):
-1.35-2.5x faster than torch's kernels at 1-16 rows. The activation's int16 rounding (one scale per row) is the
-only error added; it is below the bf16 rounding the activations already carry.
+1.35-2.5x faster than torch's kernels at 1-16 rows. The activation's int16 rounding (one scale per
+row) is the only error added; it is below the bf16 rounding the activations already carry.
 
 The weights are in a tile layout (16 output rows interleaved, see the C++ source), so
 these layers hold codes and fp16 scales their own way: fp16 keeps GGUF's Q4_0 / Q4_1 /
@@ -235,7 +235,8 @@ class _TiledLinear(nn.Module):
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
     def _dispatch(self, x: torch.Tensor, crossover: int) -> torch.Tensor:
-        """The op on x; above `crossover` rows (a dequantized dense matmul in oneDNN) on the row grid."""
+        """The op on x; above `crossover` rows (a dequantized dense matmul in oneDNN) on the row
+        grid."""
 
         def call(rows: torch.Tensor) -> torch.Tensor:
             return self._op()(
@@ -263,7 +264,8 @@ class VnniInt4Linear(_TiledLinear):
         self.register_buffer("qscales", scale_min)
 
     def held_weight(self) -> torch.Tensor:
-        """The float32 [N, K] weight the kernel computes with (codes, fp16 scales and mins), exactly."""
+        """The float32 [N, K] weight the kernel computes with (codes, fp16 scales and mins),
+        exactly."""
         codes, scale, low = unpack_int4_tiles(self.qweight, self.qscales, self.out_features)
         return codes.float() * _expand(scale, self.in_features) + _expand(low, self.in_features)
 

@@ -1,6 +1,6 @@
 """Rotary position embeddings: the inverse frequencies of every scaling kind the supported
-configs use (linear, dynamic NTK, llama3, YaRN, LongRoPE; GGUF's per-frequency factors), float32 cos/sin
-tables indexed by absolute position, and the rotate-half rotation over all or the leading
+configs use (linear, dynamic NTK, llama3, YaRN, LongRoPE; GGUF's per-frequency factors), float32
+cos/sin tables indexed by absolute position, and the rotate-half rotation over all or the leading
 part of each head.
 
 LongRoPE (Phi-3.5, Phi-4-mini, the 128k Phi-3s) has two sets of factors: HF transformers
@@ -58,7 +58,8 @@ def rope_inv_freq(config: ModelConfig, local: bool = False, long: bool = False) 
         inv_freq = 1.0 / (factors * base_freq)
     elif kind not in (None, "default"):
         raise ValueError(
-            f"rope scaling type {kind!r} is not supported (supported: llama3, linear, dynamic, yarn, longrope)"
+            f"rope scaling type {kind!r} is not supported (supported: llama3, linear, dynamic, "
+            "yarn, longrope)"
         )
     return inv_freq
 
@@ -146,7 +147,8 @@ def rope_attention_factor(config: ModelConfig) -> float:
 
 
 class RotaryEmbedding(nn.Module):
-    """Neox-style (rotate-half) RoPE tables indexed by absolute position (`tables`, applied by `rotate`)."""
+    """Neox-style (rotate-half) RoPE tables indexed by absolute position (`tables`, applied by
+    `rotate`)."""
 
     def __init__(self, config: ModelConfig, local: bool = False) -> None:
         super().__init__()
@@ -167,7 +169,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", (freqs.sin() * factor).float(), persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, signed sin), each [T, 1, D] float32, for `rotate`: once per forward, not per layer."""
+        """(cos, signed sin), each [T, 1, D] float32, for `rotate`: once per forward, not per
+        layer."""
         cos, sin = self.cos[positions], self.sin[positions]  # [T, D/2]
         return torch.cat((cos, cos), -1).unsqueeze(1), torch.cat((-sin, sin), -1).unsqueeze(1)
 

@@ -154,7 +154,8 @@ class SamplingBatch:
 
 
 def _banned_keys(row: int, allowed: Sequence[int], V: int) -> torch.Tensor:
-    """Flat keys (row * V + id) of every id outside `allowed` (ids outside the vocabulary ignored)."""
+    """Flat keys (row * V + id) of every id outside `allowed` (ids outside the vocabulary
+    ignored)."""
     keep = torch.zeros(V, dtype=torch.bool)
     keep[torch.tensor([t for t in allowed if 0 <= t < V], dtype=torch.int64)] = True
     return (~keep).nonzero().squeeze(1) + row * V

@@ -58,7 +58,8 @@ def _check_range(p: Param, value: Any) -> None:
 
 
 def _check_across_fields(params: Any, vocab_size: int | None) -> None:
-    """sampling_seed folds into seed; min_new_tokens <= max_new_tokens; one constraint; ids in range."""
+    """sampling_seed folds into seed; min_new_tokens <= max_new_tokens; one constraint; ids in
+    range."""
     if params.sampling_seed is not None:
         if params.seed is not None and params.seed != params.sampling_seed:
             raise InvalidRequestError(

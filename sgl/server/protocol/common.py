@@ -36,7 +36,8 @@ def _not_unicode_at(value: Any) -> str | None:
 
 
 class _ValidUnicode(BaseModel):
-    """Request bodies whose strings are all valid Unicode (a 400 naming the field, not a 500 later)."""
+    """Request bodies whose strings are all valid Unicode (a 400 naming the field, not a 500
+    later)."""
 
     @field_validator("*", mode="before")
     @classmethod

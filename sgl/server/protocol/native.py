@@ -75,7 +75,8 @@ class CloseSessionReqInput(_Strict):
 
 
 class ConcateAndAppendReqInput(_Strict):
-    """SGLang's `fork(...).join(mode="concate_and_append")`: the forks' request ids and the parent's."""
+    """SGLang's `fork(...).join(mode="concate_and_append")`: the forks' request ids and the
+    parent's."""
 
     src_rids: list[str] = Field(
         min_length=1, description="The forks' request ids (SGLang's StreamExecutor sids)."
@@ -257,7 +258,8 @@ class ProfileReqInput(_StrictLenient):
     @field_validator("output_dir")
     @classmethod
     def _file_system_names(cls, value: str | None) -> str | None:
-        """A name the file system takes (a longer component is an OSError where the directory is made)."""
+        """A name the file system takes (a longer component is an OSError where the directory is
+        made)."""
         if value is not None and any(len(part.encode("utf-8")) > 255 for part in value.split("/")):
             raise ValueError("each path component must be at most 255 bytes (UTF-8)")
         return value

@@ -87,7 +87,8 @@ class ProgramTextEvent(BaseModel):
     branch: list[list[int]] | None = Field(
         None,
         description=(
-            "Absent for the program's own text. For text of a fork branch, its place in the fork tree: per "
+            "Absent for the program's own text. For text of a fork branch, its place in the fork "
+            "tree: per "
             "fork level [which fork of the parent state (0 for its first), which branch of it]."
         ),
     )

@@ -25,7 +25,7 @@ class SuccessResponse(BaseModel):
     message: str | None = None
 
 
-# ---------------------------------------------------------------------------- declared error statuses
+# -------------------------------------------------------------------------- declared error statuses
 
 _RETRY_AFTER = {
     "Retry-After": {
@@ -94,9 +94,8 @@ def _inline_refs(schema: Any, defs: dict[str, Any]) -> Any:
 
 def event_data_schema(*models: type[BaseModel]) -> dict[str, Any]:
     """The JSON schema of an SSE event's `data` (one of `models`), with no references."""
-    schema = TypeAdapter(Union[tuple(models)] if len(models) > 1 else models[0]).json_schema(
-        mode="serialization"
-    )  # noqa: UP007 (runtime value)
+    model = Union[tuple(models)] if len(models) > 1 else models[0]  # noqa: UP007 (runtime value)
+    schema = TypeAdapter(model).json_schema(mode="serialization")
     return _inline_refs(schema, schema.get("$defs", {}))
 
 
