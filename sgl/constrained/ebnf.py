@@ -72,6 +72,8 @@ from sgl.constrained.errors import GrammarError
 if TYPE_CHECKING:
     import torch
 
+    from sgl.constrained.ebnf_automaton import Network
+    from sgl.constrained.ebnf_trie import VocabTrie
     from sgl.constrained.vocab import TokenVocabulary
 
 __all__ = ["JSON_GRAMMAR", "EbnfGrammar", "EbnfMatcher", "compile_ebnf"]
@@ -166,6 +168,28 @@ class EbnfGrammar:
     def __repr__(self) -> str:
         return f"EbnfGrammar({len(self._net.rule_names)} rules, {self._net.n_states} states)"
 
+    # -- inspection (tests and benchmarks; read-only: nothing here is to be mutated) -------
+
+    @property
+    def network(self) -> Network:
+        """The byte-level recursive transition network the recognizer runs."""
+        return self._net
+
+    @property
+    def tables(self) -> TablesBase:
+        """The live mask tables (replaced by fresh ones when they outgrow their bounds)."""
+        return self._tables
+
+    @property
+    def byte_classes(self) -> tuple[np.ndarray, list[int]]:
+        """(byte -> class id, a representative byte per class): bytes no edge tells apart."""
+        return self._byte_class, self._class_rep
+
+    @property
+    def vocab_walk(self) -> tuple[VocabTrie, np.ndarray]:
+        """(the vocabulary's trie, the byte class of each trie node): what a mask walks."""
+        return self._trie, self._node_class
+
 
 class EbnfMatcher:
     """The parse state of one request: accepted tokens so far, with history for rollback."""
@@ -185,6 +209,13 @@ class EbnfMatcher:
             self._hist = [h if h == _DONE else tables.import_(old.export(h)) for h in self._hist]
             self._tables = tables
         return tables
+
+    # -- inspection (tests and benchmarks) ------------------------------------------
+
+    @property
+    def tables(self) -> TablesBase:
+        """The tables this matcher's parse states are interned in."""
+        return self._tables
 
     # -- the contract ----------------------------------------------------------------
 

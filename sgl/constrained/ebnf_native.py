@@ -155,7 +155,7 @@ class NativeTables(TablesBase):
             self._trie = (trie, node_class, view)
         return self._trie[2]
 
-    def _compute_mask(
+    def compute_mask(
         self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool
     ) -> np.ndarray:
         return self.native_mask(did, trie, node_class, kernel_route)
@@ -192,5 +192,5 @@ class NativeTables(TablesBase):
         self._check_overflow()
         return words
 
-    def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+    def walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
         return self.core.node_states(self._view(trie, node_class), did)

@@ -244,12 +244,12 @@ class Tables(TablesBase):
 
     # -- masks ---------------------------------------------------------------------
 
-    def _compute_mask(
+    def compute_mask(
         self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool
     ) -> np.ndarray:
-        return self._pack(did, self._walk(did, trie, node_class)[trie.token_node] != DEAD, trie)
+        return self._pack(did, self.walk(did, trie, node_class)[trie.token_node] != DEAD, trie)
 
-    def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+    def walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
         """The parse state after each trie node's bytes (DEAD where they are not allowed);
         index ``n_nodes`` (the sentinel of tokens without bytes) is DEAD."""
         node_ds = np.zeros(trie.n_nodes + 1, dtype=np.int32)

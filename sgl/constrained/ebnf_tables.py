@@ -27,7 +27,7 @@ class TablesBase(ABC):
     ``ebnf_native.NativeTables`` in C++): the per-state mask cache, budget-aware masks and
     forced text, on top of their parse states (``initial``, ``transition``, ``advance``,
     ``accepting``, ``allowed_bytes``, ``configs``, ``stack_frame``, ``export`` / ``import_``,
-    ``_walk``, ``_compute_mask``)."""
+    ``walk``, ``compute_mask``)."""
 
     def __init__(self, net: Network, byte_class: np.ndarray, class_rep: list[int]) -> None:
         self.net = net
@@ -57,7 +57,7 @@ class TablesBase(ABC):
         if hit is not None:
             self.masks.move_to_end(did)
             return hit
-        return self._cache_mask(did, self._compute_mask(did, trie, node_class, kernel_route))
+        return self._cache_mask(did, self.compute_mask(did, trie, node_class, kernel_route))
 
     def warm(
         self, kernels: np.ndarray, trie: VocabTrie, node_class: np.ndarray, budget_s: float
@@ -70,13 +70,13 @@ class TablesBase(ABC):
     # -- what each recognizer provides (what the shared logic below reads) ------------
 
     @abstractmethod
-    def _compute_mask(
+    def compute_mask(
         self, did: int, trie: VocabTrie, node_class: np.ndarray, kernel_route: bool
     ) -> np.ndarray:
         """The mask words of ``did`` (not cached): each recognizer walks the trie its own way."""
 
     @abstractmethod
-    def _walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
+    def walk(self, did: int, trie: VocabTrie, node_class: np.ndarray) -> np.ndarray:
         """The parse state after each trie node's bytes (DEAD where not allowed)."""
 
     @abstractmethod
@@ -226,7 +226,7 @@ class TablesBase(ABC):
         the text cannot end here (no completion fits: the output may be cut)."""
         if budget - 1 >= self.max_need_after.get(did, INF):
             return None  # every allowed token leaves room: the plain (cached) mask
-        ends = self._walk(did, trie, node_class)[trie.token_node]
+        ends = self.walk(did, trie, node_class)[trie.token_node]
         targets, live = self._targets(ends)
         if (
             did not in self.max_need_after

@@ -49,7 +49,7 @@ class _TokenizerInfo:
 _INFO_CACHE: weakref.WeakKeyDictionary[object, _TokenizerInfo] = weakref.WeakKeyDictionary()
 
 
-def _tokenizer_info(tokenizer: PreTrainedTokenizerBase) -> _TokenizerInfo:
+def tokenizer_info(tokenizer: PreTrainedTokenizerBase) -> _TokenizerInfo:
     try:
         return _INFO_CACHE[tokenizer]
     except (KeyError, TypeError):
@@ -120,7 +120,7 @@ def _last_safe_cut(buf: str) -> int:
     return 0
 
 
-class _CleanupStream:
+class CleanupStream:
     """Streams ``clean_up_tokenization`` by holding text after the last safe cut."""
 
     def __init__(self, clean: Callable[[str], str]) -> None:
@@ -182,7 +182,7 @@ class IncrementalDetokenizer:
 
     ``clean_up_tokenization_spaces``: decoding is done raw, and when the
     tokenizer's ``decode`` would clean up, the cleanup is applied as a stream
-    (see :class:`_CleanupStream`), which gives the same result as cleaning
+    (see :class:`CleanupStream`), which gives the same result as cleaning
     the whole text.
     """
 
@@ -201,17 +201,18 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
         self.spaces_between_special_tokens = spaces_between_special_tokens
-        info = _tokenizer_info(tokenizer)
+        info = tokenizer_info(tokenizer)
         self._byte_ids = info.byte_ids
         # Trailing ids that may still belong to an unfinished byte run: byte
         # tokens, plus (when skipping) special tokens, which the backend drops
-        # before decoding so that a run continues across them.
-        self._run_ids = (
+        # before decoding so that a run continues across them. Read-only; public
+        # because what `flush` may still release depends on it.
+        self.run_ids = (
             info.byte_ids | info.special_ids
             if info.byte_ids and skip_special_tokens
             else info.byte_ids
         )
-        self._cleanup = _CleanupStream(tokenizer.clean_up_tokenization) if info.cleanup else None
+        self._cleanup = CleanupStream(tokenizer.clean_up_tokenization) if info.cleanup else None
 
         seed = self._prompt_seed(
             [] if prompt_ids is None else [operator.index(t) for t in prompt_ids]
@@ -236,9 +237,7 @@ class IncrementalDetokenizer:
         """The prompt tail used as context, or [] when it would not be reliable."""
         last = len(prompt)
         while (
-            last > 0
-            and prompt[last - 1] in self._run_ids
-            and prompt[last - 1] not in self._byte_ids
+            last > 0 and prompt[last - 1] in self.run_ids and prompt[last - 1] not in self._byte_ids
         ):
             last -= 1  # skipped specials: look through them
         if not prompt or (last > 0 and prompt[last - 1] in self._byte_ids):
@@ -302,8 +301,8 @@ class IncrementalDetokenizer:
         """Raw (uncleaned) text newly finalized; advances the window on success."""
         ids = self._ids
         end = len(ids)
-        if not final and self._run_ids:
-            while end > self._read_offset and ids[end - 1] in self._run_ids:
+        if not final and self.run_ids:
+            while end > self._read_offset and ids[end - 1] in self.run_ids:
                 end -= 1
         if end <= self._read_offset:
             return ""

@@ -57,6 +57,12 @@ class StopStringMatcher:
         return self.matched_stop is not None
 
     @property
+    def scan_window(self) -> str:
+        """The tail of the text still scanned for a stop (bounded by the longest stop string
+        and the last piece fed, however long the text grows)."""
+        return self._buf
+
+    @property
     def text(self) -> str:
         """Everything fed so far, untrimmed (including text after a stop)."""
         return "".join(self._pieces)

@@ -33,7 +33,7 @@ __all__ = [
 # Bump when the layout or contents of a cache entry change, so old entries are
 # ignored rather than misread.
 _CACHE_FORMAT = 1
-_CACHE_MARKER = "sgl_tokenizer_cache.json"
+CACHE_MARKER = "sgl_tokenizer_cache.json"
 
 
 def _cache_root() -> Path:
@@ -76,13 +76,13 @@ def _convert_gguf(gguf_path: Path) -> PreTrainedTokenizerBase:
     if not getattr(tok, "chat_template", None):
         # Older converters dropped the template; read it from the GGUF metadata
         # ourselves so that save_pretrained writes it into the cache entry.
-        template = _gguf_chat_template(gguf_path)
+        template = gguf_chat_template(gguf_path)
         if template:
             tok.chat_template = template
     return tok
 
 
-def _gguf_chat_template(gguf_path: Path) -> str | None:
+def gguf_chat_template(gguf_path: Path) -> str | None:
     """The ``tokenizer.chat_template`` metadata string of a GGUF file, if any."""
     try:
         from gguf import GGUFReader
@@ -99,7 +99,7 @@ def _gguf_chat_template(gguf_path: Path) -> str | None:
 
 def _load_cached(entry: Path) -> tuple[PreTrainedTokenizerBase | None, bool]:
     """Load a complete cache entry: ``(tokenizer or None, entry_is_broken)``."""
-    if not (entry / _CACHE_MARKER).is_file():
+    if not (entry / CACHE_MARKER).is_file():
         return None, entry.exists()
     from transformers import AutoTokenizer
 
@@ -110,7 +110,7 @@ def _load_cached(entry: Path) -> tuple[PreTrainedTokenizerBase | None, bool]:
         return None, True
 
 
-def _publish(
+def publish_cache_entry(
     tok: PreTrainedTokenizerBase, entry: Path, source: Path, *, replace: bool = False
 ) -> None:
     """Write ``tok`` to ``entry`` atomically: save into a temp dir, then rename.
@@ -125,8 +125,8 @@ def _publish(
     try:
         tok.save_pretrained(str(tmp))
         meta = {"format": _CACHE_FORMAT, "source": str(source)}
-        (tmp / _CACHE_MARKER).write_text(json.dumps(meta), encoding="utf-8")
-        if entry.exists() and (replace or not (entry / _CACHE_MARKER).is_file()):
+        (tmp / CACHE_MARKER).write_text(json.dumps(meta), encoding="utf-8")
+        if entry.exists() and (replace or not (entry / CACHE_MARKER).is_file()):
             stale = Path(tempfile.mkdtemp(prefix=f".{entry.name}.stale-", dir=entry.parent))
             try:
                 os.replace(entry, stale / "old")
@@ -136,7 +136,7 @@ def _publish(
         try:
             os.rename(tmp, entry)  # atomic on POSIX; fails if entry is a non-empty dir
         except OSError:
-            if not (entry / _CACHE_MARKER).is_file():
+            if not (entry / CACHE_MARKER).is_file():
                 raise
             logger.debug("tokenizer cache %s was published concurrently", entry)
     finally:
@@ -159,7 +159,7 @@ def load_gguf_tokenizer(gguf_path: str | os.PathLike[str]) -> tuple[PreTrainedTo
         return tok, True
     tok = _convert_gguf(path)
     try:
-        _publish(tok, entry, path, replace=broken)
+        publish_cache_entry(tok, entry, path, replace=broken)
         logger.info("cached converted tokenizer for %s at %s", path.name, entry)
     except OSError:
         logger.warning("could not write tokenizer cache %s", entry, exc_info=True)

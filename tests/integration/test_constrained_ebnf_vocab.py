@@ -52,7 +52,7 @@ def allowed(m, vocab) -> np.ndarray:
 def finish(m, vocab) -> bytes:
     """The shortest completion in single-byte tokens (BFS over parse states), accepted into m."""
     singles = [i for i, tb in enumerate(vocab.token_bytes) if tb is not None and len(tb) == 1]
-    frontier, seen = [(m, [])], {m._hist[-1]}
+    frontier, seen = [(m, [])], {m.state}
     while frontier:
         nxt = []
         for cur, path in frontier:
@@ -65,8 +65,8 @@ def finish(m, vocab) -> bytes:
                 if ok[tid]:
                     c = cur.copy()
                     assert c.accept(tid)
-                    if c._hist[-1] not in seen:
-                        seen.add(c._hist[-1])
+                    if c.state not in seen:
+                        seen.add(c.state)
                         nxt.append((c, path + [tid]))
         frontier = nxt
     raise AssertionError("no completion")

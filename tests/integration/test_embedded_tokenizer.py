@@ -142,7 +142,7 @@ def test_second_load_hits_cache(
     assert entry.parent == cache_dir / "tokenizers"
     # Exactly one complete entry, no temp dirs left by the losing writer.
     assert [p.name for p in entry.parent.iterdir()] == [entry.name]
-    assert (entry / tk._CACHE_MARKER).is_file() and (entry / "tokenizer.json").is_file()
+    assert (entry / tk.CACHE_MARKER).is_file() and (entry / "tokenizer.json").is_file()
     # The public entry point uses the same cache (it says so in the log).
     with caplog.at_level(logging.INFO, logger="sgl.runtime.tokenizer"):
         tok = load_tokenizer(str(loads["path"].parent), gguf_file=GGUF_NAME)
@@ -176,7 +176,7 @@ def test_cached_encodes_like_fresh_conversion(
 
 
 def test_chat_template_survives_cache(cached: object, reference: object) -> None:
-    template = tk._gguf_chat_template(_gguf_path())
+    template = tk.gguf_chat_template(_gguf_path())
     assert template and cached.chat_template == template == reference.chat_template
     for gen in (True, False):
         got = cached.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=gen)

@@ -299,7 +299,7 @@ def check_exact(
 
     def check(m: EbnfMatcher, text: bytes) -> set[int]:
         got, want = allowed_ids(m, vocab), expected(text)
-        if grammar._tables.overflowed:
+        if grammar.tables.overflowed:
             # The grammar hit the ambiguity bound (a parse state with too many stacks): the
             # continuations past it are cut off, so the mask may only be smaller, never wrong.
             assert got <= want, text
@@ -314,7 +314,7 @@ def check_exact(
     for text in rng.sample(short, min(len(short), 60)) + [b""]:
         m = grammar.matcher()
         if not feed_text(m, vocab, text):
-            assert grammar._tables.overflowed, text
+            assert grammar.tables.overflowed, text
             continue
         check(m, text)
         checked += 1
@@ -714,7 +714,7 @@ WIDE_VOCAB = alphabet_vocab("abc", max_len=5, n_long=10, long_len=(6, 6), junk=F
 def python_reference(g, tables, did):
     """The Python recognizer on the same grammar, at the same parse state as the C++ one's
     ``did`` (moved over as configurations): the reference its masks are held to."""
-    ref = Tables(g._net, g._byte_class, g._class_rep)
+    ref = Tables(g.network, *g.byte_classes)
     return ref, ref.import_(tables.export(did))
 
 
@@ -722,10 +722,10 @@ def assert_same_as_python(g, tables, did) -> None:
     """The C++ tables' mask, node states, accepting and next bytes at ``did`` equal the
     Python tables' (numpy walk) at the same configurations."""
     ref, ref_did = python_reference(g, tables, did)
-    native = tables.native_mask(did, g._trie, g._node_class)
-    assert np.array_equal(native, ref._compute_mask(ref_did, g._trie, g._node_class, True)), g.spec
-    live = tables._walk(did, g._trie, g._node_class) != ebnf_runtime.DEAD
-    assert np.array_equal(live, ref._walk(ref_did, g._trie, g._node_class) != ebnf_runtime.DEAD)
+    native = tables.native_mask(did, *g.vocab_walk)
+    assert np.array_equal(native, ref.compute_mask(ref_did, *g.vocab_walk, True)), g.spec
+    live = tables.walk(did, *g.vocab_walk) != ebnf_runtime.DEAD
+    assert np.array_equal(live, ref.walk(ref_did, *g.vocab_walk) != ebnf_runtime.DEAD)
     assert tables.accepting(did) == ref.accepting(ref_did)
     assert tables.allowed_bytes(did) == ref.allowed_bytes(ref_did)
 
@@ -753,7 +753,7 @@ def test_native_and_python_tables_give_the_same_masks(grammar, seed, dense_switc
     ebnf_runtime.DENSE_SWITCH, ebnf_runtime.KERNEL_ROUTE = dense_switch, kernel_route
     try:
         for _ in range(10):
-            tables, did = m._tables, m._hist[-1]
+            tables, did = m.tables, m.state
             assert_same_as_python(g, tables, did)
             allowed = [i for i in m.allowed_token_ids() if i != EOS]
             if not allowed:
@@ -788,10 +788,10 @@ def test_kernel_route_reuses_kernel_walks_under_other_stacks(monkeypatch):
     m = g.matcher()
     token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
     pos = 0
-    tables = m._tables
+    tables = m.tables
     while pos < len(text):
-        assert m._tables is tables
-        assert_same_as_python(g, tables, m._hist[-1])
+        assert m.tables is tables
+        assert_same_as_python(g, tables, m.state)
         assert m.accept(token_of[text[pos : pos + 1]])
         pos += 1
     assert tables.core.lifts(), "returns below the kernels were walked from real states"
@@ -819,7 +819,7 @@ def test_whole_subtrees_inside_strings_match_python():
     text = json.dumps({"a": 'a\\"é', "aa": {"": ["é", "a"]}}, ensure_ascii=False)
     m = g.matcher()
     for byte in text.encode():
-        assert_same_as_python(g, m._tables, m._hist[-1])
+        assert_same_as_python(g, m.tables, m.state)
         assert m.accept_text(bytes([byte]))
 
 
@@ -848,7 +848,7 @@ def test_whole_subtrees_inside_bounded_strings_match_python(bound):
     text = ",".join('"' + "ab" * (n // 2) + "a" * (n % 2) + '"' for n in (lo, hi, (lo + hi) // 2))
     m = g.matcher()
     for byte in text.encode():
-        assert_same_as_python(g, m._tables, m._hist[-1])
+        assert_same_as_python(g, m.tables, m.state)
         assert m.accept_text(bytes([byte]))
     assert m.is_accepting()
 
@@ -891,10 +891,10 @@ def test_shared_kernel_walks_of_counted_copies_match_python(body, monkeypatch):
         monkeypatch.setattr(ebnf_automaton, "SHARE_HORIZON", horizon)
         g = compile_ebnf(gbnf, vocab)
         m = g.matcher()
-        tables = m._tables
+        tables = m.tables
         for byte in text.encode():
             if horizon < 10**6:
-                assert_same_as_python(g, tables, m._hist[-1])
+                assert_same_as_python(g, tables, m.state)
             else:
                 m.allowed_token_ids()
             assert m.accept_text(bytes([byte]))
@@ -934,14 +934,14 @@ def test_compile_walks_the_kernels_ahead(monkeypatch):
     text = json.dumps({"ab": ["c", {"d": 1.5e3}], "e": "f", "g": [True, None]})
     vocab = make_vocab(sorted(set(text)) + ['"}', '",', '": ', "true", "null"])
     g = compile_ebnf(JSON_GRAMMAR, vocab)
-    core = g._tables.core
-    assert core.kernel_walks_done() == len(ebnf.warm_order(g._net)) > 10
+    core = g.tables.core
+    assert core.kernel_walks_done() == len(ebnf.warm_order(g.network)) > 10
     m = g.matcher()
     token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
     for ch in text:
         assert token_of[ch] in m.allowed_token_ids()
         assert m.accept(token_of[ch])
-    assert core.kernel_walks_done() == len(ebnf.warm_order(g._net))
+    assert core.kernel_walks_done() == len(ebnf.warm_order(g.network))
 
 
 def test_kernel_walk_cache_is_bounded(monkeypatch):
@@ -956,8 +956,8 @@ def test_kernel_walk_cache_is_bounded(monkeypatch):
     m = g.matcher()
     token_of = {tb.decode(): i for i, tb in enumerate(vocab.token_bytes) if tb}
     for ch in text:
-        assert_same_as_python(g, m._tables, m._hist[-1])
-        assert m._tables.core.kernel_walks() <= 1
+        assert_same_as_python(g, m.tables, m.state)
+        assert m.tables.core.kernel_walks() <= 1
         assert m.accept(token_of[ch])
 
 
@@ -971,7 +971,7 @@ def shortest_completion(m: EbnfMatcher, vocab: TokenVocabulary, max_depth: int =
     internal parse-state id (a test-only peek: equal ids are equal configuration sets)."""
     singles = [i for i, tb in enumerate(vocab.token_bytes) if tb is not None and len(tb) == 1]
     frontier = [(m, [])]
-    seen = {m._hist[-1]}
+    seen = {m.state}
     for _ in range(max_depth):
         nxt = []
         for cur, path in frontier:
@@ -982,8 +982,8 @@ def shortest_completion(m: EbnfMatcher, vocab: TokenVocabulary, max_depth: int =
                 if tid in allowed:
                     c = cur.copy()
                     assert c.accept(tid)
-                    if c._hist[-1] not in seen:
-                        seen.add(c._hist[-1])
+                    if c.state not in seen:
+                        seen.add(c.state)
                         nxt.append((c, path + [tid]))
         frontier = nxt
     raise AssertionError("no completion found")
@@ -1352,7 +1352,7 @@ def test_blocked_repetition_is_exact(monkeypatch, gbnf, oracle):
 def test_long_counted_repetition_compiles_small_and_counts_exactly():
     vocab = alphabet_vocab("ab.", max_len=3)
     grammar = compile_ebnf('root ::= [ab]{0,65535} "."', vocab)
-    assert grammar._net.n_states < 20_000  # not 65535 inline copies
+    assert grammar.network.n_states < 20_000  # not 65535 inline copies
     bounded = compile_ebnf('root ::= [ab]{2,3000} "."', vocab)
     for n, ok in ((1, False), (2, True), (1999, True), (3000, True), (3001, False)):
         m = bounded.matcher()

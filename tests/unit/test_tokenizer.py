@@ -24,7 +24,11 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast  # noqa: E402
 
 from sgl.runtime import tokenizer as tk  # noqa: E402
-from sgl.runtime.detokenizer import IncrementalDetokenizer, _CleanupStream, _tokenizer_info  # noqa: E402
+from sgl.runtime.detokenizer import (  # noqa: E402
+    CleanupStream,
+    IncrementalDetokenizer,
+    tokenizer_info,
+)
 from sgl.runtime.stop_strings import StopStringMatcher  # noqa: E402
 from sgl.runtime.tokenizer import (  # noqa: E402
     encode,
@@ -163,11 +167,11 @@ def test_tokenizer_families_behave_as_intended() -> None:
             "byte fallback unused"
         )
         assert sp.decode(ids) == "x 🦀 é"
-        assert _tokenizer_info(sp).byte_ids  # detected
-    assert _tokenizer_info(make_tokenizer("wordpiece_cleanup")).cleanup
-    assert _tokenizer_info(make_tokenizer("byte_level_cleanup")).cleanup
-    assert not _tokenizer_info(bl).cleanup
-    assert not _tokenizer_info(bl).byte_ids
+        assert tokenizer_info(sp).byte_ids  # detected
+    assert tokenizer_info(make_tokenizer("wordpiece_cleanup")).cleanup
+    assert tokenizer_info(make_tokenizer("byte_level_cleanup")).cleanup
+    assert not tokenizer_info(bl).cleanup
+    assert not tokenizer_info(bl).byte_ids
 
 
 def test_encode_matches_hf_default() -> None:
@@ -291,7 +295,7 @@ def test_detok_liveness(kind: str) -> None:
             if kind == "byte_level" and not so_far.endswith("\ufffd"):
                 assert detok.text == so_far
         tail = detok.flush()
-        ends_in_run = bool(ids) and ids[-1] in detok._run_ids
+        ends_in_run = bool(ids) and ids[-1] in detok.run_ids
         if not ends_in_run and not tok.decode(ids, skip_special_tokens=True).endswith("\ufffd"):
             assert tail == ""
 
@@ -394,7 +398,7 @@ def test_detok_feed_after_flush_raises() -> None:
 @given(pieces=st.lists(st.text(alphabet=" .,!?'nstmrvea", max_size=8), max_size=12))
 def test_cleanup_stream_equals_cleaning_whole(pieces: list[str]) -> None:
     clean = make_tokenizer("wordpiece_cleanup").clean_up_tokenization
-    stream = _CleanupStream(clean)
+    stream = CleanupStream(clean)
     out = "".join(stream.feed(p) for p in pieces) + stream.flush()
     assert out == clean("".join(pieces))
 
@@ -524,12 +528,14 @@ def test_stop_scan_window_is_bounded() -> None:
     stops = ["<|stop|>", "never"]
     m = StopStringMatcher(stops)
     longest = max(map(len, stops))
+    fed = 0
     for i in range(20000):
         piece = "abcdefgh<|stop"[i % 5 : i % 5 + 3]
         out, matched = m.feed(piece)
+        fed += len(piece)
         assert not matched
-        assert len(m._buf) <= longest - 1 + len(piece)
-    assert len(m.text) == m._total
+        assert len(m.scan_window) <= longest - 1 + len(piece)
+    assert len(m.text) == fed
 
 
 def test_detok_then_stop_end_to_end() -> None:
@@ -579,7 +585,7 @@ def test_gguf_cache_roundtrip(fake_gguf: tuple[Path, list[Path]], tmp_path: Path
     assert entry.parent == tmp_path / "cache" / "tokenizers"
     tok1, hit1 = load_gguf_tokenizer(gguf)
     assert (hit1, len(calls)) == (False, 1)
-    assert (entry / tk._CACHE_MARKER).is_file()
+    assert (entry / tk.CACHE_MARKER).is_file()
     assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
     tok2, hit2 = load_gguf_tokenizer(str(gguf))
     assert (hit2, len(calls)) == (True, 1)
@@ -611,13 +617,13 @@ def test_gguf_cache_concurrent_publish_and_broken_entry(fake_gguf: tuple[Path, l
     entry = gguf_tokenizer_cache_dir(gguf)
     tok = make_tokenizer("byte_level")
     # Another process published first: ours is dropped, theirs kept, no error.
-    tk._publish(tok, entry, gguf)
-    marker = (entry / tk._CACHE_MARKER).stat().st_mtime_ns
-    tk._publish(tok, entry, gguf)
-    assert (entry / tk._CACHE_MARKER).stat().st_mtime_ns == marker
+    tk.publish_cache_entry(tok, entry, gguf)
+    marker = (entry / tk.CACHE_MARKER).stat().st_mtime_ns
+    tk.publish_cache_entry(tok, entry, gguf)
+    assert (entry / tk.CACHE_MARKER).stat().st_mtime_ns == marker
     assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]
     # A half-written directory (no marker) is not trusted, and gets replaced.
-    (entry / tk._CACHE_MARKER).unlink()
+    (entry / tk.CACHE_MARKER).unlink()
     (entry / "tokenizer.json").write_text("{ truncated")
     assert load_gguf_tokenizer(gguf)[1] is False
     assert load_gguf_tokenizer(gguf)[1] is True
