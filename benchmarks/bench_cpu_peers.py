@@ -17,7 +17,7 @@ vocabulary is the embedded model's 49152 tokens, not Llama 3's 128256, since no 
 tokenizer is on this machine). Peak RSS is each engine process's VmHWM.
 
     .venv/bin/python benchmarks/bench_cpu_peers.py [--models embedded,1b] [--engines ...] [--quick]
-        [--workloads '1b=decode,batch1']   # a model's workloads (the 1B prefix run costs llama.cpp ~15 min)
+        [--workloads '1b=decode,batch1']  # a model's workloads (1B prefix run: llama.cpp ~15 min)
 
 Peers: `../shared/tools/llama-server.sh` and `../shared/tools/vllm-cpu.sh` print them (built
 once); a peer that cannot be had is reported as skipped. Results: results/cpu_peers.json.

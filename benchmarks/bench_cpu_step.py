@@ -8,8 +8,9 @@ by their self CPU time: matmuls (dense and packed int8/int4), attention (our ker
 torch ops, and the compiled graph's own generated code; "python and dispatch" is the wall
 time per step not inside any op (module calls, argument handling, dynamo's guards).
 
-    .venv/bin/python benchmarks/bench_cpu_step.py [--quantization auto] [--dtype bfloat16] [--steps 40]
-        [--batch 1] [--context 64] [--dense-copy auto|on|off] [--no-compile] [--wrapper cpp|python] [--name cpu_step]
+    .venv/bin/python benchmarks/bench_cpu_step.py [--quantization auto] [--dtype bfloat16]
+        [--steps 40] [--batch 1] [--context 64] [--dense-copy auto|on|off] [--no-compile]
+        [--wrapper cpp|python] [--name cpu_step]
 """
 
 from __future__ import annotations

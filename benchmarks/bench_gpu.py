@@ -19,7 +19,7 @@ How each number is taken:
   HF: one forward computing only the last position's logits), best of 3.
 
     python3 benchmarks/bench_gpu.py                 # on a CUDA machine (benchmarks/gpu_check.sh)
-    python3 benchmarks/bench_gpu.py --smoke         # tiny model on the CPU: exercises the code paths
+    python3 benchmarks/bench_gpu.py --smoke         # tiny model on the CPU: runs the code paths
 """
 
 from __future__ import annotations

@@ -29,9 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 SCHEMA = {
     "type": "object",
     "properties": {
-        "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "email": {"type": "string", "format": "email"}, "tags": {"type": "array", "items": {"type": "string"}},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "email": {"type": "string", "format": "email"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "address": {"type": "object",
+                    "properties": {"city": {"type": "string"}, "zip": {"type": "string"}},
                     "required": ["city"], "additionalProperties": False},
     },
     "required": ["name", "age", "tags"],

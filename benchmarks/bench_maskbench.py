@@ -19,7 +19,7 @@ per-kernel walks and tables are shared by its matchers).
 The schemas are not shipped. Point `--data` at a checkout's `maskbench/data` folder:
 
     git clone https://github.com/guidance-ai/jsonschemabench /tmp/jsb
-    .venv/bin/python benchmarks/bench_maskbench.py --data /tmp/jsb/maskbench/data --sample 300 --seed 1
+    .venv/bin/python benchmarks/bench_maskbench.py --data /tmp/jsb/maskbench/data --sample 300
     .venv/bin/python benchmarks/bench_maskbench.py --data DIR --engines sgl,llguidance,xgrammar
 
 Engines: the `grammar_backend`s, each through sgl's Grammar/Matcher contract as the engine

@@ -20,7 +20,10 @@ def few_shot_prefix(engine, target_tokens: int) -> str:
     while len(engine.encode(text)) < target_tokens:
         a, b = rng.randint(10, 99), rng.randint(10, 99)
         c = rng.choice(cities)
-        text += f"Question: What is {a} plus {b}, and which country is {c} in?\nAnswer: {a + b}; {c} is a capital.\n\n"
+        text += (
+            f"Question: What is {a} plus {b}, and which country is {c} in?\n"
+            f"Answer: {a + b}; {c} is a capital.\n\n"
+        )
     return text
 
 

@@ -12,7 +12,8 @@ small proxy on 127.0.0.1 that holds each request that long before forwarding it,
 for the network between two hosts. Greedy; the median of `--runs` runs per cell, modes
 interleaved.
 
-    .venv/bin/python benchmarks/bench_remote_programs.py [--runs 5] [--delays 0,10,50] [--server process|thread]
+    .venv/bin/python benchmarks/bench_remote_programs.py [--runs 5] [--delays 0,10,50]
+        [--server process|thread]
 
 Targets (issue 17): shipped within 5% of in-process at loopback; at 50 ms, shipped >= 3x
 faster than client-side for the 5-gen program and for run_batch. `requests_per_run` counts

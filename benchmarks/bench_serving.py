@@ -427,7 +427,8 @@ def main() -> None:
         "--dsl-items",
         type=int,
         default=32,
-        help="run_batch items and sequential one_gen calls; the fork program runs items // 8 documents",
+        help="run_batch items and sequential one_gen calls; "
+        "the fork program runs items // 8 documents",
     )
     ap.add_argument(
         "--repeats",
@@ -464,7 +465,10 @@ def main() -> None:
         **vars(args),
         "rates": ["inf" if math.isinf(r) else r for r in args.rates],
         "out": str(args.out) if args.out else None,
-        "server": f"uvicorn thread; scheduler in {'its own process' if args.scheduler == 'process' else 'a thread'}",
+        "server": (
+            "uvicorn thread; scheduler in "
+            f"{'its own process' if args.scheduler == 'process' else 'a thread'}"
+        ),
     }
     results: dict[str, Any] = {"config": config}
     try:

@@ -32,8 +32,12 @@ greedy = {"ignore_eos": True, "temperature": 0}
 e.generate("warm up", {"max_new_tokens": 8, **greedy})
 b1 = []
 for i in range(3):
-    t = time.perf_counter(); e.generate(f"Once upon a time {i}", {"max_new_tokens": 64, **greedy}); b1.append(time.perf_counter() - t)
-t = time.perf_counter(); e.generate([f"Story {i}:" for i in range(16)], {"max_new_tokens": 32, **greedy}); b16 = time.perf_counter() - t
+    t = time.perf_counter()
+    e.generate(f"Once upon a time {i}", {"max_new_tokens": 64, **greedy})
+    b1.append(time.perf_counter() - t)
+t = time.perf_counter()
+e.generate([f"Story {i}:" for i in range(16)], {"max_new_tokens": 32, **greedy})
+b16 = time.perf_counter() - t
 print(json.dumps({"batch1_s": round(statistics.median(b1), 3), "batch16_s": round(b16, 3)}))
 e.shutdown()
 """

@@ -23,8 +23,8 @@ Checked (the run FAILS, exit status 1, when any is false):
 Writes the figures under the key "soak" of benchmarks/results/reliability.json (other keys
 kept), or to --out.
 
-    .venv/bin/python benchmarks/bench_soak.py                      # 10,000 requests (~80 min on 2 cores)
-    .venv/bin/python benchmarks/bench_soak.py --quick              # 300 requests, a few minutes
+    .venv/bin/python benchmarks/bench_soak.py                 # 10,000 requests (~80 min on 2 cores)
+    .venv/bin/python benchmarks/bench_soak.py --quick         # 300 requests, a few minutes
     .venv/bin/python benchmarks/bench_soak.py --requests 2000 --out /tmp/soak.json
 
 On a small shared CPU machine, `OMP_NUM_THREADS=1` in the environment (inherited by the
@@ -61,7 +61,8 @@ def main() -> int:
         "--max-seconds",
         type=float,
         default=10800.0,
-        help="stop sending after this long (10,000 requests took 78 min on a shared 2-core machine)",
+        help="stop sending after this long "
+        "(10,000 requests took 78 min on a shared 2-core machine)",
     )
     ap.add_argument("--max-total-tokens", type=int, default=2048, help="the server's KV pool")
     ap.add_argument(

@@ -6,8 +6,9 @@ bookkeeping, building the forward batch, sampling, detokenizing, stop checks, ev
 delivery to the caller. The forward is timed by wrapping the model's `forward` (the same on
 every version of the engine), so this script also measures older checkouts:
 
-    .venv/bin/python benchmarks/bench_step_overhead.py [--tokens 128] [--repeats 5] [--name step_overhead]
-    PYTHONPATH=/path/to/other/checkout .venv/bin/python benchmarks/bench_step_overhead.py --name other
+    .venv/bin/python benchmarks/bench_step_overhead.py [--tokens 128] [--repeats 5]
+        [--name step_overhead]
+    PYTHONPATH=/other/checkout .venv/bin/python benchmarks/bench_step_overhead.py --name other
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ abandoned session has timed out, then flush the radix cache and check that every
 free again.
 
     from soak_driver import run_soak
-    figures = run_soak("http://127.0.0.1:30000", requests=300, concurrency=16, seed=0, pid=server_pid)
+    figures = run_soak("http://127.0.0.1:30000", requests=300, concurrency=16, seed=0,
+                       pid=server_pid)
 """
 
 from __future__ import annotations
@@ -951,7 +952,8 @@ def summary_lines(f: dict[str, Any]) -> list[str]:
     c = f["outcomes"]
     lines = [
         f"{f['generations']} generations from {f['specs_sent']} specs in {f['duration_s']:.1f}s "
-        f"({f['generations_per_s']}/s){' (stopped early: --max-seconds)' if f['stopped_early'] else ''}",
+        f"({f['generations_per_s']}/s)"
+        f"{' (stopped early: --max-seconds)' if f['stopped_early'] else ''}",
         f"outcomes: completed {c['completed']}, error {c['error']} (expected "
         f"{f['expected_errors']}, "
         f"unexpected {f['unexpected_errors']}, 5xx {f['server_errors_5xx']}), aborted "

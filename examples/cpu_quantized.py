@@ -2,7 +2,9 @@
 int8; each reports its weight layouts and decodes one stream.
 
     .venv/bin/python examples/cpu_quantized.py              # eager decode steps
-    .venv/bin/python examples/cpu_quantized.py --compile    # + torch.compile'd steps (~12 s to start; ~210 s the first time on a 2-core CPU)
+    .venv/bin/python examples/cpu_quantized.py --compile    # + torch.compile'd steps
+
+With --compile the engine takes ~12 s to start (~210 s the first time on a 2-core CPU).
 """
 
 import sys

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import sys
 
-USAGE = """usage: sgl <command> [args]
-
-commands:
-  serve [flags]   start the server (the flags of `python -m sgl.launch_server`; `sgl serve --help` lists them)
-  version         print sgl's version
-"""
+USAGE = (
+    "usage: sgl <command> [args]\n"
+    "\n"
+    "commands:\n"
+    "  serve [flags]   start the server (the flags of `python -m sgl.launch_server`; "
+    "`sgl serve --help` lists them)\n"
+    "  version         print sgl's version\n"
+)
 
 
 def main(argv: list[str] | None = None) -> int:

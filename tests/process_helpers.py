@@ -73,10 +73,11 @@ RUNTIME_PACKAGES = {
     "interegular",
     "nvidia-cublas",
 }
+_ALSO_BLOCKED = {"pydantic", "jsonschema", "ninja", "aiohttp", "starlette"}
 # Code to run first in a `python -c` child: every runtime or server package is unimportable there.
 BLOCK_RUNTIME = f"""
 import importlib.abc, sys
-_BLOCKED = {sorted(RUNTIME_PACKAGES | {"pydantic", "jsonschema", "ninja", "aiohttp", "starlette"})!r}
+_BLOCKED = {sorted(RUNTIME_PACKAGES | _ALSO_BLOCKED)!r}
 class _Blocker(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in _BLOCKED:

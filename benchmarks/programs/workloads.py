@@ -154,7 +154,10 @@ SOT_POINTS = 3
 
 @sgl.function
 def skeleton_of_thought(s, topic):
-    s += f"Answer with a skeleton of {SOT_POINTS} short points, then expand each point.\nTopic: {topic}\nSkeleton:\n1."
+    s += (
+        f"Answer with a skeleton of {SOT_POINTS} short points, then expand each point.\n"
+        f"Topic: {topic}\nSkeleton:\n1."
+    )
     s += sgl.gen("skeleton", max_tokens=48, ignore_eos=True)
     forks = s.fork(SOT_POINTS)
     for k, f in enumerate(forks, 1):
@@ -164,7 +167,10 @@ def skeleton_of_thought(s, topic):
 
 
 def plain_skeleton_of_thought(c: Completions, topic: str) -> dict:
-    prompt = f"Answer with a skeleton of {SOT_POINTS} short points, then expand each point.\nTopic: {topic}\nSkeleton:\n1."
+    prompt = (
+        f"Answer with a skeleton of {SOT_POINTS} short points, then expand each point.\n"
+        f"Topic: {topic}\nSkeleton:\n1."
+    )
     skeleton = c.complete(prompt, 48, ignore_eos=True)
     prompt += skeleton
     expansions = c.concurrently(
@@ -290,7 +296,10 @@ def plain_line_retrieval(c: Completions, register: str, lines: list[int]) -> dic
             (
                 lambda line=line: c.complete(
                     prompt
-                    + f"Question: what is the code on line {line}?\nAnswer: the code on line {line} is",
+                    + (
+                        f"Question: what is the code on line {line}?\n"
+                        f"Answer: the code on line {line} is"
+                    ),
                     8,
                     stop="\n",
                 )

@@ -43,8 +43,9 @@ def analyse_network(net: Network) -> None:
 def _reach_final(
     net: Network, rule: int, *, via_bytes: bool, callable_rules: set[int]
 ) -> tuple[bool, set[int]]:
-    """From `rule`'s start, follow eps edges, byte edges (if `via_bytes`) and calls of
-    `callable_rules` (jumping to the return state). Returns (final reached, rules called on the way)."""
+    """From `rule`'s start, follow eps edges, byte edges (if `via_bytes`) and calls
+    of `callable_rules` (jumping to the return state). Returns (final reached, rules
+    called on the way)."""
     start, final = net.rule_start[rule], net.rule_final[rule]
     seen = {start}
     todo = [start]

@@ -235,7 +235,10 @@ def _translate_lark_error(text: str, exc: Exception) -> GrammarError:
                 text, line, column, "a grammar must start with a rule definition 'name ::= ...'"
             )
         if tok.type in ("STAR", "PLUS", "QMARK", "LBRACE"):
-            what = f"{got} must follow an element (a quantifier cannot follow a quantifier or start a sequence)"
+            what = (
+                f"{got} must follow an element "
+                "(a quantifier cannot follow a quantifier or start a sequence)"
+            )
             return _error(text, line, column, what)
         want = sorted(_TOKEN_WORDS.get(e, e) for e in expected if not e.startswith("__"))
         hint = f" (expected {', '.join(want[:6])})" if want else ""
@@ -459,7 +462,10 @@ def parse_grammar(text: str) -> dict[str, RuleDef]:
         name = head.value.split(":")[0].strip()
         if name in rules:
             first = rules[name]
-            what = f"rule '{name}' is defined twice (first at line {first.line}); merge the alternatives with '|'"
+            what = (
+                f"rule '{name}' is defined twice (first at line {first.line}); "
+                "merge the alternatives with '|'"
+            )
             raise _error(text, head.line, head.column, what)
         rules[name] = RuleDef(name, _build_expr(text, rnode.children[1]), head.line, head.column)
     if "root" not in rules:

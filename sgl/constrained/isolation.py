@@ -64,7 +64,11 @@ while True:
         break
     try:
         data = pickle.dumps(Index(pattern, vocabulary))
-        send(("memory", "the compiled index is %d MB" % (len(data) >> 20)) if len(data) > max_result else ("index", data))
+        send(
+            ("memory", "the compiled index is %d MB" % (len(data) >> 20))
+            if len(data) > max_result
+            else ("index", data)
+        )
     except MemoryError:
         send(("memory", "out of memory"))
     except ValueError as exc:

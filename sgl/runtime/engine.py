@@ -387,8 +387,9 @@ class Engine(EngineControl, EngineDebugHooks):
 
     @property
     def fault(self) -> BaseException | None:
-        """Why the engine stopped serving, or None: the scheduler's first step failure
-        (`EngineFault`) or its process's death (`EngineDeadError`); `incident` names the log entry."""
+        """Why the engine stopped serving, or None: the scheduler's first step
+        failure (`EngineFault`) or its process's death (`EngineDeadError`);
+        `incident` names the log entry."""
         return self._fault
 
     def _check_open(self) -> None:

@@ -112,7 +112,8 @@ class EngineControl:
         mc, cfg = self.model_config, self.config
         info.update(
             {
-                "model_path": self.config.model_path,  # as given (clients pick chat templates by it)
+                # as given (clients pick chat templates by it)
+                "model_path": self.config.model_path,
                 "resolved_model_path": str(self.model_path),
                 "architecture": mc.arch,
                 "attention_features": sorted(mc.attention_features),

@@ -1,5 +1,5 @@
-"""Errors raised for what a caller sent or asked at the wrong time. The server maps each to
-its HTTP `status` with `param` (the engine raises them; nothing here knows HTTP beyond the number)."""
+"""Errors raised for what a caller sent or asked at the wrong time. The server maps each to its
+HTTP `status` with `param` (the engine raises them; nothing here knows HTTP beyond the number)."""
 
 from __future__ import annotations
 

@@ -44,7 +44,8 @@ async def health(request: Request) -> JSONBody:
     response_model=HealthResponse,
     responses=error_responses(
         descriptions={
-            503: "The engine failed to generate, or the server drains: retry after `Retry-After` seconds."
+            503: "The engine failed to generate, or the server drains: retry after "
+            "`Retry-After` seconds."
         }
     ),
 )

@@ -22,7 +22,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "--model-path --model": (
         "model_path",
         dict(
-            help="'default' (the embedded SmolLM2-135M-Instruct), an HF model directory or a .gguf file"
+            help="'default' (the embedded SmolLM2-135M-Instruct), "
+            "an HF model directory or a .gguf file"
         ),
     ),
     "--tokenizer-path": ("tokenizer_path", dict(help="tokenizer directory (default: the model's)")),
@@ -39,8 +40,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "quantization",
         dict(
             choices=QUANTIZATIONS,
-            help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, Q8_0/Q6_K/Q5_* -> int8), none "
-            "(dense in --dtype), int8 (per output channel) or int4 (groups of --int4-group-size)",
+            help="weights: auto (a quantized GGUF stays quantized: Q4_* -> int4, "
+            "Q8_0/Q6_K/Q5_* -> int8), none (dense in --dtype), int8 (per output "
+            "channel) or int4 (groups of --int4-group-size)",
         ),
     ),
     "--int4-group-size": ("int4_group_size", dict(type=int, choices=INT4_GROUP_SIZES)),
@@ -48,10 +50,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "dense_copy",
         dict(
             choices=DENSE_COPY_MODES,
-            help="a dense bf16 copy beside each quantized layer, taken from the row count where it is faster "
-            "(batched decode); auto: where bf16 matmuls are native and the copies fit 20%% of "
-            "available "
-            "memory (at most 4 GiB)",
+            help="a dense bf16 copy beside each quantized layer, taken from the row "
+            "count where it is faster (batched decode); auto: where bf16 matmuls are "
+            "native and the copies fit 20%% of available memory (at most 4 GiB)",
         ),
     ),
     "--device": ("device", dict(help="auto, cpu, cuda or cuda:N")),
@@ -73,7 +74,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "constraint_compile_timeout",
         dict(
             type=float,
-            help="CPU seconds a regex/JSON-schema constraint may take to compile, 3x in wall time (a 400 past it)",
+            help="CPU seconds a regex/JSON-schema constraint may take to compile, "
+            "3x in wall time (a 400 past it)",
         ),
     ),
     "--constraint-compile-memory-gb": (
@@ -84,16 +86,16 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "grammar_backend",
         dict(
             choices=GRAMMAR_BACKENDS,
-            help="who compiles regex/JSON-schema/EBNF constraints: sgl (exact, budget-aware), or llguidance / "
-            "xgrammar when installed",
+            help="who compiles regex/JSON-schema/EBNF constraints: sgl (exact, budget-aware), "
+            "or llguidance / xgrammar when installed",
         ),
     ),
     "--attention-backend": (
         "attention_backend",
         dict(
             choices=ATTENTION_BACKENDS,
-            help="auto: flashinfer, else triton on CUDA when installed; on CPU our C++ kernel (cpu; "
-            "float32/bf16/fp16 KV), built on first use; torch_native otherwise",
+            help="auto: flashinfer, else triton on CUDA when installed; on CPU our C++ kernel "
+            "(cpu; float32/bf16/fp16 KV), built on first use; torch_native otherwise",
         ),
     ),
     "--context-length": ("context_length", dict(type=int, help="cap on prompt + output tokens")),
@@ -102,8 +104,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "load_format",
         dict(
             choices=LOAD_FORMATS,
-            help="dummy: random weights; --model-path is then a named shape (llama3-8b, smollm2-135m, tiny-llama), "
-            "a directory holding config.json, or a config .json file",
+            help="dummy: random weights; --model-path is then a named shape (llama3-8b, "
+            "smollm2-135m, tiny-llama), a directory holding config.json, or a config .json file",
         ),
     ),
     "--cuda-graph-max-bs": (
@@ -115,7 +117,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "max_queued_requests",
         dict(
             type=int,
-            help="requests that may wait beyond --max-running-requests; past it a 429 with Retry-After",
+            help="requests that may wait beyond --max-running-requests; "
+            "past it a 429 with Retry-After",
         ),
     ),
     "--max-prompt-tokens": (
@@ -129,7 +132,8 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "max_new_tokens_limit",
         dict(
             type=int,
-            help="largest max_tokens / max_new_tokens taken (a 413 past it; default: the context length)",
+            help="largest max_tokens / max_new_tokens taken "
+            "(a 413 past it; default: the context length)",
         ),
     ),
     "--max-n": ("max_n", dict(type=int, help="largest n (samples per prompt) taken")),
@@ -138,8 +142,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "scheduler_process",
         dict(
             action=argparse.BooleanOptionalAction,
-            help="run the scheduler and the model in their own process (default), so HTTP work and model "
-            "steps do not share a GIL; --no-scheduler-process runs them on a thread of the server",
+            help="run the scheduler and the model in their own process (default), so "
+            "HTTP work and model steps do not share a GIL; --no-scheduler-process "
+            "runs them on a thread of the server",
         ),
     ),
     "--tp-size --tensor-parallel-size --tp": (
@@ -154,9 +159,9 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         "torch_compile",
         dict(
             action="store_true",
-            help="CPU: compile the decode forwards (batch 1, batch 2+) with torch.compile at start-up "
-            "(SmolLM2-135M on a 2-core EPYC: ~210 s the first time, ~12 s once inductor's disk "
-            "cache holds them)",
+            help="CPU: compile the decode forwards (batch 1, batch 2+) with "
+            "torch.compile at start-up (SmolLM2-135M on a 2-core EPYC: ~210 s the "
+            "first time, ~12 s once inductor's disk cache holds them)",
         ),
     ),
 }

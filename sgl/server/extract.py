@@ -37,7 +37,10 @@ from sgl.server.streaming import client_gone, until_disconnected
 logger = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1", tags=["extraction"])
 
-DEFAULT_INSTRUCTIONS = "You extract information from the user's input. Reply with JSON only, using only facts stated in the input."
+DEFAULT_INSTRUCTIONS = (
+    "You extract information from the user's input. "
+    "Reply with JSON only, using only facts stated in the input."
+)
 DEFAULT_MAX_TOKENS = 512
 _ROLES = {"system": system, "developer": system, "user": user, "assistant": assistant, "tool": user}
 _RENAME = {"json_schema": "schema", "max_new_tokens": "max_tokens", "prompt": "text"}

@@ -43,7 +43,10 @@ class Lifecycle:
         if fault is not None:
             return f"the engine failed (incident {fault.incident}); the server is restarting"
         if self.draining:
-            return "the server is shutting down; retry shortly (another replica, or this one once restarted)"
+            return (
+                "the server is shutting down; "
+                "retry shortly (another replica, or this one once restarted)"
+            )
         return None
 
     def start_drain(self) -> None:

@@ -179,8 +179,9 @@ async def _cumulative(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
     include_in_schema=False,
 )
 async def tokenize(req: TokenizeRequest, request: Request) -> JSONBody:
-    """Token ids exactly as the engine tokenizes prompts. Ours: `{"text"}` -> `{"input_ids"}`;
-    SGLang's and vLLM's: `{"prompt"}` or `{"messages"}` -> `{"tokens", "count", "max_model_len"}`."""
+    """Token ids exactly as the engine tokenizes prompts. Ours: `{"text"}` ->
+    `{"input_ids"}`; SGLang's and vLLM's: `{"prompt"}` or `{"messages"}` ->
+    `{"tokens", "count", "max_model_len"}`."""
     state = get_state(request)
     engine = state.engine
     if req.text is not None:

@@ -279,13 +279,19 @@ def test_text_forced_from_the_start_is_prefilled_with_the_prompt(engines):
 
 
 BUDGET_LANGUAGES = [  # (constraint, the shortest member, a check of a complete output)
-    ({"regex": "[a-z]+@[a-z]+\\.(com|org)"}, "a@a.com", lambda t: re.fullmatch("[a-z]+@[a-z]+\\.(com|org)", t)),
-    ({"regex": "(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*="}, "0=", lambda t: re.fullmatch("(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*=", t)),
-    ({"json_schema": {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
-      "items": {"type": "string"}}}, "required": ["name", "tags"], "additionalProperties": False}},
+    ({"regex": "[a-z]+@[a-z]+\\.(com|org)"}, "a@a.com",
+     lambda t: re.fullmatch("[a-z]+@[a-z]+\\.(com|org)", t)),
+    ({"regex": "(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*="}, "0=",
+     lambda t: re.fullmatch("(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*=", t)),
+    ({"json_schema": {"type": "object",
+                      "properties": {"name": {"type": "string"},
+                                     "tags": {"type": "array", "items": {"type": "string"}}},
+                      "required": ["name", "tags"], "additionalProperties": False}},
      '{"name":"","tags":[]}', lambda t: isinstance(json.loads(t)["tags"], list)),
-    ({"ebnf": 'root ::= item ("," item)* "."\nitem ::= [a-z]+'}, "a.", lambda t: re.fullmatch("[a-z]+(,[a-z]+)*\\.", t)),
-    ({"ebnf": 'root ::= list\nlist ::= "[" (list ("," list)*)? "]"'}, "[]", lambda t: _nested_lists(json.loads(t))),
+    ({"ebnf": 'root ::= item ("," item)* "."\nitem ::= [a-z]+'}, "a.",
+     lambda t: re.fullmatch("[a-z]+(,[a-z]+)*\\.", t)),
+    ({"ebnf": 'root ::= list\nlist ::= "[" (list ("," list)*)? "]"'}, "[]",
+     lambda t: _nested_lists(json.loads(t))),
 ]  # fmt: skip
 
 
@@ -321,10 +327,14 @@ def test_budget_aware_outputs_are_complete_at_1_2x_the_shortest(
 
 # The grammar route (EBNF, a JSON schema too large for the regex route, structural tags) at the
 # tightest budgets: (constraint, a shortest member written here, a check of a complete output).
-WIDE_SCHEMA = {"type": "object", "properties": {f"f{i:02d}": {"type": "integer" if i % 3 == 0 else "string"}
-               for i in range(80)}, "required": ["f00", "f01", "f02", "f03"], "additionalProperties": False}  # fmt: skip
-ADD = {"type": "object", "properties": {"description": {"type": "string"}, "first_operand": {"type": "integer"},
-       "second_operand": {"type": "integer"}}, "required": ["description", "first_operand", "second_operand"],
+WIDE_SCHEMA = {"type": "object",
+               "properties": {f"f{i:02d}": {"type": "integer" if i % 3 == 0 else "string"}
+                              for i in range(80)},
+               "required": ["f00", "f01", "f02", "f03"], "additionalProperties": False}  # fmt: skip
+ADD = {"type": "object",
+       "properties": {"description": {"type": "string"}, "first_operand": {"type": "integer"},
+                      "second_operand": {"type": "integer"}},
+       "required": ["description", "first_operand", "second_operand"],
        "additionalProperties": False}  # fmt: skip
 ADD_CALLS = {
     "type": "structural_tag",
@@ -336,14 +346,18 @@ ADD_CALLS = {
 CALL = r"<function=add_numbers>(\{.*?\})</function>"
 ITEM = r'\{"id": [0-9]+, "tags": \[("[a-z]+"(,"[a-z]+")*)?\]\}'
 TIGHT_GRAMMAR_LANGUAGES = {
-    "ebnf": ({"ebnf": 'root ::= "[" item ("," item)* "]"\nitem ::= "{\\"id\\": " [0-9]+ ", \\"tags\\": [" '
+    "ebnf": ({"ebnf": 'root ::= "[" item ("," item)* "]"\n'
+                      'item ::= "{\\"id\\": " [0-9]+ ", \\"tags\\": [" '
                       '("\\"" [a-z]+ "\\"" ("," "\\"" [a-z]+ "\\"")*)? "]}"'},
              '[{"id": 0, "tags": []}]', lambda t: re.fullmatch(rf"\[{ITEM}(,{ITEM})*\]", t)),
     "wide_schema": ({"json_schema": WIDE_SCHEMA}, '{"f00":0,"f01":"","f02":"","f03":0}',
                     lambda t: jsonschema.validate(json.loads(t), WIDE_SCHEMA) is None),
-    "structural_tag": ({"structural_tag": ADD_CALLS}, '<function=add_numbers>{"description":"","first_operand":0,"second_operand":0}</function>',
+    "structural_tag": ({"structural_tag": ADD_CALLS},
+                       '<function=add_numbers>'
+                       '{"description":"","first_operand":0,"second_operand":0}</function>',
                        lambda t: re.fullmatch(rf"{CALL}( {CALL})*", t, re.S) and all(
-                           jsonschema.validate(json.loads(x), ADD) is None for x in re.findall(CALL, t, re.S))),
+                           jsonschema.validate(json.loads(x), ADD) is None
+                           for x in re.findall(CALL, t, re.S))),
 }  # fmt: skip
 
 

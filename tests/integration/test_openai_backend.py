@@ -473,9 +473,11 @@ def chat(s):
 
 native = sgl.RuntimeEndpoint({server_url!r})
 one = prog.run(topic="cats", backend=native, temperature=0)
-batch = prog.run_batch([{{"topic": t}} for t in ("dogs", "owls")], backend=native, ship=True, temperature=0)
+batch = prog.run_batch([{{"topic": t}} for t in ("dogs", "owls")], backend=native, ship=True,
+                       temperature=0)
 reply = chat.run(backend=sgl.OpenAI("default", base_url={server_url + "/v1"!r}), temperature=0)
-print(json.dumps({{"n": [one["n"]] + [b["n"] for b in batch], "big": [one["big"]] + [b["big"] for b in batch],
+print(json.dumps({{"n": [one["n"]] + [b["n"] for b in batch],
+                  "big": [one["big"]] + [b["big"] for b in batch],
                   "reply": reply["reply"]}}))
 """
     )

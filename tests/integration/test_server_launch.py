@@ -287,8 +287,10 @@ def test_prompts_and_outputs_are_logged_only_when_asked(log_requests):
 
 
 def test_sglang_command_line_with_a_config_file_and_a_chat_template(tmp_path):
-    """SGLang's spellings and a --config file reach the server: the file's chat template renders
-    /tokenize's messages, its served name is the model's id, and its guarded /metrics needs the key."""
+    """SGLang's spellings and a --config file reach the server.
+
+    The file's chat template renders /tokenize's messages, its served name is the model's id,
+    and its guarded /metrics needs the key."""
     (tmp_path / "t.jinja").write_text(
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
         "{% if add_generation_prompt %}<assistant>{% endif %}"

@@ -24,9 +24,13 @@ RUNNER = Path(__file__).with_name("sglang_programs_runner.py")
 
 SKIPPED = {
     "test_image_qa": "needs an image model and example_image.png",
-    "test_completion_speculative": "API speculative execution is for OpenAI models (num_api_spec_tokens)",
+    "test_completion_speculative": (
+        "API speculative execution is for OpenAI models (num_api_spec_tokens)"
+    ),
     "test_chat_completion_speculative": "API speculative execution is for OpenAI chat models",
-    "test_gen_min_new_tokens": "loads the model's HF tokenizer through SGLang's runtime (transformers, an HF model path)",
+    "test_gen_min_new_tokens": (
+        "loads the model's HF tokenizer through SGLang's runtime (transformers, an HF model path)"
+    ),
 }
 # Programs whose unconditional assertions check the small model's answers (no check_answer flag):
 # an AssertionError from them is the model's answer, not the frontend or the server.

@@ -55,8 +55,9 @@ def make_case(
     t = sum(e for _, e in specs)
     positions = torch.cat([torch.arange(p, p + e) for p, e in specs])
     batch = ForwardBatch(
-        input_ids=torch.zeros(t, dtype=torch.int64), positions=positions, out_cache_loc=torch.cat(new_slots),
-        req_rows=rows, prefix_lens=[p for p, _ in specs], extend_lens=[e for _, e in specs],
+        input_ids=torch.zeros(t, dtype=torch.int64), positions=positions,
+        out_cache_loc=torch.cat(new_slots), req_rows=rows,
+        prefix_lens=[p for p, _ in specs], extend_lens=[e for _, e in specs],
         kv_pool=pool, req_to_token=table, attn_backend=None,
     )  # fmt: skip
     q = torch.randn(t, heads, head_dim, generator=g).to(dtype)

@@ -87,6 +87,9 @@ def test_gpu_backends_are_imported_only_when_chosen():
 
 @pytest.mark.skipif(not attn.triton_available(), reason="triton is not installed")
 def test_triton_is_made_by_name():
-    code = "import sgl.runtime.attention as a; assert a.create_attention_backend('triton', 'cpu').name == 'triton'"
+    code = (
+        "import sgl.runtime.attention as a; "
+        "assert a.create_attention_backend('triton', 'cpu').name == 'triton'"
+    )
     env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)

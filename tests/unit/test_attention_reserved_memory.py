@@ -70,9 +70,11 @@ class Driver:
             loc.append(slots)
         t = sum(ext)
         batch = ForwardBatch(
-            input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.zeros(t, dtype=torch.int64),
-            out_cache_loc=torch.cat(loc), req_rows=rows, prefix_lens=prefix, extend_lens=ext, kv_pool=self.pool,
-            req_to_token=self.table, attn_backend=self.backend, row_epochs=[self.table.epochs[r] for r in rows],
+            input_ids=torch.zeros(t, dtype=torch.int64),
+            positions=torch.zeros(t, dtype=torch.int64),
+            out_cache_loc=torch.cat(loc), req_rows=rows, prefix_lens=prefix, extend_lens=ext,
+            kv_pool=self.pool, req_to_token=self.table, attn_backend=self.backend,
+            row_epochs=[self.table.epochs[r] for r in rows],
         )  # fmt: skip
         self.backend.init_forward_metadata(batch)
         q = torch.randn(t, HEADS, HEAD_DIM)

@@ -132,7 +132,8 @@ def test_json_schema_walks_validate(name: str, schema: dict) -> None:
 XGRAMMAR_UNSOUND = pytest.mark.xfail(
     importlib.util.find_spec("xgrammar") is not None,
     strict=True,
-    reason="xgrammar 0.2.9 admits raw control characters in length-bounded strings and UTF-8-encoded surrogates",
+    reason="xgrammar 0.2.9 admits raw control characters in length-bounded strings "
+    "and UTF-8-encoded surrogates",
 )
 
 

@@ -19,15 +19,20 @@ expr ::= term (("+" | "-") term)*
 term ::= factor ("*" factor)*
 factor ::= [0-9]{1,3} | "(" expr ")"
 """
-RECORD = {"type": "object", "properties": {"id": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}},
-          "child": {"$ref": "#"}}, "required": ["id", "tags"], "additionalProperties": False}  # fmt: skip
+RECORD = {"type": "object",
+          "properties": {"id": {"type": "integer"},
+                         "tags": {"type": "array", "items": {"type": "string"}},
+                         "child": {"$ref": "#"}},
+          "required": ["id", "tags"], "additionalProperties": False}  # fmt: skip
 
 LANGUAGES = [
     ("regex", "[a-z]+@[a-z]+\\.(com|org)"),
     ("regex", "(0|[1-9][0-9]*)(\\+(0|[1-9][0-9]*))*="),
-    ("json_schema", {"type": "object", "properties": {"name": {"type": "string"}, "tags": {"type": "array",
-     "items": {"type": "string"}}, "kind": {"enum": ["internationalization", "x"]}},
-     "required": ["name", "tags", "kind"], "additionalProperties": False}),
+    ("json_schema", {"type": "object",
+                     "properties": {"name": {"type": "string"},
+                                    "tags": {"type": "array", "items": {"type": "string"}},
+                                    "kind": {"enum": ["internationalization", "x"]}},
+                     "required": ["name", "tags", "kind"], "additionalProperties": False}),
     ("ebnf", ARITH),
     ("json_schema_grammar", RECORD),  # the grammar route (recursive $ref: a rule)
 ]  # fmt: skip
@@ -142,10 +147,14 @@ def test_grammar_budget_masks_keep_a_completion_within_budget(kind, spec) -> Non
 
 # The grammar route at the tightest budgets: a hand-written shortest member, as the tokenizer
 # spells it, with EOS (an upper bound of the fewest tokens, found without the code under test).
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-           "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": False}  # fmt: skip
-ALARM = {"type": "object", "properties": {"hour": {"type": "integer"}, "minute": {"type": "integer"},
-         "label": {"type": "string"}}, "required": ["hour", "minute", "label"], "additionalProperties": False}  # fmt: skip
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 20},
+                          "unit": {"enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}  # fmt: skip
+ALARM = {"type": "object",
+         "properties": {"hour": {"type": "integer"}, "minute": {"type": "integer"},
+                        "label": {"type": "string"}},
+         "required": ["hour", "minute", "label"], "additionalProperties": False}  # fmt: skip
 CALLS = {
     "type": "structural_tag",
     "free_text": False,
@@ -169,15 +178,22 @@ FREE_CALLS = {
     "free_text": True,
     "separator": "",
 }  # tool_choice "auto": text, calls begun must close
-WIDE = {"type": "object", "properties": {f"f{i}": {"type": ["integer", "boolean"] if i % 2 else "string"}
-        for i in range(10)}, "required": [f"f{i}" for i in range(10)], "additionalProperties": False}  # fmt: skip
+WIDE = {"type": "object",
+        "properties": {f"f{i}": {"type": ["integer", "boolean"] if i % 2 else "string"}
+                       for i in range(10)},
+        "required": [f"f{i}" for i in range(10)], "additionalProperties": False}  # fmt: skip
 TIGHT_LANGUAGES = {  # id: (kind, spec, a shortest member)
     "arith": ("ebnf", ARITH, "0="),
-    "list": ("ebnf", 'root ::= "[" item ("," item)* "]"\nitem ::= "{\\"id\\": " [0-9]+ ", \\"tags\\": [" '
-                     '("\\"" [a-z]+ "\\"" ("," "\\"" [a-z]+ "\\"")*)? "]}"', '[{"id": 0, "tags": []}]'),
+    "list": ("ebnf", 'root ::= "[" item ("," item)* "]"\n'
+                     'item ::= "{\\"id\\": " [0-9]+ ", \\"tags\\": [" '
+                     '("\\"" [a-z]+ "\\"" ("," "\\"" [a-z]+ "\\"")*)? "]}"',
+             '[{"id": 0, "tags": []}]'),
     "record": ("json_schema_grammar", RECORD, '{"id":0,"tags":[]}'),
-    "wide": ("json_schema_grammar", WIDE, "{" + ",".join(f'"f{i}":{0 if i % 2 else chr(34) * 2}' for i in range(10)) + "}"),
-    "calls": ("structural_tag", CALLS, '<tool_call>\n{"name": "get_weather", "arguments": {"city":"","unit":"celsius"}}\n</tool_call>'),
+    "wide": ("json_schema_grammar", WIDE,
+             "{" + ",".join(f'"f{i}":{0 if i % 2 else chr(34) * 2}' for i in range(10)) + "}"),
+    "calls": ("structural_tag", CALLS,
+              '<tool_call>\n{"name": "get_weather", "arguments": {"city":"","unit":"celsius"}}\n'
+              '</tool_call>'),
     "free_calls": ("structural_tag", FREE_CALLS, ""),
 }  # fmt: skip
 

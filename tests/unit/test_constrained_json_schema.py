@@ -407,7 +407,12 @@ def test_enum_const_and_type_lists() -> None:
 
 def test_refs_defs_and_recursion() -> None:
     tree = {
-        "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "required": ["v"]}},
+        "$defs": {"node": {
+            "type": "object",
+            "properties": {"v": {"type": "integer"},
+                           "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"],
+        }},
         "$ref": "#/$defs/node",
     }  # fmt: skip
     assert _matches(tree, {"v": 1, "kids": [{"v": 2, "kids": [{"v": 3}]}]})
@@ -447,8 +452,12 @@ def test_combinators() -> None:
     assert _matches({"oneOf": [{"type": "string"}, {"type": "integer"}]}, 3)
     with pytest.raises(GrammarError, match="oneOf"):
         json_schema_to_regex({"oneOf": [{"type": "number"}, {"type": "integer"}]})
-    tagged = {"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}}, "required": ["kind", "x"]},
-                        {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}}, "required": ["kind", "y"]}]}  # fmt: skip
+    tagged = {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+         "required": ["kind", "x"]},
+        {"type": "object", "properties": {"kind": {"const": "b"}, "y": {"type": "string"}},
+         "required": ["kind", "y"]},
+    ]}  # fmt: skip
     assert _matches(tagged, {"kind": "b", "y": "q"})
     merged = {
         "allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]
@@ -605,11 +614,13 @@ def test_bad_json_and_annotations() -> None:
         make_compiler("byte_level").compile("json_schema", '{"type": ')
     with pytest.raises(GrammarError):
         make_compiler("byte_level").compile("json_schema", "[1, 2]")
-    annotated = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "x", "title": "T", "description": "d",
-                 "examples": [1], "default": 1, "$comment": "c", "deprecated": False, "type": "integer"}  # fmt: skip
+    annotated = {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": "x",
+                 "title": "T", "description": "d", "examples": [1], "default": 1,
+                 "$comment": "c", "deprecated": False, "type": "integer"}  # fmt: skip
     assert _matches(annotated, 5)
     # Unknown keywords are annotations (JSON Schema: no effect on validity), misspellings included.
-    unknown = {"type": "object", "properties": {"a": {"type": "string", "minLenght": 2, "x-kubernetes-kind": "k"}},
+    unknown = {"type": "object",
+               "properties": {"a": {"type": "string", "minLenght": 2, "x-kubernetes-kind": "k"}},
                "readonly": True, "id": "urn:x", "links": [{"rel": "self"}]}  # fmt: skip
     assert _matches(unknown, {"a": "q"}) and not _matches(unknown, {"a": 1})
     assert _matches(

@@ -18,25 +18,36 @@ from sgl.constrained.json_schema import json_schema_to_rules
 from sgl.constrained.regex import MAX_POSITIONS
 
 TREE = {
-    "$defs": {"node": {"type": "object", "properties": {"v": {"type": "integer"},
-                                                         "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
-                       "required": ["v"], "additionalProperties": False}},
+    "$defs": {"node": {
+        "type": "object",
+        "properties": {"v": {"type": "integer"},
+                       "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+        "required": ["v"], "additionalProperties": False,
+    }},
     "$ref": "#/$defs/node",
 }  # fmt: skip
 SAME_LANGUAGE = [  # no free values and no $ref: both routes generate exactly the same language
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "n": {"type": "integer", "minimum": -3},
-                                      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
+    {"type": "object",
+     "properties": {"name": {"type": "string", "maxLength": 5},
+                    "n": {"type": "integer", "minimum": -3},
+                    "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
      "required": ["name"], "additionalProperties": False},
-    {"anyOf": [{"type": "string", "format": "date"}, {"type": "number", "maximum": 100}, {"type": "null"}]},
-    {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}, "c": {"type": "boolean"}},
+    {"anyOf": [{"type": "string", "format": "date"}, {"type": "number", "maximum": 100},
+               {"type": "null"}]},
+    {"type": "object",
+     "properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}, "c": {"type": "boolean"}},
      "minProperties": 1, "dependentRequired": {"c": ["a"]}, "additionalProperties": False},
     # undeclared members (keys: any but the declared names, spelled with escapes too)
-    {"type": "object", "properties": {"a": {"type": "integer"}, "ab": {"type": "boolean"}, "é": {"type": "null"}},
+    {"type": "object",
+     "properties": {"a": {"type": "integer"}, "ab": {"type": "boolean"}, "é": {"type": "null"}},
      "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}, "maxProperties": 3},
     # conditions: a union of cases, with "not if" pushed down the keywords
-    {"type": "object", "properties": {"t": {"enum": ["x", "y"]}, "v": {"type": ["integer", "string"]}},
-     "if": {"properties": {"t": {"const": "x"}}, "required": ["t"]}, "then": {"properties": {"v": {"type": "integer"}}},
-     "else": {"properties": {"v": {"type": "string", "maxLength": 3}}}, "additionalProperties": False},
+    {"type": "object",
+     "properties": {"t": {"enum": ["x", "y"]}, "v": {"type": ["integer", "string"]}},
+     "if": {"properties": {"t": {"const": "x"}}, "required": ["t"]},
+     "then": {"properties": {"v": {"type": "integer"}}},
+     "else": {"properties": {"v": {"type": "string", "maxLength": 3}}},
+     "additionalProperties": False},
 ]  # fmt: skip
 
 

@@ -152,7 +152,8 @@ _UNDER_CAPABILITY = textwrap.dedent("""
     q = quantize_int4(torch.randn(97, 128, generator=gen) * 0.05, 32)
     layer = Int4Linear(q, None)
     assert torch.equal(layer.held_weight(), q.rounded_scales().dequantize())
-    held_t = torch.cat([layer.held_weight(), layer.held_weight()[:1].expand(layer.padded_out - 97, -1)]).t()
+    held_t = torch.cat([layer.held_weight(),
+                        layer.held_weight()[:1].expand(layer.padded_out - 97, -1)]).t()
     assert torch.equal(layer.dequantized_t(), held_t.to(quant_route.dense_dtype()))
     x = torch.randn(3, 128, generator=gen).bfloat16()
     ref = x.double() @ layer.held_weight().double().t()

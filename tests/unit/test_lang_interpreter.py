@@ -237,9 +237,11 @@ def _json_value(text: str):
     ],
 )
 def test_dtype_values_are_exactly_json_literals(name, alphabet, is_json):
-    """Brute force over short strings: a value the dtype regex gives (its trailing space or newline
-    is a stop string, cut off) is a JSON literal of that type, and every such literal (no exponent,
-    no escapes: the regexes spell neither) is one it can give. So a program can write it into JSON."""
+    """Brute force over short strings: dtype values and JSON literals match both ways.
+
+    A value the dtype regex gives (its trailing space or newline is a stop string, cut off) is a
+    JSON literal of that type, and every such literal (no exponent, no escapes: the regexes spell
+    neither) is one it can give. So a program can write it into JSON."""
     for text in _strings(alphabet, 5):
         value = text[:-1] if name != "str" and text[-1:] in (" ", "\n") else text
         full = re.fullmatch(DTYPE_REGEX[name], text) is not None

@@ -324,9 +324,9 @@ def test_quantized_gguf_model_matches_hf_on_its_held_weights(
 
 @pytest.mark.parametrize("kernel", ["vnni", "torch"])
 def test_quantized_weights_track_the_file_weights(tmp_path, kernel, monkeypatch):
-    """What repacking costs against the GGUF's own values. On the VNNI kernels nothing: they
-    hold Q4_1's and Q8_0's fp16 scales and mins as they are. On torch's, Q4_1 rounds its scales
-    to bf16 (<= 2^-8 of a group's scale) and a Q8_0 LM head is requantized per row (<= half a level)."""
+    """What repacking costs against the GGUF's own values. On the VNNI kernels nothing: they hold
+    Q4_1's and Q8_0's fp16 scales and mins as they are. On torch's, Q4_1 rounds its scales to bf16
+    (<= 2^-8 of a group's scale) and a Q8_0 LM head is requantized per row (<= half a level)."""
     from sgl.runtime.model.gguf_export import write_llama_gguf
     from sgl.runtime.model.gguf_model import read_gguf
     from sgl.runtime.model.held_weights import held_hf_state_dict

@@ -125,5 +125,8 @@ def test_openai_backend_maps_every_dialect_field() -> None:
 
 
 def test_params_import_leaves_torch_out() -> None:
-    code = "import sys, sgl.runtime.sampling.params, sgl.runtime.sampling, sgl.lang.ir; assert 'torch' not in sys.modules"
+    code = (
+        "import sys, sgl.runtime.sampling.params, sgl.runtime.sampling, sgl.lang.ir; "
+        "assert 'torch' not in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -296,24 +296,30 @@ def test_kernels_compile_for_sm90(tmp_path):
             floats = ("sm_scale", "logit_cap")
             sig = {n: "constexpr" if n in consts else ptrs.get(n, "fp32" if n in floats else "i32")
                    for n in fn.arg_names}
-            triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=options)
+            triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                           options=options)
 
         i32 = "*i32"
         for ty, dot_dtype, precision, head_dim, group, features in (
-                ("*bf16", tl.bfloat16, "tf32", 128, 4, False), ("*bf16", tl.bfloat16, "tf32", 128, 4, True),
+                ("*bf16", tl.bfloat16, "tf32", 128, 4, False),
+                ("*bf16", tl.bfloat16, "tf32", 128, 4, True),
                 ("*fp32", tl.float32, "ieee", 64, 1, False)):
-            dot = dict(DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, USE_WINDOW=features, USE_CAP=features)
+            dot = dict(DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, USE_WINDOW=features,
+                       USE_CAP=features)
             dims = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim)
             compile(tk._decode_split_kernel,
                     dict(Q=ty, K_buf=ty, V_buf=ty, Req_to_token="*i64", Req_rows=i32, Seq_lens=i32,
                          Part_out="*fp32", Part_lse="*fp32"),
-                    dict(GROUP=group, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=8, **dims, **dot), num_warps=4)
+                    dict(GROUP=group, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=8, **dims, **dot),
+                    num_warps=4)
+            # no features here: the splits are combined as before
             compile(tk._decode_reduce_kernel, dict(Part_out="*fp32", Part_lse="*fp32", Out=ty),
-                    dict(NUM_SPLITS=8, **dims), num_warps=4)  # (no features: the splits are combined as before)
+                    dict(NUM_SPLITS=8, **dims), num_warps=4)
             compile(tk._extend_kernel,
                     dict(Q=ty, K_new=ty, V_new=ty, Out=ty, K_buf=ty, V_buf=ty, Req_to_token="*i64",
                          Req_rows=i32, Prefix_lens=i32, Extend_lens=i32, Qo_start=i32),
-                    dict(GROUP=group, BLOCK_M=64, BLOCK_N=32, **dims, **dot), num_warps=4, num_stages=2)
+                    dict(GROUP=group, BLOCK_M=64, BLOCK_N=32, **dims, **dot),
+                    num_warps=4, num_stages=2)
         print("compiled")
         """
     )

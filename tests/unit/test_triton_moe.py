@@ -122,15 +122,21 @@ def test_moe_kernels_compile_for_sm90(tmp_path):
 
         def compile(fn, ptrs, consts):
             sig = {n: "constexpr" if n in consts else ptrs.get(n, "i32") for n in fn.arg_names}
-            triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+            triton.compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                           options=dict(num_warps=4))
 
-        for ty, dot_dtype, precision, block_m in (("*bf16", tl.bfloat16, "tf32", 64), ("*fp32", tl.float32, "ieee", 16)):
-            tiles = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=dot_dtype, DOT_PRECISION=precision)
+        for ty, dot_dtype, precision, block_m in (("*bf16", tl.bfloat16, "tf32", 64),
+                                                  ("*fp32", tl.float32, "ieee", 16)):
+            tiles = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=dot_dtype,
+                         DOT_PRECISION=precision)
             for gelu in (False, True):
-                compile(mt._gate_up_kernel, dict(X=ty, W=ty, H=ty, Pair_of_row="*i32", Block_expert="*i32"),
+                compile(mt._gate_up_kernel,
+                        dict(X=ty, W=ty, H=ty, Pair_of_row="*i32", Block_expert="*i32"),
                         dict(GELU_TANH=gelu, **tiles))
-            compile(mt._down_kernel, dict(H=ty, W=ty, Out="*fp32", Pair_of_row="*i32", Block_expert="*i32",
-                                          Pair_weight="*fp32"), tiles)
+            compile(mt._down_kernel,
+                    dict(H=ty, W=ty, Out="*fp32", Pair_of_row="*i32", Block_expert="*i32",
+                         Pair_weight="*fp32"),
+                    tiles)
         print("compiled")
         """
     )

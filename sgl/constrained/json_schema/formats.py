@@ -124,6 +124,9 @@ def _ipv6() -> Rx | None:
     return rx_alt(*forms)
 
 
+_EMAIL_LOCAL = CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")
+_EMAIL_LABEL = CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+
 _FORMATS: dict[str, Rx | None] = {
     "uri": _URI,
     "uri-reference": rx_alt(_URI, _RELATIVE_REF),
@@ -134,12 +137,15 @@ _FORMATS: dict[str, Rx | None] = {
     "date": _DATE,
     "time": _TIME,
     "date-time": _lit_seq(_DATE, "T", _TIME),
-    "uuid": _lit_seq(rx_rep(_HEX, 8, 8), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 12, 12)),
+    "uuid": _lit_seq(
+        rx_rep(_HEX, 8, 8), "-", rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 4, 4), "-",
+        rx_rep(_HEX, 4, 4), "-", rx_rep(_HEX, 12, 12),
+    ),
     "ipv4": _lit_seq(_OCTET, ".", _OCTET, ".", _OCTET, ".", _OCTET),
     "email": _lit_seq(
-        rx_rep(rx_set(CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._%+-")), 1, None),
+        rx_rep(rx_set(_EMAIL_LOCAL), 1, None),
         "@",
-        rx_rep(rx_set(CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")), 1, None),
-        rx_rep(_lit_seq(".", rx_rep(rx_set(CharSet.of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")), 1, None)), 1, None),
+        rx_rep(rx_set(_EMAIL_LABEL), 1, None),
+        rx_rep(_lit_seq(".", rx_rep(rx_set(_EMAIL_LABEL), 1, None)), 1, None),
     ),
 }  # fmt: skip

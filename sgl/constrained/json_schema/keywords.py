@@ -24,8 +24,8 @@ _UNSUPPORTED = {
     "$recursiveRef": "recursive references ($recursiveRef) are not supported; use $ref",
 }
 _OBJECT_KW = {
-    "properties", "required", "additionalProperties", "unevaluatedProperties", "minProperties", "maxProperties",
-    "patternProperties", "propertyNames", "dependentRequired", "dependencies",
+    "properties", "required", "additionalProperties", "unevaluatedProperties", "minProperties",
+    "maxProperties", "patternProperties", "propertyNames", "dependentRequired", "dependencies",
 }  # fmt: skip
 _ARRAY_KW = {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"}
 _STRING_KW = {"minLength", "maxLength", "pattern", "format"}
@@ -44,9 +44,9 @@ _VALIDATION = _SUPPORTED | set(_UNSUPPORTED)  # every validation keyword of draf
 # The formats the drafts define; any other `format` value is an annotation (no effect).
 _SPEC_FORMATS = frozenset(
     {
-        "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname", "ipv4", "ipv6",
-        "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template", "json-pointer",
-        "relative-json-pointer", "regex",
+        "date-time", "date", "time", "duration", "email", "idn-email", "hostname", "idn-hostname",
+        "ipv4", "ipv6", "uri", "uri-reference", "iri", "iri-reference", "uuid", "uri-template",
+        "json-pointer", "relative-json-pointer", "regex",
     }
 )  # fmt: skip
 _MEMBER_KW = {"properties", "additionalProperties"}  # merged across allOf parts (see merge_members)

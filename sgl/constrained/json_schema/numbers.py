@@ -151,11 +151,17 @@ def integer_multiples(step: int, lo: int | None, hi: int | None) -> Rx | str:
             return rx_alt(*(rx_lit(str(v)) for v in range(first, last + 1, step)))
     places = next((j for j in (1, 2, 3) if 10**j % step == 0), None)
     if places is None:
-        return f"multipleOf {step} on a range with more than {MAX_LISTED_MULTIPLES} multiples (only divisors of 1000 are)"
+        return (
+            f"multipleOf {step} on a range with more than {MAX_LISTED_MULTIPLES} multiples "
+            "(only divisors of 1000 are)"
+        )
     nonneg = lo is not None and -step < lo <= 0 and hi is None
     nonpos = hi is not None and 0 <= hi < step and lo is None
     if (lo is not None or hi is not None) and not (nonneg or nonpos):
-        return f"multipleOf {step} with bounds other than 0 on a range with more than {MAX_LISTED_MULTIPLES} multiples"
+        return (
+            f"multipleOf {step} with bounds other than 0 on a range with more than "
+            f"{MAX_LISTED_MULTIPLES} multiples"
+        )
     suffix = rx_alt(*(rx_lit(f"{v:0{places}d}") for v in range(0, 10**places, step)))
     positive = rx_alt(
         *(rx_lit(str(v)) for v in range(step, 10**places, step)),

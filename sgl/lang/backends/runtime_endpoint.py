@@ -105,8 +105,8 @@ class RuntimeEndpoint(TokenScoringBackend):
 
     @property
     def endpoint(self) -> RuntimeEndpoint:
-        """Itself: SGLang code reaches the server through `backend.endpoint` (on SGLang's
-        `Runtime`, its RuntimeEndpoint), e.g. `global_config.default_backend.endpoint.get_model_name()`."""
+        """Itself: SGLang code reaches the server through `backend.endpoint` (on SGLang's `Runtime`,
+        its RuntimeEndpoint), e.g. `global_config.default_backend.endpoint.get_model_name()`."""
         return self
 
     def get_model_name(self) -> str:

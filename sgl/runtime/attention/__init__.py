@@ -147,7 +147,10 @@ def _check_triton(device: torch.device, dtype: torch.dtype | None) -> str | None
     if not _module_available("triton"):
         return f"attention_backend='triton' needs the triton package: {CUDA_EXTRA_HINT}"
     if not _module_available("sgl.runtime.attention.triton_backend"):
-        return "attention_backend='triton' is not available in this build of sgl (no triton_backend module)"
+        return (
+            "attention_backend='triton' is not available in this build of sgl "
+            "(no triton_backend module)"
+        )
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         return (
             f"attention_backend='triton' needs a CUDA device (device is {str(device)!r}); use "

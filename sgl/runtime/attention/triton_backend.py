@@ -231,9 +231,9 @@ class TritonBackend(AttentionBackend):
             )  # fmt: skip
         else:
             triton_kernels.extend_attention(
-                q, k, v, out, k_buf, v_buf, table, md.req_rows, md.prefix_lens, md.extend_lens, md.qo_start,
-                md.max_extend_len, scaling, block_m=self.block_m, block_n=self.block_n, window=sliding_window,
-                logit_cap=logit_cap,
+                q, k, v, out, k_buf, v_buf, table, md.req_rows, md.prefix_lens, md.extend_lens,
+                md.qo_start, md.max_extend_len, scaling, block_m=self.block_m, block_n=self.block_n,
+                window=sliding_window, logit_cap=logit_cap,
             )  # fmt: skip
         return out
 

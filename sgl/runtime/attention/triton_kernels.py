@@ -189,9 +189,9 @@ def _decode_split_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     q_pos = tl.full([BLOCK_H], 0, tl.int32) + seq_len - 1
     m_i, l_i, acc = _attend_pool_keys(
-        q, q_pos, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d, d_mask, sm_scale,
-        window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row, BLOCK_N, False, USE_CAP,
-        DOT_DTYPE, DOT_PRECISION,
+        q, q_pos, m_i, l_i, acc, start, end, K_buf, V_buf, Req_to_token, row, kv_head, offs_d,
+        d_mask, sm_scale, window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
+        BLOCK_N, False, USE_CAP, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
 
     # An empty split (a context shorter than the split count) leaves l_i == 0: it reports
@@ -317,9 +317,9 @@ def _extend_kernel(
             prefix + m_block * BLOCK_M - window + 1, 0
         )  # the tile's first query's window
     m_i, l_i, acc = _attend_pool_keys(
-        q, q_pos, m_i, l_i, acc, tl.minimum(first, prefix), prefix, K_buf, V_buf, Req_to_token, row, kv_head,
-        offs_d, d_mask, sm_scale, window, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, stride_row,
-        BLOCK_N, USE_WINDOW, USE_CAP, DOT_DTYPE, DOT_PRECISION,
+        q, q_pos, m_i, l_i, acc, tl.minimum(first, prefix), prefix, K_buf, V_buf, Req_to_token, row,
+        kv_head, offs_d, d_mask, sm_scale, window, logit_cap, stride_ks, stride_kh, stride_vs,
+        stride_vh, stride_row, BLOCK_N, USE_WINDOW, USE_CAP, DOT_DTYPE, DOT_PRECISION,
     )  # fmt: skip
 
     # The new tokens, causally: query i sees new keys 0..i, so this tile stops at its last query.
@@ -436,18 +436,20 @@ def decode_attention(
     group = num_heads // num_kv_heads
     block_d = _block_d(head_dim)
     _decode_split_kernel[(bs, num_kv_heads, num_splits)](
-        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_out, part_lse, sm_scale, window,
-        float(logit_cap), q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_out, part_lse, sm_scale,
+        window, float(logit_cap), q.stride(0), q.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         req_to_token.stride(0), part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d,
-        BLOCK_N=block_n, NUM_SPLITS=num_splits, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0,
-        **dot_options(q.dtype),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        BLOCK_D=block_d, BLOCK_N=block_n, NUM_SPLITS=num_splits, USE_WINDOW=window > 0,
+        USE_CAP=logit_cap > 0, **dot_options(q.dtype),
         num_warps=num_warps,
     )  # fmt: skip
     _decode_reduce_kernel[(bs, num_heads)](
         part_out, part_lse, out,
-        part_out.stride(0), part_out.stride(1), part_out.stride(2), part_lse.stride(0), part_lse.stride(1),
+        part_out.stride(0), part_out.stride(1), part_out.stride(2),
+        part_lse.stride(0), part_lse.stride(1),
         out.stride(0), out.stride(1),
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
         num_warps=num_warps,
@@ -491,10 +493,14 @@ def extend_attention(
     bs = req_rows.shape[0]
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
     _extend_kernel[grid](
-        q, k, v, out, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens, qo_start, sm_scale,
-        window, float(logit_cap), q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0), out.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
+        q, k, v, out, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
+        qo_start, sm_scale, window, float(logit_cap),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        out.stride(0), out.stride(1),
+        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        req_to_token.stride(0),
         GROUP=num_heads // num_kv_heads, HEAD_DIM=head_dim, BLOCK_D=_block_d(head_dim),
-        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0, **dot_options(q.dtype),
+        BLOCK_M=block_m, BLOCK_N=block_n, USE_WINDOW=window > 0, USE_CAP=logit_cap > 0,
+        **dot_options(q.dtype),
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip

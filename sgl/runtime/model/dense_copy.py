@@ -98,7 +98,10 @@ def _seconds(fn: Callable[[], object]) -> float:
 def dense_rows(layer: nn.Module) -> int:
     """Rows from which the copy's dense matmul beats the quantized kernel for this layer's
     shape, on this machine (kept on disk with the crossovers)."""
-    key = f"{type(layer).__name__} {layer.out_features}x{layer.in_features} g{getattr(layer, 'group', 0)} dense-copy"
+    key = (
+        f"{type(layer).__name__} {layer.out_features}x{layer.in_features} "
+        f"g{getattr(layer, 'group', 0)} dense-copy"
+    )
 
     def measure() -> int:
         wins = []

@@ -182,8 +182,9 @@ def _file_tensors(
 
 
 def _add_gemma_fields(w, arch: str, config: dict) -> None:
-    """Gemma's keys as llama.cpp's converter writes them (key length in `_add_header`), plus the
-    local RoPE base and the sliding-layer period where a config's differ from llama.cpp's fixed ones (10000, 6)."""
+    """Gemma's keys as llama.cpp's converter writes them (key length in `_add_header`), plus
+    the local RoPE base and the sliding-layer period where a config's differ from
+    llama.cpp's fixed ones (10000, 6)."""
     if config.get("sliding_window"):
         w.add_sliding_window(config["sliding_window"])
     if config.get("final_logit_softcapping"):
@@ -215,8 +216,9 @@ def _add_gemma_fields(w, arch: str, config: dict) -> None:
 
 
 def _add_phi3_fields(w, config: dict) -> None:
-    """Phi-3's window and LongRoPE as llama.cpp's converter writes them: the factors as two F32
-    tensors, the pre-training context and the attention factor (computed when the config has none)."""
+    """Phi-3's window and LongRoPE as llama.cpp's converter writes them: the factors
+    as two F32 tensors, the pre-training context and the attention factor (computed
+    when the config has none)."""
     if config.get("sliding_window"):
         w.add_sliding_window(config["sliding_window"])
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}

@@ -62,11 +62,13 @@ def _register_fakes() -> None:
             x.shape[0], qweight.shape[0]
         )
     )
-    fake("sgl_linear::int4_linear")(
-        lambda x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype, dense, dense_from: (
-            x.new_empty(x.shape[0], qweight.shape[0])
-        )
-    )
+
+    def int4_linear(
+        x, qweight, scales_zeros, group, block_n, pairs, crossover, dense_dtype, dense, dense_from
+    ):
+        return x.new_empty(x.shape[0], qweight.shape[0])
+
+    fake("sgl_linear::int4_linear")(int4_linear)
     fake("sgl_linear::packed_linear")(
         lambda x, packed, bias: x.new_empty(x.shape[0], packed.shape[0])
     )

@@ -114,10 +114,10 @@ _FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_pro
 def load_weights(
     model: LlamaForCausalLM, source, policy: QuantPolicy, dtype: torch.dtype, device: torch.device
 ) -> None:
-    """Put HF-named weights from `source` into `model` (built on any device, meta included):
-    dense parameters are replaced by tensors in `dtype` on `device`, linear layers the policy
-    quantizes by quantized modules. Nothing is allocated twice; every parameter must be covered.
-    A model built for a tensor-parallel rank (`registry.build_model(config, tp)`) gets its shards."""
+    """Put HF-named weights from `source` into `model` (built on any device, meta included): dense
+    parameters are replaced by tensors in `dtype` on `device`, linear layers the policy quantizes by
+    quantized modules. Nothing is allocated twice; every parameter must be covered. A model built
+    for a tensor-parallel rank (`registry.build_model(config, tp)`) gets its shards."""
     config = model.config
     modules = dict(model.named_modules())
     loaded: set[str] = set()

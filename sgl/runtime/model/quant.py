@@ -413,8 +413,9 @@ class Int8Embedding(nn.Module):
 
 
 def quantized_linear(q: QuantizedTensor, bias: torch.Tensor | None) -> nn.Module:
-    """The layer for `q`: on our VNNI kernels where the CPU has them (quant_vnni), else on torch's
-    (an int8 weight in groups then goes to one scale per row, the only layout torch's kernel takes)."""
+    """The layer for `q`: on our VNNI kernels where the CPU has them (quant_vnni), else
+    on torch's (an int8 weight in groups then goes to one scale per row, the only
+    layout torch's kernel takes)."""
     if quant_vnni.vnni_available() and quant_vnni.fits(q):
         return (
             quant_vnni.VnniInt8Linear(q, bias)

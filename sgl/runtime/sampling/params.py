@@ -395,8 +395,8 @@ SamplingParams = dataclasses.make_dataclass(
     ],
     bases=(_SamplingParamsMethods,),
     namespace={
-        "__doc__": "Per-request sampling settings; names and defaults follow SGLang's `sampling_params` "
-        "(the fields are PARAMS, in order)."
+        "__doc__": "Per-request sampling settings; names and defaults follow SGLang's "
+        "`sampling_params` (the fields are PARAMS, in order)."
     },
 )
 SamplingParams.__module__ = __name__  # so pickling finds it here

@@ -185,8 +185,8 @@ class GenerateOutput(BaseModel):
     text: str
     output_ids: list[int]
     meta_info: dict[str, Any] = Field(
-        description="id, prompt_tokens, completion_tokens, cached_tokens, finish_reason, e2e_latency, ttft, "
-        "and logprobs when asked for."
+        description="id, prompt_tokens, completion_tokens, cached_tokens, "
+        "finish_reason, e2e_latency, ttft, and logprobs when asked for."
     )
 
 
@@ -245,8 +245,8 @@ class ProfileReqInput(_StrictLenient):
         None,
         pattern=r"^[^\x00-\x1f\x7f]*$",
         max_length=1024,
-        description="A subdirectory of the server's --profile-dir for the traces: no control characters, each "
-        "path component at most 255 bytes (UTF-8).",
+        description="A subdirectory of the server's --profile-dir for the traces: "
+        "no control characters, each path component at most 255 bytes (UTF-8).",
     )
     num_steps: int | None = Field(None, description="Stop by itself after this many forward steps.")
     activities: list[str] | None = Field(

@@ -164,7 +164,8 @@ class _OpenAIFields(_StrictLenient):
 OpenAISamplingFields = create_model(
     "OpenAISamplingFields",
     __base__=_OpenAIFields,
-    __doc__="Sampling fields shared by chat and text completions (OpenAI's plus the engine's extras).",
+    __doc__="Sampling fields shared by chat and text completions "
+    "(OpenAI's plus the engine's extras).",
     __module__=__name__,
     **v1_extension_fields(),
 )
@@ -183,8 +184,8 @@ class ChatCompletionRequest(OpenAISamplingFields):
     )
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
         None,
-        description="'auto' (the default with tools): text or calls; 'required': calls only; a named "
-        "function: one call to it; 'none': no calls parsed. Calls are constrained to the "
+        description="'auto' (the default with tools): text or calls; 'required': calls only; "
+        "a named function: one call to it; 'none': no calls parsed. Calls are constrained to the "
         "format's syntax and each function's parameters.",
     )
     parallel_tool_calls: bool | None = Field(

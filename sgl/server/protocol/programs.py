@@ -53,8 +53,8 @@ class RunProgramRequest(_StrictLenient):
     )
     arguments: dict[str, Any] | list[dict[str, Any]] | None = Field(
         None,
-        description="Values of the IR's argument nodes: one object, or one per program; a list with "
-        "`program` runs that program once per object (the batch form, answered with a list).",
+        description="Values of the IR's argument nodes: one object, or one per program; a list "
+        "with `program` runs that program once per object (the batch form, answered with a list).",
     )
     sampling: dict[str, Any] | None = Field(
         None, description="The run's sampling and logprob defaults."

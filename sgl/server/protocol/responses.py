@@ -35,16 +35,17 @@ _RETRY_AFTER = {
     }
 }
 ERROR_DESCRIPTIONS: dict[int, str] = {
-    400: "Invalid request: malformed JSON, a field of the wrong type, or a value the engine refuses "
-    "(`param` names the field).",
-    401: "Missing or invalid API key (a server started with --api-key): send `Authorization: Bearer <key>`.",
+    400: "Invalid request: malformed JSON, a field of the wrong type, or a value the "
+    "engine refuses (`param` names the field).",
+    401: "Missing or invalid API key (a server started with --api-key): "
+    "send `Authorization: Bearer <key>`.",
     404: "Not found (`param` names what).",
-    413: "Too large: the body is over --max-request-bytes, or the request over a size limit (prompt tokens, "
-    "max tokens, n, top logprobs).",
+    413: "Too large: the body is over --max-request-bytes, or the request over a size limit "
+    "(prompt tokens, max tokens, n, top logprobs).",
     422: "Unprocessable.",
     429: "At capacity (too many requests in flight): retry after `Retry-After` seconds.",
-    503: "Draining (shutting down) or the engine failed: retry after `Retry-After` seconds, on another replica "
-    "or on this one once restarted.",
+    503: "Draining (shutting down) or the engine failed: retry after `Retry-After` seconds, "
+    "on another replica or on this one once restarted.",
 }
 # What any route may answer whatever it does: the API key check, the body size cap, admission
 # (the queue bound) and draining / an engine fault (sgl.server.auth, sgl.server.lifecycle).

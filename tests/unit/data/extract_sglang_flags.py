@@ -1,6 +1,7 @@
 """Regenerate tests/unit/data/sglang_0_5_launch_flags.txt from an unpacked SGLang wheel:
 
-    python tests/unit/data/extract_sglang_flags.py <site-packages>/sglang/srt > tests/unit/data/sglang_0_5_launch_flags.txt
+    cd tests/unit/data
+    python extract_sglang_flags.py <site-packages>/sglang/srt > sglang_0_5_launch_flags.txt
 
 Reads the source, imports nothing (SGLang needs CUDA packages to import): the `--` names of the
 `Annotated`/`A` fields with an `Arg(...)` or a help string in server_args.py and
@@ -12,9 +13,14 @@ import ast
 import glob
 import sys
 
-HEADER = """# SGLang {version}'s `python -m sglang.launch_server` flags (ServerArgs.add_cli_args), one a line.
-# Extracted from the source of the sglang {version} wheel by tests/unit/data/extract_sglang_flags.py
-# (see its docstring to regenerate). Compared with ours by tests/unit/test_sglang_flag_parity.py."""
+HEADER = (
+    "# SGLang {version}'s `python -m sglang.launch_server` flags (ServerArgs.add_cli_args), "
+    "one a line.\n"
+    "# Extracted from the source of the sglang {version} wheel by "
+    "tests/unit/data/extract_sglang_flags.py\n"
+    "# (see its docstring to regenerate). Compared with ours by "
+    "tests/unit/test_sglang_flag_parity.py."
+)
 
 
 def _annotated_meta(ann: ast.expr) -> list[ast.expr] | None:
