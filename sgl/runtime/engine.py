@@ -12,13 +12,12 @@ flattened list of (prompt, sample).
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import dataclasses
 import logging
 import threading
 import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -26,6 +25,7 @@ import torch
 from sgl.runtime import request_builder as rb
 from sgl.runtime.chat import render_messages, validate_messages
 from sgl.runtime.config import EngineConfig
+from sgl.runtime.engine_async import EngineAsync
 from sgl.runtime.engine_control import EngineControl
 from sgl.runtime.engine_debug import EngineDebugHooks
 from sgl.runtime.errors import (
@@ -36,7 +36,7 @@ from sgl.runtime.errors import (
 )
 from sgl.runtime.generate_call import GenerateCall
 from sgl.runtime.messages import EngineFaulted, GenerateRequest, SchedulerMessage
-from sgl.runtime.results import AsyncSink, QueueSink, ResultRouter
+from sgl.runtime.results import QueueSink, ResultRouter
 from sgl.runtime.sampling import SamplingParams
 from sgl.runtime.session import SessionParams
 from sgl.runtime.transport import ProcessTransport, ThreadTransport
@@ -64,7 +64,7 @@ def _shutdown_live_engines() -> None:
             pass
 
 
-class Engine(EngineControl, EngineDebugHooks):
+class Engine(EngineAsync, EngineControl, EngineDebugHooks):
     """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens":
     8})`.
 
@@ -301,76 +301,6 @@ class Engine(EngineControl, EngineDebugHooks):
                 yield call.take(sink.get())
         finally:
             call.abort_rest()  # nothing left when it ran to the end
-
-    async def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict | SamplingParams | list | None = None,
-        *,
-        messages: list[dict] | list[list[dict]] | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        return_text_in_logprobs: bool = False,
-        session_params: dict | SessionParams | None = None,
-    ) -> dict | list[dict] | AsyncIterator[dict]:
-        """Like `generate`, awaitable; with stream=True returns an async iterator of chunks.
-
-        Tokenizing and rendering run in a worker thread, off the event loop. If the caller is
-        cancelled meanwhile, nothing is submitted."""
-        # refuse on the event loop at once, not after a worker thread frees up
-        self._check_admission()
-        call = await asyncio.to_thread(
-            self._build_requests,
-            prompt,
-            messages,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            logprob_start_len,
-            top_logprobs_num,
-            stream,
-            rid,
-            return_text_in_logprobs,
-            session_params,
-        )
-        sink = AsyncSink(asyncio.get_running_loop())
-        call.submit(sink)
-        if stream:
-            if call.errors_come_late:  # raise them here, before the stream starts
-                first = await self._first_event(call, sink)
-                return self._astream(call, sink, first)
-            return self._astream(call, sink, None)
-        try:
-            while not call.done:
-                call.take(await sink.get())
-        except BaseException:  # cancelled: free what is still running
-            call.abort_rest()
-            raise
-        return call.output()
-
-    @staticmethod
-    async def _first_event(call: GenerateCall, sink: AsyncSink) -> dict:
-        try:
-            return call.take(await sink.get())
-        except BaseException:
-            call.abort_rest()
-            raise
-
-    @staticmethod
-    async def _astream(
-        call: GenerateCall, sink: AsyncSink, first: dict | None
-    ) -> AsyncIterator[dict]:
-        try:
-            if first is not None:
-                yield first
-            while not call.done:
-                yield call.take(await sink.get())
-        finally:
-            call.abort_rest()
 
     def add_finish_listener(self, fn: Any) -> None:
         """Call `fn(event: ReqEvent)` for every request that finishes, aborted ones included

@@ -38,6 +38,11 @@ class TokenOutput:
 
 
 class OutputProcessor:
+    """The per-token pipeline of every request the scheduler runs: set-up, prompt logprobs,
+    then per sampled token grammar accept, jump-forward, detokenize, stop checks and the event.
+    One class of ~330 lines on purpose: each step reads and updates the same request record
+    with the same scheduler-owned tokenizer, in a fixed order a split would only scatter."""
+
     def __init__(
         self,
         tokenizer: Any,

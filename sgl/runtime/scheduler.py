@@ -68,7 +68,11 @@ class _Wake:
 
 
 class Scheduler(SchedulerControl):
-    """The engine's one owner of mutable state, driven by `run` (see the module docstring)."""
+    """The engine's one owner of mutable state, driven by `run` (see the module docstring).
+
+    Its size (~330 lines, the loop and the request lifecycle: admit, step, finish, fault) is
+    one concern; sessions, queries and info live in `SchedulerControl`, batch building in
+    `batch.py`, KV in `kv_manager.py`, per-token work in `output.py`."""
 
     def __init__(
         self,

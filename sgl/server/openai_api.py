@@ -17,7 +17,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from itertools import repeat
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -27,6 +26,7 @@ from sgl.runtime.errors import InvalidRequestError
 from sgl.runtime.results import LOGPROB_KEYS, merge_logprobs
 from sgl.server.encoding import JSONBody
 from sgl.server.errors import APIError, from_invalid_request
+from sgl.server.openai_logprobs import achat_logprobs, completion_logprobs_for
 from sgl.server.openai_tools import (
     ChoiceOutput,
     ToolRequest,
@@ -383,24 +383,6 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def _chat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
-    def entry(lp: float | None, text: str | None) -> dict[str, Any]:
-        text = text or ""
-        return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
-
-    content = []
-    tops = meta.get("output_top_logprobs") or repeat(None)
-    for (lp, _tid, text), top in zip(meta.get("output_token_logprobs") or [], tops):
-        content.append(
-            {**entry(lp, text), "top_logprobs": [entry(tlp, ttext) for tlp, _t, ttext in top or []]}
-        )
-    return {"content": content}
-
-
-async def _achat_logprobs(meta: dict[str, Any]) -> dict[str, Any]:
-    return _chat_logprobs(meta)
-
-
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses=CHAT_RESPONSES)
 async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
     """OpenAI chat completions (also streamed as `chat.completion.chunk` events)."""
@@ -425,7 +407,7 @@ async def chat_completions(req: ChatCompletionRequest, request: Request) -> Resp
         "chat.completion.chunk",
         chat=True,
         n=req.n,
-        logprobs=_achat_logprobs if req.logprobs else None,
+        logprobs=achat_logprobs if req.logprobs else None,
         output=(lambda: ChoiceOutput(parser, reasoning, validators))
         if parser or reasoning
         else None,
@@ -504,56 +486,6 @@ def _render_chat(
 # ---------------------------------------------------------------------------- completions
 
 
-def _completion_logprobs(
-    meta: dict[str, Any], echo: bool, top_k: int, texts: dict[int, str]
-) -> dict[str, Any]:
-    """OpenAI's legacy logprobs; `texts` has the text of the tokens whose entry lacks it."""
-    entries = list(meta.get("output_token_logprobs") or [])
-    tops = list(meta.get("output_top_logprobs") or [None] * len(entries))
-    if echo:
-        entries = list(meta.get("input_token_logprobs") or []) + entries
-        tops = list(meta.get("input_top_logprobs") or [None] * (len(entries) - len(tops))) + tops
-    tokens = [text if text is not None else texts[tid] for _lp, tid, text in entries]
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    top_logprobs = None
-    if top_k > 0:
-        top_logprobs = [
-            {(text or ""): lp for lp, _tid, text in top} if top else None for top in tops
-        ]
-    return {
-        "tokens": tokens,
-        "token_logprobs": [lp for lp, _tid, _text in entries],
-        "top_logprobs": top_logprobs,
-        "text_offset": offsets,
-    }
-
-
-def _completion_logprobs_for(
-    engine: Any, echo: bool, top_k: int
-) -> Callable[[dict[str, Any]], Awaitable[Any]]:
-    async def logprobs(meta: dict[str, Any]) -> dict[str, Any]:
-        # The first prompt token has no logprob and comes without its text: decoded off the loop.
-        entries = (meta.get("input_token_logprobs") or []) if echo else []
-        missing = sorted(
-            {
-                tid
-                for _lp, tid, text in [*entries, *(meta.get("output_token_logprobs") or [])]
-                if text is None
-            }
-        )
-        texts = (
-            await asyncio.to_thread(lambda: {t: engine.decode([t]) for t in missing})
-            if missing
-            else {}
-        )
-        return _completion_logprobs(meta, echo, top_k, texts)
-
-    return logprobs
-
-
 @router.post("/completions", response_model=CompletionResponse, responses=COMPLETION_RESPONSES)
 async def completions(req: CompletionRequest, request: Request) -> Response:
     """OpenAI text completions: a prompt (text or token ids) or a batch of them, `n` each."""
@@ -592,7 +524,7 @@ async def completions(req: CompletionRequest, request: Request) -> Response:
         chat=False,
         n=req.n,
         leads=leads,
-        logprobs=_completion_logprobs_for(engine, req.echo, req.logprobs or 0) if want_lp else None,
+        logprobs=completion_logprobs_for(engine, req.echo, req.logprobs or 0) if want_lp else None,
     )
     cid = f"cmpl-{uuid.uuid4().hex}"
     rid = req.rid or cid
