@@ -63,7 +63,7 @@ def _codes(n: int, k: int, seed: int) -> torch.Tensor:
 def test_the_probe_tells_every_layout_apart():
     """int4_pack_layout relies on this: the probe packed in any one layout reads back to its
     codes in that layout and in no other."""
-    probe = quant._int4_probe_codes()
+    probe = quant.int4_probe_codes()
     n, k = probe.shape
     for packed_as in INT4_PACK_LAYOUTS:
         packed = _torch_pack_loops(probe, packed_as.name)
@@ -133,7 +133,7 @@ def test_the_cpp_dequantize_reads_every_layout(name):
     assert torch.equal(
         op(packed, scales_zeros, g, layout.block_n, layout.pairs, torch.bfloat16), want.bfloat16()
     )
-    held = quant._int4_dequantized(packed, scales_zeros, g, n, k, layout, torch.float32)
+    held = quant.int4_dequantized(packed, scales_zeros, g, n, k, layout, torch.float32)
     assert torch.equal(held.t(), want)
     with pytest.raises(RuntimeError, match="unknown int4 pack layout"):
         op(packed, scales_zeros, g, 16, False, torch.bfloat16)

@@ -66,7 +66,7 @@ def test_block_tensors_read_in_row_chunks_equal_the_whole(tmp_path, qtype):
     tensors = GgufTensors(path, gguf.GGUFReader(str(path)))
     whole = _EXACT[qtype](raw, n, k)
     for chunk in (k, 5 * k, 1 << 22):
-        got = tensors._read_blocks("t", qtype, n, k, chunk_elems=chunk)
+        got = tensors.read_blocks("t", qtype, n, k, chunk_elems=chunk)
         assert torch.equal(got.codes, whole.codes) and torch.equal(got.scales, whole.scales)
         assert (got.zeros is None) == (whole.zeros is None)
         assert got.zeros is None or torch.equal(got.zeros, whole.zeros)

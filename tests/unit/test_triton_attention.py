@@ -29,7 +29,7 @@ from sgl.runtime.attention import ForwardBatch, triton_kernels  # noqa: E402
 from sgl.runtime.attention.torch_native import TorchNativeBackend  # noqa: E402
 from sgl.runtime.attention.triton_backend import TritonBackend, TritonMetadata  # noqa: E402
 
-if type(triton_kernels._extend_kernel).__name__ != "InterpretedFunction":
+if type(triton_kernels.extend_kernel).__name__ != "InterpretedFunction":
     # Imported earlier without the interpreter (e.g. by another test): decorate the kernels again.
     importlib.reload(triton_kernels)
 
@@ -307,15 +307,15 @@ def test_kernels_compile_for_sm90(tmp_path):
             dot = dict(DOT_DTYPE=dot_dtype, DOT_PRECISION=precision, USE_WINDOW=features,
                        USE_CAP=features)
             dims = dict(HEAD_DIM=head_dim, BLOCK_D=head_dim)
-            compile(tk._decode_split_kernel,
+            compile(tk.decode_split_kernel,
                     dict(Q=ty, K_buf=ty, V_buf=ty, Req_to_token="*i64", Req_rows=i32, Seq_lens=i32,
                          Part_out="*fp32", Part_lse="*fp32"),
                     dict(GROUP=group, BLOCK_H=16, BLOCK_N=64, NUM_SPLITS=8, **dims, **dot),
                     num_warps=4)
             # no features here: the splits are combined as before
-            compile(tk._decode_reduce_kernel, dict(Part_out="*fp32", Part_lse="*fp32", Out=ty),
+            compile(tk.decode_reduce_kernel, dict(Part_out="*fp32", Part_lse="*fp32", Out=ty),
                     dict(NUM_SPLITS=8, **dims), num_warps=4)
-            compile(tk._extend_kernel,
+            compile(tk.extend_kernel,
                     dict(Q=ty, K_new=ty, V_new=ty, Out=ty, K_buf=ty, V_buf=ty, Req_to_token="*i64",
                          Req_rows=i32, Prefix_lens=i32, Extend_lens=i32, Qo_start=i32),
                     dict(GROUP=group, BLOCK_M=64, BLOCK_N=32, **dims, **dot),

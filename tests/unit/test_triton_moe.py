@@ -25,7 +25,7 @@ from triton_compile import assert_compiles_for_sm90  # noqa: E402
 from sgl.runtime.model import moe_triton  # noqa: E402
 from sgl.runtime.model.moe import StackedExperts  # noqa: E402
 
-if type(moe_triton._gate_up_kernel).__name__ != "InterpretedFunction":
+if type(moe_triton.gate_up_kernel).__name__ != "InterpretedFunction":
     importlib.reload(
         moe_triton
     )  # imported earlier without the interpreter: decorate the kernels again
@@ -130,10 +130,10 @@ def test_moe_kernels_compile_for_sm90(tmp_path):
             tiles = dict(BLOCK_M=block_m, BLOCK_N=64, BLOCK_K=64, DOT_DTYPE=dot_dtype,
                          DOT_PRECISION=precision)
             for gelu in (False, True):
-                compile(mt._gate_up_kernel,
+                compile(mt.gate_up_kernel,
                         dict(X=ty, W=ty, H=ty, Pair_of_row="*i32", Block_expert="*i32"),
                         dict(GELU_TANH=gelu, **tiles))
-            compile(mt._down_kernel,
+            compile(mt.down_kernel,
                     dict(H=ty, W=ty, Out="*fp32", Pair_of_row="*i32", Block_expert="*i32",
                          Pair_weight="*fp32"),
                     tiles)

@@ -125,7 +125,7 @@ def _attend_pool_keys(
 
 
 @triton.jit
-def _decode_split_kernel(
+def decode_split_kernel(
     Q,  # [bs, heads, D]: request b's query is token b
     K_buf,  # [slots, kv_heads, D]
     V_buf,
@@ -208,7 +208,7 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _decode_reduce_kernel(
+def decode_reduce_kernel(
     Part_out,  # [bs, heads, NUM_SPLITS, D] float32
     Part_lse,  # [bs, heads, NUM_SPLITS] float32
     Out,  # [bs, heads, D]
@@ -245,7 +245,7 @@ def _decode_reduce_kernel(
 
 
 @triton.jit
-def _extend_kernel(
+def extend_kernel(
     Q,  # [T, heads, D] flat queries of the step
     K_new,  # [T, kv_heads, D] the step's new keys (also already stored in the pool)
     V_new,
@@ -435,7 +435,7 @@ def decode_attention(
     _check_last_dim(q, k_buffer, v_buffer, out, req_to_token)
     group = num_heads // num_kv_heads
     block_d = _block_d(head_dim)
-    _decode_split_kernel[(bs, num_kv_heads, num_splits)](
+    decode_split_kernel[(bs, num_kv_heads, num_splits)](
         q, k_buffer, v_buffer, req_to_token, req_rows, seq_lens, part_out, part_lse, sm_scale,
         window, float(logit_cap), q.stride(0), q.stride(1),
         k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
@@ -446,7 +446,7 @@ def decode_attention(
         USE_CAP=logit_cap > 0, **dot_options(q.dtype),
         num_warps=num_warps,
     )  # fmt: skip
-    _decode_reduce_kernel[(bs, num_heads)](
+    decode_reduce_kernel[(bs, num_heads)](
         part_out, part_lse, out,
         part_out.stride(0), part_out.stride(1), part_out.stride(2),
         part_lse.stride(0), part_lse.stride(1),
@@ -492,7 +492,7 @@ def extend_attention(
     _check_last_dim(q, k, v, out, k_buffer, v_buffer, req_to_token)
     bs = req_rows.shape[0]
     grid = (bs, num_heads, triton.cdiv(max_extend_len, block_m))
-    _extend_kernel[grid](
+    extend_kernel[grid](
         q, k, v, out, k_buffer, v_buffer, req_to_token, req_rows, prefix_lens, extend_lens,
         qo_start, sm_scale, window, float(logit_cap),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -66,7 +66,7 @@ class GgufTensors:
         shape = [int(x) for x in reversed(t.shape)]
         kind = t.tensor_type.name
         if kind in _EXACT and len(shape) == 2:
-            return self._read_blocks(name, kind, *shape)
+            return self.read_blocks(name, kind, *shape)
         import gguf
 
         arr = gguf.quants.dequantize(self._raw(name).reshape(-1), t.tensor_type)
@@ -80,7 +80,7 @@ class GgufTensors:
         kind = t.tensor_type.name
         if kind not in _EXACT:
             return list(self.read(name).unbind(0))
-        w = self._read_blocks(name, kind, e * n, k)
+        w = self.read_blocks(name, kind, e * n, k)
         return [
             QuantizedTensor(
                 w.kind,
@@ -92,7 +92,7 @@ class GgufTensors:
             for i in range(e)
         ]
 
-    def _read_blocks(
+    def read_blocks(
         self, name: str, kind: str, n: int, k: int, chunk_elems: int = 1 << 22
     ) -> QuantizedTensor:
         """A block-quantized tensor, a few million weights (whole rows) at a time into its codes

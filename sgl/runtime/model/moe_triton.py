@@ -7,10 +7,10 @@ every BLOCK_M-row block belongs to one expert (`block_expert`, -1 for unused blo
 end). `pair_of_row` maps each padded row to its pair (token * top_k + slot), or to the pair
 count for padding rows.
 
-- `_gate_up_kernel`: program (block, column tile) gathers its rows' tokens straight from x,
+- `gate_up_kernel`: program (block, column tile) gathers its rows' tokens straight from x,
   multiplies them by that expert's gate and up columns in one K loop (two accumulators) and
   writes act(gate) * up: the gathered rows and the [rows, 2I] product never exist in memory.
-- `_down_kernel`: program (block, column tile) multiplies those rows by the expert's down
+- `down_kernel`: program (block, column tile) multiplies those rows by the expert's down
   projection, scales each row by its routing weight and writes it to its pair's row.
 The top_k rows of a token are then summed (deterministic, no atomics). Everything
 accumulates in float32; under `TRITON_INTERPRET=1` the kernels run on CPU tensors (tests).
@@ -37,7 +37,7 @@ def _act_and_mul(gate, up, GELU_TANH: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_kernel(
+def gate_up_kernel(
     X,
     W,
     H,
@@ -101,7 +101,7 @@ def _gate_up_kernel(
 
 
 @triton.jit
-def _down_kernel(
+def down_kernel(
     H,
     W,
     Out,
@@ -203,7 +203,7 @@ def grouped_experts(
     x, gate_up, down = x.contiguous(), gate_up.contiguous(), down.contiguous()
     dot = dot_options(x.dtype)  # float32 exact; bfloat16 as float32 under the interpreter
     h = torch.empty(pair_of_row.numel(), inter, dtype=x.dtype, device=x.device)
-    _gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
+    gate_up_kernel[(block_expert.numel(), triton.cdiv(inter, block_n))](
         x,
         gate_up,
         h,
@@ -224,7 +224,7 @@ def grouped_experts(
         **dot,
     )
     out = torch.empty(num_pairs, hidden, dtype=torch.float32, device=x.device)
-    _down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
+    down_kernel[(block_expert.numel(), triton.cdiv(hidden, block_n))](
         h,
         down,
         out,

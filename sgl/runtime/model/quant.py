@@ -80,7 +80,7 @@ def _torch_pack_int4(codes: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 2)
 
 
-def _int4_probe_codes() -> torch.Tensor:
+def int4_probe_codes() -> torch.Tensor:
     """Fixed random codes, [64, 16]: whole blocks in every layout, and (checked by the unit
     tests) packed differently by each, so exactly one layout reads torch's pack back."""
     return torch.randint(
@@ -95,7 +95,7 @@ def int4_pack_layout() -> Int4PackLayout:
     because torch's choice is what counts (ATEN_CPU_CAPABILITY can lower it); once per
     process, since torch's capability is fixed at start. A torch whose pack matches no known
     layout fails here, loudly, rather than computing with scrambled weights."""
-    probe = _int4_probe_codes()
+    probe = int4_probe_codes()
     packed = _torch_pack_int4(probe)
     n, k = probe.shape
     matches = [
@@ -187,14 +187,12 @@ def int4_mm(
     kernel up to `crossover` rows (bf16 out), else dequantized (one C++ pass where it builds)
     and multiplied in `dense_dtype()`."""
     if xb.shape[0] > crossover:
-        weight_t = _int4_dequantized_t(
-            qweight, scales_zeros, group, padded_out, xb.shape[1], layout
-        )
+        weight_t = int4_dequantized_t(qweight, scales_zeros, group, padded_out, xb.shape[1], layout)
         return on_row_grid(lambda rows: torch.mm(rows, weight_t), xb.to(weight_t.dtype))
     return torch.ops.aten._weight_int4pack_mm_for_cpu(xb, qweight, group, scales_zeros)
 
 
-def _int4_dequantized_t(
+def int4_dequantized_t(
     qweight: torch.Tensor,
     scales_zeros: torch.Tensor,
     group: int,
@@ -206,11 +204,11 @@ def _int4_dequantized_t(
     built, else torch ops."""
     op, dtype = int4_dequant_op(), dense_dtype()
     if op is None:
-        return _int4_dequantized(qweight, scales_zeros, group, n, k, layout, dtype).t()
+        return int4_dequantized(qweight, scales_zeros, group, n, k, layout, dtype).t()
     return op(qweight, scales_zeros, group, layout.block_n, layout.pairs, dtype)
 
 
-def _int4_dequantized(
+def int4_dequantized(
     qweight: torch.Tensor,
     scales_zeros: torch.Tensor,
     group: int,
@@ -302,7 +300,7 @@ class Int4Linear(nn.Module):
 
     def dequantized_t(self) -> torch.Tensor:
         """W^T [K, N] in `dense_dtype()` (padded rows included; one call's worth: prefill)."""
-        return _int4_dequantized_t(
+        return int4_dequantized_t(
             self.qweight,
             self.scales_zeros,
             self.group,
@@ -313,7 +311,7 @@ class Int4Linear(nn.Module):
 
     def dequantized(self) -> torch.Tensor:
         """The bf16 [N, K] weight (padded rows included), with torch ops."""
-        return _int4_dequantized(
+        return int4_dequantized(
             self.qweight,
             self.scales_zeros,
             self.group,
@@ -325,7 +323,7 @@ class Int4Linear(nn.Module):
     def held_weight(self) -> torch.Tensor:
         """The float32 [N, K] weight the kernel computes with (codes, bf16 scales and zeros),
         exactly."""
-        w = _int4_dequantized(
+        w = int4_dequantized(
             self.qweight,
             self.scales_zeros,
             self.group,
