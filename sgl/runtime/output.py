@@ -18,6 +18,7 @@ from sgl.runtime.detokenizer import IncrementalDetokenizer
 from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
+from sgl.runtime.sampling.params import TOKEN_RESTRICTING
 from sgl.runtime.sampling.sampler import make_generator
 from sgl.runtime.stop_regex import StopRegexMatcher
 from sgl.runtime.stop_strings import StopStringMatcher
@@ -89,11 +90,12 @@ class OutputProcessor:
         )
 
     def _jump_forward_allowed(self, req: Req) -> bool:
-        # (forced text bypasses the sampler, so it would bypass allowed_token_ids too)
+        # forced text bypasses the sampler, so it would bypass a parameter restricting the tokens
+        sp = req.sampling_params
         return (
             req.matcher is not None
             and not req.logprobs.enabled
-            and req.sampling_params.allowed_token_ids is None
+            and all(getattr(sp, name) is None for name in TOKEN_RESTRICTING)
             and self._jump_forward_enabled()
         )
 

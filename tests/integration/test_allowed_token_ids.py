@@ -154,3 +154,24 @@ def test_sgl_gen_passes_it_through(engine, allowed):
         PROMPT, {"max_new_tokens": 4, "temperature": 0, "allowed_token_ids": allowed}
     )
     assert state["a"] == want["text"]
+
+
+def test_forced_text_of_a_constraint_is_not_inserted_past_the_allowed_ids(engine):
+    """Jump-forward inserts a constraint's forced text without the sampler; with
+    allowed_token_ids it must not: every output id stays in the set, even where the text is
+    forced (the regex forces "answer: " and the spelling jump-forward would pick is not allowed)."""
+    forced = "answer: "
+    pieces = sorted({engine.encode(c)[-1] for c in "answer:"} | {engine.encode(" ")[-1]})
+    digits = sorted({engine.encode(d)[-1] for d in "0123456789"})
+    assert len(engine.encode(forced)) < len(forced)  # the usual spelling has multi-char tokens
+    res = engine.generate(
+        PROMPT,
+        {
+            "max_new_tokens": 12,
+            "temperature": 0,
+            "regex": "answer: [0-9]",
+            "allowed_token_ids": pieces + digits,
+        },
+    )
+    assert set(res["output_ids"]) <= set(pieces + digits), res
+    assert res["text"].startswith(forced) or res["meta_info"]["finish_reason"]["type"] == "abort"

@@ -130,3 +130,13 @@ def test_params_import_leaves_torch_out() -> None:
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_token_restricting_params_are_off_when_none() -> None:
+    """Jump-forward defers to a request that sets a token-restricting parameter, read as
+    "not None": each such row must be nullable with None as its default."""
+    from sgl.runtime.sampling.params import PARAMS_BY_NAME, TOKEN_RESTRICTING
+
+    assert "allowed_token_ids" in TOKEN_RESTRICTING
+    for name in TOKEN_RESTRICTING:
+        assert PARAMS_BY_NAME[name].nullable and PARAMS_BY_NAME[name].default is None, name

@@ -42,7 +42,9 @@ class Param:
     """One sampling parameter. `dsl`: "gen" (a `sgl.gen` keyword and a program default),
     "program" (a program default only), None (not in the DSL). `v1`: its field on `/v1/*`
     requests (None: not there); `openai`: one of OpenAI's own fields. `dialects`: for the
-    DSL's OpenAI backend, the field per OpenAI-compatible server kind (beyond OpenAI's own)."""
+    DSL's OpenAI backend, the field per OpenAI-compatible server kind (beyond OpenAI's own).
+    `restricts_tokens`: set, it limits which ids may be sampled, so jump-forward (forced text
+    inserted without the sampler) is off for the request."""
 
     name: str
     kind: str
@@ -57,6 +59,7 @@ class Param:
     v1: str | None = None
     openai: bool = False
     dialects: Mapping[str, str] = field(default_factory=dict)
+    restricts_tokens: bool = False
 
     @property
     def bounds_text(self) -> str | None:
@@ -252,6 +255,7 @@ PARAMS: tuple[Param, ...] = (
         dsl="gen",
         v1="allowed_token_ids",
         dialects=_same_field("allowed_token_ids", "sgl vllm"),
+        restricts_tokens=True,
     ),
     Param(
         "seed",
@@ -322,6 +326,8 @@ PARAMS: tuple[Param, ...] = (
     Param("custom_params", "object", None, "SGLang's; ignored.", nullable=True),
 )
 PARAMS_BY_NAME: dict[str, Param] = {p.name: p for p in PARAMS}
+# Parameters that limit which ids may be sampled (jump-forward defers to them).
+TOKEN_RESTRICTING: tuple[str, ...] = tuple(p.name for p in PARAMS if p.restricts_tokens)
 # Constraints: at most one per request.
 CONSTRAINTS = ("regex", "json_schema", "ebnf", "structural_tag")
 
