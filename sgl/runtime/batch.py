@@ -62,6 +62,7 @@ class BatchBuilder:
 
     def remove(self, req: Req) -> None:
         """The request ended: release its KV and forget it."""
+        req.draft_ids = []
         self.kv.release(req)
         if req is self.chunked_req:
             self.chunked_req = None
@@ -107,17 +108,21 @@ class BatchBuilder:
         decodes = [r for r in self.running if self.is_generating(r)]
         if not decodes:
             return []
-        need = sum(r.pending_tokens for r in decodes)
-        self.kv.make_room(need)
+        need = sum(r.pending_tokens + len(r.draft_ids) for r in decodes)
+        if not self.kv.make_room(need) and any(r.draft_ids for r in decodes):
+            for r in decodes:  # drafts are the first thing short memory gives up
+                r.draft_ids = []
+            need = sum(r.pending_tokens for r in decodes)
+            self.kv.make_room(need)
         while decodes and self.kv.reclaimable() < need:
             victim = max(decodes, key=lambda r: (-len(r.output_ids), len(r.origin_input_ids)))
             decodes.remove(victim)
-            need -= victim.pending_tokens
+            need -= victim.pending_tokens + len(victim.draft_ids)
             self.retract(victim)
         self.new_token_ratio = max(
             MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY
         )
-        return [BatchItem(r, r.pending_tokens) for r in decodes]
+        return [BatchItem(r, r.pending_tokens + len(r.draft_ids)) for r in decodes]
 
     def _reserved_tokens(self) -> int:
         total = 0
@@ -229,7 +234,8 @@ class BatchBuilder:
     def advance(self, items: list[BatchItem]) -> list[tuple[BatchItem, int]]:
         """The step's K/V is in the pool: move each request's kv_len on and share finished
         prefill chunks through the prefix cache. Returns the items that get a new token (all
-        their tokens now have K/V), each with the row of its last token in the step's output."""
+        their tokens now have K/V), each with the row of its last token in the step's output
+        (of its last draft token when it drafted: the rows before it are the verify rows)."""
         self.kv.take_step_slots()
         ready: list[tuple[BatchItem, int]] = []
         offset = 0
@@ -239,7 +245,7 @@ class BatchBuilder:
             r.kv_len += it.extend_len
             if r is self.chunked_req and r.kv_len == r.seq_len:
                 self.chunked_req = None
-            if r.kv_len == r.seq_len:
+            if r.kv_len == r.seq_len + len(r.draft_ids):
                 ready.append((it, offset - 1))
         for it in items:
             if it.prefill and it.extend_len > 1:

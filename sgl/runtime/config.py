@@ -66,6 +66,11 @@ class EngineConfig:
     # Tensor parallelism: the model sharded over this many scheduler processes (one per rank;
     # implies scheduler_process). On CPU each rank gets cores // tp_size threads.
     tp_size: int = 1
+    # Speculative decoding (SGLang's names): NGRAM drafts by prompt lookup (the request's own
+    # prompt and output); None: off. At most speculative_num_draft_tokens drafted per request
+    # and step, fewer where acceptance is poor (speculative/speculator.py).
+    speculative_algorithm: str | None = None
+    speculative_num_draft_tokens: int = 4
 
     @property
     def in_processes(self) -> bool:
@@ -74,6 +79,7 @@ class EngineConfig:
     def validate(self) -> None:
         if not isinstance(self.tp_size, int) or isinstance(self.tp_size, bool) or self.tp_size < 1:
             raise ValueError(f"tp_size must be a positive integer, got {self.tp_size!r}")
+        self._validate_speculative()
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
@@ -153,6 +159,23 @@ class EngineConfig:
             raise ValueError(
                 f"cuda_graph_max_bs must be >= 1, got {self.cuda_graph_max_bs}; use "
                 "disable_cuda_graph=True to turn graphs off"
+            )
+
+    def _validate_speculative(self) -> None:
+        from sgl.runtime.speculative import SPECULATIVE_ALGORITHMS
+
+        algo = self.speculative_algorithm
+        if algo is not None:
+            if not isinstance(algo, str) or algo.upper() not in SPECULATIVE_ALGORITHMS:
+                raise ValueError(
+                    f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None, "
+                    f"got {algo!r} (STANDALONE and EAGLE are not built yet)"
+                )
+            self.speculative_algorithm = algo.upper()
+        k = self.speculative_num_draft_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
+            raise ValueError(
+                f"speculative_num_draft_tokens must be an integer in [1, 32], got {k!r}"
             )
 
     def resolve_device(self) -> torch.device:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,6 +158,12 @@ class CudaGraphRunner:
         self._write(DecodeInputs([], [], [], [], []).padded(self.max_bs, self.padding_row))
         pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         stream = torch.cuda.Stream(self.device) if self.use_graphs else None
+        start = time.perf_counter()
+        if self.use_graphs:
+            logger.info(
+                "warming up and capturing CUDA graphs for decode batch sizes %s",
+                self.capture_sizes,
+            )
         # Largest first: the smaller graphs then fit in the memory the larger ones freed.
         for bs in reversed(self.capture_sizes):
             self.metadata[bs] = self.backend.init_forward_metadata_capture(
@@ -180,7 +187,11 @@ class CudaGraphRunner:
             self.graphs[bs] = graph
         if self.use_graphs:
             torch.cuda.synchronize(self.device)
-            logger.info("captured CUDA graphs for decode batch sizes %s", self.capture_sizes)
+            logger.info(
+                "captured %d CUDA graphs in %.1f s",
+                len(self.capture_sizes),
+                time.perf_counter() - start,
+            )
 
     def replay(self, inputs: DecodeInputs) -> torch.Tensor:
         """Final hidden states [bs, hidden] of one decode step (a view of a static buffer:

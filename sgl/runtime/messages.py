@@ -89,6 +89,9 @@ class RequestStats:
     e2e_latency: float
     ttft: float | None = None
     num_retractions: int = 0
+    spec_verify_ct: int = 0  # decode steps under speculative decoding (SGLang's name)
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
 
 @dataclass

@@ -20,6 +20,7 @@ from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.request import Req
 from sgl.runtime.sampling.batch import SamplingBatch
 from sgl.runtime.sampling.sampler import sample
+from sgl.runtime.speculative import expand_rows
 
 
 @dataclass
@@ -133,8 +134,9 @@ class ModelRunner:
         for r, ext in zip(step.reqs, step.extend_lens):
             if ext == 1 and r.output_ids and r.kv_len == r.seq_len - 1:
                 input_ids.append(r.output_ids[-1])
-            else:
-                input_ids.extend(r.fill_ids[r.kv_len : r.kv_len + ext])
+            else:  # a prompt chunk, forced tokens, or the newest token and its draft
+                ids = r.fill_ids + r.draft_ids if r.draft_ids else r.fill_ids
+                input_ids.extend(ids[r.kv_len : r.kv_len + ext])
             positions.extend(range(r.kv_len, r.kv_len + ext))
         rows = [r.pool_row for r in step.reqs]
         runner = self.graph_runner
@@ -171,44 +173,67 @@ class ModelRunner:
     # ------------------------------------------------------------------ tokens
 
     def sample(
-        self, hidden: torch.Tensor, reqs: list[Req], rows: list[int], eos_token_ids: list[int]
+        self,
+        hidden: torch.Tensor,
+        reqs: list[Req],
+        rows: list[int],
+        eos_token_ids: list[int],
+        drafts: list[list[int]] | None = None,
     ) -> Sampled:
-        """One token per request from its row of `hidden`, under its constraint and params."""
+        """One token per request from its row of `hidden`, under its constraint and params.
+
+        With `drafts` (speculative decoding), a token at each of a request's len(draft) + 1
+        verify positions instead (its rows end at `rows[i]`), each drawn as if the draft's
+        prefix before it were already output: penalties, min_new_tokens, the constraint's
+        mask and its budget all see it. The tokens come out flat, request by request."""
+        views: list[tuple[Req, list[int]]]
+        if drafts is None:
+            views = [(r, []) for r in reqs]
+        else:
+            rows = expand_rows(rows, drafts)
+            views = [(r, d[:j]) for r, d in zip(reqs, drafts) for j in range(len(d) + 1)]
         logits = self.logits(hidden, rows)
-        allowed = self._grammar_mask(reqs, logits.device)
+        allowed = self._grammar_mask(views, logits.device)
         sbatch = SamplingBatch.build(
-            [r.sampling_params for r in reqs], logits.device, self.vocab_size, eos_token_ids
+            [r.sampling_params for r, _ in views], logits.device, self.vocab_size, eos_token_ids
         )
         need_prompt = bool(sbatch.repetition_rows)
         want_logprobs = any(r.logprobs.enabled for r in reqs)
         out = sample(
             logits,
             sbatch,
-            output_ids=[r.output_ids for r in reqs],
-            prompt_ids=[r.origin_input_ids for r in reqs] if need_prompt else [[] for _ in reqs],
-            generators=[r.generator for r in reqs],
-            top_logprobs_num=[r.logprobs.top_n if r.logprobs.enabled else 0 for r in reqs],
+            output_ids=[r.output_ids + d if d else r.output_ids for r, d in views],
+            prompt_ids=[r.origin_input_ids if need_prompt else [] for r, _ in views],
+            generators=[r.generator for r, _ in views],
+            top_logprobs_num=[r.logprobs.top_n if r.logprobs.enabled else 0 for r, _ in views],
             allowed_mask=allowed,
             with_logprobs=want_logprobs,
         )
         logprobs = out.logprobs.tolist() if want_logprobs else None
         return Sampled(out.token_ids.tolist(), logprobs, out.top_logprobs)
 
-    def _grammar_mask(self, reqs: list[Req], device: torch.device) -> torch.Tensor | None:
-        """One bool [B, V] mask for the batch from the constrained rows' matchers (None if none)."""
-        if all(r.matcher is None for r in reqs):
+    def _grammar_mask(
+        self, views: list[tuple[Req, list[int]]], device: torch.device
+    ) -> torch.Tensor | None:
+        """One bool [rows, V] mask from the constrained requests' matchers (None if none); a
+        row whose view has drafted tokens gets the mask of the state after them."""
+        if all(r.matcher is None for r, _ in views):
             return None
         from sgl.constrained.matcher import allocate_bitmask, bitmask_to_bool
 
-        bits = allocate_bitmask(len(reqs), self.vocab_size)
-        for i, r in enumerate(reqs):
+        bits = allocate_bitmask(len(views), self.vocab_size)
+        for i, (r, prefix) in enumerate(views):
             if r.matcher is None:
                 bits[i] = -1  # every bit set: unconstrained
-            else:
-                sp = r.sampling_params  # budget: the tokens left, this one included
-                r.matcher.fill_mask(
-                    bits[i], sp.max_new_tokens - len(r.output_ids) if sp.budget_aware else None
-                )
+                continue
+            if prefix:  # views of one request come in order: one more drafted token each
+                r.matcher.accept(prefix[-1])
+            sp = r.sampling_params  # budget: the tokens left, this one included
+            left = sp.max_new_tokens - len(r.output_ids) - len(prefix)
+            r.matcher.fill_mask(bits[i], left if sp.budget_aware else None)
+            last = i + 1 == len(views) or views[i + 1][0] is not r
+            if last and prefix:
+                r.matcher.rollback(len(prefix))  # back to the committed state
         return bitmask_to_bool(bits, self.vocab_size).to(device)
 
     def score(

@@ -48,6 +48,13 @@ class Req:
     tokens_held: int = 0
     finish: FinishReason | None = None
     first_token_at: float | None = None
+    # Speculative decoding: the tokens drafted for this step (verified with its newest token),
+    # the drafting state (speculative/speculator.py) and the counts meta_info reports.
+    draft_ids: list[int] = field(default_factory=list)
+    spec: Any = None
+    spec_verify_ct: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
 
     input_logprobs_done: bool = False
     input_logprobs_sent: bool = False  # the prompt's entries went out (with the first event)
@@ -104,4 +111,7 @@ class Req:
             e2e_latency=now - self.created_at,
             ttft=None if self.first_token_at is None else self.first_token_at - self.created_at,
             num_retractions=self.num_retractions,
+            spec_verify_ct=self.spec_verify_ct,
+            spec_draft_tokens=self.spec_draft_tokens,
+            spec_accepted_tokens=self.spec_accepted_tokens,
         )

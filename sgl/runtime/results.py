@@ -166,6 +166,11 @@ def event_to_dict(event: ReqEvent, index: int | None = None) -> dict[str, Any]:
         meta["ttft"] = s.ttft
     if s.num_retractions:
         meta["num_retractions"] = s.num_retractions
+    if s.spec_verify_ct:  # as SGLang: tokens per verify step = completion_tokens / spec_verify_ct
+        meta["spec_verify_ct"] = s.spec_verify_ct
+        meta["spec_accept_length"] = s.completion_tokens / s.spec_verify_ct
+        meta["spec_draft_tokens"] = s.spec_draft_tokens
+        meta["spec_accepted_tokens"] = s.spec_accepted_tokens
     if (
         event.logprob_top_n is not None
     ):  # asked for: this event's entries (streamed: its own tokens')

@@ -59,6 +59,7 @@ from sgl.runtime.request import Req
 from sgl.runtime.request_builder import check_fit
 from sgl.runtime.scheduler_control import SchedulerControl
 from sgl.runtime.session import SessionRegistry
+from sgl.runtime.speculative import Speculator, expand_rows
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +150,8 @@ class Scheduler(SchedulerControl):
             _Wake: lambda msg: None,
         }
         self.profiler = StepProfiler()
+        spec = config.engine.speculative_algorithm
+        self.spec = Speculator(config.engine.speculative_num_draft_tokens) if spec else None
 
     # ------------------------------------------------------------------ the loop
 
@@ -283,6 +286,8 @@ class Scheduler(SchedulerControl):
 
     def step(self) -> bool:
         """Build and run one batch; False when there was nothing to run."""
+        if self.spec is not None:  # drafts first: the batch reserves their KV slots
+            self.spec.propose([r for r in self.batches.running if self.batches.is_generating(r)])
         items = self.batches.next_batch()
         if not items:
             return False
@@ -316,15 +321,50 @@ class Scheduler(SchedulerControl):
             return
         reqs = [it.req for it, _ in ready]
         rows = [row for _, row in ready]
+        drafts = [r.draft_ids for r in reqs] if any(r.draft_ids for r in reqs) else None
         if self.ranks.is_leader:
-            out = self.runner.sample(hidden, reqs, rows, self.eos_token_ids)
+            out = self.runner.sample(hidden, reqs, rows, self.eos_token_ids, drafts)
             self.ranks.share_tokens(out.token_ids)
         else:  # the logits are computed together (the LM head is split); the tokens are rank 0's
-            self.runner.logits(hidden, rows)
-            out = Sampled(self.ranks.share_tokens(None), None, [None] * len(reqs))
-        for i, r in enumerate(reqs):
-            lp = out.logprobs[i] if out.logprobs else None
-            token = self.output.process_token(r, out.token_ids[i], lp, out.top_logprobs[i], now)
+            self.runner.logits(hidden, expand_rows(rows, drafts) if drafts else rows)
+            tokens = self.ranks.share_tokens(None)
+            out = Sampled(tokens, None, [None] * len(tokens))
+        at = 0
+        for it, _ in ready:
+            r = it.req
+            draft, r.draft_ids = r.draft_ids, []
+            picks = [
+                (out.token_ids[p], out.logprobs[p] if out.logprobs else None, out.top_logprobs[p])
+                for p in range(at, at + len(draft) + 1)
+            ]
+            at += len(draft) + 1
+            if self.spec is not None and not it.prefill:  # a decode step: a verify step
+                accepted = self.spec.accept(r, draft, [tid for tid, _, _ in picks])
+                # the rejected draft tokens' K/V goes (the newest token's and the accepted stay)
+                self.kv.truncate(r, r.seq_len + accepted)
+                picks, draft = picks[: accepted + 1], draft[:accepted]
+            self._commit(r, picks, draft, now)
+
+    def _commit(self, r: Req, picks: list[tuple], verified: list[int], now: float) -> None:
+        """Append the step's tokens to a request in order (one, or a verified draft's accepted
+        tokens and the draw after them), until one ends it or a jump-forward appends forced
+        text (the tokens after it were drawn for another sequence); then the K/V the request
+        keeps is cut to the tokens it really has, and the events go out."""
+        base, held = r.seq_len, len(r.output_ids)
+        tokens: list[TokenOutput] = []
+        for tid, lp, top in picks:
+            before = len(r.output_ids)
+            token = self.output.process_token(r, tid, lp, top, now)
+            tokens.append(token)
+            if token.finish is not None or len(r.output_ids) != before + 1:
+                break
+        if verified:  # K/V of verified positions whose token the request did not keep goes
+            new = r.output_ids[held:]
+            kept = 0
+            while kept < min(len(new), len(verified)) and new[kept] == verified[kept]:
+                kept += 1
+            self.kv.truncate(r, min(r.kv_len, base + kept))
+        for token in tokens:
             if token.finish is not None:
                 self._finish(r, token.finish, token)
             elif r.stream:

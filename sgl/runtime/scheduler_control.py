@@ -142,4 +142,11 @@ class SchedulerControl:
                 ),
                 "steps": dict(self.runner.compiled_steps),
             },
+            "speculative": self.spec.info() if self.spec else {"algorithm": None},
+            # SGLang's place for it (its benchmarks read internal_states[0])
+            "internal_states": [
+                {"avg_spec_accept_length": self.spec.stats.as_dict()["avg_spec_accept_length"]}
+                if self.spec
+                else {}
+            ],
         }

@@ -1,0 +1,15 @@
+"""Speculative decoding: tokens drafted cheaply, verified together in one forward of the model.
+
+`ngram.py` drafts by prompt lookup (the sequence's own earlier text); `speculator.py` is the
+scheduler's policy (who drafts, how much, what was accepted) and says why verification is exact.
+The scheduler, batch builder and model runner carry a request's draft through a decode step.
+"""
+
+from sgl.runtime.speculative.ngram import NgramIndex
+from sgl.runtime.speculative.speculator import (
+    SPECULATIVE_ALGORITHMS,
+    Speculator,
+    expand_rows,
+)
+
+__all__ = ["SPECULATIVE_ALGORITHMS", "NgramIndex", "Speculator", "expand_rows"]

@@ -1,0 +1,166 @@
+"""The scheduler's speculation policy: which decoding requests get draft tokens this step, how
+many, and what a verify step accepted.
+
+A request's draft rides along in its decode step: the step computes its newest token and
+the k drafted after it (k + 1 positions), and the sampler draws a token at each position
+exactly as it would without speculation, the drafted prefix counting as output
+(`ModelRunner.sample(drafts=...)`). The draft is accepted up to the first position whose
+draw differs from it, and that draw is the next token (a free one when all k matched). For a
+draft that is one fixed sequence (prompt lookup; a greedy draft model) this is exact at any
+temperature: position j's draw has the target's distribution given the accepted prefix, and
+"accept while the draw equals the draft" is rejection sampling with a point-mass proposal
+(accept with probability p(d); on rejection the draw is distributed as p without d).
+
+Drafts cost compute, so they are rationed: a request whose last drafts were all rejected
+waits a growing number of steps before drafting again, its draft length follows what was
+accepted, and a step's drafts together stay under a token budget (`step_budget`), so a
+large batch, already compute-bound, is not made slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sgl.runtime.request import Req
+from sgl.runtime.speculative.ngram import NgramIndex
+
+SPECULATIVE_ALGORITHMS = ("NGRAM",)
+# Draft tokens one step may verify in all, beyond its one token per decoding request.
+STEP_TOKEN_BUDGET = 32
+# Steps a request waits before drafting again after a wholly rejected draft: 1, 3, 7, ... capped.
+MAX_BACKOFF_STEPS = 16
+
+
+@dataclass
+class SpecState:
+    """One request's drafting state."""
+
+    index: NgramIndex
+    length: int  # the next draft's length (adaptive)
+    misses: int = 0  # wholly rejected drafts in a row
+    wait: int = 0  # steps to skip before drafting again
+
+
+@dataclass
+class SpecStats:
+    """Engine-wide counts since start."""
+
+    verify_steps: int = 0  # decode steps of a request while speculation is on
+    drafted: int = 0
+    accepted: int = 0
+    by_length: dict[int, int] = field(default_factory=dict)  # accepted per verify: how often
+
+    def as_dict(self) -> dict:
+        rate = self.accepted / self.drafted if self.drafted else None
+        # SGLang's avg_spec_accept_length: tokens per verify step (accepted drafts + the draw)
+        steps = self.verify_steps
+        length = (self.accepted + steps) / steps if steps else None
+        return {
+            "verify_steps": self.verify_steps,
+            "draft_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": rate,
+            "avg_spec_accept_length": length,
+        }
+
+
+class Speculator:
+    """Prompt-lookup drafting (`NGRAM`) with adaptive length and per-step rationing."""
+
+    def __init__(
+        self,
+        num_draft_tokens: int,
+        min_ngram: int = 1,
+        max_ngram: int = 4,
+        step_budget: int = STEP_TOKEN_BUDGET,
+    ) -> None:
+        self.num_draft_tokens = num_draft_tokens
+        self.min_ngram, self.max_ngram = min_ngram, max_ngram
+        self.step_budget = step_budget
+        self.stats = SpecStats()
+
+    def _state(self, r: Req) -> SpecState:
+        if r.spec is None:
+            r.spec = SpecState(NgramIndex(self.min_ngram, self.max_ngram), self.num_draft_tokens)
+        return r.spec
+
+    def propose(self, decoding: list[Req]) -> None:
+        """Set `draft_ids` on the requests that draft this step (and clear the others')."""
+        budget = self.step_budget
+        for r in decoding:
+            r.draft_ids = []
+            if r.pending_tokens != 1:  # forced tokens to feed first (jump-forward)
+                continue
+            state = self._state(r)
+            if state.wait > 0:
+                state.wait -= 1
+                continue
+            room = r.sampling_params.max_new_tokens - len(r.output_ids) - 1  # + the drawn token
+            k = min(state.length, room, budget)
+            if k <= 0:
+                continue
+            draft = state.index.propose(r.fill_ids, k)
+            if r.matcher is not None:
+                draft = _grammar_prefix(r.matcher, draft)
+            r.draft_ids = draft
+            budget -= len(draft)
+
+    def accept(self, r: Req, draft: list[int], drawn: list[int]) -> int:
+        """How many of `draft` a verify step accepted, given the token drawn at each of its
+        len(draft) + 1 positions; adapts the request's drafting and counts."""
+        accepted = 0
+        while accepted < len(draft) and drawn[accepted] == draft[accepted]:
+            accepted += 1
+        state = self._state(r)
+        if draft:
+            if accepted == len(draft):
+                state.length = min(self.num_draft_tokens, state.length + 2)
+            else:
+                state.length = max(1, accepted + 1)
+            state.misses = 0 if accepted else state.misses + 1
+            state.wait = min(2**state.misses - 1, MAX_BACKOFF_STEPS)
+        r.spec_verify_ct += 1
+        r.spec_draft_tokens += len(draft)
+        r.spec_accepted_tokens += accepted
+        s = self.stats
+        s.verify_steps += 1
+        s.drafted += len(draft)
+        s.accepted += accepted
+        if draft:
+            s.by_length[accepted] = s.by_length.get(accepted, 0) + 1
+        return accepted
+
+    def info(self) -> dict:
+        return {
+            "algorithm": "NGRAM",
+            "num_draft_tokens": self.num_draft_tokens,
+            "step_budget": self.step_budget,
+            **self.stats.as_dict(),
+        }
+
+
+def _grammar_prefix(matcher, draft: list[int]) -> list[int]:
+    """The longest prefix of `draft` the constraint allows, stopping before a token that
+    would complete it (a verify position after a complete output has nothing to draw);
+    the matcher is left as it was."""
+    n = 0
+    for t in draft:
+        if not matcher.accept(t):
+            break
+        n += 1
+        if matcher.is_done():
+            matcher.rollback(1)
+            n -= 1
+            break
+    if n:
+        matcher.rollback(n)
+    return draft[:n]
+
+
+def expand_rows(rows: list[int], drafts: list[list[int]]) -> list[int]:
+    """Per request, the hidden-state rows of its verify positions: `rows` holds the row of
+    each request's last computed token (its last draft token when it drafted)."""
+    out: list[int] = []
+    for row, draft in zip(rows, drafts):
+        out.extend(range(row - len(draft), row + 1))
+    return out
