@@ -15,6 +15,7 @@ from sgl.runtime.attention import ATTENTION_BACKENDS
 from sgl.runtime.config import DTYPES, LOAD_FORMATS, SCHEDULE_POLICIES, EngineConfig
 from sgl.runtime.model.dense_copy import DENSE_COPY_MODES
 from sgl.runtime.model.quant import INT4_GROUP_SIZES, QUANTIZATIONS
+from sgl.runtime.speculative import SPECULATIVE_ALGORITHMS
 from sgl.server.launch_compat import DTYPE_ALIASES
 
 # flag names -> (EngineConfig field, argparse kwargs but the default)
@@ -163,6 +164,19 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "torch.compile at start-up (SmolLM2-135M on a 2-core EPYC: ~210 s the "
             "first time, ~12 s once inductor's disk cache holds them)",
         ),
+    ),
+    "--speculative-algorithm": (
+        "speculative_algorithm",
+        dict(
+            type=str.upper,
+            choices=SPECULATIVE_ALGORITHMS,
+            help="speculative decoding: NGRAM drafts by prompt lookup (each request's own "
+            "prompt and output), verified exactly; off by default",
+        ),
+    ),
+    "--speculative-num-draft-tokens": (
+        "speculative_num_draft_tokens",
+        dict(type=int, help="most tokens drafted per request and step"),
     ),
 }
 

@@ -13,6 +13,7 @@ from sgl.runtime.attention import ATTENTION_BACKENDS
 from sgl.runtime.config import DTYPES, LOAD_FORMATS, SCHEDULE_POLICIES, EngineConfig
 from sgl.runtime.model.dense_copy import DENSE_COPY_MODES
 from sgl.runtime.model.quant import INT4_GROUP_SIZES, QUANTIZATIONS
+from sgl.runtime.speculative import SPECULATIVE_ALGORITHMS
 from sgl.server.engine_flags import ENGINE_FLAGS, SERVER_DEFAULTS
 from sgl.server.launch import build_parser, engine_kwargs, parse_args
 from sgl.tool_calls import FORMATS, REASONING_STYLES, ReasoningParser, get_parser
@@ -28,6 +29,7 @@ SOURCES = {
     "grammar_backend": BACKENDS,
     "attention_backend": ATTENTION_BACKENDS,
     "load_format": LOAD_FORMATS,
+    "speculative_algorithm": SPECULATIVE_ALGORITHMS,
 }
 
 
