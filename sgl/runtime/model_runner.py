@@ -138,22 +138,16 @@ class ModelRunner:
                 ids = r.fill_ids + r.draft_ids if r.draft_ids else r.fill_ids
                 input_ids.extend(ids[r.kv_len : r.kv_len + ext])
             positions.extend(range(r.kv_len, r.kv_len + ext))
-        rows = [r.pool_row for r in step.reqs]
+        rows, prefix_lens, extend_lens = self._layout(step)
         runner = self.graph_runner
-        if (
-            runner is not None
-            and runner.can_run(len(rows))
-            and all(e == 1 for e in step.extend_lens)
-        ):
+        if runner is not None and runner.can_run(len(rows)) and all(e == 1 for e in extend_lens):
             self.cuda_graph_steps += 1  # pure decode: replay the captured forward
             return runner.replay(
                 DecodeInputs(
-                    input_ids, positions, slots.tolist(), rows, [r.kv_len + 1 for r in step.reqs]
+                    input_ids, positions, slots.tolist(), rows, [p + 1 for p in prefix_lens]
                 )
             )
-        batch = self._batch(
-            input_ids, positions, slots, rows, [r.kv_len for r in step.reqs], list(step.extend_lens)
-        )
+        batch = self._batch(input_ids, positions, slots, rows, prefix_lens, extend_lens)
         self.attn_backend.init_forward_metadata(batch)
         forward = self.model
         compiled = (
@@ -166,6 +160,30 @@ class ModelRunner:
             self.compiled_steps["batch 1" if len(batch.extend_lens) == 1 else "batch 2+"] += 1
         with torch.inference_mode():
             return forward(batch.input_ids, batch.positions, batch)
+
+    def _layout(self, step: StepInput) -> tuple[list[int], list[int], list[int]]:
+        """Per attention row: the request's table row, its tokens before the row's first
+        token, and the row's new tokens; one row per request.
+
+        A decode step where requests verify drafts is laid out as one row per token instead
+        (row j of a request: one token on kv_len + j before it, the same table row), when a
+        captured or compiled decode forward exists: every backend writes a step's K/V before
+        attending, so row j sees the drafts before it, and the step runs the decode graph
+        rather than the eager extend path."""
+        rows = [r.pool_row for r in step.reqs]
+        prefix_lens = [r.kv_len for r in step.reqs]
+        extend_lens = list(step.extend_lens)
+        compiled = self.compiled_decode is not None and self.compiled_decode.batched is not None
+        graphs = self.graph_runner is not None or compiled
+        if not graphs or not any(r.draft_ids for r in step.reqs):
+            return rows, prefix_lens, extend_lens
+        if any(e != 1 + len(r.draft_ids) for r, e in zip(step.reqs, extend_lens)):
+            return rows, prefix_lens, extend_lens  # forced tokens or a prompt chunk: eager anyway
+        rows, prefix_lens = [], []
+        for r, e in zip(step.reqs, step.extend_lens):
+            rows.extend([r.pool_row] * e)
+            prefix_lens.extend(range(r.kv_len, r.kv_len + e))
+        return rows, prefix_lens, [1] * len(rows)
 
     def logits(self, hidden: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         return self.model.compute_logits(hidden[torch.tensor(list(rows), device=hidden.device)])
