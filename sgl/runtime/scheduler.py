@@ -151,7 +151,9 @@ class Scheduler(SchedulerControl):
         }
         self.profiler = StepProfiler()
         spec = config.engine.speculative_algorithm
-        self.spec = Speculator(config.engine.speculative_num_draft_tokens) if spec else None
+        self.spec = (
+            Speculator(config.engine.speculative_num_draft_tokens, tokenizer) if spec else None
+        )
 
     # ------------------------------------------------------------------ the loop
 

@@ -1,9 +1,11 @@
 """The scheduler's speculation policy: which decoding requests get draft tokens this step, how
 many, and what a verify step accepted.
 
-A request's draft rides along in its decode step: the step computes its newest token and
-the k drafted after it (k + 1 positions), and the sampler draws a token at each position
-exactly as it would without speculation, the drafted prefix counting as output
+Drafts come from prompt lookup (`ngram.py`) or, for a constrained request whose forced text
+jump-forward does not append, from that text. A request's draft rides along in its decode
+step: the step computes its newest token and the k drafted after it (k + 1 positions), and
+the sampler draws a token at each position exactly as it would without speculation, the
+drafted prefix counting as output
 (`ModelRunner.sample(drafts=...)`). The draft is accepted up to the first position whose
 draw differs from it, and that draw is the next token (a free one when all k matched). For a
 draft that is one fixed sequence (prompt lookup; a greedy draft model) this is exact at any
@@ -20,6 +22,7 @@ large batch, already compute-bound, is not made slower.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from sgl.runtime.request import Req
 from sgl.runtime.speculative.ngram import NgramIndex
@@ -70,11 +73,13 @@ class Speculator:
     def __init__(
         self,
         num_draft_tokens: int,
+        tokenizer: Any = None,
         min_ngram: int = 1,
         max_ngram: int = 4,
         step_budget: int = STEP_TOKEN_BUDGET,
     ) -> None:
         self.num_draft_tokens = num_draft_tokens
+        self.tokenizer = tokenizer  # the scheduler's: forced text -> draft tokens
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.step_budget = step_budget
         self.stats = SpecStats()
@@ -99,11 +104,22 @@ class Speculator:
             k = min(state.length, room, budget)
             if k <= 0:
                 continue
-            draft = state.index.propose(r.fill_ids, k)
+            draft = self._forced_draft(r, k) if r.matcher is not None else []
+            if not draft:
+                draft = state.index.propose(r.fill_ids, k)
             if r.matcher is not None:
                 draft = _grammar_prefix(r.matcher, draft)
             r.draft_ids = draft
             budget -= len(draft)
+
+    def _forced_draft(self, r: Req, k: int) -> list[int]:
+        """The constraint's forced text as a draft: text jump-forward would have appended
+        where it is off for this request (logprobs asked for, a token restriction, or
+        disabled), verified instead of decoded token by token."""
+        forced = r.matcher.forced_text() if self.tokenizer is not None else ""
+        if not forced:
+            return []
+        return list(self.tokenizer(forced, add_special_tokens=False).input_ids[:k])
 
     def accept(self, r: Req, draft: list[int], drawn: list[int]) -> int:
         """How many of `draft` a verify step accepted, given the token drawn at each of its
