@@ -67,10 +67,16 @@ class EngineConfig:
     # implies scheduler_process). On CPU each rank gets cores // tp_size threads.
     tp_size: int = 1
     # Speculative decoding (SGLang's names): NGRAM drafts by prompt lookup (the request's own
-    # prompt and output); None: off. At most speculative_num_draft_tokens drafted per request
-    # and step, fewer where acceptance is poor (speculative/speculator.py).
+    # prompt and output), STANDALONE with a draft model; None: off. At most
+    # speculative_num_draft_tokens drafted per request and step (a draft model: at most
+    # speculative_num_steps, when set), fewer where acceptance is poor (speculative/).
     speculative_algorithm: str | None = None
     speculative_num_draft_tokens: int = 4
+    speculative_num_steps: int | None = None
+    # STANDALONE: the draft model (None: the target's own weights, quantized as below) and its
+    # weights' layout (None: int4 for the target's own weights, else "auto").
+    speculative_draft_model_path: str | None = None
+    speculative_draft_model_quantization: str | None = None
 
     @property
     def in_processes(self) -> bool:
@@ -169,14 +175,35 @@ class EngineConfig:
             if not isinstance(algo, str) or algo.upper() not in SPECULATIVE_ALGORITHMS:
                 raise ValueError(
                     f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS} or None, "
-                    f"got {algo!r} (STANDALONE and EAGLE are not built yet)"
+                    f"got {algo!r} (EAGLE is not built)"
                 )
             self.speculative_algorithm = algo.upper()
-        k = self.speculative_num_draft_tokens
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
+        for name in ("speculative_num_draft_tokens", "speculative_num_steps"):
+            k = getattr(self, name)
+            if k is None and name == "speculative_num_steps":
+                continue
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
+                raise ValueError(f"{name} must be an integer in [1, 32], got {k!r}")
+        from sgl.runtime.model.quant import QUANTIZATIONS
+
+        quant = self.speculative_draft_model_quantization
+        if quant is not None and quant not in QUANTIZATIONS:
             raise ValueError(
-                f"speculative_num_draft_tokens must be an integer in [1, 32], got {k!r}"
+                f"speculative_draft_model_quantization must be one of {QUANTIZATIONS} or None, "
+                f"got {quant!r}"
             )
+        if self.speculative_algorithm == "STANDALONE" and self.tp_size > 1:
+            raise ValueError(
+                "speculative_algorithm STANDALONE runs with tp_size 1 only (the draft model is "
+                "not sharded yet); use NGRAM with tensor parallelism"
+            )
+
+    def draft_length(self) -> int:
+        """Most tokens a request drafts per step."""
+        steps = self.speculative_num_steps
+        if self.speculative_algorithm == "STANDALONE" and steps is not None:
+            return min(steps, self.speculative_num_draft_tokens)
+        return self.speculative_num_draft_tokens
 
     def resolve_device(self) -> torch.device:
         if self.device == "auto":

@@ -83,6 +83,7 @@ class Scheduler(SchedulerControl):
         eos_token_ids: list[int],
         emit: Callable[[list[SchedulerOutput]], None],
         ranks: SingleRank | RankGroup | None = None,
+        draft_model: Any = None,
     ) -> None:
         self.config = config
         self.ranks = (
@@ -150,9 +151,9 @@ class Scheduler(SchedulerControl):
             _Wake: lambda msg: None,
         }
         self.profiler = StepProfiler()
-        spec = config.engine.speculative_algorithm
+        spec = config.engine.speculative_algorithm  # STANDALONE: `draft_model` drafts
         self.spec = (
-            Speculator(config.engine.speculative_num_draft_tokens, tokenizer) if spec else None
+            Speculator(config.engine.draft_length(), tokenizer, draft_model) if spec else None
         )
 
     # ------------------------------------------------------------------ the loop

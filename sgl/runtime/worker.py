@@ -119,10 +119,54 @@ def build_scheduler(
         held_copy_bytes(model),
     )
     sched_cfg = SchedulerConfig(cfg, memory_plan["max_total_tokens"], context_len, device, dtype)
+    draft = None
+    if cfg.speculative_algorithm == "STANDALONE":
+        draft = build_draft_model(cfg, mc, str(path), dtype, device, context_len)
     scheduler = Scheduler(
-        sched_cfg, runner, copy.deepcopy(tokenizer), info.eos_token_ids, emit, ranks
+        sched_cfg, runner, copy.deepcopy(tokenizer), info.eos_token_ids, emit, ranks, draft
     )
     return scheduler, info, tokenizer
+
+
+def build_draft_model(
+    cfg: EngineConfig,
+    target: ModelConfig,
+    target_path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    context_len: int,
+) -> Any:
+    """STANDALONE speculation's draft model (speculative/draft_model.py): the given checkpoint,
+    or the target's own weights (int4 unless said otherwise); it must share the target's
+    vocabulary."""
+    from sgl.runtime.model_runner import ModelRunner
+    from sgl.runtime.speculative.draft_model import DraftModel
+
+    path = cfg.speculative_draft_model_path
+    quantization = cfg.speculative_draft_model_quantization or ("auto" if path else "int4")
+    dcfg = dataclasses.replace(
+        cfg,
+        model_path=path or target_path,
+        quantization=quantization,
+        dense_copy="off",  # the draft runs small batches: bf16 copies would only cost memory
+        load_format="auto" if path else cfg.load_format,
+    )
+    logger.info("loading the draft model (%s)", quantization)
+    model, mc, dpath, _ = load_engine_model(dcfg, dtype, device)
+    if mc.vocab_size != target.vocab_size:
+        raise ValueError(
+            f"speculative_draft_model_path: the draft model's vocabulary ({mc.vocab_size} "
+            f"tokens) is not the target's ({target.vocab_size}); the draft must share its tokenizer"
+        )
+    runner = ModelRunner(model, dcfg, device, dtype)
+    draft = DraftModel(runner, cfg.max_running_requests, context_len, dtype)
+    draft.description = {
+        "draft_model_path": str(dpath),
+        "draft_quantization": quantization,
+        "draft_weight_bytes": model_bytes(model),
+        "draft_kv_tokens": draft.pool.capacity,
+    }
+    return draft
 
 
 def model_bytes(model: torch.nn.Module) -> int:

@@ -170,13 +170,29 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
         dict(
             type=str.upper,
             choices=SPECULATIVE_ALGORITHMS,
-            help="speculative decoding: NGRAM drafts by prompt lookup (each request's own "
-            "prompt and output), verified exactly; off by default",
+            help="speculative decoding, verified exactly: NGRAM drafts by prompt lookup (each "
+            "request's own prompt and output), STANDALONE with a draft model; off by default",
         ),
     ),
     "--speculative-num-draft-tokens": (
         "speculative_num_draft_tokens",
         dict(type=int, help="most tokens drafted per request and step"),
+    ),
+    "--speculative-num-steps": (
+        "speculative_num_steps",
+        dict(type=int, help="STANDALONE: draft model steps (tokens drafted) per verify step"),
+    ),
+    "--speculative-draft-model-path --speculative-draft-model": (
+        "speculative_draft_model_path",
+        dict(help="STANDALONE: the draft model (default: the target's own weights, int4)"),
+    ),
+    "--speculative-draft-model-quantization": (
+        "speculative_draft_model_quantization",
+        dict(
+            choices=QUANTIZATIONS,
+            help="STANDALONE: the draft's weights (default: int4 for the target's own "
+            "weights, else auto)",
+        ),
     ),
 }
 

@@ -30,6 +30,7 @@ SOURCES = {
     "attention_backend": ATTENTION_BACKENDS,
     "load_format": LOAD_FORMATS,
     "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+    "speculative_draft_model_quantization": QUANTIZATIONS,
 }
 
 

@@ -27,7 +27,7 @@ from typing import Any
 from sgl.runtime.request import Req
 from sgl.runtime.speculative.ngram import NgramIndex
 
-SPECULATIVE_ALGORITHMS = ("NGRAM",)
+SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 # Draft tokens one step may verify in all, beyond its one token per decoding request.
 STEP_TOKEN_BUDGET = 32
 # Steps a request waits before drafting again after a wholly rejected draft: 1, 3, 7, ... capped.
@@ -68,18 +68,22 @@ class SpecStats:
 
 
 class Speculator:
-    """Prompt-lookup drafting (`NGRAM`) with adaptive length and per-step rationing."""
+    """Drafting by prompt lookup (`NGRAM`) or a draft model (`STANDALONE`, given `draft_model`),
+    with adaptive length and per-step rationing."""
 
     def __init__(
         self,
         num_draft_tokens: int,
         tokenizer: Any = None,
+        draft_model: Any = None,
         min_ngram: int = 1,
         max_ngram: int = 4,
         step_budget: int = STEP_TOKEN_BUDGET,
     ) -> None:
         self.num_draft_tokens = num_draft_tokens
         self.tokenizer = tokenizer  # the scheduler's: forced text -> draft tokens
+        self.draft_model = draft_model  # draft_model.DraftModel, or None (prompt lookup)
+        self.algorithm = "NGRAM" if draft_model is None else "STANDALONE"
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.step_budget = step_budget
         self.stats = SpecStats()
@@ -92,25 +96,37 @@ class Speculator:
     def propose(self, decoding: list[Req]) -> None:
         """Set `draft_ids` on the requests that draft this step (and clear the others')."""
         budget = self.step_budget
+        wanted: list[tuple[Req, int]] = []
         for r in decoding:
             r.draft_ids = []
-            if r.pending_tokens != 1:  # forced tokens to feed first (jump-forward)
-                continue
-            state = self._state(r)
-            if state.wait > 0:
-                state.wait -= 1
-                continue
-            room = r.sampling_params.max_new_tokens - len(r.output_ids) - 1  # + the drawn token
-            k = min(state.length, room, budget)
+            k = min(self._length(r), budget)
             if k <= 0:
                 continue
-            draft = self._forced_draft(r, k) if r.matcher is not None else []
-            if not draft:
-                draft = state.index.propose(r.fill_ids, k)
-            if r.matcher is not None:
-                draft = _grammar_prefix(r.matcher, draft)
-            r.draft_ids = draft
-            budget -= len(draft)
+            forced = self._forced_draft(r, k) if r.matcher is not None else []
+            if forced:
+                r.draft_ids = _grammar_prefix(r.matcher, forced)
+                budget -= len(r.draft_ids)
+                continue
+            wanted.append((r, k))
+            budget -= k
+        if self.draft_model is not None:
+            self.draft_model.release_others(set(decoding))
+            drafts = self.draft_model.draft([r for r, _ in wanted], [k for _, k in wanted])
+        else:
+            drafts = [self._state(r).index.propose(r.fill_ids, k) for r, k in wanted]
+        for (r, _), draft in zip(wanted, drafts):
+            r.draft_ids = _grammar_prefix(r.matcher, draft) if r.matcher is not None else draft
+
+    def _length(self, r: Req) -> int:
+        """How many tokens the request may draft now (0: none this step)."""
+        if r.pending_tokens != 1:  # forced tokens to feed first (jump-forward)
+            return 0
+        state = self._state(r)
+        if state.wait > 0:
+            state.wait -= 1
+            return 0
+        room = r.sampling_params.max_new_tokens - len(r.output_ids) - 1  # + the drawn token
+        return min(state.length, room)
 
     def _forced_draft(self, r: Req, k: int) -> list[int]:
         """The constraint's forced text as a draft: text jump-forward would have appended
@@ -148,9 +164,10 @@ class Speculator:
 
     def info(self) -> dict:
         return {
-            "algorithm": "NGRAM",
+            "algorithm": self.algorithm,
             "num_draft_tokens": self.num_draft_tokens,
             "step_budget": self.step_budget,
+            **(self.draft_model.description if self.draft_model is not None else {}),
             **self.stats.as_dict(),
         }
 
