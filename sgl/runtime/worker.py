@@ -164,7 +164,6 @@ def build_draft_model(
         "draft_model_path": str(dpath),
         "draft_quantization": quantization,
         "draft_weight_bytes": model_bytes(model),
-        "draft_kv_tokens": draft.pool.capacity,
     }
     return draft
 

@@ -62,9 +62,14 @@ class DraftModel:
         self.seqs: dict[Req, DraftSeq] = {}
         self.description: dict = {}  # what it is (path, weights), for the engine's info
 
-    @property
-    def vocab_size(self) -> int:
-        return self.runner.vocab_size
+    def info(self) -> dict:
+        """What it is, and its KV pool now (whole again one loop turn after the last request
+        stopped decoding)."""
+        return {
+            **self.description,
+            "draft_kv_tokens": self.pool.capacity,
+            "draft_kv_available": self.pool.available_size(),
+        }
 
     def release_others(self, keep: set[Req]) -> None:
         """Give back the rows of requests no longer decoding (finished, retracted)."""

@@ -167,7 +167,7 @@ class Speculator:
             "algorithm": self.algorithm,
             "num_draft_tokens": self.num_draft_tokens,
             "step_budget": self.step_budget,
-            **(self.draft_model.description if self.draft_model is not None else {}),
+            **(self.draft_model.info() if self.draft_model is not None else {}),
             **self.stats.as_dict(),
         }
 
