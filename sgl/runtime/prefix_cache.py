@@ -70,6 +70,10 @@ class PrefixCache(ABC):
     def flush(self) -> bool:
         """Return every cached slot to the pool; False (and nothing done) while any is locked."""
 
+    def continuation(self, token_ids: Sequence[int], k: int) -> list[int]:
+        """Up to `k` tokens a cached sequence continued `token_ids` with ([]: none known)."""
+        return []
+
 
 class NoPrefixCache(PrefixCache):
     """Caches nothing: every request computes its whole prompt; finished K/V is freed."""

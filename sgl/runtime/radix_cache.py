@@ -144,6 +144,27 @@ class RadixCache(PrefixCache):
             return _empty_slots(), node
         return (values[0] if len(values) == 1 else torch.cat(values)), node
 
+    def continuation(self, token_ids: Sequence[int], k: int) -> list[int]:
+        """Up to `k` tokens that followed all of `token_ids` in a cached sequence (the most
+        recently used branch at each fork), or [] when the tree does not hold them all.
+        Read only: no split, no time stamp (speculative decoding drafts from it)."""
+        ids = token_ids if isinstance(token_ids, list) else list(token_ids)
+        node, pos, edge_at = self.root, 0, 0
+        while pos < len(ids):
+            child = node.children.get(ids[pos])
+            if child is None:
+                return []
+            n = _common_prefix_len(child.key, ids, pos)
+            pos += n
+            node, edge_at = child, n
+            if n < len(child.key) and pos < len(ids):
+                return []  # diverges inside the edge
+        out = list(node.key[edge_at : edge_at + k])
+        while len(out) < k and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access_time)
+            out.extend(node.key[: k - len(out)])
+        return out
+
     def insert(self, token_ids: Sequence[int], slots: torch.Tensor) -> int:
         """Store `token_ids -> slots`; return how many leading tokens were already cached.
 

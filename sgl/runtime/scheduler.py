@@ -153,7 +153,9 @@ class Scheduler(SchedulerControl):
         self.profiler = StepProfiler()
         spec = config.engine.speculative_algorithm  # STANDALONE: `draft_model` drafts
         self.spec = (
-            Speculator(config.engine.draft_length(), tokenizer, draft_model) if spec else None
+            Speculator(config.engine.draft_length(), tokenizer, draft_model, self.kv.cache)
+            if spec
+            else None
         )
 
     # ------------------------------------------------------------------ the loop

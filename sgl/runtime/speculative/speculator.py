@@ -76,6 +76,7 @@ class Speculator:
         num_draft_tokens: int,
         tokenizer: Any = None,
         draft_model: Any = None,
+        prefix_cache: Any = None,
         min_ngram: int = 1,
         max_ngram: int = 4,
         step_budget: int = STEP_TOKEN_BUDGET,
@@ -84,6 +85,7 @@ class Speculator:
         self.tokenizer = tokenizer  # the scheduler's: forced text -> draft tokens
         self.draft_model = draft_model  # draft_model.DraftModel, or None (prompt lookup)
         self.algorithm = "NGRAM" if draft_model is None else "STANDALONE"
+        self.prefix_cache = prefix_cache  # NGRAM also drafts from other cached sequences
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.step_budget = step_budget
         self.stats = SpecStats()
@@ -113,9 +115,19 @@ class Speculator:
             self.draft_model.release_others(set(decoding))
             drafts = self.draft_model.draft([r for r, _ in wanted], [k for _, k in wanted])
         else:
-            drafts = [self._state(r).index.propose(r.fill_ids, k) for r, k in wanted]
+            drafts = [self._lookup(r, k) for r, k in wanted]
         for (r, _), draft in zip(wanted, drafts):
             r.draft_ids = _grammar_prefix(r.matcher, draft) if r.matcher is not None else draft
+
+    def _lookup(self, r: Req, k: int) -> list[int]:
+        """Prompt lookup: what a cached sequence holding all of this one's tokens went on
+        with (a request that ran before with the same context, a sibling sample, a program's
+        earlier call), else what followed the suffix earlier in this sequence."""
+        if self.prefix_cache is not None:
+            cached = self.prefix_cache.continuation(r.fill_ids, k)
+            if cached:
+                return cached
+        return self._state(r).index.propose(r.fill_ids, k)
 
     def _length(self, r: Req) -> int:
         """How many tokens the request may draft now (0: none this step)."""
