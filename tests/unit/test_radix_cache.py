@@ -771,3 +771,59 @@ RadixCacheMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_radix_cache_state_machine = RadixCacheMachine.TestCase
+
+
+def test_continuation_is_a_cached_sequence_going_on_from_the_whole_query() -> None:
+    """Brute force over random trees: the continuation extends the query along an inserted
+    sequence (the latest used at forks), as far as `k` or the sequence allow, and is empty
+    exactly when no inserted sequence strictly extends the query."""
+    rng = random.Random(5)
+    for trial in range(40):
+        pool = SpyPool(4000)
+        cache = RadixCache(pool)
+        seqs = []
+        for _ in range(rng.randint(1, 6)):
+            base = (
+                list(rng.choice(seqs)[: rng.randint(0, 6)]) if seqs and rng.random() < 0.6 else []
+            )
+            seq = base + [rng.randrange(3) for _ in range(rng.randint(1, 8))]
+            seqs.append(seq)
+            cache.insert(seq, alloc(pool, len(seq)))
+        for _ in range(30):
+            src = rng.choice(seqs)
+            query = (
+                src[: rng.randint(0, len(src))] if rng.random() < 0.8 else [rng.randrange(3)] * 3
+            )
+            k = rng.randint(1, 6)
+            got = cache.continuation(query, k)
+            extends = [s for s in seqs if len(s) > len(query) and s[: len(query)] == query]
+            if not extends:
+                assert got == [], (trial, query, got)
+                continue
+            assert 0 < len(got) <= k
+            whole = query + got
+            assert any(s[: len(whole)] == whole for s in seqs), (trial, query, got)
+            # as long as k allows or the branch it follows ends
+            assert (
+                len(got) == k
+                or any(s == whole for s in seqs)
+                or not any(len(s) > len(whole) and s[: len(whole)] == whole for s in seqs)
+            )
+    assert NoPrefixCache(SpyPool(8)).continuation([1, 2], 4) == []
+
+
+def test_continuation_follows_the_most_recently_used_branch_and_reads_only() -> None:
+    pool = SpyPool(64)
+    cache = RadixCache(pool)
+    cache.insert([1, 2, 3, 4], alloc(pool, 4))
+    cache.insert([1, 2, 5, 6, 7], alloc(pool, 5))
+    assert cache.continuation([1, 2], 3) == [5, 6, 7]
+    assert cache.continuation([1], 5) == [2, 5, 6, 7]
+    cache.match_prefix([1, 2, 3])  # uses the first branch
+    assert cache.continuation([1, 2], 3) == [3, 4]
+    assert cache.continuation([1, 2, 5], 1) == [6]
+    assert cache.continuation([1, 2, 5, 6, 7], 3) == [] and cache.continuation([9], 2) == []
+    before = [(path, n.last_access_time) for n, path in nodes_with_paths(cache)]
+    cache.continuation([1, 2, 5], 2)  # mid-edge: no split, no time stamp
+    assert [(path, n.last_access_time) for n, path in nodes_with_paths(cache)] == before
+    check_structure(cache)
