@@ -155,3 +155,36 @@ def test_compiled_decode_equals_hf_generate(tiny_dir):
         steps = engine.get_server_info()["torch_compile"]["steps"]
         assert steps["batch 2+"] >= lengths[-2] - 1, steps
         assert_no_leak(engine)
+
+
+def test_speculative_verify_steps_run_the_compiled_decode_graph(tiny_dir):
+    """With torch_compile and NGRAM speculation, a request's newest token and its draft run as
+    one decode row per token (the batched graph, the same table row, growing context): greedy
+    tokens equal HF's, and one request's verify steps ran the batch 2+ graph."""
+    import shutil
+
+    if not (shutil.which("c++") or shutil.which("g++")):
+        pytest.skip("no C++ compiler: inductor cannot compile here (the engine runs eagerly)")
+    path, hf = tiny_dir
+    rng = random.Random(8)
+    with sgl.Engine(
+        model_path=str(path),
+        dtype="float32",
+        max_total_tokens=4096,
+        torch_compile=True,
+        speculative_algorithm="NGRAM",
+    ) as engine:
+        accepted = 0
+        for _ in range(4):
+            span = [rng.randrange(1, VOCAB) for _ in range(rng.randint(3, 8))]
+            ids = span * 3 + span[:2]
+            out = engine.generate(
+                input_ids=ids,
+                sampling_params={"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True},
+            )
+            assert out["output_ids"] == hf_greedy(hf, ids, NEW)
+            accepted += out["meta_info"]["spec_accepted_tokens"]
+        assert accepted > 0
+        steps = engine.get_server_info()["torch_compile"]["steps"]
+        assert steps["batch 2+"] > 0, steps  # one request at a time: only verify steps use it
+        assert_no_leak(engine)
