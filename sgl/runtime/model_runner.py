@@ -37,6 +37,14 @@ class Sampled:
     logprobs: list[float] | None  # only when some request asked for logprobs
     top_logprobs: list[list[tuple[int, float]] | None]
 
+    def picks(self, start: int, n: int) -> list[tuple]:
+        """(token, logprob, top logprobs) of rows start .. start + n - 1 (one request's)."""
+        lps = self.logprobs
+        return [
+            (self.token_ids[i], lps[i] if lps else None, self.top_logprobs[i])
+            for i in range(start, start + n)
+        ]
+
 
 class ModelRunner:
     def __init__(

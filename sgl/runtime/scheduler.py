@@ -71,9 +71,10 @@ class _Wake:
 class Scheduler(SchedulerControl):
     """The engine's one owner of mutable state, driven by `run` (see the module docstring).
 
-    Its size (~330 lines, the loop and the request lifecycle: admit, step, finish, fault) is
-    one concern; sessions, queries and info live in `SchedulerControl`, batch building in
-    `batch.py`, KV in `kv_manager.py`, per-token work in `output.py`."""
+    Its size (~370 lines, the loop and the request lifecycle: admit, step, sample and commit,
+    finish, fault) is one concern; sessions, queries and info live in `SchedulerControl`,
+    batch building in `batch.py`, KV in `kv_manager.py`, per-token work in `output.py`,
+    drafting and acceptance in `speculative/`."""
 
     def __init__(
         self,
@@ -337,18 +338,13 @@ class Scheduler(SchedulerControl):
         at = 0
         for it, _ in ready:
             r = it.req
-            draft, r.draft_ids = r.draft_ids, []
-            picks = [
-                (out.token_ids[p], out.logprobs[p] if out.logprobs else None, out.top_logprobs[p])
-                for p in range(at, at + len(draft) + 1)
-            ]
-            at += len(draft) + 1
+            picks = out.picks(at, len(r.draft_ids) + 1)
+            at += len(picks)
+            verified: list[int] = []
             if self.spec is not None and not it.prefill:  # a decode step: a verify step
-                accepted = self.spec.accept(r, draft, [tid for tid, _, _ in picks])
-                # the rejected draft tokens' K/V goes (the newest token's and the accepted stay)
-                self.kv.truncate(r, r.seq_len + accepted)
-                picks, draft = picks[: accepted + 1], draft[:accepted]
-            self._commit(r, picks, draft, now)
+                picks, verified = self.spec.verify(r, picks, self.kv)
+            r.draft_ids = []
+            self._commit(r, picks, verified, now)
 
     def _commit(self, r: Req, picks: list[tuple], verified: list[int], now: float) -> None:
         """Append the step's tokens to a request in order (one, or a verified draft's accepted

@@ -149,6 +149,16 @@ class Speculator:
             return []
         return list(self.tokenizer(forced, add_special_tokens=False).input_ids[:k])
 
+    def verify(self, r: Req, picks: list[tuple], kv: Any) -> tuple[list[tuple], list[int]]:
+        """A decode step's outcome for one request: of its draws (token, logprob, top) at the
+        verify positions, those it keeps (the accepted draft's and the one after), and the
+        accepted draft tokens. The rejected draft tokens' K/V is freed here (the newest
+        token's and the accepted ones' stay)."""
+        draft = r.draft_ids
+        accepted = self.accept(r, draft, [tid for tid, _, _ in picks])
+        kv.truncate(r, r.seq_len + accepted)
+        return picks[: accepted + 1], draft[:accepted]
+
     def accept(self, r: Req, draft: list[int], drawn: list[int]) -> int:
         """How many of `draft` a verify step accepted, given the token drawn at each of its
         len(draft) + 1 positions; adapts the request's drafting and counts."""
