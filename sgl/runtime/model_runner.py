@@ -19,7 +19,7 @@ from sgl.runtime.cuda_graph import CudaGraphRunner, DecodeInputs
 from sgl.runtime.memory import ReqToTokenPool, TokenToKVPool
 from sgl.runtime.request import Req
 from sgl.runtime.sampling.batch import SamplingBatch
-from sgl.runtime.sampling.sampler import sample
+from sgl.runtime.sampling.sampler import position_generator, sample
 from sgl.runtime.speculative import expand_rows
 
 
@@ -230,13 +230,20 @@ class ModelRunner:
             sbatch,
             output_ids=[r.output_ids + d if d else r.output_ids for r, d in views],
             prompt_ids=[r.origin_input_ids if need_prompt else [] for r, _ in views],
-            generators=[r.generator for r, _ in views],
+            generators=[self._generator(r, d) for r, d in views],
             top_logprobs_num=[r.logprobs.top_n if r.logprobs.enabled else 0 for r, _ in views],
             allowed_mask=allowed,
             with_logprobs=want_logprobs,
         )
         logprobs = out.logprobs.tolist() if want_logprobs else None
         return Sampled(out.token_ids.tolist(), logprobs, out.top_logprobs)
+
+    def _generator(self, r: Req, drafted: list[int]) -> torch.Generator | None:
+        """A seeded request's generator for the token its view draws (by output position)."""
+        seed = r.sampling_params.seed
+        if seed is None:
+            return None
+        return position_generator(seed, len(r.output_ids) + len(drafted), self.device)
 
     def _grammar_mask(
         self, views: list[tuple[Req, list[int]]], device: torch.device

@@ -19,7 +19,6 @@ from sgl.runtime.kv_manager import KVManager
 from sgl.runtime.messages import FinishReason, ReqEvent
 from sgl.runtime.request import Req
 from sgl.runtime.sampling.params import TOKEN_RESTRICTING
-from sgl.runtime.sampling.sampler import make_generator
 from sgl.runtime.stop_regex import StopRegexMatcher
 from sgl.runtime.stop_strings import StopStringMatcher
 
@@ -49,13 +48,11 @@ class OutputProcessor:
         tokenizer: Any,
         eos_token_ids: list[int],
         kv: KVManager,
-        device: torch.device,
         jump_forward_enabled: Any,
     ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.kv = kv
-        self.device = device
         self._jump_forward_enabled = (
             jump_forward_enabled  # () -> bool: read each time (benchmarks toggle it)
         )
@@ -67,7 +64,6 @@ class OutputProcessor:
         """Set up a request's decoding state; `grammar` is its compiled constraint (or None)."""
         sp = req.sampling_params
         req.matcher = grammar.matcher() if grammar is not None else None
-        req.generator = make_generator(sp.seed, self.device) if sp.seed is not None else None
         req.detokenizer = self._detokenizer(req, req.origin_input_ids)
         req.stop_matcher = StopStringMatcher(sp.stop or [])
         req.stop_regex_matcher = (

@@ -8,8 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from sgl.runtime.messages import FinishReason, GenerateRequest, LogprobOptions, RequestStats
 from sgl.runtime.sampling import SamplingParams
 
@@ -32,7 +30,6 @@ class Req:
     # BatchBuilder.admissions when the scheduler's policy first ordered it (the starvation bound)
     queued_at_admission: int | None = None
 
-    generator: torch.Generator | None = None
     matcher: Any = None  # the constraint's per-request matcher (sgl.constrained)
     detokenizer: Any = None
     stop_matcher: Any = None

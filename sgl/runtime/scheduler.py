@@ -116,7 +116,6 @@ class Scheduler(SchedulerControl):
             tokenizer,
             self.eos_token_ids,
             self.kv,
-            config.device,
             lambda: not config.engine.disable_jump_forward,
         )
         self.tokenizer = tokenizer

@@ -25,8 +25,10 @@ where the cumulative (unnormalized) kept probability exceeds u * total, which eq
 from the renormalized distribution. Rows with top_k/top_p walk the CDF in descending
 probability order; rows without walk it in vocabulary order (no sort needed). Which path a row
 takes depends only on its own parameters, and all arithmetic is per row, so a seeded row gets
-the same token whatever else shares its batch. Greedy rows draw nothing, so a seeded
-request's generator advances exactly once per sampled step.
+the same token whatever else shares its batch. Greedy rows draw nothing. The engine gives a
+seeded request a fresh generator per output position (`position_generator`), so a token's
+draw depends on the seed and its position only: not on the batch, retraction, or how many
+positions one step verifies (speculative decoding gives the same tokens as without it).
 
 Logprobs are always those of the model's RAW distribution (log_softmax of the input logits,
 before bias/penalties/temperature), as OpenAI-style APIs report them. A row whose every token
@@ -56,6 +58,17 @@ def make_generator(seed: int, device: torch.device | str = "cpu") -> torch.Gener
     gen = torch.Generator(device=torch.device(device))
     gen.manual_seed(seed & _SEED_MASK)
     return gen
+
+
+def position_generator(
+    seed: int, position: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    """The generator of a seeded request's draw for its output token number `position`:
+    `seed` and `position` mixed by splitmix64 (distinct positions get unrelated streams)."""
+    x = ((seed & _SEED_MASK) + (position + 1) * 0x9E3779B97F4A7C15) & _SEED_MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _SEED_MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _SEED_MASK
+    return make_generator(x ^ (x >> 31), device)
 
 
 @dataclass
