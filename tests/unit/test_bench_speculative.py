@@ -58,7 +58,7 @@ def test_json_extraction_shows_its_schema_and_the_people_to_copy():
 
 
 def test_full_size_documents_are_about_600_tokens():
-    full = bench.SIZES["full"][2]
+    full = bench.SIZES["full"]["sentences"]
     tok = wl._tokenizer()
     for name in ("extraction", "json_extraction"):
         for prompt in wl.build(name, 3, "s", full[name], 16).prompts:
@@ -169,3 +169,19 @@ def test_outputs_compared_with_the_plain_twin_and_ratios():
         "best_peer_spec": "llama.cpp-spec",
         "sgl-spec_over_best_peer_spec": 1.25,
     }
+
+
+@pytest.mark.parametrize(
+    "argv, named",
+    [
+        (["--engines", "sgl,tgi"], "--engines: 'tgi'"),
+        (["--workloads", "chat,summaries"], "--workloads: 'summaries'"),
+        (["--batches", "1,0"], "--batches"),
+        (["--num-draft-tokens", "0"], "--num-draft-tokens"),
+    ],
+)
+def test_bad_arguments_stop_before_any_server_starts(argv, named, capsys):
+    ap = bench.parser()
+    with pytest.raises(SystemExit):
+        bench.check_args(ap, ap.parse_args(argv))
+    assert named in capsys.readouterr().err
