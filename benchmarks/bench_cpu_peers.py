@@ -36,7 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("SGL_BENCH_CACHE", Path.home() / ".cache" / "sgl" / "bench-cpu-peers"))
-TOOLS = ROOT.parent / "shared" / "tools"
+# The peers' build scripts; SGL_PEER_TOOLS names them for a checkout not beside ../shared.
+TOOLS = Path(os.environ.get("SGL_PEER_TOOLS", ROOT.parent / "shared" / "tools"))
 SGL_VARIANTS = {
     "sgl-fp32": ("float32", "none", "hf"),
     "sgl-bf16": ("bfloat16", "none", "hf"),

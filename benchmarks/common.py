@@ -209,18 +209,25 @@ def vllm_cpu_env() -> dict[str, str]:
 
 
 def start_server(
-    engine: str, args: tuple[str, ...] = (), parallel: int = 4
+    engine: str,
+    args: tuple[str, ...] = (),
+    parallel: int = 4,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """An OpenAI-compatible server on the embedded model's weights, on a free port: "sgl"
-    (its GGUF, the default layout; `args` are extra launch flags), "llama.cpp" (the same GGUF,
-    `parallel` slots of 4,096 tokens) or "vllm" (its CPU build, bf16, on the HF directory
-    `bench_cpu_peers.prepare` writes from the same weights). Returns the process and base URL."""
+    (its GGUF, the default layout), "llama.cpp" (the same GGUF, `parallel` slots of 4,096
+    tokens) or "vllm" (its CPU build, bf16, on the HF directory `bench_cpu_peers.prepare`
+    writes from the same weights). `args` are extra launch flags and `env` extra environment
+    variables, for any engine. The server's output goes to `log` when given, and a server that
+    does not come up raises with that log's tail (why it refused a flag, say). Returns the
+    process and base URL."""
     from bench_cpu_peers import peer, prepare
 
     from sgl.runtime.model.paths import resolve_model_path
 
     port = free_port()
-    env = dict(os.environ)
+    environ = dict(os.environ)
     if engine == "sgl":
         cmd = [
             sys.executable,
@@ -234,9 +241,8 @@ def start_server(
             "127.0.0.1",
             "--served-model-name",
             "default",
-            *args,
         ]
-        env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
+        environ["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)
     elif engine == "llama.cpp":
         binary = peer("llama-server.sh")
         if binary is None:
@@ -280,14 +286,30 @@ def start_server(
             "--port",
             str(port),
         ]
-        env.update(vllm_cpu_env())
+        environ.update(vllm_cpu_env())
     else:
         raise ValueError(f"engine must be sgl, llama.cpp or vllm; got {engine!r}")
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    environ.update(env or {})
+    out = open(log, "wb") if log is not None else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen([*cmd, *args], env=environ, stdout=out, stderr=subprocess.STDOUT)
+    finally:
+        if log is not None:
+            out.close()  # the child holds its own descriptor
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc, 900 if engine == "vllm" else 300)
-    except Exception:
+    except Exception as e:
         stop_process(proc)
-        raise
+        if log is None:
+            raise
+        raise RuntimeError(f"{engine} {e}: ...{log_tail(log)}") from e
     return proc, url
+
+
+def log_tail(path: Path, chars: int = 1500) -> str:
+    """The end of a server's log: the lines that say why it stopped."""
+    try:
+        return Path(path).read_text(errors="replace")[-chars:]
+    except OSError:
+        return ""
