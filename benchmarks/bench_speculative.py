@@ -3,8 +3,12 @@ build, each with and without its own n-gram speculation, on the same weights (th
 SmolLM2-135M), over HTTP `/v1/completions`, greedy.
 
 Engines (`--engines`, each its own server, started and stopped one after another):
-  sgl, sgl-spec               sgl's server; -spec: --speculative-algorithm NGRAM
+  sgl, sgl-spec               sgl's server as `make serve` runs it (--enable-torch-compile);
+                              -spec: --speculative-algorithm NGRAM
                               --speculative-num-draft-tokens K
+  sgl-bf16, sgl-bf16-standalone
+                              the weights dense in bf16 (--quantization none); -standalone:
+                              the same weights in int4 draft for them (STANDALONE)
   llama.cpp, llama.cpp-spec   llama-server, a slot per request in flight; -spec: --spec-type
                               ngram-simple (the last N tokens looked up, the K after the
                               match drafted; N = --llama-ngram, it has no 1..4 range)
@@ -62,7 +66,22 @@ from spec_workloads import MAKERS, SpecWorkload, build  # noqa: E402
 
 from sgl.lang.backends.openai_dialects import constraint_fields  # noqa: E402
 
-ENGINES = ("sgl", "sgl-spec", "llama.cpp", "llama.cpp-spec", "vllm", "vllm-spec")
+ENGINES = (
+    "sgl",
+    "sgl-spec",
+    "sgl-bf16",
+    "sgl-bf16-standalone",
+    "llama.cpp",
+    "llama.cpp-spec",
+    "vllm",
+    "vllm-spec",
+)
+# sgl as `make serve` runs it (decode graphs compiled); -bf16: the weights dense in bf16, the
+# target of a quantized self-draft (-standalone: the same weights in int4 draft for it)
+SGL_FLAGS = {
+    "sgl": ("--enable-torch-compile",),
+    "sgl-bf16": ("--enable-torch-compile", "--quantization", "none"),
+}
 PEERS = ("llama.cpp", "vllm")
 # Requests of a batch-1 cell (a batch-B cell: 2 B, quick: B), the cap on new tokens, and the
 # documents' sentences per workload (full: ~600-token prompts).
@@ -85,14 +104,21 @@ SIZES = {
 
 def launch_flags(engine: str, k: int, llama_ngram: int) -> tuple[str, tuple[str, ...]]:
     """(server kind, extra launch flags) of an engine variant."""
-    kind, _, spec = engine.partition("-")
-    if kind not in ("sgl", *PEERS) or spec not in ("", "spec"):
+    if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}; got {engine!r}")
+    if engine.startswith("sgl"):
+        base = SGL_FLAGS["sgl-bf16" if engine.startswith("sgl-bf16") else "sgl"]
+        cap = ("--speculative-num-draft-tokens", str(k))
+        if engine == "sgl-spec":
+            return "sgl", base + ("--speculative-algorithm", "NGRAM") + cap
+        if engine == "sgl-bf16-standalone":
+            draft = ("--speculative-draft-model-quantization", "int4")
+            return "sgl", base + ("--speculative-algorithm", "STANDALONE") + draft + cap
+        return "sgl", base
+    kind, _, spec = engine.partition("-")
     if not spec:
         return kind, ()
-    if kind == "sgl":
-        flags = ("--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", str(k))
-    elif kind == "llama.cpp":
+    if kind == "llama.cpp":
         flags = (
             "--spec-type",
             "ngram-simple",
@@ -310,10 +336,11 @@ def short(r: dict) -> str:
 
 
 def compare_outputs(by_engine: dict[str, dict]) -> None:
-    """Each -spec engine's outputs against its plain twin's, request by request."""
+    """Each speculative engine's outputs against its plain twin's, request by request."""
     for engine, r in by_engine.items():
-        plain = by_engine.get(engine.removesuffix("-spec"))
-        if not engine.endswith("-spec") or "output_digests" not in r:
+        speculative = engine.endswith(("-spec", "-standalone"))
+        plain = by_engine.get(engine.removesuffix("-spec").removesuffix("-standalone"))
+        if not speculative or "output_digests" not in r:
             continue
         if not plain or "output_digests" not in plain:
             r.pop("equal_to_plain", None)
@@ -326,9 +353,10 @@ def compare_outputs(by_engine: dict[str, dict]) -> None:
 def ratios(by_engine: dict[str, dict]) -> dict[str, Any]:
     tps = {e: r["tok_per_s"] for e, r in by_engine.items() if "tok_per_s" in r}
     out: dict[str, Any] = {}
-    for kind in ("sgl", *PEERS):
-        if kind in tps and f"{kind}-spec" in tps:
-            out[f"{kind}-spec_over_{kind}"] = round(tps[f"{kind}-spec"] / tps[kind], 3)
+    pairs = [(f"{kind}-spec", kind) for kind in ("sgl", *PEERS)]
+    for spec, plain in pairs + [("sgl-bf16-standalone", "sgl-bf16")]:
+        if spec in tps and plain in tps:
+            out[f"{spec}_over_{plain}"] = round(tps[spec] / tps[plain], 3)
     peers_spec = {e: v for e, v in tps.items() if e in (f"{p}-spec" for p in PEERS)}
     if "sgl-spec" in tps and peers_spec:
         best = max(peers_spec, key=peers_spec.get)

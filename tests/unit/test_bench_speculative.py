@@ -75,8 +75,14 @@ def test_unknown_workload_and_engine_are_refused_by_name():
 
 
 def test_launch_flags_give_every_engine_the_same_draft_cap():
-    assert bench.launch_flags("sgl", 5, 3) == ("sgl", ())
+    assert bench.launch_flags("sgl", 5, 3) == ("sgl", ("--enable-torch-compile",))
     kind, flags = bench.launch_flags("sgl-spec", 5, 3)
+    assert flags[flags.index("--speculative-num-draft-tokens") + 1] == "5"
+    assert flags[flags.index("--speculative-algorithm") + 1] == "NGRAM"
+    _, flags = bench.launch_flags("sgl-bf16-standalone", 5, 3)
+    assert flags[flags.index("--speculative-algorithm") + 1] == "STANDALONE"
+    assert flags[flags.index("--quantization") + 1] == "none"
+    assert flags[flags.index("--speculative-draft-model-quantization") + 1] == "int4"
     assert flags[flags.index("--speculative-num-draft-tokens") + 1] == "5"
     _, flags = bench.launch_flags("llama.cpp-spec", 5, 3)
     assert flags[flags.index("--spec-ngram-simple-size-m") + 1] == "5"
