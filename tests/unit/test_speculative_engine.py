@@ -99,9 +99,7 @@ def family_dirs(tmp_path_factory):
 
     def get(family: str):
         if family not in made:
-            made[family] = save_tiny_engine_dir(
-                tmp_path_factory.mktemp(family), VOCAB, arch=family
-            )
+            made[family] = save_tiny_engine_dir(tmp_path_factory.mktemp(family), VOCAB, arch=family)
         return made[family]
 
     return get
@@ -418,3 +416,108 @@ def test_sampled_continuations_have_the_exact_distribution(small_model, params, 
         drafted, accepted = spec_counts(outs)
         assert drafted > DRAWS // 2 and accepted > DRAWS // 20, (drafted, accepted)
     assert_no_leak(engine)
+
+
+# ---------------------------------------------------------------- KV memory
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(max_total_tokens=250),  # 12 x (<= 38 + 48) tokens do not fit: decode retracts
+        dict(max_total_tokens=4096, chunked_prefill_size=4),
+        dict(max_total_tokens=4096, disable_radix_cache=True),
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_memory_options_keep_greedy_tokens(tiny_dir, engines, options):
+    """Drafts' slots are reserved with the step's and freed when rejected: a pool too small
+    for the batch (retraction, drafts given up first), prefill in chunks and no prefix cache
+    all give the tokens of a roomy engine without speculation, and leave nothing held."""
+    batch = repeating_prompts(12, seed=11)
+    params = greedy(max_new_tokens=48)
+    want = engines[1].generate(input_ids=batch, sampling_params=params)
+    with sgl.Engine(
+        model_path=str(tiny_dir[0]), dtype="float32", speculative_algorithm="NGRAM", **options
+    ) as spec:
+        got = spec.generate(input_ids=batch, sampling_params=params)
+        assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        assert_speculated(got)
+        if options["max_total_tokens"] < 1000:
+            assert spec.get_server_info()["retractions"] > 0
+        assert_no_leak(spec)
+
+
+# ---------------------------------------------------------------- constraints and counts
+
+CONSTRAINED = [
+    dict(regex=r"(the|quick|brown|fox|dog)( (the|quick|brown|fox|dog)){2,20}"),
+    dict(
+        regex=r'\{"name": "(ab|cd|ef)+", "n": [0-9]{1,3}, '
+        r'"tags": \[("x"|"yy")(, ("x"|"yy")){0,6}\]\}'
+    ),
+    dict(
+        json_schema={
+            "type": "object",
+            "properties": {
+                "words": {"type": "array", "items": {"enum": ["the", "fox", "dog"]}},
+                "ok": {"type": "boolean"},
+            },
+            "required": ["words", "ok"],
+        }
+    ),
+]
+
+
+@pytest.mark.parametrize("constraint", CONSTRAINED, ids=["words", "jump-forward", "schema"])
+def test_constrained_greedy_tokens_equal_without_speculation(engines, constraint):
+    """Drafts are cut where the grammar refuses them, and forced (jump-forward) text is fed
+    before a request drafts again: the tokens are those without speculation."""
+    import re
+
+    batch = repeating_prompts(6, seed=12)
+    got, want = both(engines, batch, greedy(max_new_tokens=64, **constraint))
+    assert_same_results(got, want)
+    assert_speculated(got)
+    if "regex" in constraint:
+        for o in got:
+            if o["meta_info"]["finish_reason"]["type"] == "stop":
+                assert re.fullmatch(constraint["regex"], o["text"]), o["text"]
+    assert_no_leak(engines[0])
+
+
+def test_counts_add_up_to_the_engines_totals(engines):
+    """Per request: spec_accept_length = completion_tokens / spec_verify_ct (SGLang's); the
+    engine's totals grow by the sums of the requests' counts."""
+    spec, plain = engines
+    before = spec.get_server_info()["speculative"]
+    batch = repeating_prompts(8, seed=13)
+    got = spec.generate(input_ids=batch, sampling_params=greedy())
+    info = spec.get_server_info()
+    after = info["speculative"]
+    metas = [o["meta_info"] for o in got]
+    for m in metas:
+        assert m["spec_accept_length"] == pytest.approx(
+            m["completion_tokens"] / m["spec_verify_ct"]
+        )
+        assert 0 <= m["spec_accepted_tokens"] <= m["spec_draft_tokens"]
+        assert m["spec_verify_ct"] + m["spec_accepted_tokens"] == m["completion_tokens"] - 1
+    for key, field in [
+        ("verify_steps", "spec_verify_ct"),
+        ("draft_tokens", "spec_draft_tokens"),
+        ("accepted_tokens", "spec_accepted_tokens"),
+    ]:
+        assert after[key] - before[key] == sum(m[field] for m in metas), key
+    assert after["algorithm"] == "NGRAM" and after["num_draft_tokens"] == 4
+    assert after["acceptance_rate"] == pytest.approx(
+        after["accepted_tokens"] / after["draft_tokens"]
+    )
+    steps = after["verify_steps"]
+    assert after["avg_spec_accept_length"] == pytest.approx(
+        (after["accepted_tokens"] + steps) / steps
+    )
+    assert info["internal_states"][0]["avg_spec_accept_length"] == after["avg_spec_accept_length"]
+    assert_speculated(got)
+    plain_out = plain.generate(input_ids=batch[0], sampling_params=greedy())
+    assert not any(k.startswith("spec_") for k in plain_out["meta_info"])
+    assert plain.get_server_info()["speculative"] == {"algorithm": None}

@@ -232,9 +232,7 @@ def test_drafts_are_cut_where_the_grammar_refuses(pattern, alphabet):
     grammar = make_compiler("byte_level").compile("regex", pattern)
     oracle = Oracle(pattern)
     pool = [
-        t
-        for t, tb in enumerate(vocab.token_bytes)
-        if tb and all(chr(b) in alphabet for b in tb)
+        t for t, tb in enumerate(vocab.token_bytes) if tb and all(chr(b) in alphabet for b in tb)
     ]
     marks = [t for t, tb in enumerate(vocab.token_bytes) if tb and t not in pool][:2]
     rng = random.Random(len(pattern))
