@@ -164,6 +164,7 @@ def sweep_prompts(engines) -> list[list[int]]:
         dict(presence_penalty=0.4),
         dict(frequency_penalty=-0.5, presence_penalty=0.2),
         dict(logit_bias={"7": 2.0, "11": -1.0}),
+        dict(max_new_tokens=None),  # up to the context length: drafts stop short of it
         dict(ignore_eos=False, logit_bias={str(EOS): 2.0}),
         dict(ignore_eos=True, logit_bias={str(EOS): 3.0}),  # EOS in the output: and in drafts
         dict(ignore_eos=True, min_new_tokens=16, logit_bias={str(EOS): 3.0}),
@@ -273,9 +274,11 @@ def test_logprobs_equal_without_speculation(engines, start):
     assert_no_leak(engines[0])
 
 
-def test_stream_adds_up_to_the_whole_result(engines):
-    """Streamed chunks (a verify step may carry several tokens) add up to the non-streamed
-    result, and each chunk carries one logprob entry per token it carries."""
+@pytest.mark.parametrize("interval", [1, 3])
+def test_stream_adds_up_to_the_whole_result(engines, interval):
+    """Streamed chunks (a verify step may carry several tokens; stream_interval holds some
+    back) add up to the non-streamed result, and each chunk carries one logprob entry per
+    token it carries."""
     spec, plain = engines
     batch = repeating_prompts(6, seed=6)
     kw = dict(return_logprob=True, top_logprobs_num=3)
@@ -283,7 +286,8 @@ def test_stream_adds_up_to_the_whole_result(engines):
     ids, texts = [[] for _ in batch], ["" for _ in batch]
     lps, tops = [[] for _ in batch], [[] for _ in batch]
     last: dict[int, dict] = {}
-    for chunk in spec.generate(input_ids=batch, sampling_params=greedy(), stream=True, **kw):
+    params = greedy(stream_interval=interval)
+    for chunk in spec.generate(input_ids=batch, sampling_params=params, stream=True, **kw):
         i, meta = chunk["index"], chunk["meta_info"]
         assert len(meta["output_token_logprobs"]) == len(chunk["output_ids"])
         assert len(meta["output_top_logprobs"]) == len(chunk["output_ids"])
