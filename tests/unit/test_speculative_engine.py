@@ -321,13 +321,18 @@ def small_model(tmp_path_factory):
     # at most 32 running: the step's draft budget (32) then covers every request's draft
     options = dict(dtype="float32", max_total_tokens=4096, max_running_requests=32)
     with engine_pair(path, **options) as pair:
-        yield hf, prompt, pair
+        yield hf, prompt, pair, path
 
 
-def processed_probs(logits: torch.Tensor, context: list[int], out: list[int], p: dict):
+def processed_probs(
+    logits: torch.Tensor, context: list[int], out: list[int], p: dict, allowed=None
+):
     """The sampler's distribution for one position (sgl/runtime/sampling/sampler.py's
-    docstring): penalties, temperature, then top_k and top_p on the scaled softmax."""
+    docstring): the constraint's mask, penalties, temperature, then top_k and top_p on the
+    scaled softmax."""
     x = logits.double().clone()
+    if allowed is not None:
+        x[~allowed] = float("-inf")
     rep = p.get("repetition_penalty", 1.0)
     for t in set(context + out):
         x[t] = x[t] / rep if x[t] > 0 else x[t] * rep
@@ -346,9 +351,12 @@ def processed_probs(logits: torch.Tensor, context: list[int], out: list[int], p:
     return probs / probs.sum()
 
 
-def exact_distribution(hf, prompt: list[int], p: dict) -> dict[tuple[int, ...], float]:
+def exact_distribution(
+    hf, prompt: list[int], p: dict, allowed=lambda out: None
+) -> dict[tuple[int, ...], float]:
     """P(t1 t2 t3) = q(t1) q(t2 | t1) q(t3 | t1 t2), every continuation enumerated, the
-    conditionals from one HF forward over all prompt + (t1, t2)."""
+    conditionals from one HF forward over all prompt + (t1, t2); `allowed(output)`: the
+    constraint's mask after that output (None: unconstrained)."""
     import itertools
 
     heads = list(itertools.product(range(SMALL_VOCAB), repeat=DRAW_NEW - 1))
@@ -358,8 +366,14 @@ def exact_distribution(hf, prompt: list[int], p: dict) -> dict[tuple[int, ...], 
     for row, head in enumerate(heads):
         prob = 1.0
         for j, t in enumerate(head):
-            prob *= float(processed_probs(logits[row, j], prompt, list(head[:j]), p)[t])
-        last = processed_probs(logits[row, DRAW_NEW - 1], prompt, list(head), p)
+            out = list(head[:j])
+            prob *= float(processed_probs(logits[row, j], prompt, out, p, allowed(out))[t])
+            if prob == 0:
+                break
+        last = torch.zeros(SMALL_VOCAB, dtype=torch.float64)
+        if prob > 0:
+            out = list(head)
+            last = processed_probs(logits[row, DRAW_NEW - 1], prompt, out, p, allowed(out))
         for t in range(SMALL_VOCAB):
             dist[head + (t,)] = prob * float(last[t])
     return dist
@@ -400,7 +414,7 @@ def test_sampled_continuations_have_the_exact_distribution(small_model, params, 
     the oracle, so a failure with speculation alone is speculation's. (Checked to fail when
     the accepted count is off by one now and then, and when the drafted prefix is left out
     of the penalties' output: the negative frequency penalty makes that visible.)"""
-    hf, prompt, (spec, plain) = small_model
+    hf, prompt, (spec, plain), _ = small_model
     engine = spec if speculative else plain
     dist = exact_distribution(hf, prompt, params)
     outs = []
@@ -525,3 +539,43 @@ def test_counts_add_up_to_the_engines_totals(engines):
     plain_out = plain.generate(input_ids=batch[0], sampling_params=greedy())
     assert not any(k.startswith("spec_") for k in plain_out["meta_info"])
     assert plain.get_server_info()["speculative"] == {"algorithm": None}
+
+
+def test_constrained_sampling_has_the_exact_distribution(small_model):
+    """Under a regex the verify position after a drafted token must be masked by the state
+    after it: 3000 draws at temperature 1 fit the brute force (masks from the `regex`
+    module's partial matching on the tokens' text), with and without speculation."""
+    import regex
+    from transformers import AutoTokenizer
+
+    hf, prompt, engines_v8, path = small_model
+    pattern = r"""([!"'][#$%&]){3,5}"""  # alternating classes: each mask differs from the last
+    texts = [AutoTokenizer.from_pretrained(path).decode([t]) for t in range(SMALL_VOCAB)]
+
+    def allowed(out: list[int]) -> torch.Tensor:
+        done = "".join(texts[t] for t in out)
+        ok = [
+            t != EOS and regex.fullmatch(pattern, done + texts[t], partial=True) is not None
+            for t in range(SMALL_VOCAB)
+        ]
+        return torch.tensor(ok)
+
+    params = dict(temperature=1.0, regex=pattern)
+    dist = exact_distribution(hf, prompt, {"temperature": 1.0}, allowed)
+    for speculative, engine in zip([True, False], engines_v8):
+        outs = []
+        for start in range(0, DRAWS, 1000):
+            sp = [
+                {**params, "max_new_tokens": DRAW_NEW, "ignore_eos": True, "seed": s}
+                for s in range(start, start + 1000)
+            ]
+            outs += engine.generate(input_ids=[prompt] * len(sp), sampling_params=sp)
+        counts: dict[tuple[int, ...], int] = {}
+        for o in outs:
+            seq = tuple(o["output_ids"])
+            assert dist[seq] > 0, seq
+            counts[seq] = counts.get(seq, 0) + 1
+        assert chi_square_p_value(counts, dist, DRAWS) > 1e-3, speculative
+        if speculative:
+            assert_speculated(outs)
+        assert_no_leak(engine)
