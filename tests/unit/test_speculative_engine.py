@@ -468,39 +468,47 @@ def test_memory_options_keep_greedy_tokens(tiny_dir, engines, options):
 
 # ---------------------------------------------------------------- constraints and counts
 
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "words": {"type": "array", "items": {"enum": ["the", "fox", "dog"]}},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["words", "ok"],
+}
 CONSTRAINED = [
     dict(regex=r"(the|quick|brown|fox|dog)( (the|quick|brown|fox|dog)){2,20}"),
     dict(
         regex=r'\{"name": "(ab|cd|ef)+", "n": [0-9]{1,3}, '
         r'"tags": \[("x"|"yy")(, ("x"|"yy")){0,6}\]\}'
     ),
-    dict(
-        json_schema={
-            "type": "object",
-            "properties": {
-                "words": {"type": "array", "items": {"enum": ["the", "fox", "dog"]}},
-                "ok": {"type": "boolean"},
-            },
-            "required": ["words", "ok"],
-        }
-    ),
+    dict(json_schema=SCHEMA),
+    dict(max_new_tokens=24, json_schema=SCHEMA),  # budget_aware: must close in time
 ]
 
 
-@pytest.mark.parametrize("constraint", CONSTRAINED, ids=["words", "jump-forward", "schema"])
+@pytest.mark.parametrize(
+    "constraint", CONSTRAINED, ids=["words", "jump-forward", "schema", "schema-budget"]
+)
 def test_constrained_greedy_tokens_equal_without_speculation(engines, constraint):
     """Drafts are cut where the grammar refuses them, and forced (jump-forward) text is fed
     before a request drafts again: the tokens are those without speculation."""
+    import json
     import re
 
+    import jsonschema
+
     batch = repeating_prompts(6, seed=12)
-    got, want = both(engines, batch, greedy(max_new_tokens=64, **constraint))
+    got, want = both(engines, batch, greedy(**{"max_new_tokens": 64, **constraint}))
     assert_same_results(got, want)
     assert_speculated(got)
-    if "regex" in constraint:
-        for o in got:
-            if o["meta_info"]["finish_reason"]["type"] == "stop":
-                assert re.fullmatch(constraint["regex"], o["text"]), o["text"]
+    complete = [o["text"] for o in got if o["meta_info"]["finish_reason"]["type"] == "stop"]
+    assert complete  # some finished their member: the whole grammar was walked
+    for text in complete:
+        if "regex" in constraint:
+            assert re.fullmatch(constraint["regex"], text), text
+        else:
+            jsonschema.validate(json.loads(text), constraint["json_schema"])
     assert_no_leak(engines[0])
 
 
@@ -579,3 +587,23 @@ def test_constrained_sampling_has_the_exact_distribution(small_model):
         if speculative:
             assert_speculated(outs)
         assert_no_leak(engine)
+
+
+def test_abandoned_stream_frees_the_drafts_slots(engines):
+    """A stream closed while its requests draft: they are aborted and nothing stays held."""
+    spec, _ = engines
+    chunks = spec.generate(
+        input_ids=repeating_prompts(4, seed=14),
+        sampling_params=greedy(max_new_tokens=200),
+        stream=True,
+    )
+    for chunk in chunks:  # until a verify step has accepted drafts
+        if chunk["meta_info"].get("spec_accepted_tokens", 0) > 0:
+            break
+    else:
+        pytest.fail("no draft accepted before the streams ended")
+    chunks.close()
+    assert spec.flush_cache()
+    info = spec.get_server_info()
+    assert info["available_kv_tokens"] == info["max_total_tokens"]
+    assert info["num_running_reqs"] == 0
