@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_constrained_support import Oracle, make_compiler, make_vocab
+from test_constrained_support import Oracle, make_compiler, make_tokenizer, make_vocab
 
 from sgl.runtime.messages import GenerateRequest
 from sgl.runtime.request import Req
@@ -291,6 +291,48 @@ def _mask(matcher, vocab) -> list[int]:
     row = allocate_bitmask(1, vocab.vocab_size)
     matcher.fill_mask(row[0])
     return row[0].tolist()
+
+
+class RecordingKV:
+    """The KV manager's truncate, recorded."""
+
+    def __init__(self) -> None:
+        self.cuts: list[int] = []
+
+    def truncate(self, r, seq_len: int) -> None:
+        self.cuts.append(seq_len)
+
+
+def test_verify_keeps_the_accepted_draws_and_frees_the_rest():
+    spec = Speculator(num_draft_tokens=4)
+    r = make_req(REPEATING)
+    for draft, drawn, accepted in [
+        ([3, 4, 5], [3, 4, 9, 7], 2),
+        ([3, 4], [3, 4, 5], 2),
+        ([], [8], 0),
+    ]:
+        r.draft_ids = draft
+        picks = [(t, -0.5 * i, None) for i, t in enumerate(drawn)]
+        kv = RecordingKV()
+        kept, verified = spec.verify(r, picks, kv)
+        assert kept == picks[: accepted + 1] and verified == draft[:accepted]
+        assert kv.cuts == [r.seq_len + accepted]  # the newest token and accepted drafts keep K/V
+
+
+@pytest.mark.parametrize("k", [2, 8])
+def test_a_constraints_forced_text_is_drafted(k):
+    """Where the grammar forces text (jump-forward off or unable), the draft is that text's
+    tokens, at most k of them, whatever the lookup would say."""
+    tokenizer = make_tokenizer("byte_level")
+    grammar = make_compiler("byte_level").compile("regex", r'\{"name": "[a-z]+"\}')
+    r = make_req(REPEATING)
+    r.matcher = grammar.matcher()
+    spec = Speculator(num_draft_tokens=k, tokenizer=tokenizer)
+    spec.propose([r])
+    forced = tokenizer('{"name": "', add_special_tokens=False).input_ids
+    assert len(forced) > 2
+    assert r.draft_ids == forced[:k]
+    assert tokenizer.decode(r.draft_ids) == '{"name": "'[: len(tokenizer.decode(r.draft_ids))]
 
 
 # ---------------------------------------------------------------- verify rows
