@@ -187,6 +187,33 @@ def test_sampling_params_at_temperature_0_equal_without_speculation(engines, par
     assert_no_leak(engines[0])
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(),
+        dict(top_k=5),
+        dict(top_p=0.7),
+        dict(min_p=0.2),
+        dict(repetition_penalty=0.8, frequency_penalty=-0.3),
+        dict(presence_penalty=0.5, logit_bias={"7": 2.0}),
+        dict(ignore_eos=False, min_new_tokens=10, logit_bias={str(EOS): 2.0}),
+    ],
+    ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()).replace(" ", "") or "plain",
+)
+def test_seeded_sampling_params_equal_without_speculation(engines, params):
+    """Seeded draws depend on the seed and the output position only, so at temperature > 0
+    too each sampling parameter gives the tokens it gives without speculation; sent again,
+    the requests draft their first run's cached continuations, which must be accepted."""
+    batch = repeating_prompts(8, seed=15)
+    sp = [greedy(temperature=0.9, seed=100 + i, **params) for i in range(len(batch))]
+    got, want = both(engines, batch, sp)
+    assert_same_results(got, want)
+    again = engines[0].generate(input_ids=batch, sampling_params=sp)
+    assert_same_results(again, want)
+    assert_speculated(got + again)
+    assert_no_leak(engines[0])
+
+
 @pytest.mark.parametrize("new", [1, 2, 3, 4])
 def test_few_new_tokens_equal_without_speculation(engines, sweep_prompts, new):
     """A draft leaves room for the token drawn after it: none with 2 or fewer to go."""
