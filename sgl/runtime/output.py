@@ -278,6 +278,8 @@ class OutputProcessor:
         if roll:
             del r.output_ids[len(r.output_ids) - roll :]
             self.kv.truncate(r, r.seq_len)
+            if r.spec is not None:  # speculative decoding's lookup index of these tokens
+                r.spec.index.truncate(r.seq_len)
         r.output_ids.extend(added)
         r.detokenizer = self._detokenizer(r, r.fill_ids)
         self.jump_forward_tokens += len(added)
