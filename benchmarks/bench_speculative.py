@@ -315,9 +315,10 @@ def run_engine(engine: str, args: argparse.Namespace, work: dict, log_dir: Path)
     client = Client(url, kind)
     results = {}
     try:
+        speculative = engine.endswith(("-spec", "-standalone"))
         for cell, (w, warm) in work.items():
             try:
-                results[cell] = measure(client, engine.endswith("-spec"), w, warm, cell[1])
+                results[cell] = measure(client, speculative, w, warm, cell[1])
             except (RuntimeError, requests.RequestException) as e:
                 results[cell] = {"failed": f"{e} ...{log_tail(log, 600)}"[:1500]}
             r = results[cell]
