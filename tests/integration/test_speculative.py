@@ -1,0 +1,424 @@
+"""Speculative decoding (NGRAM prompt lookup) on the embedded model, the server and tensor
+parallelism. The oracle is the same model without speculation (the session's `engine`):
+greedy decoding must give its tokens one for one, whatever was drafted. Every test also
+checks that drafts were really proposed and accepted, or it would prove nothing: copying and
+quoting prompts make the model repeat its input, which prompt lookup drafts well."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import requests
+from oracle_helpers import _LONG_TEXT, ORACLE_EXACT, chat
+from process_helpers import gone
+from server_helpers import ServerThread, kv_whole, metric, parse_metrics, wait_until
+
+import sgl
+from sgl.server.app import create_app
+from sgl.server.launch import build_parser, engine_kwargs, main, parse_args
+
+pytestmark = pytest.mark.integration
+
+GREEDY = {"temperature": 0, "max_new_tokens": 64}
+MODEL = "smollm2-spec"
+CARD = (
+    "Customer record. Name: Margaret Holloway. City: Portsmouth. Account number: 48213. "
+    "Favourite colour: teal. Member since: 2011."
+)
+
+
+def copy_prompts(tok) -> list[str]:
+    """Prompts whose answers repeat their input (drafts are accepted)."""
+    return [
+        chat(tok, "Repeat the following paragraph exactly, word for word.\n\n" + _LONG_TEXT),
+        chat(tok, "Quote the first two sentences of this text.\n\n" + _LONG_TEXT),
+        _LONG_TEXT + "\n\nThe same text again, copied:\n\n" + _LONG_TEXT[:120],
+    ]
+
+
+def free_prompts(tok) -> list[str]:
+    return [
+        chat(tok, "What is the capital of France?"),
+        chat(tok, "Write a haiku about autumn leaves."),
+        chat(tok, "List three primary colors."),
+        chat(tok, "Explain in two sentences what a CPU does."),
+    ]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    e = sgl.Engine(**ORACLE_EXACT, speculative_algorithm="NGRAM")
+    yield e
+    e.shutdown()
+
+
+def as_list(out) -> list[dict]:
+    return out if isinstance(out, list) else [out]
+
+
+def assert_same(got, want) -> None:
+    """Token for token what the engine without speculation produced, and finished alike."""
+    got, want = as_list(got), as_list(want)
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert [o["text"] for o in got] == [o["text"] for o in want]
+    assert [o["meta_info"]["finish_reason"] for o in got] == [
+        o["meta_info"]["finish_reason"] for o in want
+    ]
+
+
+def spec_counts(outs) -> tuple[int, int]:
+    """(drafted, accepted) over the outputs; each output's counts checked for consistency."""
+    drafted = accepted = 0
+    for o in as_list(outs):
+        m = o["meta_info"]
+        assert m["spec_verify_ct"] >= 1 and 0 <= m["spec_accepted_tokens"] <= m["spec_draft_tokens"]
+        drafted += m["spec_draft_tokens"]
+        accepted += m["spec_accepted_tokens"]
+    return drafted, accepted
+
+
+def assert_speculated(outs) -> None:
+    drafted, accepted = spec_counts(outs)
+    assert drafted > 0 and accepted > 0, (drafted, accepted)
+
+
+# ------------------------------------------------------------------ greedy identity
+
+
+def test_copying_prompts_accept_drafts_and_keep_the_tokens(spec, engine):
+    prompts = copy_prompts(engine.tokenizer)
+    params = dict(GREEDY, max_new_tokens=80)
+    want = engine.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
+    for p, w in zip(prompts, want):  # one at a time: each request's verify steps alone
+        got = spec.generate(p, params, return_logprob=True, top_logprobs_num=2)
+        assert_same(got, w)
+        m = got["meta_info"]
+        assert m["spec_accepted_tokens"] > 0, m
+        # each verify step adds its accepted drafts and one drawn token; the first token
+        # came from the prefill
+        if m["finish_reason"]["type"] == "length":
+            assert m["completion_tokens"] == 1 + m["spec_verify_ct"] + m["spec_accepted_tokens"]
+        assert m["spec_verify_ct"] < m["completion_tokens"] - 1  # fewer steps than tokens
+        assert m["spec_accept_length"] == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+        # the logprob of each token is the one the model gives it without speculation
+        lp = [e[0] for e in m["output_token_logprobs"]]
+        assert lp == pytest.approx([e[0] for e in w["meta_info"]["output_token_logprobs"]], abs=1e-4)
+        tops = [[t[1] for t in e] for e in m["output_top_logprobs"]]
+        assert tops == [[t[1] for t in e] for e in w["meta_info"]["output_top_logprobs"]]
+
+
+def test_free_chat_prompts_keep_the_tokens(spec, engine):
+    prompts = free_prompts(engine.tokenizer)
+    got = spec.generate(prompts, GREEDY)
+    assert_same(got, engine.generate(prompts, GREEDY))
+    assert_speculated(got)
+
+
+def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
+    """Copying and free prompts in one batch, with the parameters a verify step must apply at
+    every drafted position: penalties, a stop string, min_new_tokens, ignore_eos."""
+    tok = engine.tokenizer
+    prompts = copy_prompts(tok) + free_prompts(tok) + ["1, 1, 2, 3, 5, 8, 13,"]
+    params = [
+        dict(GREEDY, max_new_tokens=72),
+        dict(GREEDY, repetition_penalty=1.15),
+        dict(GREEDY, stop=["printing"], max_new_tokens=48),
+        dict(GREEDY, max_new_tokens=24, ignore_eos=True),
+        dict(GREEDY, frequency_penalty=0.4, presence_penalty=0.3),
+        dict(GREEDY, min_new_tokens=30, max_new_tokens=40),
+        dict(GREEDY, max_new_tokens=8),
+        dict(GREEDY, max_new_tokens=48, ignore_eos=True),
+    ]
+    got = spec.generate(prompts, params)
+    assert_same(got, engine.generate(prompts, params))
+    assert_speculated(got)
+    assert "printing" not in got[2]["text"] and got[2]["meta_info"]["finish_reason"]["type"] == "stop"
+    assert len(got[5]["output_ids"]) >= 30
+
+
+# ------------------------------------------------------------------ constraints
+
+EXTRACT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "city": {"type": "string", "maxLength": 40},
+        "account": {"type": "integer"},
+    },
+    "required": ["name", "city", "account"],
+    "additionalProperties": False,
+}
+RECORD = (
+    r"Customer record\. Name: [A-Z][a-z]+ [A-Z][a-z]+\. City: [A-Z][a-z]+\. "
+    r"Account number: [0-9]{5}\."
+)
+BOUNDED = r"Customer record\. [A-Za-z0-9 .:]{10,60}\."
+EBNF = 'root ::= "Name: " name ". City: " name "."\nname ::= [A-Z] [a-z]+ (" " [A-Z] [a-z]+)?'
+EBNF_RE = r"Name: [A-Z][a-z]+( [A-Z][a-z]+)?\. City: [A-Z][a-z]+( [A-Z][a-z]+)?\."
+
+
+def constrained_requests(tok) -> tuple[list[str], list[dict], list]:
+    """(prompts, params, a check of each output): regexes, a JSON schema and EBNF whose
+    answers copy the input, and a budget-aware schema at a tight budget."""
+    repeat = chat(tok, f"{CARD}\n\nRepeat the record.")
+    ask = chat(tok, f"{CARD}\n\nGive the customer's name, city and account number as JSON.")
+    prompts = [
+        repeat,
+        repeat,
+        ask,
+        chat(tok, f"{CARD}\n\nWrite 'Name: ' and the name, then '. City: ' and the city."),
+        ask,
+    ]
+    params = [
+        dict(GREEDY, regex=RECORD),
+        dict(GREEDY, regex=BOUNDED),
+        dict(GREEDY, max_new_tokens=96, json_schema=json.dumps(EXTRACT)),
+        dict(GREEDY, ebnf=EBNF),
+        dict(GREEDY, max_new_tokens=24, json_schema=json.dumps(EXTRACT), budget_aware=True),
+    ]
+    checks = [
+        lambda t: re.fullmatch(RECORD, t),
+        lambda t: re.fullmatch(BOUNDED, t),
+        lambda t: jsonschema.validate(json.loads(t), EXTRACT) is None,
+        lambda t: re.fullmatch(EBNF_RE, t),
+        lambda t: jsonschema.validate(json.loads(t), EXTRACT) is None,
+    ]
+    return prompts, params, checks
+
+
+@pytest.fixture
+def jump_forward(spec, engine):
+    """Set `disable_jump_forward` on both engines (a live option); restored afterwards."""
+    before = {e: e.config.disable_jump_forward for e in (spec, engine)}
+
+    def set_(on: bool) -> None:
+        for e in (spec, engine):
+            assert e.update_options(disable_jump_forward=not on) == {"disable_jump_forward": not on}
+
+    yield set_
+    for e, value in before.items():
+        e.update_options(disable_jump_forward=value)
+
+
+@pytest.mark.parametrize("jf", [True, False], ids=["jump_forward", "no_jump_forward"])
+def test_constrained_outputs_keep_the_tokens_and_are_valid(spec, engine, jump_forward, jf):
+    jump_forward(jf)
+    prompts, params, checks = constrained_requests(engine.tokenizer)
+    got = spec.generate(prompts, params)
+    assert_same(got, engine.generate(prompts, params))
+    for o, check in zip(got, checks):
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        assert check(o["text"]), o["text"]
+    assert got[0]["text"] == CARD[:82]  # copied: the record's own words, drafted from it
+    extracted = json.loads(got[2]["text"])
+    assert extracted["name"] == "Margaret Holloway" and extracted["account"] == 48213
+    assert all(spec_counts(o)[1] > 0 for o in got[:4]), [o["meta_info"] for o in got]
+
+
+# ------------------------------------------------------------------ sessions and forks
+
+
+def test_session_turns_keep_the_tokens(spec, engine):
+    tok = engine.tokenizer
+    turns = [
+        chat(tok, "Repeat this sentence exactly: " + _LONG_TEXT[:160]),
+        "\nNow repeat it once more:",
+        "\nAnd the sentence after it in the text was:",
+    ]
+    outs = {}
+    for e in (spec, engine):
+        sid, rid, outs[e] = e.open_session(), None, []
+        try:
+            for text in turns:
+                session = {"id": sid, "rid": rid} if rid else {"id": sid}
+                o = e.generate(text, dict(GREEDY, max_new_tokens=40), session_params=session)
+                outs[e].append(o)
+                rid = o["meta_info"]["id"]
+        finally:
+            assert e.close_session(sid)
+    assert_same(outs[spec], outs[engine])
+    assert_speculated(outs[spec])
+    # a later turn's prompt holds the history: it was cached, not recomputed
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in outs[spec][1:])
+
+
+def test_n_samples_and_a_shared_prefix_batch_keep_the_tokens(spec, engine):
+    tok = engine.tokenizer
+    quote = copy_prompts(tok)[0]
+    params = dict(GREEDY, max_new_tokens=32, n=2)
+    got = spec.generate(quote, params)
+    assert_same(got, engine.generate(quote, params))
+    assert_speculated(got)
+    # fork-style: one long shared prefix, then different questions (one radix-cached prefix)
+    head = f"{_LONG_TEXT}\n\n"
+    forks = [
+        head + "Question: who combined the screw press with movable type?\nAnswer:",
+        head + "Question: who copied books before printing?\nAnswer:",
+        head + "Quote the sentence about pamphlets:\n",
+        head + "Repeat the last sentence:\n",
+    ]
+    got = spec.generate(forks, dict(GREEDY, max_new_tokens=32))
+    assert_same(got, engine.generate(forks, dict(GREEDY, max_new_tokens=32)))
+    assert_speculated(got)
+    assert sum(o["meta_info"]["cached_tokens"] for o in got) > 0  # the prefix was shared
+
+
+# ------------------------------------------------------------------ the server
+
+SERVER_ARGV = [
+    "--speculative-algorithm",
+    "ngram",  # SGLang's spelling is upper case; either is taken
+    "--speculative-num-draft-tokens",
+    "6",
+    "--dtype",
+    "float32",
+    "--quantization",
+    "none",
+    "--max-total-tokens",
+    "4096",
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A server whose engine is built from the launcher's flags (a scheduler process, the
+    server's default), and that engine."""
+    args = parse_args(build_parser(), SERVER_ARGV)
+    e = sgl.Engine(**engine_kwargs(args))
+    pids = list(e.scheduler_pids)
+    try:
+        with ServerThread(create_app(e, MODEL)) as url:
+            yield url, e
+    finally:
+        e.shutdown()
+    assert wait_until(lambda: all(gone(p) for p in pids), timeout=30, interval=0.05)
+
+
+def server_info(url: str) -> dict:
+    return requests.get(url + "/get_server_info", timeout=30).json()
+
+
+def test_server_generate_reports_verify_steps_and_keeps_the_tokens(server, engine):
+    url, _ = server
+    tok = engine.tokenizer
+    prompts = copy_prompts(tok)[:2] + free_prompts(tok)[:1]
+    before = server_info(url)["speculative"]
+    r = requests.post(
+        url + "/generate", json={"text": prompts, "sampling_params": GREEDY}, timeout=300
+    )
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert_same(got, engine.generate(prompts, GREEDY))
+    assert_speculated(got)
+    for o in got:
+        m = o["meta_info"]
+        assert m["spec_verify_ct"] > 0
+        assert m["spec_accept_length"] == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+    info = server_info(url)
+    s = info["speculative"]
+    assert s["algorithm"] == "NGRAM" and s["num_draft_tokens"] == 6  # from the flags
+    # the engine's totals moved by exactly what the requests report
+    verify = sum(o["meta_info"]["spec_verify_ct"] for o in got)
+    drafted, accepted = spec_counts(got)
+    assert s["verify_steps"] - before["verify_steps"] == verify
+    assert s["draft_tokens"] - before["draft_tokens"] == drafted
+    assert s["accepted_tokens"] - before["accepted_tokens"] == accepted
+    assert 0 <= s["acceptance_rate"] <= 1
+    assert s["acceptance_rate"] == pytest.approx(s["accepted_tokens"] / s["draft_tokens"])
+    avg = info["internal_states"][0]["avg_spec_accept_length"]
+    assert avg >= 1 and avg == pytest.approx(s["avg_spec_accept_length"])
+    assert avg == pytest.approx((s["accepted_tokens"] + s["verify_steps"]) / s["verify_steps"])
+
+
+def test_server_stream_adds_up_to_the_whole_text(server, engine):
+    url, _ = server
+    prompt = copy_prompts(engine.tokenizer)[0]
+    body = {"text": prompt, "sampling_params": GREEDY, "stream": True}
+    with requests.post(url + "/generate", json=body, stream=True, timeout=300) as r:
+        assert r.status_code == 200
+        chunks = [
+            json.loads(line[len(b"data: ") :])
+            for line in r.iter_lines()
+            if line.startswith(b"data: ") and line != b"data: [DONE]"
+        ]
+    want = engine.generate(prompt, GREEDY)
+    assert "".join(c["text"] for c in chunks) == want["text"]
+    last = chunks[-1]["meta_info"]
+    assert last["completion_tokens"] == len(want["output_ids"]) and last["spec_verify_ct"] > 0
+    assert last["spec_accepted_tokens"] > 0
+
+
+def test_server_metrics_export_speculation(server, engine):
+    url, _ = server
+    prompt = copy_prompts(engine.tokenizer)[2]
+    before = parse_metrics(requests.get(url + "/metrics", timeout=30).text)
+    o = requests.post(
+        url + "/generate", json={"text": prompt, "sampling_params": GREEDY}, timeout=300
+    ).json()
+    after = parse_metrics(requests.get(url + "/metrics", timeout=30).text)
+    s = server_info(url)["speculative"]
+    assert metric(after, "sgl:spec_verify_calls_total") - metric(
+        before, "sgl:spec_verify_calls_total"
+    ) == o["meta_info"]["spec_verify_ct"]
+    assert metric(after, "sgl:spec_accept_length") == pytest.approx(s["avg_spec_accept_length"])
+    assert metric(after, "sgl:spec_accept_rate") == pytest.approx(s["acceptance_rate"])
+    assert metric(after, "sgl:spec_num_draft_tokens") == 6
+
+
+def test_server_has_no_kv_left_behind(server):
+    url, _ = server
+    assert kv_whole(url)
+
+
+@pytest.mark.parametrize(
+    "argv,flag",
+    [
+        (["--speculative-algorithm", "FOO"], "--speculative-algorithm"),
+        (["--speculative-algorithm", "EAGLE"], "--speculative-algorithm"),
+        (["--speculative-num-draft-tokens", "0"], "--speculative-num-draft-tokens"),
+        (["--speculative-num-draft-tokens", "33"], "--speculative-num-draft-tokens"),
+        (["--speculative-num-draft-tokens", "four"], "--speculative-num-draft-tokens"),
+    ],
+)
+def test_the_launcher_refuses_a_bad_value_naming_the_flag(argv, flag, capsys):
+    """Refused while parsing the command line, before any model is loaded."""
+    with pytest.raises(SystemExit) as e:
+        main(["--speculative-algorithm", "NGRAM", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and argv[1] in err, err
+
+
+# ------------------------------------------------------------------ tensor parallel
+
+
+def test_tp2_speculative_greedy_is_tp1s(engine):
+    tok = engine.tokenizer
+    prompts = copy_prompts(tok)[:2] + free_prompts(tok)[:2]
+    params = dict(GREEDY, max_new_tokens=48)
+    with sgl.Engine(
+        **ORACLE_EXACT, max_total_tokens=2048, tp_size=2, speculative_algorithm="NGRAM"
+    ) as two:
+        pids = list(two.scheduler_pids)
+        assert len(pids) == 2
+        got = two.generate(prompts, params)
+        assert two.get_server_info()["speculative"]["accepted_tokens"] > 0
+        assert two.flush_cache()
+        info = two.get_server_info()
+        assert info["available_kv_tokens"] == info["max_total_tokens"]
+    assert wait_until(lambda: all(gone(p) for p in pids), timeout=30, interval=0.05)
+    assert_same(got, engine.generate(prompts, params))
+    assert_speculated(got)
+
+
+# ------------------------------------------------------------------ last: nothing leaked
+
+
+def test_the_speculative_engine_has_no_kv_left_behind(spec):
+    assert spec.flush_cache()
+    info = spec.get_server_info()
+    assert info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0
+    assert info["available_kv_tokens"] == info["max_total_tokens"]
