@@ -168,7 +168,7 @@ class EngineConfig:
             )
 
     def _validate_speculative(self) -> None:
-        from sgl.runtime.speculative import SPECULATIVE_ALGORITHMS
+        from sgl.runtime.speculative import MAX_DRAFT_TOKENS, SPECULATIVE_ALGORITHMS
 
         algo = self.speculative_algorithm
         if algo is not None:
@@ -182,8 +182,8 @@ class EngineConfig:
             k = getattr(self, name)
             if k is None and name == "speculative_num_steps":
                 continue
-            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 32:
-                raise ValueError(f"{name} must be an integer in [1, 32], got {k!r}")
+            if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_DRAFT_TOKENS:
+                raise ValueError(f"{name} must be an integer in [1, {MAX_DRAFT_TOKENS}], got {k!r}")
         from sgl.runtime.model.quant import QUANTIZATIONS
 
         quant = self.speculative_draft_model_quantization

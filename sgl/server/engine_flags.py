@@ -15,8 +15,21 @@ from sgl.runtime.attention import ATTENTION_BACKENDS
 from sgl.runtime.config import DTYPES, LOAD_FORMATS, SCHEDULE_POLICIES, EngineConfig
 from sgl.runtime.model.dense_copy import DENSE_COPY_MODES
 from sgl.runtime.model.quant import INT4_GROUP_SIZES, QUANTIZATIONS
-from sgl.runtime.speculative import SPECULATIVE_ALGORITHMS
+from sgl.runtime.speculative import MAX_DRAFT_TOKENS, SPECULATIVE_ALGORITHMS
 from sgl.server.launch_compat import DTYPE_ALIASES
+
+
+def int_in_range(value: str, low: int, high: int) -> int:
+    """An argparse type: an integer in [low, high], refused while parsing (the error names
+    the flag) rather than by the engine after start-up began."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or not low <= number <= high:
+        raise argparse.ArgumentTypeError(f"must be an integer from {low} to {high}, got {value!r}")
+    return number
+
 
 # flag names -> (EngineConfig field, argparse kwargs but the default)
 ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -176,11 +189,17 @@ ENGINE_FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "--speculative-num-draft-tokens": (
         "speculative_num_draft_tokens",
-        dict(type=int, help="most tokens drafted per request and step"),
+        dict(
+            type=lambda v: int_in_range(v, 1, MAX_DRAFT_TOKENS),
+            help=f"most tokens drafted per request and step (1 to {MAX_DRAFT_TOKENS})",
+        ),
     ),
     "--speculative-num-steps": (
         "speculative_num_steps",
-        dict(type=int, help="STANDALONE: draft model steps (tokens drafted) per verify step"),
+        dict(
+            type=lambda v: int_in_range(v, 1, MAX_DRAFT_TOKENS),
+            help="STANDALONE: draft model steps (tokens drafted) per verify step",
+        ),
     ),
     "--speculative-draft-model-path --speculative-draft-model": (
         "speculative_draft_model_path",

@@ -7,9 +7,10 @@ The scheduler, batch builder and model runner carry a request's draft through a 
 
 from sgl.runtime.speculative.ngram import NgramIndex
 from sgl.runtime.speculative.speculator import (
+    MAX_DRAFT_TOKENS,
     SPECULATIVE_ALGORITHMS,
     Speculator,
     expand_rows,
 )
 
-__all__ = ["SPECULATIVE_ALGORITHMS", "NgramIndex", "Speculator", "expand_rows"]
+__all__ = ["MAX_DRAFT_TOKENS", "SPECULATIVE_ALGORITHMS", "NgramIndex", "Speculator", "expand_rows"]

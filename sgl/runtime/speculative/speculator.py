@@ -28,6 +28,8 @@ from sgl.runtime.request import Req
 from sgl.runtime.speculative.ngram import NgramIndex
 
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
+# The largest speculative_num_draft_tokens taken (one request's draft in one step).
+MAX_DRAFT_TOKENS = 32
 # Draft tokens one step may verify in all, beyond its one token per decoding request.
 STEP_TOKEN_BUDGET = 32
 # Steps a request waits before drafting again after a wholly rejected draft: 1, 3, 7, ... capped.
