@@ -5,7 +5,8 @@ Per-request numbers (tokens, TTFT, latency) come from the engine's finish events
 `create_app` registers `Metrics.record_event` with `engine.add_finish_listener`, so every
 request the engine finishes (native, OpenAI, extraction programs, health checks, and
 aborted ones, also when their client is gone) is counted once. Gauges (running / waiting
-requests, KV pool usage) are read from `engine.get_server_info()` at scrape time.
+requests, KV pool usage, speculative decoding's acceptance) are read from
+`engine.get_server_info()` at scrape time.
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Metrics:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.cached_tokens = 0
+        self.spec_verify_calls = 0
         self.ttft = Histogram(TTFT_BUCKETS)
         self.tpot = Histogram(TPOT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
@@ -136,6 +138,7 @@ class Metrics:
             self.prompt_tokens += int(s.prompt_tokens or 0)
             self.generation_tokens += completion
             self.cached_tokens += int(s.cached_tokens or 0)
+            self.spec_verify_calls += int(s.spec_verify_ct or 0)
             if s.ttft is not None:
                 self.ttft.observe(float(s.ttft))
             if s.e2e_latency is not None and not aborted:
@@ -200,6 +203,26 @@ class Metrics:
             "Tokens pinned in the radix cache by open sessions.",
             server_info.get("session_locked_tokens", 0),
         )
+        spec = server_info.get("speculative") or {}
+        if spec.get("algorithm"):  # SGLang's names; since start, where SGLang's are per interval
+            metric(
+                "spec_accept_length",
+                "gauge",
+                "Tokens per speculative verify step (accepted drafts + the drawn token).",
+                spec.get("avg_spec_accept_length") or 0.0,
+            )
+            metric(
+                "spec_accept_rate",
+                "gauge",
+                "Accepted draft tokens / drafted tokens.",
+                spec.get("acceptance_rate") or 0.0,
+            )
+            metric(
+                "spec_num_draft_tokens",
+                "gauge",
+                "Most tokens drafted per request and step (speculative_num_draft_tokens).",
+                spec.get("num_draft_tokens") or 0,
+            )
         with self._lock:
             hit = self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
             metric(
@@ -233,6 +256,13 @@ class Metrics:
                 "Prompt tokens served from the radix cache.",
                 self.cached_tokens,
             )
+            if spec.get("algorithm"):
+                metric(
+                    "spec_verify_calls_total",
+                    "counter",
+                    "Speculative verify steps of finished requests.",
+                    self.spec_verify_calls,
+                )
             lines.extend(
                 (
                     "# HELP sgl:num_refused_requests_total Requests refused: 413 over a size "

@@ -75,3 +75,34 @@ def test_an_abort_before_the_first_token_and_a_rejected_request():
         )
     )
     assert samples(m)["sgl:num_aborted_requests_total"] == 2
+
+
+def test_speculative_decoding_metrics_only_where_it_is_on():
+    m = Metrics("m")
+    for verify in (3, 4):
+        e = event(FinishReason.of_length(5))
+        e.stats.spec_verify_ct = verify
+        m.record_event(e)
+    assert not any(name.startswith("sgl:spec_") for name in samples(m))  # off: not exported
+    info = {
+        "speculative": {
+            "algorithm": "NGRAM",
+            "num_draft_tokens": 6,
+            "acceptance_rate": 0.75,
+            "avg_spec_accept_length": 2.5,
+        }
+    }
+    s = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in m.render(info).splitlines()
+        if line.startswith("sgl:spec_")
+    }
+    assert s == {
+        "sgl:spec_accept_length": 2.5,
+        "sgl:spec_accept_rate": 0.75,
+        "sgl:spec_num_draft_tokens": 6,
+        "sgl:spec_verify_calls_total": 7,
+    }
+    # before any verify step the server info holds None: 0, not an unparsable sample
+    info["speculative"].update(acceptance_rate=None, avg_spec_accept_length=None)
+    assert 'sgl:spec_accept_rate{model_name="m"} 0' in m.render(info).splitlines()
