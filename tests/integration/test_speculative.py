@@ -14,7 +14,7 @@ import pytest
 import requests
 from oracle_helpers import _LONG_TEXT, ORACLE_EXACT, chat
 from process_helpers import gone
-from server_helpers import ServerThread, kv_whole, metric, parse_metrics, wait_until
+from server_helpers import ServerThread, kv_whole, metric, parse_metrics, sse_events, wait_until
 
 import sgl
 from sgl.server.app import create_app
@@ -102,10 +102,14 @@ def test_copying_prompts_accept_drafts_and_keep_the_tokens(spec, engine):
         if m["finish_reason"]["type"] == "length":
             assert m["completion_tokens"] == 1 + m["spec_verify_ct"] + m["spec_accepted_tokens"]
         assert m["spec_verify_ct"] < m["completion_tokens"] - 1  # fewer steps than tokens
-        assert m["spec_accept_length"] == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+        assert m["spec_accept_length"] == pytest.approx(
+            m["completion_tokens"] / m["spec_verify_ct"]
+        )
         # the logprob of each token is the one the model gives it without speculation
         lp = [e[0] for e in m["output_token_logprobs"]]
-        assert lp == pytest.approx([e[0] for e in w["meta_info"]["output_token_logprobs"]], abs=1e-4)
+        assert lp == pytest.approx(
+            [e[0] for e in w["meta_info"]["output_token_logprobs"]], abs=1e-4
+        )
         tops = [[t[1] for t in e] for e in m["output_top_logprobs"]]
         assert tops == [[t[1] for t in e] for e in w["meta_info"]["output_top_logprobs"]]
 
@@ -135,7 +139,9 @@ def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
     got = spec.generate(prompts, params)
     assert_same(got, engine.generate(prompts, params))
     assert_speculated(got)
-    assert "printing" not in got[2]["text"] and got[2]["meta_info"]["finish_reason"]["type"] == "stop"
+    assert (
+        "printing" not in got[2]["text"] and got[2]["meta_info"]["finish_reason"]["type"] == "stop"
+    )
     assert len(got[5]["output_ids"]) >= 30
 
 
@@ -316,7 +322,9 @@ def test_server_generate_reports_verify_steps_and_keeps_the_tokens(server, engin
     for o in got:
         m = o["meta_info"]
         assert m["spec_verify_ct"] > 0
-        assert m["spec_accept_length"] == pytest.approx(m["completion_tokens"] / m["spec_verify_ct"])
+        assert m["spec_accept_length"] == pytest.approx(
+            m["completion_tokens"] / m["spec_verify_ct"]
+        )
     info = server_info(url)
     s = info["speculative"]
     assert s["algorithm"] == "NGRAM" and s["num_draft_tokens"] == 6  # from the flags
@@ -333,22 +341,22 @@ def test_server_generate_reports_verify_steps_and_keeps_the_tokens(server, engin
     assert avg == pytest.approx((s["accepted_tokens"] + s["verify_steps"]) / s["verify_steps"])
 
 
-def test_server_stream_adds_up_to_the_whole_text(server, engine):
+def test_server_stream_grows_to_the_whole_output(server, engine):
+    """Streamed chunks hold the cumulative text and ids (SGLang's /generate), each extending
+    the one before, though a verify step commits several tokens at once."""
     url, _ = server
     prompt = copy_prompts(engine.tokenizer)[0]
     body = {"text": prompt, "sampling_params": GREEDY, "stream": True}
     with requests.post(url + "/generate", json=body, stream=True, timeout=300) as r:
         assert r.status_code == 200
-        chunks = [
-            json.loads(line[len(b"data: ") :])
-            for line in r.iter_lines()
-            if line.startswith(b"data: ") and line != b"data: [DONE]"
-        ]
+        chunks = [e for e in sse_events(r) if e != "[DONE]"]
     want = engine.generate(prompt, GREEDY)
-    assert "".join(c["text"] for c in chunks) == want["text"]
+    for before, after in zip(chunks, chunks[1:]):
+        assert after["text"].startswith(before["text"])
+        assert after["output_ids"][: len(before["output_ids"])] == before["output_ids"]
+    assert chunks[-1]["text"] == want["text"] and chunks[-1]["output_ids"] == want["output_ids"]
     last = chunks[-1]["meta_info"]
-    assert last["completion_tokens"] == len(want["output_ids"]) and last["spec_verify_ct"] > 0
-    assert last["spec_accepted_tokens"] > 0
+    assert last["spec_accepted_tokens"] > 0 and last["spec_verify_ct"] < len(chunks)
 
 
 def test_server_metrics_export_speculation(server, engine):
@@ -360,9 +368,10 @@ def test_server_metrics_export_speculation(server, engine):
     ).json()
     after = parse_metrics(requests.get(url + "/metrics", timeout=30).text)
     s = server_info(url)["speculative"]
-    assert metric(after, "sgl:spec_verify_calls_total") - metric(
-        before, "sgl:spec_verify_calls_total"
-    ) == o["meta_info"]["spec_verify_ct"]
+    assert (
+        metric(after, "sgl:spec_verify_calls_total") - metric(before, "sgl:spec_verify_calls_total")
+        == o["meta_info"]["spec_verify_ct"]
+    )
     assert metric(after, "sgl:spec_accept_length") == pytest.approx(s["avg_spec_accept_length"])
     assert metric(after, "sgl:spec_accept_rate") == pytest.approx(s["acceptance_rate"])
     assert metric(after, "sgl:spec_num_draft_tokens") == 6
