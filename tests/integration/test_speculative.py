@@ -90,7 +90,7 @@ def assert_speculated(outs) -> None:
 
 def test_copying_prompts_accept_drafts_and_keep_the_tokens(spec, engine):
     prompts = copy_prompts(engine.tokenizer)
-    params = dict(GREEDY, max_new_tokens=80)
+    params = GREEDY
     want = engine.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
     for p, w in zip(prompts, want):  # one at a time: each request's verify steps alone
         got = spec.generate(p, params, return_logprob=True, top_logprobs_num=2)
@@ -115,9 +115,9 @@ def test_copying_prompts_accept_drafts_and_keep_the_tokens(spec, engine):
 
 
 def test_free_chat_prompts_keep_the_tokens(spec, engine):
-    prompts = free_prompts(engine.tokenizer)
-    got = spec.generate(prompts, GREEDY)
-    assert_same(got, engine.generate(prompts, GREEDY))
+    prompts, params = free_prompts(engine.tokenizer), dict(GREEDY, max_new_tokens=40)
+    got = spec.generate(prompts, params)
+    assert_same(got, engine.generate(prompts, params))
     assert_speculated(got)
 
 
@@ -272,6 +272,47 @@ def test_n_samples_and_a_shared_prefix_batch_keep_the_tokens(spec, engine):
     assert sum(o["meta_info"]["cached_tokens"] for o in got) > 0  # the prefix was shared
 
 
+# ------------------------------------------------------------------ short memory
+
+SHORT_POOL = 160  # KV slots: a fifth of what the batch below needs at its end
+SHORT_POOL_PROMPTS = [
+    "Copy the line four times. Line: the red fox jumps over the old stone wall at dawn. "
+    "Copies: the red fox jumps over the old stone wall at dawn. The red fox",
+    "Repeat after me: one two three four five six seven, one two three four five six seven, "
+    "one two three four five six seven, one two",
+    "The printing press spread pamphlets, newspapers and journals across Europe. The printing "
+    "press spread pamphlets, newspapers and journals across Europe. The printing",
+    "Say it again and again: sail the ship home before the storm, sail the ship home before "
+    "the storm, sail the ship home",
+    "Shopping list: apples, pears, plums, cherries, apples, pears, plums, cherries, apples, "
+    "pears, plums, cherries, apples, pears,",
+    "Echo: the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the lazy "
+    "dog; the quick brown",
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, "
+    "Wednesday, Thursday, Friday, Saturday, Sunday, Monday,",
+    "A rose is a rose is a rose is a rose. A rose is a rose is a rose is a rose. A rose is a "
+    "rose is",
+]
+
+
+def test_short_kv_memory_drops_drafts_and_retracts_keeping_the_tokens(engine):
+    """A pool far too small for the batch: drafts are given up first, then requests are
+    retracted and recomputed; the tokens are the large pool's without speculation."""
+    ids = [engine.encode(p) for p in SHORT_POOL_PROMPTS]
+    params = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
+    assert sum(len(x) + 64 for x in ids) > 4 * SHORT_POOL  # cannot all fit at once
+    with sgl.Engine(
+        **ORACLE_EXACT, max_total_tokens=SHORT_POOL, speculative_algorithm="NGRAM"
+    ) as small:
+        got = small.generate(input_ids=ids, sampling_params=params)
+        info = small.get_server_info()
+        assert info["retractions"] > 0
+        assert small.flush_cache()
+        assert small.get_server_info()["available_kv_tokens"] == info["max_total_tokens"]
+    assert_same(got, engine.generate(input_ids=ids, sampling_params=params))
+    assert_speculated(got)
+
+
 # ------------------------------------------------------------------ the server
 
 SERVER_ARGV = [
@@ -406,8 +447,8 @@ def test_the_launcher_refuses_a_bad_value_naming_the_flag(argv, flag, capsys):
 
 def test_tp2_speculative_greedy_is_tp1s(engine):
     tok = engine.tokenizer
-    prompts = copy_prompts(tok)[:2] + free_prompts(tok)[:2]
-    params = dict(GREEDY, max_new_tokens=48)
+    prompts = copy_prompts(tok)[:1] + free_prompts(tok)[:2]
+    params = dict(GREEDY, max_new_tokens=40)
     with sgl.Engine(
         **ORACLE_EXACT, max_total_tokens=2048, tp_size=2, speculative_algorithm="NGRAM"
     ) as two:
