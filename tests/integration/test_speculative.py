@@ -145,6 +145,23 @@ def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
     assert len(got[5]["output_ids"]) >= 30
 
 
+def test_seeded_sampling_gives_the_tokens_of_the_same_seed_without_speculation(spec, engine):
+    """A seeded token depends on its seed and output position only, so drafting (several
+    positions drawn in one step, rejected ones drawn again) changes no token."""
+    tok = engine.tokenizer
+    prompts = copy_prompts(tok)[:2] + free_prompts(tok)[:1]
+    params = [
+        {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 48, "seed": 11},
+        {"temperature": 1.0, "max_new_tokens": 48, "seed": 12, "n": 2},
+        {"temperature": 0.8, "top_k": 20, "max_new_tokens": 48, "seed": 13},
+    ]
+    got = [spec.generate(p, sp) for p, sp in zip(prompts, params)]
+    want = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
+    for g, w in zip(got, want):
+        assert_same(g, w)
+    assert_speculated([o for g in got for o in as_list(g)])
+
+
 # ------------------------------------------------------------------ constraints
 
 EXTRACT = {
@@ -431,6 +448,7 @@ def test_server_has_no_kv_left_behind(server):
         (["--speculative-num-draft-tokens", "0"], "--speculative-num-draft-tokens"),
         (["--speculative-num-draft-tokens", "33"], "--speculative-num-draft-tokens"),
         (["--speculative-num-draft-tokens", "four"], "--speculative-num-draft-tokens"),
+        (["--speculative-num-steps", "0"], "--speculative-num-steps"),
     ],
 )
 def test_the_launcher_refuses_a_bad_value_naming_the_flag(argv, flag, capsys):
