@@ -133,7 +133,7 @@ def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
         dict(GREEDY, max_new_tokens=24, ignore_eos=True),
         dict(GREEDY, frequency_penalty=0.4, presence_penalty=0.3),
         dict(GREEDY, min_new_tokens=30, max_new_tokens=40),
-        dict(GREEDY, max_new_tokens=8),
+        dict(GREEDY, max_new_tokens=16, logit_bias={"28": 2.5}),  # "," favoured
         dict(GREEDY, max_new_tokens=48, ignore_eos=True),
     ]
     got = spec.generate(prompts, params)
@@ -226,12 +226,16 @@ def jump_forward(spec, engine):
         e.update_options(disable_jump_forward=value)
 
 
-@pytest.mark.parametrize("jf", [True, False], ids=["jump_forward", "no_jump_forward"])
-def test_constrained_outputs_keep_the_tokens_and_are_valid(spec, engine, jump_forward, jf):
-    jump_forward(jf)
+@pytest.mark.parametrize("mode", ["jump_forward", "no_jump_forward", "logprobs"])
+def test_constrained_outputs_keep_the_tokens_and_are_valid(spec, engine, jump_forward, mode):
+    """With jump-forward, forced text is appended; without it, or with logprobs asked for
+    (which jump-forward does not give), forced text is drafted and verified."""
+    jump_forward(mode != "no_jump_forward")
+    logprobs = dict(return_logprob=True, top_logprobs_num=2) if mode == "logprobs" else {}
     prompts, params, checks = constrained_requests(engine.tokenizer)
-    got = spec.generate(prompts, params)
-    assert_same(got, engine.generate(prompts, params))
+    got = spec.generate(prompts, params, **logprobs)
+    want = engine.generate(prompts, params, **logprobs)
+    assert_same(got, want)
     for o, check in zip(got, checks):
         assert o["meta_info"]["finish_reason"]["type"] == "stop", o
         assert check(o["text"]), o["text"]
@@ -239,6 +243,11 @@ def test_constrained_outputs_keep_the_tokens_and_are_valid(spec, engine, jump_fo
     extracted = json.loads(got[2]["text"])
     assert extracted["name"] == "Margaret Holloway" and extracted["account"] == 48213
     assert all(spec_counts(o)[1] > 0 for o in got[:4]), [o["meta_info"] for o in got]
+    for g, w in zip(got, want if logprobs else []):
+        lp = [e[0] for e in g["meta_info"]["output_token_logprobs"]]
+        assert lp == pytest.approx(
+            [e[0] for e in w["meta_info"]["output_token_logprobs"]], abs=1e-4
+        )
 
 
 # ------------------------------------------------------------------ sessions and forks
