@@ -125,13 +125,13 @@ def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
     """Copying and free prompts in one batch, with the parameters a verify step must apply at
     every drafted position: penalties, a stop string, min_new_tokens, ignore_eos."""
     tok = engine.tokenizer
-    prompts = copy_prompts(tok) + free_prompts(tok) + ["1, 1, 2, 3, 5, 8, 13,"]
+    prompts = copy_prompts(tok) + free_prompts(tok) + [SHORT_POOL_PROMPTS[1]]
     params = [
         dict(GREEDY, max_new_tokens=72),
-        dict(GREEDY, repetition_penalty=1.15),
+        dict(GREEDY, repetition_penalty=1.6),
         dict(GREEDY, stop=["printing"], max_new_tokens=48),
         dict(GREEDY, max_new_tokens=24, ignore_eos=True),
-        dict(GREEDY, frequency_penalty=0.4, presence_penalty=0.3),
+        dict(GREEDY, frequency_penalty=1.0, presence_penalty=0.5),
         dict(GREEDY, min_new_tokens=30, max_new_tokens=40),
         dict(GREEDY, max_new_tokens=16, logit_bias={"28": 2.5}),  # "," favoured
         dict(GREEDY, max_new_tokens=48, ignore_eos=True),
@@ -143,6 +143,18 @@ def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
         "printing" not in got[2]["text"] and got[2]["meta_info"]["finish_reason"]["type"] == "stop"
     )
     assert len(got[5]["output_ids"]) >= 30
+
+
+def test_penalties_count_the_drafted_tokens_before_each_position(spec, engine):
+    """Copying repeated phrases under presence and frequency penalties (which, unlike the
+    repetition penalty, spare the prompt's tokens, so drafts from it are accepted): the
+    tokens a draft puts before a position are penalised there as if already output."""
+    prompts = copy_prompts(engine.tokenizer)[:1] + SHORT_POOL_PROMPTS
+    params = dict(GREEDY, max_new_tokens=40, ignore_eos=True)
+    params = [dict(params, presence_penalty=1.5)] * 5 + [dict(params, frequency_penalty=1.0)] * 4
+    got = spec.generate(prompts, params)
+    assert_same(got, engine.generate(prompts, params))
+    assert_speculated(got)
 
 
 def test_seeded_sampling_gives_the_tokens_of_the_same_seed_without_speculation(spec, engine):
