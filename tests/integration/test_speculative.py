@@ -39,6 +39,27 @@ def copy_prompts(tok) -> list[str]:
     ]
 
 
+# Repeated phrases, cut mid-repeat: what comes next is in the prompt.
+REPEATS = [
+    "Copy the line four times. Line: the red fox jumps over the old stone wall at dawn. "
+    "Copies: the red fox jumps over the old stone wall at dawn. The red fox",
+    "Repeat after me: one two three four five six seven, one two three four five six seven, "
+    "one two three four five six seven, one two",
+    "The printing press spread pamphlets, newspapers and journals across Europe. The printing "
+    "press spread pamphlets, newspapers and journals across Europe. The printing",
+    "Say it again and again: sail the ship home before the storm, sail the ship home before "
+    "the storm, sail the ship home",
+    "Shopping list: apples, pears, plums, cherries, apples, pears, plums, cherries, apples, "
+    "pears, plums, cherries, apples, pears,",
+    "Echo: the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the lazy "
+    "dog; the quick brown",
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, "
+    "Wednesday, Thursday, Friday, Saturday, Sunday, Monday,",
+    "A rose is a rose is a rose is a rose. A rose is a rose is a rose is a rose. A rose is a "
+    "rose is",
+]
+
+
 def free_prompts(tok) -> list[str]:
     return [
         chat(tok, "What is the capital of France?"),
@@ -90,15 +111,15 @@ def assert_speculated(outs) -> None:
 
 def test_copying_prompts_accept_drafts_and_keep_the_tokens(spec, engine):
     prompts = copy_prompts(engine.tokenizer)
-    params = GREEDY
-    want = engine.generate(prompts, params, return_logprob=True, top_logprobs_num=2)
+    want = engine.generate(prompts, GREEDY, return_logprob=True, top_logprobs_num=2)
+    assert any(w["meta_info"]["finish_reason"]["type"] == "length" for w in want)
     for p, w in zip(prompts, want):  # one at a time: each request's verify steps alone
-        got = spec.generate(p, params, return_logprob=True, top_logprobs_num=2)
+        got = spec.generate(p, GREEDY, return_logprob=True, top_logprobs_num=2)
         assert_same(got, w)
         m = got["meta_info"]
         assert m["spec_accepted_tokens"] > 0, m
-        # each verify step adds its accepted drafts and one drawn token; the first token
-        # came from the prefill
+        # each verify step adds its accepted drafts and one drawn token (the first token came
+        # from the prefill); a stop may cut a step's accepted tokens short
         if m["finish_reason"]["type"] == "length":
             assert m["completion_tokens"] == 1 + m["spec_verify_ct"] + m["spec_accepted_tokens"]
         assert m["spec_verify_ct"] < m["completion_tokens"] - 1  # fewer steps than tokens
@@ -125,7 +146,7 @@ def test_a_mixed_batch_of_8_keeps_every_requests_tokens(spec, engine):
     """Copying and free prompts in one batch, with the parameters a verify step must apply at
     every drafted position: penalties, a stop string, min_new_tokens, ignore_eos."""
     tok = engine.tokenizer
-    prompts = copy_prompts(tok) + free_prompts(tok) + [SHORT_POOL_PROMPTS[1]]
+    prompts = copy_prompts(tok) + free_prompts(tok) + [REPEATS[1]]
     params = [
         dict(GREEDY, max_new_tokens=72),
         dict(GREEDY, repetition_penalty=1.6),
@@ -149,7 +170,7 @@ def test_penalties_count_the_drafted_tokens_before_each_position(spec, engine):
     """Copying repeated phrases under presence and frequency penalties (which, unlike the
     repetition penalty, spare the prompt's tokens, so drafts from it are accepted): the
     tokens a draft puts before a position are penalised there as if already output."""
-    prompts = copy_prompts(engine.tokenizer)[:1] + SHORT_POOL_PROMPTS
+    prompts = copy_prompts(engine.tokenizer)[:1] + REPEATS
     params = dict(GREEDY, max_new_tokens=40, ignore_eos=True)
     params = [dict(params, presence_penalty=1.5)] * 5 + [dict(params, frequency_penalty=1.0)] * 4
     got = spec.generate(prompts, params)
@@ -313,30 +334,12 @@ def test_n_samples_and_a_shared_prefix_batch_keep_the_tokens(spec, engine):
 # ------------------------------------------------------------------ short memory
 
 SHORT_POOL = 160  # KV slots: a fifth of what the batch below needs at its end
-SHORT_POOL_PROMPTS = [
-    "Copy the line four times. Line: the red fox jumps over the old stone wall at dawn. "
-    "Copies: the red fox jumps over the old stone wall at dawn. The red fox",
-    "Repeat after me: one two three four five six seven, one two three four five six seven, "
-    "one two three four five six seven, one two",
-    "The printing press spread pamphlets, newspapers and journals across Europe. The printing "
-    "press spread pamphlets, newspapers and journals across Europe. The printing",
-    "Say it again and again: sail the ship home before the storm, sail the ship home before "
-    "the storm, sail the ship home",
-    "Shopping list: apples, pears, plums, cherries, apples, pears, plums, cherries, apples, "
-    "pears, plums, cherries, apples, pears,",
-    "Echo: the quick brown fox jumps over the lazy dog; the quick brown fox jumps over the lazy "
-    "dog; the quick brown",
-    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday, "
-    "Wednesday, Thursday, Friday, Saturday, Sunday, Monday,",
-    "A rose is a rose is a rose is a rose. A rose is a rose is a rose is a rose. A rose is a "
-    "rose is",
-]
 
 
 def test_short_kv_memory_drops_drafts_and_retracts_keeping_the_tokens(engine):
     """A pool far too small for the batch: drafts are given up first, then requests are
     retracted and recomputed; the tokens are the large pool's without speculation."""
-    ids = [engine.encode(p) for p in SHORT_POOL_PROMPTS]
+    ids = [engine.encode(p) for p in REPEATS]
     params = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
     assert sum(len(x) + 64 for x in ids) > 4 * SHORT_POOL  # cannot all fit at once
     with sgl.Engine(
