@@ -353,17 +353,18 @@ class Scheduler(SchedulerControl):
         base, held = r.seq_len, len(r.output_ids)
         tokens: list[TokenOutput] = []
         for tid, lp, top in picks:
-            before = len(r.output_ids)
             token = self.output.process_token(r, tid, lp, top, now)
             tokens.append(token)
-            if token.finish is not None or len(r.output_ids) != before + 1:
+            if token.finish is not None or len(token.ids) != 1:  # ended, or forced text came
                 break
         if verified:  # K/V of verified positions whose token the request did not keep goes
             new = r.output_ids[held:]
             kept = 0
             while kept < min(len(new), len(verified)) and new[kept] == verified[kept]:
                 kept += 1
-            self.kv.truncate(r, min(r.kv_len, base + kept))
+            # (forced text may repeat verified tokens; the newest token must still be fed)
+            last = r.seq_len if tokens[-1].finish is not None else r.seq_len - 1
+            self.kv.truncate(r, min(r.kv_len, base + kept, last))
         for token in tokens:
             if token.finish is not None:
                 self._finish(r, token.finish, token)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import re
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -243,6 +245,30 @@ def constrained_requests(tok) -> tuple[list[str], list[dict], list]:
         lambda t: jsonschema.validate(json.loads(t), EXTRACT) is None,
     ]
     return prompts, params, checks
+
+
+def test_json_extraction_whose_forced_keys_were_drafted_keeps_the_tokens(spec, engine):
+    """A schema shown in the prompt makes prompt lookup draft the keys that jump-forward then
+    forces: a verify step's accepted draft and the forced text after it can overlap. (This
+    once left a request with K/V for every token and nothing to feed: the engine faulted.)"""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from spec_workloads import build
+
+    w = build("json_extraction", 2, "forced-keys", 12, 160)
+    params = {
+        **GREEDY,
+        "max_new_tokens": w.max_new_tokens,
+        "json_schema": json.dumps(w.json_schema),
+    }
+    want = engine.generate(w.prompts, params)
+    jumped = spec.get_server_info()["jump_forward_tokens"]
+    got = spec.generate(w.prompts, params)
+    assert_same(got, want)
+    assert_speculated(got)
+    assert spec.get_server_info()["jump_forward_tokens"] > jumped  # forced text was appended
+    for o in got:
+        if o["meta_info"]["finish_reason"]["type"] != "length":
+            jsonschema.validate(json.loads(o["text"]), w.json_schema)
 
 
 @pytest.fixture

@@ -128,6 +128,7 @@ def test_accept_counts_up_to_the_first_difference():
     assert info["acceptance_rate"] == pytest.approx(6 / 11)
     assert info["avg_spec_accept_length"] == pytest.approx((6 + 4) / 4)
     assert spec.stats.by_length == {4: 1, 2: 1, 0: 1}  # the empty draft verified nothing
+    assert info["accept_histogram"] == {"0": 1, "2": 1, "4": 1}
 
 
 def test_fresh_stats_have_no_rates():
