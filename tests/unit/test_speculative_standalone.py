@@ -144,3 +144,30 @@ def test_algorithm_names_are_taken_in_any_case():
     cfg = EngineConfig(speculative_algorithm="ngram")
     cfg.validate()
     assert cfg.speculative_algorithm == "NGRAM"
+
+
+def test_the_draft_reads_the_newest_token_again_when_it_already_read_every_token(dirs):
+    """Forced text (jump-forward) can commit exactly the tokens the draft model drafted and
+    read: its K/V then covers the whole request, and the next draft must still start from
+    the newest token's logits (this once indexed the draft's table with an empty tensor)."""
+    import torch
+
+    from sgl.runtime.messages import GenerateRequest
+    from sgl.runtime.request import Req
+    from sgl.runtime.sampling import SamplingParams
+    from sgl.runtime.worker import build_draft_model
+
+    target, _ = dirs
+    cfg = EngineConfig(model_path=str(target), dtype="float32", max_running_requests=4)
+    mc = type("Target", (), {"vocab_size": VOCAB})()
+    draft = build_draft_model(cfg, mc, str(target), torch.float32, torch.device("cpu"), 512)
+    prompt = prompts(1)[0]
+    req = Req(GenerateRequest("r", list(prompt), SamplingParams(max_new_tokens=64)), prompt)
+    req.output_ids = [5]
+    first = draft.draft([req], [3])[0]
+    assert len(first) == 3
+    req.output_ids += first[:2]  # committed: exactly what the draft has read
+    again = draft.draft([req], [3])[0]
+    assert len(again) == 3 and again[0] == first[2]  # the same context: the same next token
+    draft.release_others(set())
+    assert draft.pool.available_size() == draft.pool.capacity

@@ -96,7 +96,8 @@ class DraftModel:
                 return None
             seq = self.seqs[req] = DraftSeq(req, row)
         tokens = req.fill_ids
-        limit = min(seq.kv_len, len(tokens))
+        # the newest token is always read again: its logits give the first draft token
+        limit = min(seq.kv_len, len(tokens) - 1)
         # a jump-forward re-tokenizes at most a few of the newest tokens
         keep = max(0, min(seq.synced - 2 * JUMP_FORWARD_RETOKENIZE, limit))
         while keep < limit and seq.fill_ids[keep] == tokens[keep]:
@@ -144,7 +145,8 @@ class DraftModel:
             rows.extend([s.pool_row] * n)
             cols.extend(range(s.kv_len, s.kv_len + n))
         table = self.table.req_to_token
-        table[torch.tensor(rows), torch.tensor(cols)] = slots.to(table.device)
+        index = (torch.tensor(rows, dtype=torch.int64), torch.tensor(cols, dtype=torch.int64))
+        table[index] = slots.to(table.device)
         hidden = self.runner.forward(StepInput(seqs, exts), slots)
         last, at = [], 0
         for s, n in zip(seqs, exts):
