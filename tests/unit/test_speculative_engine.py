@@ -407,6 +407,24 @@ def exact_distribution(
     return dist
 
 
+def seeded_draws(engine, prompt, params: dict, dist: dict) -> tuple[list, dict]:
+    """DRAWS continuations (seeds 0 .. DRAWS - 1) and how often each came; every one must be
+    in the oracle's support (top_k / top_p / a constraint leave some out)."""
+    outs = []
+    for start in range(0, DRAWS, 1000):  # within the engine's limit on requests in flight
+        sp = [
+            {**params, "max_new_tokens": DRAW_NEW, "ignore_eos": True, "seed": s}
+            for s in range(start, start + 1000)
+        ]
+        outs += engine.generate(input_ids=[prompt] * len(sp), sampling_params=sp)
+    counts: dict[tuple[int, ...], int] = {}
+    for o in outs:
+        seq = tuple(o["output_ids"])
+        assert dist[seq] > 0, seq
+        counts[seq] = counts.get(seq, 0) + 1
+    return outs, counts
+
+
 def chi_square_p_value(counts: dict, dist: dict, draws: int) -> float:
     """Pearson's goodness of fit, cells expecting fewer than 5 draws pooled into one."""
     stat, pooled_obs, pooled_exp, cells = 0.0, 0, 0.0, 0
@@ -445,18 +463,7 @@ def test_sampled_continuations_have_the_exact_distribution(small_model, params, 
     hf, prompt, (spec, plain), _ = small_model
     engine = spec if speculative else plain
     dist = exact_distribution(hf, prompt, params)
-    outs = []
-    for start in range(0, DRAWS, 1000):  # within the engine's limit on requests in flight
-        sp = [
-            {**params, "max_new_tokens": DRAW_NEW, "ignore_eos": True, "seed": s}
-            for s in range(start, start + 1000)
-        ]
-        outs += engine.generate(input_ids=[prompt] * len(sp), sampling_params=sp)
-    counts: dict[tuple[int, ...], int] = {}
-    for o in outs:
-        seq = tuple(o["output_ids"])
-        assert dist[seq] > 0, seq  # nothing outside the support (top_k / top_p)
-        counts[seq] = counts.get(seq, 0) + 1
+    outs, counts = seeded_draws(engine, prompt, params, dist)
     assert chi_square_p_value(counts, dist, DRAWS) > 1e-3
     if speculative:
         drafted, accepted = spec_counts(outs)
@@ -606,18 +613,7 @@ def test_constrained_sampling_has_the_exact_distribution(small_model):
     params = dict(temperature=1.0, regex=pattern)
     dist = exact_distribution(hf, prompt, {"temperature": 1.0}, allowed)
     for speculative, engine in zip([True, False], engines_v8):
-        outs = []
-        for start in range(0, DRAWS, 1000):
-            sp = [
-                {**params, "max_new_tokens": DRAW_NEW, "ignore_eos": True, "seed": s}
-                for s in range(start, start + 1000)
-            ]
-            outs += engine.generate(input_ids=[prompt] * len(sp), sampling_params=sp)
-        counts: dict[tuple[int, ...], int] = {}
-        for o in outs:
-            seq = tuple(o["output_ids"])
-            assert dist[seq] > 0, seq
-            counts[seq] = counts.get(seq, 0) + 1
+        outs, counts = seeded_draws(engine, prompt, params, dist)
         assert chi_square_p_value(counts, dist, DRAWS) > 1e-3, speculative
         if speculative:
             assert_speculated(outs)
