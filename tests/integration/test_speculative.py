@@ -180,23 +180,6 @@ def test_penalties_count_the_drafted_tokens_before_each_position(spec, engine):
     assert_speculated(got)
 
 
-def test_seeded_sampling_gives_the_tokens_of_the_same_seed_without_speculation(spec, engine):
-    """A seeded token depends on its seed and output position only, so drafting (several
-    positions drawn in one step, rejected ones drawn again) changes no token."""
-    tok = engine.tokenizer
-    prompts = copy_prompts(tok)[:2] + free_prompts(tok)[:1]
-    params = [
-        {"temperature": 0.7, "top_p": 0.95, "max_new_tokens": 48, "seed": 11},
-        {"temperature": 1.0, "max_new_tokens": 48, "seed": 12, "n": 2},
-        {"temperature": 0.8, "top_k": 20, "max_new_tokens": 48, "seed": 13},
-    ]
-    got = [spec.generate(p, sp) for p, sp in zip(prompts, params)]
-    want = [engine.generate(p, sp) for p, sp in zip(prompts, params)]
-    for g, w in zip(got, want):
-        assert_same(g, w)
-    assert_speculated([o for g in got for o in as_list(g)])
-
-
 # ------------------------------------------------------------------ constraints
 
 EXTRACT = {
