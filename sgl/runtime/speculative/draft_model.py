@@ -103,7 +103,7 @@ class DraftModel:
         while keep < limit and seq.fill_ids[keep] == tokens[keep]:
             keep += 1
         self._truncate(seq, keep)
-        seq.fill_ids = list(tokens)
+        seq.fill_ids = tokens  # `req.fill_ids` is already a fresh list
         seq.synced = len(tokens)
         return seq
 

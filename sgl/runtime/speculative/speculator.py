@@ -136,11 +136,12 @@ class Speculator:
         """Prompt lookup: what a cached sequence holding all of this one's tokens went on
         with (a request that ran before with the same context, a sibling sample, a program's
         earlier call), else what followed the suffix earlier in this sequence."""
+        tokens = r.fill_ids  # a new list each read: built once here
         if self.prefix_cache is not None:
-            cached = self.prefix_cache.continuation(r.fill_ids, k)
+            cached = self.prefix_cache.continuation(tokens, k)
             if cached:
                 return cached
-        return self._state(r).index.propose(r.fill_ids, k)
+        return self._state(r).index.propose(tokens, k)
 
     def _length(self, r: Req) -> int:
         """How many tokens the request may draft now (0: none this step)."""
