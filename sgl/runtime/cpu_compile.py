@@ -17,12 +17,24 @@ warm). Inductor's C++ wrapper (`cpp_wrapper`) calls the generated kernels from C
 a Python function: at batch 1 that cuts ~0.4 ms of a ~4.8 ms SmolLM2 int4 step, at 48 rows
 ~7% of the step. A graph the C++ wrapper cannot build is compiled with the Python one; any
 other failure leaves the eager path for that graph, with the reason reported.
+
+Guards: before each call dynamo checks that what the graph was traced from still holds; by
+default that includes every attribute of every submodule and every weight's shape (~0.7 ms
+of a ~5 ms SmolLM2 batch-1 step on 2 Zen 4 cores). A model's modules do not change once
+compiled here (weights, dense copies and crossovers are set before `CompiledDecode`), so the
+guards on them are skipped (torch's `skip_guard_on_all_nn_modules_unsafe`: 0.06 ms left). What
+makes that safe with several engines in one process (tests, a draft model) is that each
+compiles its own copy of the forward's code object (`own_forward`): dynamo keeps compiled
+graphs per code object, and without the module guards two models of one class would
+otherwise share one graph.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+import types
 from collections.abc import Callable
 
 import torch
@@ -34,6 +46,24 @@ logger = logging.getLogger(__name__)
 
 _fake_registered = False
 WRAPPERS = ("cpp", "python")  # inductor wrappers, tried in this order
+_forward_copies = itertools.count()
+
+
+def own_forward(model: torch.nn.Module) -> Callable:
+    """`model.forward` bound to a fresh copy of its code object: dynamo's compiled graphs (and
+    their guards) are kept per code object, so this model's never serve another model."""
+    fn = type(model).forward
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_compiled_{next(_forward_copies)}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return types.MethodType(copy, model)
+
+
+def _options(wrapper: str) -> dict:
+    return {
+        "cpp_wrapper": wrapper == "cpp",
+        "guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe,
+    }
 
 
 def _register_attention_fake() -> None:
@@ -51,6 +81,7 @@ class CompiledDecode:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
+        self.model_forward = own_forward(model)  # this model's own graphs and guards
         self.forward: Callable | None = None  # batch 1
         self.batched: Callable | None = None  # 2+ rows, the row count symbolic
         self.info: dict = {"enabled": False}
@@ -91,15 +122,11 @@ class CompiledDecode:
 
     def _batch1(self, wrapper: str) -> Callable:
         """One static graph."""
-        return torch.compile(
-            self.model.forward, dynamic=False, options={"cpp_wrapper": wrapper == "cpp"}
-        )
+        return torch.compile(self.model_forward, dynamic=False, options=_options(wrapper))
 
     def _batched(self, wrapper: str) -> Callable:
         """One graph with the row count symbolic."""
-        batched = torch.compile(
-            self.model.forward, dynamic=None, options={"cpp_wrapper": wrapper == "cpp"}
-        )
+        batched = torch.compile(self.model_forward, dynamic=None, options=_options(wrapper))
 
         def run_batched(
             input_ids: torch.Tensor, positions: torch.Tensor, batch: ForwardBatch

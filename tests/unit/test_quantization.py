@@ -453,3 +453,38 @@ def test_q4_k_on_vnni_within_fp16_rounding_of_its_scales(monkeypatch):
     low = q.zeros - 8 * q.scales
     bound = (2**-11 * (15 * q.scales.abs() + low.abs())).repeat_interleave(32, dim=1) + 1e-7
     assert ((held - exact).abs() <= bound).all()
+
+
+def test_crossovers_are_timed_with_the_weight_out_of_the_cache(monkeypatch):
+    """Each timed call of a big layer comes right after an eviction pass (a forward pass reads
+    its weights from memory); a small one is timed warm; the eviction buffer is not kept."""
+    from sgl.runtime.model import crossovers
+
+    events: list[str] = []
+
+    class Recorder:
+        def __call__(self) -> None:
+            events.append("evict")
+
+    monkeypatch.setattr(crossovers, "CacheEvictor", Recorder)
+    monkeypatch.setattr(crossovers, "_table", {})
+    monkeypatch.setattr(crossovers, "_write", lambda *a: None)
+
+    def measure() -> int:
+        crossovers.cold_seconds(lambda: events.append("call"), 3, crossovers.EVICT_MIN_BYTES)
+        crossovers.cold_seconds(lambda: events.append("small"), 2, crossovers.EVICT_MIN_BYTES - 1)
+        return 7
+
+    assert crossovers.measured("some layer", measure) == 7
+    assert events == ["evict", "call"] * 3 + ["small"] * 2
+    assert crossovers._evictor is None
+
+
+def test_the_last_level_cache_size_is_read_from_sysfs(tmp_path):
+    from sgl.runtime.model.crossovers import last_level_cache_bytes
+
+    for i, size in enumerate(("48K", "2048K", "32M", "bogus")):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    assert last_level_cache_bytes(str(tmp_path)) == 32 << 20
+    assert last_level_cache_bytes(str(tmp_path / "missing")) is None

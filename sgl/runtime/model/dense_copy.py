@@ -90,9 +90,9 @@ def add_dense_copies(model: nn.Module, budget: Callable[[], int]) -> int:
     return total
 
 
-def _seconds(fn: Callable[[], object]) -> float:
+def _seconds(fn: Callable[[], object], weight_bytes: int) -> float:
     fn()  # the first call builds oneDNN's primitive for the shape
-    return crossovers.best_seconds(fn, 3)
+    return crossovers.cold_seconds(fn, 3, weight_bytes)
 
 
 def dense_rows(layer: nn.Module) -> int:
@@ -104,12 +104,12 @@ def dense_rows(layer: nn.Module) -> int:
     )
 
     def measure() -> int:
-        wins = []
+        wins, dense_bytes = [], copy_bytes(layer)
         for rows in PROBE_ROWS:
             x = torch.randn(rows, layer.in_features).to(torch.bfloat16)
             wins.append(
-                _seconds(lambda x=x: packed_matmul(x, layer.dense_packed, None))
-                < _seconds(lambda x=x: layer.packed_mm(x))
+                _seconds(lambda x=x: packed_matmul(x, layer.dense_packed, None), dense_bytes)
+                < _seconds(lambda x=x: layer.packed_mm(x), dense_bytes)
             )
         for i in range(len(PROBE_ROWS)):
             if all(wins[i:]):

@@ -57,18 +57,19 @@ def crossover_rows(layer: nn.Module) -> int:
     )
 
     def measure() -> int:
+        size = layer.out_features * layer.in_features * 2  # as dense bf16 (what is evicted)
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
-        packed_per_row = crossovers.best_seconds(lambda: layer.packed_mm(x), 3) / DEQUANT_MIN_TOKENS
+        packed = crossovers.cold_seconds(lambda: layer.packed_mm(x), 3, size)
         dequantize = (
             layer.dequantized_t
             if hasattr(layer, "dequantized_t")
             else (lambda: layer.dequantized().t())
         )
-        dequant = crossovers.best_seconds(dequantize, 2)
+        dequant = crossovers.cold_seconds(dequantize, 2, size)
         weight_t, rows = dequantize(), torch.zeros(DENSE_PROBE_ROWS, layer.in_features, dtype=dtype)
-        dense_per_row = (
-            crossovers.best_seconds(lambda: torch.mm(rows, weight_t), 2) / DENSE_PROBE_ROWS
-        )
+        dense = crossovers.cold_seconds(lambda: torch.mm(rows, weight_t), 2, size)
+        packed_per_row = packed / DEQUANT_MIN_TOKENS
+        dense_per_row = dense / DENSE_PROBE_ROWS
         if packed_per_row <= dense_per_row:
             return NEVER_DEQUANTIZE
         return min(
