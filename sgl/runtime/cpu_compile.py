@@ -22,7 +22,7 @@ Guards: before each call dynamo checks that what the graph was traced from still
 default that includes every attribute of every submodule and every weight's shape (~0.7 ms
 of a ~5 ms SmolLM2 batch-1 step on 2 Zen 4 cores). A model's modules do not change once
 compiled here (weights, dense copies and crossovers are set before `CompiledDecode`), so the
-guards on them are skipped (torch's `skip_guard_on_all_nn_modules_unsafe`: 0.06 ms left). What
+guards on them are skipped (torch's `skip_guard_on_all_nn_modules_unsafe`: ~0.1 ms left). What
 makes that safe with several engines in one process (tests, a draft model) is that each
 compiles its own copy of the forward's code object (`own_forward`): dynamo keeps compiled
 graphs per code object, and without the module guards two models of one class would
