@@ -94,3 +94,28 @@ def test_model_families_example_loads_each_and_refuses_an_unknown_key():
     )
     assert sum(line.endswith("tokens=8") for line in lines.values()) == 7
     assert "config key 'hidden_act' = 'relu'" in lines["refused"]
+
+
+def test_speculative_extraction_example_reports_its_drafts():
+    """Each verify step keeps its accepted drafts and one drawn token (the first token comes
+    from the prefill), so the counts bound the output; quoting the document accepts drafts."""
+    import re
+
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "speculative_extraction.py")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    counts = [
+        tuple(int(x) for x in m.groups())
+        for m in re.finditer(
+            r"tokens: (\d+), verify steps: (\d+), drafted: (\d+), accepted: (\d+)", proc.stdout
+        )
+    ]
+    assert len(counts) == 2, proc.stdout
+    for tokens, verify, drafted, accepted in counts:
+        assert 0 < verify < tokens <= verify + accepted + 1 and accepted <= drafted
+    rate = float(re.search(r"engine: acceptance ([0-9.]+)", proc.stdout).group(1))
+    assert 0 < rate <= 1
