@@ -64,6 +64,10 @@ def _shutdown_live_engines() -> None:
             pass
 
 
+# SGLang's Engine / ServerArgs option names that differ from ours (a newcomer's code runs as is)
+SGLANG_OPTION_NAMES = {"enable_torch_compile": "torch_compile"}
+
+
 class Engine(EngineAsync, EngineControl, EngineDebugHooks):
     """Generate with a local model: `Engine(model_path="default").generate("Hi", {"max_new_tokens":
     8})`.
@@ -83,6 +87,9 @@ class Engine(EngineAsync, EngineControl, EngineDebugHooks):
     """
 
     def __init__(self, model_path: str = "default", **kwargs: Any) -> None:
+        for sglang_name, ours in SGLANG_OPTION_NAMES.items():
+            if sglang_name in kwargs:
+                kwargs[ours] = kwargs.pop(sglang_name)
         names = {f.name for f in dataclasses.fields(EngineConfig)}
         unknown = sorted(set(kwargs) - names)
         if unknown:

@@ -132,3 +132,13 @@ def test_a_missing_config_file_or_template_name_is_refused(tmp_path, capsys):
         read_chat_template("chatml")
     (tmp_path / "t.jinja").write_text("{{ messages }}")
     assert read_chat_template(str(tmp_path / "t.jinja")) == "{{ messages }}"
+
+
+def test_the_engine_takes_sglangs_option_names():
+    """`sgl.Engine(enable_torch_compile=True)` as in SGLang; an unknown option is refused
+    before anything loads, naming it alone."""
+    import sgl
+
+    with pytest.raises(TypeError) as e:
+        sgl.Engine("default", enable_torch_compile=True, no_such_option=1)
+    assert "['no_such_option']" in str(e.value)
