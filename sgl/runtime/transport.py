@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Listener
@@ -46,6 +47,9 @@ logger = logging.getLogger(__name__)
 Deliver = Callable[[list], None]
 STARTUP_POLL_S = 0.25
 SHUTDOWN_TIMEOUT_S = 30.0
+# After rank 0 faults: how long the other ranks get to show that one of them died (the cause)
+PEER_EXIT_GRACE_S = 3.0
+PEER_EXIT_POLL_S = 0.02
 AUTHKEY_ENV = "SGL_SCHEDULER_AUTHKEY"
 
 
@@ -317,16 +321,25 @@ class ProcessTransport:
                 logger.error("the scheduler process (pid %d) survived SIGKILL", proc.pid)
 
 
-def split_at_dead_peer(outputs: list, procs: list) -> tuple[list, int | None]:
+def split_at_dead_peer(
+    outputs: list, procs: list, grace_s: float = PEER_EXIT_GRACE_S
+) -> tuple[list, int | None]:
     """Rank 0's step fails when another rank dies inside a collective (its socket resets before
     the parent sees the exit). Then the dead rank is the cause every caller must see, not rank 0's
     fault: returns the outputs before the fault and the dead rank; else (outputs, None). A killed
-    process has exited by the time its peer has read the reset and sent the fault."""
+    process's sockets close before it can be reaped (on a loaded machine, measurably later), so
+    the other ranks get up to `grace_s` to show an exit before the fault counts as rank 0's own."""
     at = next((i for i, o in enumerate(outputs) if isinstance(o, EngineFaulted)), None)
     if at is None:
         return outputs, None
-    dead = next((r for r, p in enumerate(procs) if r > 0 and p.poll() is not None), None)
-    return (outputs, None) if dead is None else (outputs[:at], dead)
+    deadline = time.monotonic() + (grace_s if len(procs) > 1 else 0.0)
+    while True:
+        dead = next((r for r, p in enumerate(procs) if r > 0 and p.poll() is not None), None)
+        if dead is not None:
+            return outputs[:at], dead
+        if time.monotonic() >= deadline:
+            return outputs, None
+        time.sleep(PEER_EXIT_POLL_S)
 
 
 def _free_port() -> int:

@@ -238,8 +238,8 @@ def test_no_orphan_when_the_parent_is_killed(model_dir):
 def test_rank_zeros_fault_from_a_dead_peer_is_reported_as_the_peers_exit():
     """At --tp-size 2, a rank killed inside a collective resets rank 0's socket first: rank 0's
     step fails. The transport must report the dead rank (the cause), not rank 0's fault: the
-    outputs from the fault on are dropped and the dead rank named. With every peer alive, rank 0's
-    fault is delivered as it is."""
+    outputs from the fault on are dropped and the dead rank named, also when its exit shows a
+    little later than the fault. With every peer alive, rank 0's fault is delivered as it is."""
     from sgl.runtime.messages import EngineFaulted
     from sgl.runtime.transport import split_at_dead_peer
 
@@ -250,9 +250,22 @@ def test_rank_zeros_fault_from_a_dead_peer_is_reported_as_the_peers_exit():
         def poll(self):
             return self.code
 
+    class ReapedLate(Proc):  # killed, but seen to exit only after rank 0's fault arrived
+        def __init__(self, polls_alive):
+            super().__init__(None)
+            self.polls_alive = polls_alive
+
+        def poll(self):
+            self.polls_alive -= 1
+            return None if self.polls_alive >= 0 else -9
+
     before, fault, after = object(), EngineFaulted("abc"), object()
     assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(-9)]) == ([before], 1)
-    assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(None)]) == (
+    assert split_at_dead_peer([before, fault, after], [Proc(None), ReapedLate(5)]) == (
+        [before],
+        1,
+    )  # seen in a loaded CI run: the killed rank's exit showed after rank 0's fault
+    assert split_at_dead_peer([before, fault, after], [Proc(None), Proc(None)], grace_s=0.1) == (
         [before, fault, after],
         None,
     )
