@@ -13,14 +13,17 @@ pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def test_engine_quickstart_runs():
+def _run(name: str) -> subprocess.CompletedProcess:
+    """Runs an example to completion; it must exit 0."""
     proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "engine_quickstart.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
+        [sys.executable, str(EXAMPLES / name)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc
+
+
+def test_engine_quickstart_runs():
+    proc = _run("engine_quickstart.py")
     lines = proc.stdout.splitlines()
     assert "{'type': 'length', 'length': 12}" in lines[0]
     assert sum("cached prompt tokens" in line for line in lines) == 3
@@ -39,13 +42,7 @@ def test_constrained_decoding_example_outputs_are_in_their_languages():
     import json
     import re
 
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "constrained_decoding.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run("constrained_decoding.py")
     lines = {
         line.split(":", 1)[0]: line.split(":", 1)[1].strip()
         for line in proc.stdout.splitlines()
@@ -62,13 +59,7 @@ def test_constrained_decoding_example_outputs_are_in_their_languages():
 
 
 def test_cpu_quantized_example_reports_each_layout():
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "cpu_quantized.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run("cpu_quantized.py")
     lines = proc.stdout.splitlines()
     heads = [line for line in lines if line.split(":")[0].startswith(("bf16", "int4", "int8"))]
     assert len(heads) == 3
@@ -79,13 +70,7 @@ def test_cpu_quantized_example_reports_each_layout():
 
 
 def test_model_families_example_loads_each_and_refuses_an_unknown_key():
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "model_families.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run("model_families.py")
     lines = {line.split(":")[0]: line for line in proc.stdout.splitlines() if ":" in line}
     assert "features=['logit_cap', 'sliding_window']" in lines["Gemma2ForCausalLM"]
     assert "features=['sliding_window']" in lines["MistralForCausalLM"]
@@ -101,13 +86,7 @@ def test_speculative_extraction_example_reports_its_drafts():
     from the prefill), so the counts bound the output; quoting the document accepts drafts."""
     import re
 
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "speculative_extraction.py")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = _run("speculative_extraction.py")
     counts = [
         tuple(int(x) for x in m.groups())
         for m in re.finditer(
