@@ -32,10 +32,15 @@ _lock = threading.Lock()
 _table: dict[str, int] | None = None
 
 
-def best_seconds(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` timed calls of `fn` (what a crossover is measured with)."""
+def best_seconds(
+    fn: Callable[[], object], repeats: int, before: Callable[[], None] | None = None
+) -> float:
+    """The fastest of `repeats` timed calls of `fn` (what a crossover is measured with), each
+    after an untimed call of `before` when given."""
     best = float("inf")
     for _ in range(repeats):
+        if before is not None:
+            before()
         t = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t)
@@ -89,13 +94,7 @@ def cold_seconds(fn: Callable[[], object], repeats: int, weight_bytes: int) -> f
         return best_seconds(fn, repeats)
     if _evictor is None:
         _evictor = CacheEvictor()
-    best = float("inf")
-    for _ in range(repeats):
-        _evictor()
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return best_seconds(fn, repeats, before=_evictor)
 
 
 def crossover_file() -> Path:

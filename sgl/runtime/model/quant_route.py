@@ -20,7 +20,7 @@ import functools
 import torch
 from torch import nn
 
-from sgl.runtime.model import crossovers
+from sgl.runtime.model import crossovers, dense_copy
 from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
 
 # Calls of up to this many rows always take the packed kernel; above it, a layer takes the
@@ -57,7 +57,7 @@ def crossover_rows(layer: nn.Module) -> int:
     )
 
     def measure() -> int:
-        size = layer.out_features * layer.in_features * 2  # as dense bf16 (what is evicted)
+        size = dense_copy.copy_bytes(layer)  # the weight as dense bf16 (what is evicted)
         x = torch.zeros(DEQUANT_MIN_TOKENS, layer.in_features, dtype=torch.bfloat16)
         packed = crossovers.cold_seconds(lambda: layer.packed_mm(x), 3, size)
         dequantize = (
