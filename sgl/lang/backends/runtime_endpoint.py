@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import requests
+import urllib3
 
 from sgl.lang.backends.base import ProgramsNotServed
 from sgl.lang.backends.scoring import TokenScoringBackend, logprobs_of
@@ -45,6 +46,12 @@ class RemoteError(ValueError):
     def __init__(self, message: str, status: int, param: str | None = None) -> None:
         super().__init__(message)
         self.status, self.param = status, param
+
+
+def closed_without_response(e: requests.ConnectionError) -> bool:
+    """Whether the connection was dropped with no response (urllib3's "Connection aborted":
+    RemoteDisconnected, a reset), as opposed to one that could not be opened."""
+    return bool(e.args) and isinstance(e.args[0], urllib3.exceptions.ProtocolError)
 
 
 class RuntimeEndpoint(TokenScoringBackend):
@@ -124,10 +131,28 @@ class RuntimeEndpoint(TokenScoringBackend):
                 s.headers["Authorization"] = f"Bearer {self.api_key}"
         return s
 
+    def _send(self, method: str, path: str, body: Any, stream: bool) -> requests.Response:
+        """One HTTP request on this thread's session. A kept-alive connection that the server
+        closed just as the next request went out (its idle close racing the request: seen
+        through the sglang-router on a loaded machine) fails with no response at all; the
+        request never reached a handler, so it goes once more on a new connection. A fresh
+        connection's failure, or any other, is the caller's."""
+        session = self._session()
+        reused = getattr(self._local, "answered", False)
+        url = self.base_url + path
+        try:
+            r = session.request(method, url, json=body, stream=stream, timeout=self.timeout)
+        except requests.ConnectionError as e:
+            if not (reused and closed_without_response(e)):
+                raise
+            logger.info("%s closed a kept-alive connection unanswered; sending again", url)
+            session.close()  # drops the pool's dead connection
+            r = session.request(method, url, json=body, stream=stream, timeout=self.timeout)
+        self._local.answered = True
+        return r
+
     def _request(self, method: str, path: str, body: Any = None, stream: bool = False) -> Any:
-        r = self._session().request(
-            method, self.base_url + path, json=body, stream=stream, timeout=self.timeout
-        )
+        r = self._send(method, path, body, stream)
         if r.status_code >= 400:
             try:
                 err = r.json().get("error", {})
