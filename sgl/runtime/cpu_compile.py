@@ -1,22 +1,25 @@
 """torch.compile'd (inductor, C++) forwards for decode steps on CPU: one graph for batch 1,
 one for every batch of 2 or more rows.
 
-Why: a decode step of a small model is mostly per-op overhead, not matmuls: ~40 small torch
-ops per layer (norms, RoPE, SwiGLU, residuals, casts), each a dispatch and a pass over
-memory. Inductor fuses them into a few generated C++ loops around the matmul and attention
-calls (measured on SmolLM2 int4 at batch 1: 14.0 -> 10.6-12 ms per forward; bf16 at 48 rows:
-82 -> 55-68 ms). Only pure decode steps on the `cpu` attention kernel take them; prefill and
-mixed steps run eagerly. The batch-1 graph is static (one shape, guards never change); the
-batched one is compiled once with the row count symbolic (`mark_dynamic`), so every batch
-size from 2 up runs it without recompiling. A quantized layer's packed-or-dequantize choice,
-which depends on the row count, is made at run time inside one C++ op per layer
-(model/csrc/linear_ops_cpu.cpp), so the graph neither guards on it nor recompiles. Both are
-compiled at start-up (`warm`, on padding rows), timed and reported; inductor caches the
-generated code on disk, so a restart pays a fraction (SmolLM2 bf16 batched: 52 s cold, 8 s
-warm). Inductor's C++ wrapper (`cpp_wrapper`) calls the generated kernels from C++ instead of
-a Python function: at batch 1 that cuts ~0.4 ms of a ~4.8 ms SmolLM2 int4 step, at 48 rows
-~7% of the step. A graph the C++ wrapper cannot build is compiled with the Python one; any
-other failure leaves the eager path for that graph, with the reason reported.
+Why: a decode step of a small model is mostly per-op overhead, not matmuls: ~40 small torch ops
+per layer (norms, RoPE, SwiGLU, residuals, casts), each a dispatch and a pass over memory.
+Inductor fuses them into a few generated C++ loops around the matmul and attention calls
+(measured on SmolLM2 int4 at batch 1: 14.0 -> 10.6-12 ms per forward; bf16 at 48 rows: 82 ->
+55-68 ms). Where the fused layer ops are built (`model/layer_ops`), the norms, RoPE and the
+gated activation are those ops inside the graphs, so that a row's result is the same in every
+graph (a speculative verify row equals the decode step it stands for); inductor fuses what is
+left and the graphs' gain is the calls they save. Only pure decode steps on the `cpu` attention
+kernel take them; prefill and mixed steps run eagerly. The batch-1 graph is static (one shape,
+guards never change); the batched one is compiled once with the row count symbolic
+(`mark_dynamic`), so every batch size from 2 up runs it without recompiling. A quantized
+layer's packed-or-dequantize choice, which depends on the row count, is made at run time inside
+one C++ op per layer (model/csrc/linear_ops_cpu.cpp), so the graph neither guards on it nor
+recompiles. Both are compiled at start-up (`warm`, on padding rows), timed and reported;
+inductor caches the generated code on disk, so a restart pays a fraction (SmolLM2 bf16 batched:
+52 s cold, 8 s warm). Inductor's C++ wrapper (`cpp_wrapper`) calls the generated kernels from
+C++ instead of a Python function: at batch 1 that cuts ~0.4 ms of a ~4.8 ms SmolLM2 int4 step,
+at 48 rows ~7% of the step. A graph the C++ wrapper cannot build is compiled with the Python
+one; any other failure leaves the eager path for that graph, with the reason reported.
 
 Guards: before each call dynamo checks that what the graph was traced from still holds; by
 default that includes every attribute of every submodule and every weight's shape (~0.7 ms
@@ -40,6 +43,7 @@ from collections.abc import Callable
 import torch
 
 from sgl.runtime.attention.base import ForwardBatch
+from sgl.runtime.model.layer_ops import layer_ops_built
 from sgl.runtime.model.quant_route import prepare_for_compile
 
 logger = logging.getLogger(__name__)
@@ -93,6 +97,7 @@ class CompiledDecode:
             self.info = {"enabled": False, "reason": "needs the cpu attention kernel"}
             return
         _register_attention_fake()
+        layer_ops_built()  # built (and its shapes registered) before tracing reaches it
         prepare_for_compile(self.model)
         seconds: dict[str, float] = {}
         errors: dict[str, str] = {}

@@ -493,6 +493,34 @@ def test_the_launcher_refuses_a_bad_value_naming_the_flag(argv, flag, capsys):
     assert flag in err and argv[1] in err, err
 
 
+# ------------------------------------------------------------------ as served: compiled, int4
+
+
+def test_compiled_as_served_every_logprob_is_plain_decodings_bit_for_bit(engine):
+    """The embedded model as `make serve` runs it (int4 weights, the activation dtype this CPU
+    gets, compiled decode graphs). A verify row runs the batched graph and the plain decode step
+    the static batch-1 graph: they must compute a row alike, so every token's logprob equals
+    non-speculative decoding's exactly (a logit ~0.3 apart flipped greedy tokens before)."""
+    prompts = copy_prompts(engine.tokenizer)
+    params = dict(GREEDY, max_new_tokens=96)
+    with (
+        sgl.Engine(torch_compile=True) as plain,
+        sgl.Engine(torch_compile=True, speculative_algorithm="NGRAM") as spec,
+    ):
+        assert spec.get_server_info()["torch_compile"]["enabled"]
+        accepted = 0
+        for p in prompts:  # one at a time: batch 1, where the two graphs meet
+            want = plain.generate(p, params, return_logprob=True)
+            got = spec.generate(p, params, return_logprob=True)
+            assert got["output_ids"] == want["output_ids"]
+            lp = [e[0] for e in got["meta_info"]["output_token_logprobs"]]
+            assert lp == [e[0] for e in want["meta_info"]["output_token_logprobs"]]
+            accepted += got["meta_info"]["spec_accepted_tokens"]
+        assert accepted > 0
+        steps = spec.get_server_info()["torch_compile"]["steps"]
+        assert steps["batch 1"] > 0 and steps["batch 2+"] > 0, steps  # both graphs ran
+
+
 # ------------------------------------------------------------------ tensor parallel
 
 

@@ -582,3 +582,22 @@ def test_without_logprobs_the_same_tokens_are_picked() -> None:
 def test_empty_batch() -> None:
     out = run_sample(torch.empty(0, 10), [])
     assert out.token_ids.shape == (0,) and out.logprobs.shape == (0,) and out.top_logprobs == []
+
+
+def test_a_rows_logsumexp_is_the_same_alone_and_beside_others():
+    """A row's logsumexp (its logprobs) bit for bit whether it is alone or one of several: a
+    lone row's sum is not split among threads differently (torch's own did, ~1e-6 apart)."""
+    from sgl.runtime.sampling.sampler import row_logsumexp
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(0)
+        for _ in range(100):
+            x = torch.randn(5, 49152, generator=g) * 5
+            together = row_logsumexp(x)
+            assert torch.equal(together, torch.logsumexp(x, dim=-1))  # 2+ rows: torch's
+            for m in (1, 2, 3):
+                assert torch.equal(row_logsumexp(x[:m]), together[:m])
+    finally:
+        torch.set_num_threads(threads)

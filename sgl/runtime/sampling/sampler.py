@@ -108,7 +108,7 @@ def sample(
         raise ValueError("top_logprobs_num needs with_logprobs=True")
     raw = logits.float()
     # Raw-distribution statistics first, so the edits below may reuse `raw`'s storage.
-    lse = torch.logsumexp(raw, dim=-1) if with_logprobs else None
+    lse = row_logsumexp(raw) if with_logprobs else None
     top_logprobs = _top_logprobs(raw, lse, top_logprobs_num, B) if with_logprobs else [None] * B
 
     active_min_new = [r for r in batch.min_new_rows if len(output_ids[r]) < batch.min_new_tokens[r]]
@@ -145,6 +145,16 @@ def sample(
     picked = logits.gather(1, token_ids.clamp(min=0).unsqueeze(1)).squeeze(1).float() - lse
     logprobs = picked.masked_fill(token_ids < 0, _NEG_INF)
     return SampleOutput(token_ids=token_ids, logprobs=logprobs, top_logprobs=top_logprobs)
+
+
+def row_logsumexp(x: torch.Tensor) -> torch.Tensor:
+    """logsumexp over each row, summed in the same order whatever the row count. torch splits a
+    lone row's sum among its threads but gives each of 2+ rows to one thread, so a row's
+    logprobs came out ~1e-6 apart alone and beside others (a speculative verify step's rows
+    against the decode step each stands for); a lone row is summed as the first of two."""
+    if x.shape[0] == 1 and torch.get_num_threads() > 1:
+        return torch.logsumexp(x.repeat(2, 1), dim=-1)[:1]
+    return torch.logsumexp(x, dim=-1)
 
 
 def _flat_keys(
