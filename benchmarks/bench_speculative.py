@@ -19,11 +19,12 @@ Engines (`--engines`, each its own server, started and stopped one after another
                               ratio)
 
 Workloads (`spec_workloads.py`): extraction (quote sentences of a ~600-token document),
-json_extraction (the people a document names, as schema-constrained JSON: sgl
-response_format, llama.cpp json_schema, vLLM structured_outputs), chat (open questions,
-nothing to copy). Batches (`--batches`): 1 = requests one after another, B = B requests in
-flight. Each (workload, batch) cell has its own prompts, the same for every engine; outputs
-end at EOS or max_new_tokens.
+json_extraction (the people a document names, as schema-constrained JSON: sgl response_format,
+llama.cpp json_schema, vLLM structured_outputs), chat (open questions, nothing to copy); held
+out, run only when named: proofread (correct the spelling of a text with letters swapped),
+code_edit (rename an argument through some Python functions). Batches (`--batches`): 1 =
+requests one after another, B = B requests in flight. Each (workload, batch) cell has its own
+prompts, the same for every engine; outputs end at EOS or max_new_tokens.
 
 Per engine and cell: output tokens/s (completion tokens / wall time), wall time, acceptance
 where the engine reports it (sgl: /get_server_info "speculative"; llama.cpp: the responses'
@@ -62,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_cpu_peers import peer  # noqa: E402
 from common import RESULTS_DIR, log_tail, print_table, start_server, stop_process, write_result  # noqa: E402
-from spec_workloads import MAKERS, SpecWorkload, build  # noqa: E402
+from spec_workloads import HELD_OUT, MAKERS, SpecWorkload, build  # noqa: E402
 
 from sgl.lang.backends.openai_dialects import constraint_fields  # noqa: E402
 
@@ -89,12 +90,24 @@ SIZES = {
     "full": {
         "batch1_requests": 8,
         "max_new_tokens": 256,
-        "sentences": {"extraction": 34, "json_extraction": 28, "chat": 0},
+        "sentences": {
+            "extraction": 34,
+            "json_extraction": 28,
+            "chat": 0,
+            "proofread": 16,
+            "code_edit": 20,
+        },
     },
     "quick": {
         "batch1_requests": 2,
         "max_new_tokens": 24,
-        "sentences": {"extraction": 8, "json_extraction": 6, "chat": 0},
+        "sentences": {
+            "extraction": 8,
+            "json_extraction": 6,
+            "chat": 0,
+            "proofread": 4,
+            "code_edit": 5,
+        },
     },
 }
 
@@ -403,8 +416,9 @@ def check_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         if engine not in ENGINES:
             ap.error(f"--engines: {engine!r} is not one of {', '.join(ENGINES)}")
     for name in args.workloads.split(","):
-        if name not in MAKERS:
-            ap.error(f"--workloads: {name!r} is not one of {', '.join(MAKERS)}")
+        if name not in MAKERS and name not in HELD_OUT:
+            known = ", ".join([*MAKERS, *HELD_OUT])
+            ap.error(f"--workloads: {name!r} is not one of {known}")
     if not all(b.isdigit() and int(b) >= 1 for b in args.batches.split(",")):
         ap.error(
             f"--batches: give positive integers separated by commas (1,16); got {args.batches!r}"

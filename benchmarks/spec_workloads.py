@@ -9,6 +9,14 @@ Prompt-lookup drafting pays off where the output copies the input, so the worklo
                       the values are copied from the document
     chat              open-ended questions: nothing to copy, drafting's cost without its gain
 
+Held out (`HELD_OUT`, run only when named: never measured while speculation was tuned), other
+copy-heavy tasks in other words:
+
+    proofread         prose on other subjects with a few letters swapped; the request asks for
+                      it back with the spelling corrected and nothing else changed
+    code_edit         small Python functions; the request asks for the code back with one
+                      argument renamed everywhere
+
 Each prompt is one user message rendered with the model's own chat template (the same text
 goes to every engine's `/v1/completions`).
 """
@@ -139,18 +147,80 @@ def chat_prompt(rng: random.Random, sentences: int) -> str:
     )
 
 
+TOPICS = ("the tide", "a glacier", "the orchard", "the observatory", "a canal", "the choir")
+VERBS = ("shapes", "follows", "changes", "outlasts", "measures", "remembers")
+OBJECTS = ("the seasons", "every visitor", "the old maps", "the night sky", "the valley floor")
+
+
+def _typo(rng: random.Random, word: str) -> str:
+    """The word with two neighbouring letters swapped (words of 5+ letters, 1 in 6)."""
+    if len(word) < 5 or not word.isalpha() or rng.random() > 1 / 6:
+        return word
+    i = rng.randrange(1, len(word) - 2)
+    return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
+
+
+def proofread_prompt(rng: random.Random, sentences: int) -> str:
+    text = " ".join(
+        rng.choice(
+            (
+                f"Nobody living near {rng.choice(TOPICS)} doubts that it {rng.choice(VERBS)} "
+                f"{rng.choice(OBJECTS)}.",
+                f"Scientists returned to {rng.choice(TOPICS)} in {rng.randint(1850, 2020)} "
+                f"with better instruments and patient assistants.",
+                f"Visitors often say that {rng.choice(TOPICS)} {rng.choice(VERBS)} "
+                f"{rng.choice(OBJECTS)} more than anything else nearby.",
+                f"Careful records describe how {rng.choice(TOPICS)} {rng.choice(VERBS)} "
+                f"{rng.choice(OBJECTS)} over many decades.",
+            )
+        )
+        for _ in range(sentences)
+    )
+    text = " ".join(_typo(rng, w) for w in text.split(" "))
+    return (
+        "Rewrite the following text with its spelling mistakes corrected. Change nothing "
+        f"else.\n\n{text}"
+    )
+
+
+def _function(rng: random.Random, n: int) -> str:
+    op, start = rng.choice((("+", 0), ("*", 1), ("-", 0))), rng.randint(2, 9)
+    return (
+        f"def combine_{n}(items, limit={start * 10}):\n"
+        f"    total = {op[1]}\n"
+        f"    for index, value in enumerate(items):\n"
+        f"        if index >= limit:\n"
+        f"            break\n"
+        f"        total = total {op[0]} value * {start}\n"
+        f"    return total\n"
+    )
+
+
+def code_edit_prompt(rng: random.Random, sentences: int) -> str:
+    code = "\n\n".join(_function(rng, n) for n in range(max(1, sentences // 5)))
+    return (
+        "Rename the argument `items` to `records` everywhere in this code and write the whole "
+        f"code again.\n\n```python\n{code}```"
+    )
+
+
 MAKERS = {
     "extraction": (extraction_prompt, None),
     "json_extraction": (json_extraction_prompt, PEOPLE_SCHEMA),
     "chat": (chat_prompt, None),
+}
+HELD_OUT = {
+    "proofread": (proofread_prompt, None),
+    "code_edit": (code_edit_prompt, None),
 }
 
 
 def build(name: str, n: int, seed: str, sentences: int, max_new_tokens: int) -> SpecWorkload:
     """`n` requests of workload `name`, each from its own seeded generator (`seed` names the
     cell, so no two cells share a prompt, or the prefix cache serves one from another)."""
-    if name not in MAKERS:
-        raise ValueError(f"workload must be one of {sorted(MAKERS)}; got {name!r}")
-    make, schema = MAKERS[name]
+    makers = MAKERS | HELD_OUT
+    if name not in makers:
+        raise ValueError(f"workload must be one of {sorted(makers)}; got {name!r}")
+    make, schema = makers[name]
     prompts = [render(make(random.Random(f"{seed}:{name}:{i}"), sentences)) for i in range(n)]
     return SpecWorkload(name, prompts, max_new_tokens, schema)

@@ -30,7 +30,7 @@ def user_message(prompt: str) -> str:
     return m.group(1)
 
 
-@pytest.mark.parametrize("name", sorted(wl.MAKERS))
+@pytest.mark.parametrize("name", sorted(wl.MAKERS | wl.HELD_OUT))
 def test_prompts_are_seeded_per_cell_and_rendered_in_the_chat_template(name):
     a = wl.build(name, 3, "b1", 10, 16)
     assert a.prompts == wl.build(name, 3, "b1", 10, 16).prompts
@@ -55,6 +55,35 @@ def test_json_extraction_shows_its_schema_and_the_people_to_copy():
         assert json.loads(schema) == wl.PEOPLE_SCHEMA
         people = re.findall(r"(\w+ \w+), aged (\d+), lives in (\w+) and works as a (\w+)\.", text)
         assert len(people) == 3  # every third of 9 sentences
+
+
+def test_held_out_tasks_ask_for_their_text_back_changed_only_where_asked():
+    """proofread: some words have two letters swapped (each a permutation of a word the
+    templates use); code_edit: functions taking `items`, to be renamed `records`."""
+    swapped = 0
+    for prompt in wl.build("proofread", 6, "s", 12, 16).prompts:
+        ask, text = user_message(prompt).split("\n\n")
+        assert ask.startswith("Rewrite the following text with its spelling mistakes corrected")
+        words = [w.strip(".") for w in text.split() if w.strip(".").isalpha()]
+        swapped += sum(w not in PROOFREAD_WORDS for w in words)
+        assert all(sorted(w) in SORTED_WORDS for w in words)  # swaps keep the letters
+    assert swapped > 0
+    for prompt in wl.build("code_edit", 3, "s", 10, 16).prompts:
+        ask, code = user_message(prompt).split("\n\n", 1)
+        assert "`items` to `records`" in ask and code.count("(items, limit=") == 2
+
+
+PROOFREAD_WORDS = set(
+    " ".join(
+        [*wl.TOPICS, *wl.VERBS, *wl.OBJECTS]
+        + [
+            "Nobody living near doubts that it Scientists returned to in with better instruments"
+            " and patient assistants Visitors often say that more than anything else nearby"
+            " Careful records describe how over many decades"
+        ]
+    ).split()
+)
+SORTED_WORDS = [sorted(w) for w in PROOFREAD_WORDS]
 
 
 def test_full_size_documents_are_about_600_tokens():
