@@ -14,11 +14,13 @@ from pathlib import Path
 import jsonschema
 import pytest
 import requests
+import torch
 from oracle_helpers import _LONG_TEXT, ORACLE_EXACT, chat
 from process_helpers import gone
 from server_helpers import ServerThread, kv_whole, metric, parse_metrics, sse_events, wait_until
 
 import sgl
+from sgl.runtime.cpu_share import omp_set_num_threads
 from sgl.server.app import create_app
 from sgl.server.launch import build_parser, engine_kwargs, main, parse_args
 
@@ -496,11 +498,37 @@ def test_the_launcher_refuses_a_bad_value_naming_the_flag(argv, flag, capsys):
 # ------------------------------------------------------------------ as served: compiled, int4
 
 
+def one_thread(forward):
+    """`forward` run with the scheduler thread's OpenMP team cut to one thread, as
+    `cpu_share` cuts it when another process takes a CPU."""
+    set_threads = omp_set_num_threads()
+    assert set_threads is not None, "the OpenMP runtime torch loaded was not found"
+
+    def run(*args, **kwargs):
+        team = torch.get_num_threads()
+        set_threads(1)
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            set_threads(team)
+
+    return run
+
+
+def assert_same_tokens_and_logprobs(got, want) -> None:
+    assert got["output_ids"] == want["output_ids"]
+    lp = [e[0] for e in got["meta_info"]["output_token_logprobs"]]
+    assert lp == [e[0] for e in want["meta_info"]["output_token_logprobs"]]
+
+
 def test_compiled_as_served_every_logprob_is_plain_decodings_bit_for_bit(engine):
     """The embedded model as `make serve` runs it (int4 weights, the activation dtype this CPU
     gets, compiled decode graphs). A verify row runs the batched graph and the plain decode step
     the static batch-1 graph: they must compute a row alike, so every token's logprob equals
-    non-speculative decoding's exactly (a logit ~0.3 apart flipped greedy tokens before)."""
+    non-speculative decoding's exactly (a logit ~0.3 apart flipped greedy tokens before).
+    And the same requests computed again with one compute thread instead of the full team
+    (the load of the machine must not change an output: oneDNN split some prefill matmuls'
+    sums between two threads, which gave first-token logprobs ~0.05 apart)."""
     prompts = copy_prompts(engine.tokenizer)
     params = dict(GREEDY, max_new_tokens=96)
     with (
@@ -508,17 +536,22 @@ def test_compiled_as_served_every_logprob_is_plain_decodings_bit_for_bit(engine)
         sgl.Engine(torch_compile=True, speculative_algorithm="NGRAM") as spec,
     ):
         assert spec.get_server_info()["torch_compile"]["enabled"]
-        accepted = 0
+        accepted, wants = 0, []
         for p in prompts:  # one at a time: batch 1, where the two graphs meet
-            want = plain.generate(p, params, return_logprob=True)
+            wants.append(plain.generate(p, params, return_logprob=True))
             got = spec.generate(p, params, return_logprob=True)
-            assert got["output_ids"] == want["output_ids"]
-            lp = [e[0] for e in got["meta_info"]["output_token_logprobs"]]
-            assert lp == [e[0] for e in want["meta_info"]["output_token_logprobs"]]
+            assert_same_tokens_and_logprobs(got, wants[-1])
             accepted += got["meta_info"]["spec_accepted_tokens"]
         assert accepted > 0
         steps = spec.get_server_info()["torch_compile"]["steps"]
         assert steps["batch 1"] > 0 and steps["batch 2+"] > 0, steps  # both graphs ran
+        # ~600 prompt tokens: prefill matmuls of the row counts oneDNN split by threads
+        prompts.append(chat(engine.tokenizer, "Summarize:\n\n" + " ".join([_LONG_TEXT] * 5)))
+        wants.append(plain.generate(prompts[-1], params, return_logprob=True))
+        assert plain.flush_cache()  # computed again from the first token
+        with plain.debug_wrap("forward", one_thread):
+            for p, want in zip(prompts, wants):
+                assert_same_tokens_and_logprobs(plain.generate(p, params, return_logprob=True), want)
 
 
 # ------------------------------------------------------------------ tensor parallel

@@ -7,6 +7,8 @@ HF float32 on exactly the weights it holds.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tiny_models import TinyRunner, hf_tiny
@@ -41,6 +43,33 @@ def test_packed_linear_matches_float64(rows, bias):
     assert y.shape == (rows, 192) and y.dtype == torch.bfloat16
     ref = _reference(layer, x)
     assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+@needs_packing
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs to compare teams")
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "rows"),
+    [(960, 576, 512), (960, 576, 654), (576, 1536, 256), (576, 576, 384), (2048, 8192, 160)],
+)
+def test_many_rows_give_the_same_bits_on_one_thread_or_two(out_features, in_features, rows):
+    """oneDNN plans a call for its threads, and for these shapes (SmolLM2's layers; measured on
+    an AMX Xeon) its plan for two split the sum over K, so the same rows gave other bits with
+    one thread than with two and a greedy output changed with the machine's load (the thread
+    team shrinks under it, runtime/cpu_share.py). Row slices planned for one thread each do not
+    depend on the team."""
+    assert linear_ops_built()
+    gen = torch.Generator().manual_seed(rows)
+    layer = PackedLinear(torch.randn(out_features, in_features, generator=gen) * 0.05, None)
+    x = torch.randn(rows, in_features, generator=gen).bfloat16()
+    team = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = layer(x)
+        torch.set_num_threads(1)
+        one = layer(x)
+    finally:
+        torch.set_num_threads(team)
+    assert torch.equal(one, two)
 
 
 def test_row_grid_bounds_shapes_and_padding():

@@ -14,7 +14,8 @@ Only on CPUs with native bf16 matmuls (`bf16_matmul_support`); elsewhere layers 
 Under torch.compile the call goes through our C++ op `sgl_linear::packed_linear`
 (csrc/linear_ops_cpu.cpp), because inductor lowers oneDNN's packed linear only for weights
 it packed itself. Row counts go through `row_grid` (a bounded set of shapes for oneDNN's per-shape
-caches).
+caches). Where that op is built, eager calls take it too: it multiplies many rows on fixed row
+slices, so a row's result does not depend on how many threads the team has now (dense_copy.h).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from sgl.runtime.cpu_features import bf16_matmul_support
-from sgl.runtime.model.linear_ops import compiled_ops_ready
+from sgl.runtime.model.linear_ops import compiled_ops_ready, linear_ops_built
 from sgl.runtime.model.row_grid import on_row_grid
 
 
@@ -63,7 +64,10 @@ def pack_bf16(weight: torch.Tensor, rows_hint: int = 32) -> torch.Tensor:
 
 
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """bf16 x [M, in] @ W^T (+ b) for a weight from `pack_bf16`."""
+    """bf16 x [M, in] @ W^T (+ b) for a weight from `pack_bf16`: our op (on row slices) where it
+    is built, else oneDNN's directly."""
+    if linear_ops_built():
+        return torch.ops.sgl_linear.packed_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

@@ -137,7 +137,8 @@ at::Tensor int8_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
                        at::ScalarType dense_dtype, const std::optional<at::Tensor>& dense, int64_t dense_from) {
   if (sgl_dense_copy::takes_copy(x, dense, dense_from)) return sgl_dense_copy::linear(x, *dense, qweight.size(0));
   if (x.size(0) > crossover) {
-    return at::linear(x.to(dense_dtype), qweight.to(dense_dtype) * scales.to(dense_dtype).unsqueeze(1))
+    const at::Tensor w = qweight.to(dense_dtype) * scales.to(dense_dtype).unsqueeze(1);
+    return sgl_dense_copy::on_row_slices(x.to(dense_dtype), [&](const at::Tensor& rows) { return at::linear(rows, w); })
         .to(x.scalar_type());
   }
   return at::_weight_int8pack_mm(x, qweight, scales);
@@ -148,7 +149,8 @@ at::Tensor int4_linear(const at::Tensor& x, const at::Tensor& qweight, const at:
                        const std::optional<at::Tensor>& dense, int64_t dense_from) {
   if (sgl_dense_copy::takes_copy(x, dense, dense_from)) return sgl_dense_copy::linear(x, *dense, qweight.size(0));
   if (x.size(0) > crossover) {
-    return at::mm(x.to(dense_dtype), int4_dequant_t(qweight, scales_zeros, group, block_n, pairs, dense_dtype))
+    const at::Tensor w_t = int4_dequant_t(qweight, scales_zeros, group, block_n, pairs, dense_dtype);
+    return sgl_dense_copy::on_row_slices(x.to(dense_dtype), [&](const at::Tensor& rows) { return at::mm(rows, w_t); })
         .to(x.scalar_type());
   }
   return at::_weight_int4pack_mm_for_cpu(x, qweight, group, scales_zeros);

@@ -384,7 +384,8 @@ at::Tensor int8_dequant_t(const at::Tensor& qweight, const at::Tensor& scales, i
 
 // The route per call: the VNNI kernel for a few rows, dequantize + a dense matmul for many.
 at::Tensor dense_route(const at::Tensor& x, const at::Tensor& w_t, int64_t out_features, at::ScalarType dense_dtype) {
-  at::Tensor y = at::mm(x.to(dense_dtype), w_t.to(dense_dtype));
+  const at::Tensor w = w_t.to(dense_dtype);
+  at::Tensor y = sgl_dense_copy::on_row_slices(x.to(dense_dtype), [&](const at::Tensor& rows) { return at::mm(rows, w); });
   if (w_t.size(1) != out_features) y = y.narrow(1, 0, out_features);
   return y.to(x.scalar_type()).contiguous();
 }
