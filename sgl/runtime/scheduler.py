@@ -59,7 +59,7 @@ from sgl.runtime.request import Req
 from sgl.runtime.request_builder import check_fit
 from sgl.runtime.scheduler_control import SchedulerControl
 from sgl.runtime.session import SessionRegistry
-from sgl.runtime.speculative import Speculator, expand_rows
+from sgl.runtime.speculative import Speculator, cost_rationing, expand_rows
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,13 @@ class Scheduler(SchedulerControl):
         self.profiler = StepProfiler()
         spec = config.engine.speculative_algorithm  # STANDALONE: `draft_model` drafts
         self.spec = (
-            Speculator(config.engine.draft_length(), tokenizer, draft_model, self.kv.cache)
+            Speculator(
+                config.engine.draft_length(),
+                tokenizer,
+                draft_model,
+                self.kv.cache,
+                measure_cost=cost_rationing(config.engine.tp_size),
+            )
             if spec
             else None
         )
@@ -297,6 +303,7 @@ class Scheduler(SchedulerControl):
         if not items:
             return False
         starts = [it.req.kv_len for it in items]
+        began = time.perf_counter()
         hidden = self.runner.forward(
             StepInput([it.req for it in items], [it.extend_len for it in items]), self.kv.step_slots
         )
@@ -309,6 +316,8 @@ class Scheduler(SchedulerControl):
             self.runner.score,
         )
         self._sample(self.batches.advance(items), hidden)
+        if self.spec is not None and not any(it.prefill for it in items):
+            self.spec.observe_step(sum(it.extend_len for it in items), time.perf_counter() - began)
         if self.profiler.running:
             self.profiler.after_step()
         return True

@@ -679,3 +679,26 @@ def test_a_repeated_request_drafts_its_cached_continuation(engines):
     for o in again:  # a draft of up to 4 tokens a step: far fewer steps than tokens
         assert o["meta_info"]["spec_verify_ct"] <= o["meta_info"]["completion_tokens"] // 3
     assert_no_leak(spec)
+
+
+def test_drafts_rationed_by_measured_step_costs_keep_greedy_tokens(tiny_dir, engines, monkeypatch):
+    """As served (the suite rations by the budget alone, tests/conftest.py): the engine times its
+    decode steps and fits what a row costs. Whichever drafts that lets through, at batch 12 and
+    at batch 1, the tokens are those of decoding without speculation."""
+    monkeypatch.delenv("SGL_SPEC_COST_RATIONING")
+    batch = repeating_prompts(12, seed=5)
+    params = greedy(max_new_tokens=48)
+    want = engines[1].generate(input_ids=batch, sampling_params=params)
+    with sgl.Engine(
+        model_path=str(tiny_dir[0]),
+        dtype="float32",
+        max_total_tokens=4096,
+        speculative_algorithm="NGRAM",
+    ) as spec:
+        got = spec.generate(input_ids=batch, sampling_params=params)
+        alone = [spec.generate(input_ids=ids, sampling_params=params) for ids in batch[:2]]
+        info = spec.get_server_info()["speculative"]
+    assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+    assert [o["output_ids"] for o in alone] == [o["output_ids"] for o in want[:2]]
+    cost = info["step_cost"]  # fitted from the engine's own steps
+    assert cost is not None and cost["fixed_ms"] >= 0 and cost["per_row_ms"] >= 0

@@ -15,17 +15,23 @@ temperature: position j's draw has the target's distribution given the accepted 
 
 Drafts cost compute, so they are rationed: a request whose last drafts were all rejected
 waits a growing number of steps before drafting again, its draft length follows what was
-accepted, and a step's drafts together stay under a token budget (`step_budget`), so a
-large batch, already compute-bound, is not made slower.
+accepted, and a step verifies only the drafted tokens that raise its expected tokens per
+second at the cost of a row measured on this engine's own steps (`step_cost.py`): the j-th
+drafted token of a request that keeps a drafted token with probability p is worth p^j, its
+row the measured per-row seconds. A step's drafts also stay under a token budget
+(`step_budget`). Under tensor parallelism the ranks must draft alike, so there the budget alone
+rations (a rank's timings are its own), as it does with SGL_SPEC_COST_RATIONING=0.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from sgl.runtime.request import Req
 from sgl.runtime.speculative.ngram import NgramIndex
+from sgl.runtime.speculative.step_cost import StepCost, worth_drafting
 
 SPECULATIVE_ALGORITHMS = ("NGRAM", "STANDALONE")
 # The largest speculative_num_draft_tokens taken (one request's draft in one step).
@@ -34,6 +40,10 @@ MAX_DRAFT_TOKENS = 32
 STEP_TOKEN_BUDGET = 32
 # Steps a request waits before drafting again after a wholly rejected draft: 1, 3, 7, ... capped.
 MAX_BACKOFF_STEPS = 16
+# A request's chance of keeping a drafted token (given the ones before it were kept) is its own
+# record, forgetting by this factor per verify, blended with the engine's record as
+# PRIOR_WEIGHT verifies' worth.
+ACCEPT_FORGET, PRIOR_WEIGHT = 0.9, 2.0
 # A draft model drafts only while at most this many requests decode: each drafted token is a
 # forward of the draft over the batch, which pays while the target's step is bound by reading
 # its weights (measured, SmolLM2 bf16 with its int4 self-draft on 2 EPYC cores: 1.22x at batch
@@ -49,6 +59,8 @@ class SpecState:
     length: int  # the next draft's length (adaptive)
     misses: int = 0  # wholly rejected drafts in a row
     wait: int = 0  # steps to skip before drafting again
+    kept: float = 0.0  # drafted tokens kept (fading), each after the ones before it were kept
+    tried: float = 0.0  # and those decided: kept ones plus the first refused of each draft
 
 
 @dataclass
@@ -59,6 +71,11 @@ class SpecStats:
     drafted: int = 0
     accepted: int = 0
     by_length: dict[int, int] = field(default_factory=dict)  # accepted per verify: how often
+    decided: int = 0  # accepted tokens plus the first rejected of each draft
+
+    def keep_rate(self) -> float:
+        """The engine's chance of keeping a drafted token whose predecessors were kept."""
+        return self.accepted / self.decided if self.decided else 0.5
 
     def as_dict(self) -> dict:
         rate = self.accepted / self.drafted if self.drafted else None
@@ -89,6 +106,7 @@ class Speculator:
         min_ngram: int = 1,
         max_ngram: int = 4,
         step_budget: int = STEP_TOKEN_BUDGET,
+        measure_cost: bool = True,
     ) -> None:
         self.num_draft_tokens = num_draft_tokens
         self.tokenizer = tokenizer  # the scheduler's: forced text -> draft tokens
@@ -98,6 +116,8 @@ class Speculator:
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
         self.step_budget = step_budget
         self.stats = SpecStats()
+        # decode steps' seconds by rows (the scheduler reports them), None: the budget alone
+        self.step_cost = StepCost() if measure_cost else None
 
     def _state(self, r: Req) -> SpecState:
         if r.spec is None:
@@ -110,27 +130,64 @@ class Speculator:
         # too many requests for a draft model to pay (forced text still drafts: it costs none)
         model_idle = self.draft_model is not None and len(decoding) > DRAFT_MODEL_MAX_BATCH
         wanted: list[tuple[Req, int]] = []
+        forced_rows = 0
         for r in decoding:
             r.draft_ids = []
             k = min(self._length(r), budget)
             if k <= 0:
                 continue
             forced = self._forced_draft(r, k) if r.matcher is not None else []
-            if forced:
+            if forced:  # the constraint allows nothing else: kept for sure, always worth it
                 r.draft_ids = _grammar_prefix(r.matcher, forced)
                 budget -= len(r.draft_ids)
+                forced_rows += len(r.draft_ids)
                 continue
-            if model_idle:
-                continue
-            wanted.append((r, k))
-            budget -= k
-        if self.draft_model is not None:
+            if not model_idle:
+                wanted.append((r, k))
+        step = (sum(r.pending_tokens for r in decoding) + forced_rows, len(decoding) + forced_rows)
+        if self.draft_model is not None:  # rationed before drafting: each drafted token costs
             self.draft_model.release_others(set(decoding))
+            wanted = [(r, n) for (r, _), n in zip(wanted, self._ration(wanted, *step, budget)) if n]
             drafts = self.draft_model.draft([r for r, _ in wanted], [k for _, k in wanted])
-        else:
+        else:  # looked up first (cheap): only what the lookup found competes
             drafts = [self._lookup(r, k) for r, k in wanted]
+            offers = [(r, len(d)) for (r, _), d in zip(wanted, drafts)]
+            drafts = [d[:n] for d, n in zip(drafts, self._ration(offers, *step, budget))]
         for (r, _), draft in zip(wanted, drafts):
             r.draft_ids = _grammar_prefix(r.matcher, draft) if r.matcher is not None else draft
+
+    def _ration(
+        self, offers: list[tuple[Req, int]], rows: int, expected: int, budget: int
+    ) -> list[int]:
+        """How many of the tokens each (request, tokens it could draft) offers this step
+        verifies: the most valuable first (a request's j-th token is worth p^j), while they pay
+        for their rows (`worth_drafting`) and fit the budget."""
+        ranked = sorted(
+            (
+                (self.keep_chance(r) ** j, i)
+                for i, (r, n) in enumerate(offers)
+                for j in range(1, n + 1)
+            ),
+            key=lambda vi: -vi[0],
+        )  # stable: a request's tokens stay in order among equal values
+        cost = self.step_cost.cost if self.step_cost is not None else None
+        take = worth_drafting([v for v, _ in ranked], rows, expected, cost, budget)
+        counts = [0] * len(offers)
+        for _, i in ranked[:take]:
+            counts[i] += 1
+        return counts
+
+    def keep_chance(self, r: Req) -> float:
+        """The chance that `r` keeps a drafted token whose predecessors it kept: its own
+        record, blended with the engine's."""
+        state = self._state(r)
+        prior = self.stats.keep_rate()
+        return (state.kept + PRIOR_WEIGHT * prior) / (state.tried + PRIOR_WEIGHT)
+
+    def observe_step(self, rows: int, seconds: float) -> None:
+        """A decode step of `rows` rows took `seconds` (forward and sampling)."""
+        if self.step_cost is not None:
+            self.step_cost.observe(rows, seconds)
 
     def _lookup(self, r: Req, k: int) -> list[int]:
         """Prompt lookup: what a cached sequence holding all of this one's tokens went on
@@ -187,6 +244,10 @@ class Speculator:
                 state.length = max(1, accepted + 1)
             state.misses = 0 if accepted else state.misses + 1
             state.wait = min(2**state.misses - 1, MAX_BACKOFF_STEPS)
+            decided = accepted + (accepted < len(draft))
+            state.kept = ACCEPT_FORGET * state.kept + accepted
+            state.tried = ACCEPT_FORGET * state.tried + decided
+            self.stats.decided += decided
         r.spec_verify_ct += 1
         r.spec_draft_tokens += len(draft)
         r.spec_accepted_tokens += accepted
@@ -203,9 +264,24 @@ class Speculator:
             "algorithm": self.algorithm,
             "num_draft_tokens": self.num_draft_tokens,
             "step_budget": self.step_budget,
+            "step_cost": (
+                None
+                if self.step_cost is None or self.step_cost.cost is None
+                else {
+                    "fixed_ms": round(self.step_cost.cost.fixed * 1e3, 3),
+                    "per_row_ms": round(self.step_cost.cost.per_row * 1e3, 3),
+                }
+            ),
             **(self.draft_model.info() if self.draft_model is not None else {}),
             **self.stats.as_dict(),
         }
+
+
+def cost_rationing(tp_size: int) -> bool:
+    """Whether drafts are rationed by measured step costs: not under tensor parallelism (each
+    rank times its own steps, and the ranks must draft alike), nor with
+    SGL_SPEC_COST_RATIONING=0 (the budget alone: reproducible draft counts)."""
+    return tp_size == 1 and os.environ.get("SGL_SPEC_COST_RATIONING", "1") != "0"
 
 
 def _grammar_prefix(matcher, draft: list[int]) -> list[int]:
