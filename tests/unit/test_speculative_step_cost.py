@@ -11,7 +11,7 @@ import random
 import pytest
 from test_speculative_ngram import REPEATING, make_req
 
-from sgl.runtime.speculative.speculator import Speculator
+from sgl.runtime.speculative.speculator import EXPLORE_EVERY, Speculator
 from sgl.runtime.speculative.step_cost import MIN_WEIGHT, Cost, StepCost, worth_drafting
 
 
@@ -119,3 +119,30 @@ def test_keep_chance_follows_what_a_request_kept():
         spec.accept(bad, [3, 4, 5, 6], [9, 9, 9, 9, 9])  # first refused
     assert spec.keep_chance(good) > 0.8 and spec.keep_chance(bad) < 0.3
     assert spec.stats.keep_rate() == pytest.approx(20 / 25)  # 20 kept, 5 first refusals
+
+
+def test_a_step_far_slower_than_predicted_is_left_out():
+    cost = StepCost()
+    for i in range(40):
+        cost.observe(1 + i % 5, 0.006 + 0.001 * (1 + i % 5))
+    seen = cost.cost
+    cost.observe(5, 0.5)  # a first call of a graph, a pause: says nothing about rows
+    assert cost.cost == seen
+
+
+def test_a_cost_that_stops_all_drafting_is_probed_again():
+    """A fit from other conditions (or a bad one) could stop every draft, and with every step
+    the same rows it would never be refitted: every EXPLORE_EVERY-th step held back, the most
+    valuable offer is verified whole."""
+    spec = _speculator(Cost(fixed=0.0, per_row=0.002))  # rows all that costs: nothing pays
+    reqs = [make_req(REPEATING) for _ in range(3)]
+    for r, kept in zip(reqs, (5, 9, 2)):
+        spec._state(r)
+        _keeping(r, kept, 10)
+    drafted = []
+    for _ in range(2 * EXPLORE_EVERY):
+        spec.propose(reqs)
+        drafted.append([len(r.draft_ids) for r in reqs])
+    probes = [i for i, d in enumerate(drafted) if any(d)]
+    assert probes == [EXPLORE_EVERY - 1, 2 * EXPLORE_EVERY - 1]
+    assert all(drafted[i] == [0, 4, 0] for i in probes)  # the request keeping most, whole

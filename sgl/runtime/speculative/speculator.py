@@ -40,6 +40,10 @@ MAX_DRAFT_TOKENS = 32
 STEP_TOKEN_BUDGET = 32
 # Steps a request waits before drafting again after a wholly rejected draft: 1, 3, 7, ... capped.
 MAX_BACKOFF_STEPS = 16
+# After this many steps in a row where the measured cost let no offered draft through, the most
+# valuable offer is verified anyway: the fit sees rows vary again and follows what they cost now
+# (a fit from other conditions would otherwise stand for good once it stopped all drafting).
+EXPLORE_EVERY = 16
 # A request's chance of keeping a drafted token (given the ones before it were kept) is its own
 # record, forgetting by this factor per verify, blended with the engine's record as
 # PRIOR_WEIGHT verifies' worth.
@@ -118,6 +122,7 @@ class Speculator:
         self.stats = SpecStats()
         # decode steps' seconds by rows (the scheduler reports them), None: the budget alone
         self.step_cost = StepCost() if measure_cost else None
+        self._held_back = 0  # steps in a row whose offers the cost let none through
 
     def _state(self, r: Req) -> SpecState:
         if r.spec is None:
@@ -175,6 +180,11 @@ class Speculator:
         counts = [0] * len(offers)
         for _, i in ranked[:take]:
             counts[i] += 1
+        self._held_back = self._held_back + 1 if ranked and not take else 0
+        if self._held_back >= EXPLORE_EVERY and budget > 0:  # the most valuable offer, whole
+            self._held_back = 0
+            best = ranked[0][1]
+            counts[best] = min(offers[best][1], budget)
         return counts
 
     def keep_chance(self, r: Req) -> float:

@@ -21,7 +21,10 @@ from dataclasses import dataclass
 FORGET = 0.98
 # A fit needs this much weight and this spread of row counts (variance, rows^2) to be trusted;
 # until then the last trusted fit (or none: drafting is not cut) stands.
-MIN_WEIGHT, MIN_ROW_VARIANCE = 8.0, 0.5
+MIN_WEIGHT, MIN_ROW_VARIANCE = 16.0, 0.5
+# A step this many times slower than the trusted fit predicts (a first call of a graph, a
+# collection pause, the process preempted) says nothing about rows: left out of the fit.
+OUTLIER_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ class StepCost:
         self.cost: Cost | None = None  # the last trusted fit
 
     def observe(self, rows: int, seconds: float) -> None:
+        if self.cost is not None and seconds > OUTLIER_FACTOR * self.predict(rows):
+            return
         f = self.forget
         self._w = f * self._w + 1.0
         self._x = f * self._x + rows
@@ -46,6 +51,10 @@ class StepCost:
         self._xx = f * self._xx + rows * rows
         self._xy = f * self._xy + rows * seconds
         self._refit()
+
+    def predict(self, rows: int) -> float:
+        assert self.cost is not None
+        return self.cost.fixed + self.cost.per_row * rows
 
     def _refit(self) -> None:
         if self._w < MIN_WEIGHT:
