@@ -307,6 +307,7 @@ class Scheduler(SchedulerControl):
         hidden = self.runner.forward(
             StepInput([it.req for it in items], [it.extend_len for it in items]), self.kv.step_slots
         )
+        model_seconds = time.perf_counter() - began
         self.stats["forward_steps"] += 1
         self.stats["prefill_tokens"] += sum(it.extend_len for it in items if it.prefill)
         self.stats["decode_tokens"] += sum(1 for it in items if not it.prefill)
@@ -315,14 +316,18 @@ class Scheduler(SchedulerControl):
             [(it.req, start, it.extend_len) for it, start in zip(items, starts)],
             self.runner.score,
         )
-        self._sample(self.batches.advance(items), hidden)
+        model_seconds += self._sample(self.batches.advance(items), hidden)
         if self.spec is not None and not any(it.prefill for it in items):
-            self.spec.observe_step(sum(it.extend_len for it in items), time.perf_counter() - began)
+            # the model's part of a step (forward, logits, draws), not the per-token output
+            # work every token costs once however it is decoded
+            self.spec.observe_step(sum(it.extend_len for it in items), model_seconds)
         if self.profiler.running:
             self.profiler.after_step()
         return True
 
-    def _sample(self, ready: list[tuple[BatchItem, int]], hidden: torch.Tensor) -> None:
+    def _sample(self, ready: list[tuple[BatchItem, int]], hidden: torch.Tensor) -> float:
+        """Draw the ready requests' tokens and commit them; returns the seconds the drawing
+        took (logits and sampler)."""
         now = time.monotonic()
         for (
             it,
@@ -332,10 +337,11 @@ class Scheduler(SchedulerControl):
                 self._finish(it.req, FinishReason.of_length(0))
         ready = [(it, row) for it, row in ready if it.req.sampling_params.max_new_tokens > 0]
         if not ready:
-            return
+            return 0.0
         reqs = [it.req for it, _ in ready]
         rows = [row for _, row in ready]
         drafts = [r.draft_ids for r in reqs] if any(r.draft_ids for r in reqs) else None
+        began = time.perf_counter()
         if self.ranks.is_leader:
             out = self.runner.sample(hidden, reqs, rows, self.eos_token_ids, drafts)
             self.ranks.share_tokens(out.token_ids)
@@ -343,6 +349,7 @@ class Scheduler(SchedulerControl):
             self.runner.logits(hidden, expand_rows(rows, drafts) if drafts else rows)
             tokens = self.ranks.share_tokens(None)
             out = Sampled(tokens, None, [None] * len(tokens))
+        seconds = time.perf_counter() - began
         at = 0
         for it, _ in ready:
             r = it.req
@@ -353,6 +360,7 @@ class Scheduler(SchedulerControl):
                 picks, verified = self.spec.verify(r, picks, self.kv)
             r.draft_ids = []
             self._commit(r, picks, verified, now)
+        return seconds
 
     def _commit(self, r: Req, picks: list[tuple], verified: list[int], now: float) -> None:
         """Append the step's tokens to a request in order (one, or a verified draft's accepted

@@ -683,8 +683,8 @@ def test_a_repeated_request_drafts_its_cached_continuation(engines):
 
 def test_drafts_rationed_by_measured_step_costs_keep_greedy_tokens(tiny_dir, engines, monkeypatch):
     """As served (the suite rations by the budget alone, tests/conftest.py): the engine times its
-    decode steps and fits what a row costs. Whichever drafts that lets through, at batch 12 and
-    at batch 1, the tokens are those of decoding without speculation."""
+    decode steps by row count. Whichever drafts that lets through, at batch 12 and at batch 1,
+    the tokens are those of decoding without speculation."""
     monkeypatch.delenv("SGL_SPEC_COST_RATIONING")
     batch = repeating_prompts(12, seed=5)
     params = greedy(max_new_tokens=48)
@@ -700,5 +700,5 @@ def test_drafts_rationed_by_measured_step_costs_keep_greedy_tokens(tiny_dir, eng
         info = spec.get_server_info()["speculative"]
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     assert [o["output_ids"] for o in alone] == [o["output_ids"] for o in want[:2]]
-    cost = info["step_cost"]  # fitted from the engine's own steps
-    assert cost is not None and cost["fixed_ms"] >= 0 and cost["per_row_ms"] >= 0
+    table = info["step_ms_by_rows"]  # measured on the engine's own decode steps
+    assert len(table) >= 2 and all(ms > 0 for ms in table.values())

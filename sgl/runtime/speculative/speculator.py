@@ -15,11 +15,10 @@ temperature: position j's draw has the target's distribution given the accepted 
 
 Drafts cost compute, so they are rationed: a request whose last drafts were all rejected
 waits a growing number of steps before drafting again, its draft length follows what was
-accepted, and a step verifies only the drafted tokens that raise its expected tokens per
-second at the cost of a row measured on this engine's own steps (`step_cost.py`): the j-th
-drafted token of a request that keeps a drafted token with probability p is worth p^j, its
-row the measured per-row seconds. A step's drafts also stay under a token budget
-(`step_budget`). Under tensor parallelism the ranks must draft alike, so there the budget alone
+accepted, and a step verifies the number of drafted tokens that gives it the most expected
+tokens per second at the costs measured on this engine's own steps (`step_cost.py`), the most
+valuable first: the j-th drafted token of a request that keeps a drafted token with
+probability p is worth p^j. A step's drafts also stay under a token budget (`step_budget`). Under tensor parallelism the ranks must draft alike, so there the budget alone
 rations (a rank's timings are its own), as it does with SGL_SPEC_COST_RATIONING=0.
 """
 
@@ -40,9 +39,9 @@ MAX_DRAFT_TOKENS = 32
 STEP_TOKEN_BUDGET = 32
 # Steps a request waits before drafting again after a wholly rejected draft: 1, 3, 7, ... capped.
 MAX_BACKOFF_STEPS = 16
-# After this many steps in a row where the measured cost let no offered draft through, the most
-# valuable offer is verified anyway: the fit sees rows vary again and follows what they cost now
-# (a fit from other conditions would otherwise stand for good once it stopped all drafting).
+# After this many steps in a row where the measured costs held offered drafts back, a step
+# verifies all the budget allows: the row counts above stay measured as conditions change
+# (what a count cost under other conditions would otherwise stand for good once unvisited).
 EXPLORE_EVERY = 16
 # A request's chance of keeping a drafted token (given the ones before it were kept) is its own
 # record, forgetting by this factor per verify, blended with the engine's record as
@@ -122,7 +121,7 @@ class Speculator:
         self.stats = SpecStats()
         # decode steps' seconds by rows (the scheduler reports them), None: the budget alone
         self.step_cost = StepCost() if measure_cost else None
-        self._held_back = 0  # steps in a row whose offers the cost let none through
+        self._held_back = 0  # steps in a row whose offers the costs cut
 
     def _state(self, r: Req) -> SpecState:
         if r.spec is None:
@@ -165,8 +164,8 @@ class Speculator:
         self, offers: list[tuple[Req, int]], rows: int, expected: int, budget: int
     ) -> list[int]:
         """How many of the tokens each (request, tokens it could draft) offers this step
-        verifies: the most valuable first (a request's j-th token is worth p^j), while they pay
-        for their rows (`worth_drafting`) and fit the budget."""
+        verifies: the most valuable first (a request's j-th token is worth p^j), as many as give
+        the step the most expected tokens per second (`worth_drafting`) within the budget."""
         ranked = sorted(
             (
                 (self.keep_chance(r) ** j, i)
@@ -175,16 +174,15 @@ class Speculator:
             ),
             key=lambda vi: -vi[0],
         )  # stable: a request's tokens stay in order among equal values
-        cost = self.step_cost.cost if self.step_cost is not None else None
-        take = worth_drafting([v for v, _ in ranked], rows, expected, cost, budget)
+        most = min(len(ranked), budget)
+        take = worth_drafting([v for v, _ in ranked], rows, expected, self.step_cost, budget)
+        self._held_back = self._held_back + 1 if take < most else 0
+        if self._held_back >= EXPLORE_EVERY:
+            self._held_back = 0
+            take = most
         counts = [0] * len(offers)
         for _, i in ranked[:take]:
             counts[i] += 1
-        self._held_back = self._held_back + 1 if ranked and not take else 0
-        if self._held_back >= EXPLORE_EVERY and budget > 0:  # the most valuable offer, whole
-            self._held_back = 0
-            best = ranked[0][1]
-            counts[best] = min(offers[best][1], budget)
         return counts
 
     def keep_chance(self, r: Req) -> float:
@@ -274,14 +272,8 @@ class Speculator:
             "algorithm": self.algorithm,
             "num_draft_tokens": self.num_draft_tokens,
             "step_budget": self.step_budget,
-            "step_cost": (
-                None
-                if self.step_cost is None or self.step_cost.cost is None
-                else {
-                    "fixed_ms": round(self.step_cost.cost.fixed * 1e3, 3),
-                    "per_row_ms": round(self.step_cost.cost.per_row * 1e3, 3),
-                }
-            ),
+            # measured decode-step ms by rows (None: rationed by the budget alone)
+            "step_ms_by_rows": None if self.step_cost is None else self.step_cost.table_ms(),
             **(self.draft_model.info() if self.draft_model is not None else {}),
             **self.stats.as_dict(),
         }
