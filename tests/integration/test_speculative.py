@@ -551,7 +551,9 @@ def test_compiled_as_served_every_logprob_is_plain_decodings_bit_for_bit(engine)
         assert plain.flush_cache()  # computed again from the first token
         with plain.debug_wrap("forward", one_thread):
             for p, want in zip(prompts, wants):
-                assert_same_tokens_and_logprobs(plain.generate(p, params, return_logprob=True), want)
+                assert_same_tokens_and_logprobs(
+                    plain.generate(p, params, return_logprob=True), want
+                )
 
 
 # ------------------------------------------------------------------ tensor parallel

@@ -56,12 +56,17 @@ def test_worth_drafting_takes_the_count_brute_force_finds_best():
             t += rng.uniform(-0.001, 0.004)  # not even monotone: noise
             points[rows] = max(t, 1e-4)
         cost = table(points)
-        values = sorted((rng.random() ** rng.choice((0.3, 1, 3)) for _ in range(rng.randint(0, 30))), reverse=True)
+        values = sorted(
+            (rng.random() ** rng.choice((0.3, 1, 3)) for _ in range(rng.randint(0, 30))),
+            reverse=True,
+        )
         rows = rng.randint(1, 48)
         expected = rows * rng.uniform(0.5, 1.0)
         budget = rng.randint(0, 32)
         d = worth_drafting(values, rows, expected, cost, budget)
-        rates = [_rate(values, m, rows, expected, cost) for m in range(min(len(values), budget) + 1)]
+        rates = [
+            _rate(values, m, rows, expected, cost) for m in range(min(len(values), budget) + 1)
+        ]
         assert rates[d] == max(rates) and d == rates.index(max(rates))
 
 

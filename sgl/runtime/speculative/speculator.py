@@ -18,8 +18,9 @@ waits a growing number of steps before drafting again, its draft length follows 
 accepted, and a step verifies the number of drafted tokens that gives it the most expected
 tokens per second at the costs measured on this engine's own steps (`step_cost.py`), the most
 valuable first: the j-th drafted token of a request that keeps a drafted token with
-probability p is worth p^j. A step's drafts also stay under a token budget (`step_budget`). Under tensor parallelism the ranks must draft alike, so there the budget alone
-rations (a rank's timings are its own), as it does with SGL_SPEC_COST_RATIONING=0.
+probability p is worth p^j. A step's drafts also stay under a token budget (`step_budget`).
+Under tensor parallelism the ranks must draft alike, so there the budget alone rations (a
+rank's timings are its own), as it does with SGL_SPEC_COST_RATIONING=0.
 """
 
 from __future__ import annotations
