@@ -38,6 +38,14 @@ inline int64_t row_slices(int64_t rows) {
   return std::min(cpus, rows / kMinSliceRows);
 }
 
+// While alive, what oneDNN plans for on this thread is this thread alone (restored after, also
+// when the call throws: on a team of one the slices run on the caller's own thread).
+struct OneThreadPlans {
+  const int team = omp_get_max_threads();
+  OneThreadPlans() { omp_set_num_threads(1); }
+  ~OneThreadPlans() { omp_set_num_threads(team); }
+};
+
 // f(x) computed slice by slice, each slice on one thread with oneDNN planning for one thread
 // (the slices run in parallel over the current team). f: [m, K] -> [m, N].
 template <class F>
@@ -49,10 +57,8 @@ at::Tensor on_row_slices(const at::Tensor& x, F f) {
   const bool inference = c10::InferenceMode::is_enabled();
   at::parallel_for(0, slices, 1, [&](int64_t begin, int64_t end) {
     c10::InferenceMode mode(inference);  // the caller's mode on a worker thread too
-    const int team = omp_get_max_threads();
-    omp_set_num_threads(1);  // what oneDNN plans for: this thread alone
+    OneThreadPlans alone;
     for (int64_t s = begin; s < end; ++s) parts[s] = f(in[s]);
-    omp_set_num_threads(team);
   });
   return at::cat(parts);
 }
