@@ -66,7 +66,8 @@ def pack_bf16(weight: torch.Tensor, rows_hint: int = 32) -> torch.Tensor:
 def packed_matmul(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """bf16 x [M, in] @ W^T (+ b) for a weight from `pack_bf16`: our op (on row slices) where it
     is built, else oneDNN's directly."""
-    if linear_ops_built():
+    # lock-free once built: eager decode calls this for every layer of every step
+    if compiled_ops_ready() or linear_ops_built():
         return torch.ops.sgl_linear.packed_linear(x, packed, bias)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
